@@ -1,0 +1,43 @@
+"""Errors a user can act on.
+
+Every error raised for bad input names where the input lives (file, line, column when known),
+which field is wrong, and what was expected, so that the message alone is enough to fix it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServestackError(Exception):
+    """An error the command line prints without a traceback and exits non-zero on."""
+
+
+@dataclass(frozen=True)
+class Location:
+    file: Path | str
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        where = str(self.file)
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return where
+
+
+class InputError(ServestackError):
+    """Bad input: names the location, the field and what was expected."""
+
+    def __init__(self, location: Location | Path | str, field: str, problem: str):
+        self.location = location if isinstance(location, Location) else Location(location)
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{self.location}: {field}: {problem}" if field else f"{self.location}: {problem}")
+
+
+class NetworkError(ServestackError):
+    """A remote service could not be reached after retries."""
