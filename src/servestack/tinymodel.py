@@ -1,0 +1,451 @@
+"""A tiny random-weight Qwen3 model directory that vLLM serves, made offline, bit-for-bit.
+
+No model hub is reachable, so smoke tests serve a model this module writes:
+config.json, generation_config.json, model.safetensors, tokenizer.json and
+tokenizer_config.json. The same TinyModelSpec gives the same bytes on every machine
+and every Python >= 3.11, with nothing but the standard library:
+
+- Weights come from SHAKE-256 (FIPS 202) keyed by (seed, tensor name): one byte per
+  weight, read as a signed 8-bit integer and scaled by a power of two. Every such value
+  is exact in bfloat16 and float32, so no float rounding happens anywhere and the dtype
+  only changes the encoding. (numpy is not used: NEP 19 keeps only the raw bit streams
+  stable across numpy releases, not the distribution methods; Python's `random`
+  documents only `random()` as stable. A standard XOF has no such caveat, and per-tensor
+  keys mean one tensor's stream never shifts another's.)
+- model.safetensors is written by hand: 8-byte little-endian header length, a JSON
+  header with sorted keys padded with spaces to 8 bytes, then the tensors' raw
+  little-endian data in the header's key order.
+- The tokenizer is constructed, not trained with a library: a GPT-2/Qwen style
+  byte-level BPE whose vocabulary is the 256 byte symbols plus merges learned from the
+  fixed corpus below by plain greedy BPE (most frequent pair, ties to the smallest pair),
+  then Qwen's special tokens. tokenizer.json and the other JSON files are canonical JSON.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import struct
+from collections import Counter
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from .errors import ServestackError
+from .fsutil import atomic_write_bytes, canonical_json, sha256_bytes
+
+ARCHITECTURE = "Qwen3ForCausalLM"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+DTYPES = {"bfloat16": ("BF16", 2), "float32": ("F32", 4)}
+# Head sizes vLLM's CPU attention backend accepts (16 is refused).
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
+
+# ChatML, as Qwen's templates render it (without Qwen's default system prompt or tools).
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|im_start|>assistant\\n' }}"
+    "{%- endif %}"
+)
+
+# Text the merges are learned from. Changing it changes every tokenizer made: don't.
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. A small model answers questions about numbers,
+words and the world. Natalia sold clips to 48 of her friends in April, and then she sold half
+as many clips in May. How many clips did Natalia sell altogether in April and May? She sold
+48 / 2 = 24 clips in May, so she sold 48 + 24 = 72 clips altogether. The answer is 72.
+Weng earns $12 an hour for babysitting. Yesterday, she just did 50 minutes of babysitting.
+How much did she earn? Weng earns 12 / 60 = $0.2 per minute, so she earned 0.2 x 50 = $10.
+Betty is saving money for a new wallet which costs $100. Betty has only half of the money she
+needs. Her parents decided to give her $15 for that purpose, and her grandparents twice as much
+as her parents. How much more money does Betty need to buy the wallet? In the beginning, Betty
+has only 100 / 2 = $50. Her grandparents gave her 15 * 2 = $30. She needs 100 - 50 - 30 - 15 = $5 more.
+James writes a 3-page letter to 2 different friends twice a week. How many pages does he write
+a year? He writes each friend 3 * 2 = 6 pages a week, so he writes 6 * 2 = 12 pages every week.
+That means he writes 12 * 52 = 624 pages a year. The answer is 624.
+Question: what is the capital of France? Answer: the capital of France is Paris.
+Question: what is two plus three? Answer: two plus three is five.
+You are a helpful assistant. The user asks a question and the assistant gives a short answer.
+Please think step by step, then write the final answer on the last line.
+def add(a, b):
+    return a + b
+
+for i in range(10):
+    print(i, add(i, i * 2))
+
+import json
+data = {"model": "tiny", "prompt": "Hello, world!", "max_tokens": 32, "temperature": 0.0}
+print(json.dumps(data, indent=2, sort_keys=True))
+Every morning the baker makes bread, and every evening the people of the town come to buy it.
+In the garden there are three trees, seven flowers and one very old bench under the window.
+They walked along the river until the sun went down, talking about everything and nothing.
+Zero one two three four five six seven eight nine ten eleven twelve twenty thirty hundred thousand.
+January February March April May June July August September October November December.
+Monday Tuesday Wednesday Thursday Friday Saturday Sunday. Morning, afternoon, evening, night.
+Science, history, mathematics, language, music, art, computer, network, server, request, response.
+The server started, loaded the model, and answered every request within a few milliseconds.
+If the cache is full, the scheduler waits; when a sequence finishes, its blocks are freed.
+Questions, answers, tokens, prompts, completions, messages, choices, usage, latency, throughput.
+A farmer has 17 sheep and buys 25 more; then he sells 9 of them. How many sheep does he have now?
+He has 17 + 25 = 42 sheep, and after selling 9 he keeps 42 - 9 = 33. The answer is 33.
+Each box holds 8 apples. If Maria fills 14 boxes and eats 3 apples, how many apples are left?
+The machine reads the configuration, checks the digest of every file and refuses anything unknown.
+Children played football in the park while their grandparents sat quietly, watching the birds.
+Because the recipe needs twice as much flour as sugar, Tom measured four cups of flour carefully.
+"""
+
+# GPT-2's pre-tokenizer pattern, which tokenizers' ByteLevel(use_regex=True) applies.
+_PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything that determines the model's bytes; a stack file carries these fields."""
+
+    name: str = "tiny"
+    architecture: str = ARCHITECTURE
+    hidden_size: int = 128
+    layers: int = 2
+    num_attention_heads: int = 2
+    num_key_value_heads: int = 1
+    head_dim: int = 64
+    intermediate_size: int = 256
+    vocab_size: int = 1024
+    max_position_embeddings: int = 4096
+    dtype: str = "bfloat16"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.architecture != ARCHITECTURE:
+            raise ServestackError(f"tiny model: architecture {self.architecture!r} unsupported (only {ARCHITECTURE})")
+        if self.dtype not in DTYPES:
+            raise ServestackError(f"tiny model: dtype {self.dtype!r} not one of {sorted(DTYPES)}")
+        for f in ("hidden_size", "layers", "num_attention_heads", "num_key_value_heads",
+                  "intermediate_size", "max_position_embeddings"):
+            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
+                raise ServestackError(f"tiny model: {f} must be a positive integer, not {getattr(self, f)!r}")
+        if self.head_dim not in CPU_HEAD_SIZES:
+            raise ServestackError(f"tiny model: head_dim {self.head_dim} not one vLLM's CPU backend takes {CPU_HEAD_SIZES}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ServestackError("tiny model: num_attention_heads must be a multiple of num_key_value_heads")
+        if not isinstance(self.vocab_size, int) or self.vocab_size < 256 + len(SPECIAL_TOKENS):
+            raise ServestackError(f"tiny model: vocab_size must be at least {256 + len(SPECIAL_TOKENS)}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise ServestackError("tiny model: seed must be a non-negative integer")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TinyModelSpec:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ServestackError(f"tiny model: unknown spec field(s) {unknown}")
+        return cls(**data)
+
+    @property
+    def special_token_ids(self) -> dict[str, int]:
+        """The special tokens take the last ids, like Qwen's."""
+        base = self.vocab_size - len(SPECIAL_TOKENS)
+        return {tok: base + i for i, tok in enumerate(SPECIAL_TOKENS)}
+
+
+# ---------------------------------------------------------------- tokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from each byte to a printable character (what ByteLevel uses)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def learn_merges(corpus: str, max_tokens: int) -> list[tuple[str, str]]:
+    """Greedy BPE on the pre-tokenized corpus: merge the most frequent adjacent pair,
+    ties broken by the smallest (left, right) pair; stop after max_tokens new tokens or when
+    nothing pairs any more."""
+    byte_map = bytes_to_unicode()
+    words: Counter[tuple[str, ...]] = Counter()
+    for piece in _PRETOKENIZE.findall(corpus):
+        words[tuple(byte_map[b] for b in piece.encode("utf-8"))] += 1
+    # Only words with 2+ symbols can still merge.
+    live = {w: c for w, c in words.items() if len(w) > 1}
+    merges: list[tuple[str, str]] = []
+    seen: set[str] = set(byte_map.values())
+    new_tokens = 0
+    while new_tokens < max_tokens and live:
+        pairs: Counter[tuple[str, str]] = Counter()
+        for w, c in live.items():
+            for a, b in zip(w, w[1:]):
+                pairs[(a, b)] += c
+        best_count = max(pairs.values())
+        a, b = min(p for p, c in pairs.items() if c == best_count)
+        merged = a + b
+        new_live: dict[tuple[str, ...], int] = {}
+        for w, c in live.items():
+            if len(w) > 1 and a in w:
+                out: list[str] = []
+                i = 0
+                while i < len(w):
+                    if i + 1 < len(w) and w[i] == a and w[i + 1] == b:
+                        out.append(merged)
+                        i += 2
+                    else:
+                        out.append(w[i])
+                        i += 1
+                w = tuple(out)
+            if len(w) > 1:
+                new_live[w] = new_live.get(w, 0) + c
+        live = new_live
+        merges.append((a, b))
+        if merged not in seen:  # a second route to a token already made adds no new token
+            seen.add(merged)
+            new_tokens += 1
+    return merges
+
+
+@functools.lru_cache(maxsize=8)
+def _vocab_cached(vocab_size: int) -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str], ...], tuple[tuple[str, int], ...]]:
+    byte_map = bytes_to_unicode()
+    vocab = {byte_map[b]: b for b in range(256)}
+    room = vocab_size - 256 - len(SPECIAL_TOKENS)
+    merges: list[tuple[str, str]] = []
+    for a, b in learn_merges(CORPUS, room):
+        if a + b not in vocab:
+            vocab[a + b] = len(vocab)
+        merges.append((a, b))
+    added: dict[str, int] = {}
+    for i in range(len(vocab), vocab_size - len(SPECIAL_TOKENS)):
+        added[f"<|reserved_{i}|>"] = i
+    base = vocab_size - len(SPECIAL_TOKENS)
+    added.update({tok: base + i for i, tok in enumerate(SPECIAL_TOKENS)})
+    return tuple(vocab.items()), tuple(merges), tuple(added.items())
+
+
+def tokenizer_vocab(spec: TinyModelSpec) -> tuple[dict[str, int], list[tuple[str, str]], dict[str, int]]:
+    """(BPE vocab, merges, added special tokens). Ids: bytes 0-255, merged tokens, reserved
+    filler if the corpus runs out of merges, then the Qwen special tokens at the end."""
+    vocab, merges, added = _vocab_cached(spec.vocab_size)
+    return dict(vocab), list(merges), dict(added)
+
+
+def tokenizer_json(spec: TinyModelSpec) -> dict[str, Any]:
+    vocab, merges, added = tokenizer_vocab(spec)
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": i,
+                "content": tok,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+            for tok, i in sorted(added.items(), key=lambda kv: kv[1])
+        ],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            # "a b" strings: byte-level symbols never contain a space, and every tokenizers
+            # release reads this form.
+            "merges": [f"{a} {b}" for a, b in merges],
+        },
+    }
+
+
+def tokenizer_config(spec: TinyModelSpec) -> dict[str, Any]:
+    _, _, added = tokenizer_vocab(spec)
+    return {
+        "add_bos_token": False,
+        "add_prefix_space": False,
+        "added_tokens_decoder": {
+            str(i): {
+                "content": tok,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
+            for tok, i in sorted(added.items(), key=lambda kv: kv[1])
+        },
+        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "bos_token": None,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOS_TOKEN,
+        "errors": "replace",
+        "model_max_length": spec.max_position_embeddings,
+        "pad_token": PAD_TOKEN,
+        "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer",
+        "unk_token": None,
+    }
+
+
+# ---------------------------------------------------------------- config
+
+
+def model_config(spec: TinyModelSpec) -> dict[str, Any]:
+    ids = spec.special_token_ids
+    return {
+        "architectures": [spec.architecture],
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "bos_token_id": ids[PAD_TOKEN],
+        "eos_token_id": ids[EOS_TOKEN],
+        "head_dim": spec.head_dim,
+        "hidden_act": "silu",
+        "hidden_size": spec.hidden_size,
+        "initializer_range": 0.02,
+        "intermediate_size": spec.intermediate_size,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "max_window_layers": spec.layers,
+        "model_type": "qwen3",
+        "num_attention_heads": spec.num_attention_heads,
+        "num_hidden_layers": spec.layers,
+        "num_key_value_heads": spec.num_key_value_heads,
+        "pad_token_id": ids[PAD_TOKEN],
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": None,
+        "rope_theta": 1000000.0,
+        "sliding_window": None,
+        "tie_word_embeddings": True,
+        "torch_dtype": spec.dtype,
+        "use_cache": True,
+        "use_sliding_window": False,
+        "vocab_size": spec.vocab_size,
+    }
+
+
+def generation_config(spec: TinyModelSpec) -> dict[str, Any]:
+    ids = spec.special_token_ids
+    return {
+        "bos_token_id": ids[PAD_TOKEN],
+        "eos_token_id": [ids[EOS_TOKEN], ids[PAD_TOKEN]],
+        "pad_token_id": ids[PAD_TOKEN],
+    }
+
+
+# ---------------------------------------------------------------- weights
+
+
+def tensor_shapes(spec: TinyModelSpec) -> dict[str, tuple[int, ...]]:
+    """Qwen3ForCausalLM's parameters under the names transformers and vLLM load
+    (embeddings tied: no lm_head.weight)."""
+    h, i, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
+    q, kv = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (spec.vocab_size, h),
+        "model.norm.weight": (h,),
+    }
+    for n in range(spec.layers):
+        p = f"model.layers.{n}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "self_attn.q_norm.weight": (hd,),
+            p + "self_attn.k_norm.weight": (hd,),
+            p + "mlp.gate_proj.weight": (i, h),
+            p + "mlp.up_proj.weight": (i, h),
+            p + "mlp.down_proj.weight": (h, i),
+        })
+    return shapes
+
+
+# value = (byte - 128) * 2**-12: uniform on [-1/32, 1/32), std about 0.018 (like init 0.02).
+_SCALE_EXP = 12
+
+
+def _encoding_table(dtype: str) -> list[bytes]:
+    fmt = "<f"
+    out = []
+    for b in range(256):
+        raw = struct.pack(fmt, (b - 128) * 2.0**-_SCALE_EXP)  # exact: 8 significant bits at most
+        out.append(raw[2:] if dtype == "bfloat16" else raw)  # bf16 = high half of f32 (exact here)
+    return out
+
+
+def tensor_bytes(spec: TinyModelSpec, name: str, shape: tuple[int, ...]) -> bytes:
+    n = 1
+    for d in shape:
+        n *= d
+    if name.endswith("norm.weight"):  # RMSNorm scales start at one, as in training init
+        one = struct.pack("<f", 1.0)
+        return (one[2:] if spec.dtype == "bfloat16" else one) * n
+    key = f"servestack-tinymodel/v1/{spec.seed}/{name}".encode()
+    stream = hashlib.shake_256(key).digest(n)
+    table = _encoding_table(spec.dtype)
+    return b"".join([table[b] for b in stream])
+
+
+def safetensors_bytes(spec: TinyModelSpec) -> bytes:
+    st_dtype, _ = DTYPES[spec.dtype]
+    shapes = tensor_shapes(spec)
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    chunks: list[bytes] = []
+    offset = 0
+    for name in sorted(shapes):
+        data = tensor_bytes(spec, name, shapes[name])
+        header[name] = {"dtype": st_dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)
+    return struct.pack("<Q", len(head)) + head + b"".join(chunks)
+
+
+# ---------------------------------------------------------------- the directory
+
+
+def model_files(spec: TinyModelSpec) -> dict[str, bytes]:
+    """File name -> exact bytes of the model directory."""
+    return {
+        "config.json": canonical_json(model_config(spec)).encode(),
+        "generation_config.json": canonical_json(generation_config(spec)).encode(),
+        "model.safetensors": safetensors_bytes(spec),
+        "tokenizer.json": canonical_json(tokenizer_json(spec)).encode(),
+        "tokenizer_config.json": canonical_json(tokenizer_config(spec)).encode(),
+    }
+
+
+def make_model(out_dir: Path, spec: TinyModelSpec) -> dict[str, str]:
+    """Write the model directory (each file atomically); returns file name -> sha256."""
+    out_dir = Path(out_dir)
+    digests: dict[str, str] = {}
+    for name, data in model_files(spec).items():
+        atomic_write_bytes(out_dir / name, data)
+        digests[name] = sha256_bytes(data)
+    return digests

@@ -1,0 +1,261 @@
+"""The tiny offline model: deterministic bytes, a tokenizer that round-trips, a config that
+matches its spec, and (e2e, opt-in) a vLLM server that serves it."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from servestack.errors import ServestackError
+from servestack.fsutil import sha256_file
+from servestack.tinymodel import (
+    SPECIAL_TOKENS,
+    TinyModelSpec,
+    make_model,
+    tensor_shapes,
+    tokenizer_vocab,
+)
+
+FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
+
+
+def test_same_bytes_every_time(tmp_path: Path) -> None:
+    spec = TinyModelSpec()
+    start = time.monotonic()
+    first = make_model(tmp_path / "a", spec)
+    elapsed = time.monotonic() - start
+    second = make_model(tmp_path / "b", spec)
+    assert set(first) == FILES
+    assert first == second
+    for name in FILES:
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert sha256_file(tmp_path / "a" / name) == first[name]
+    assert elapsed < 2.0
+    # Another seed changes the weights only.
+    other = make_model(tmp_path / "c", TinyModelSpec(seed=1))
+    assert other["model.safetensors"] != first["model.safetensors"]
+    assert other["tokenizer.json"] == first["tokenizer.json"]
+
+
+def test_safetensors_layout(tmp_path: Path) -> None:
+    spec = TinyModelSpec(dtype="float32", layers=1)
+    make_model(tmp_path, spec)
+    raw = (tmp_path / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    assert n % 8 == 0
+    header = json.loads(raw[8 : 8 + n])
+    assert header.pop("__metadata__") == {"format": "pt"}
+    shapes = tensor_shapes(spec)
+    assert set(header) == set(shapes)
+    end = 0
+    for name in sorted(header):
+        info = header[name]
+        assert info["dtype"] == "F32"
+        assert tuple(info["shape"]) == shapes[name]
+        begin, stop = info["data_offsets"]
+        assert begin == end
+        count = 1
+        for d in info["shape"]:
+            count *= d
+        assert stop - begin == 4 * count
+        end = stop
+    assert 8 + n + end == len(raw)
+    norm = header["model.norm.weight"]["data_offsets"]
+    assert set(struct.unpack(f"<{spec.hidden_size}f", raw[8 + n + norm[0] : 8 + n + norm[1]])) == {1.0}
+
+
+def _split_safetensors(raw: bytes) -> tuple[dict, bytes]:
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def test_bf16_holds_the_same_values_as_f32(tmp_path: Path) -> None:
+    make_model(tmp_path / "f", TinyModelSpec(dtype="float32"))
+    make_model(tmp_path / "b", TinyModelSpec(dtype="bfloat16"))
+    hf, df = _split_safetensors((tmp_path / "f" / "model.safetensors").read_bytes())
+    hb, db = _split_safetensors((tmp_path / "b" / "model.safetensors").read_bytes())
+    assert hb["model.embed_tokens.weight"]["dtype"] == "BF16"
+    name = "model.layers.0.self_attn.q_proj.weight"
+    fo, bo = hf[name]["data_offsets"], hb[name]["data_offsets"]
+    fvals = struct.unpack(f"<{(fo[1] - fo[0]) // 4}f", df[fo[0] : fo[1]])
+    bvals = struct.unpack(f"<{(bo[1] - bo[0]) // 2}H", db[bo[0] : bo[1]])
+    widened = [struct.unpack("<f", struct.pack("<I", v << 16))[0] for v in bvals]
+    assert list(fvals) == widened
+    rms = (sum(v * v for v in fvals) / len(fvals)) ** 0.5
+    assert 0.01 < rms < 0.03
+
+
+def test_config_matches_spec(tmp_path: Path) -> None:
+    spec = TinyModelSpec(name="t2", hidden_size=256, layers=3, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=32, intermediate_size=512, vocab_size=2048, max_position_embeddings=8192,
+                         dtype="float32", seed=7)
+    make_model(tmp_path, spec)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["model_type"] == "qwen3"
+    assert config["hidden_size"] == 256
+    assert config["num_hidden_layers"] == 3
+    assert config["num_attention_heads"] == 4
+    assert config["num_key_value_heads"] == 2
+    assert config["head_dim"] == 32
+    assert config["intermediate_size"] == 512
+    assert config["vocab_size"] == 2048
+    assert config["max_position_embeddings"] == 8192
+    assert config["torch_dtype"] == "float32"
+    assert config["tie_word_embeddings"] is True
+    ids = spec.special_token_ids
+    assert config["eos_token_id"] == ids["<|im_end|>"] == 2047
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert ids["<|im_end|>"] in gen["eos_token_id"]
+    tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert tok_config["eos_token"] == "<|im_end|>"
+    assert "<|im_start|>" in tok_config["chat_template"]
+    tok = json.loads((tmp_path / "tokenizer.json").read_text())
+    ids_in_tokenizer = set(tok["model"]["vocab"].values()) | {t["id"] for t in tok["added_tokens"]}
+    assert ids_in_tokenizer == set(range(spec.vocab_size))
+    assert {t["content"]: t["id"] for t in tok["added_tokens"] if t["content"] in SPECIAL_TOKENS} == ids
+    assert TinyModelSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_spec_rejects_what_cannot_serve() -> None:
+    with pytest.raises(ServestackError):
+        TinyModelSpec(head_dim=16)
+    with pytest.raises(ServestackError):
+        TinyModelSpec(architecture="LlamaForCausalLM")
+    with pytest.raises(ServestackError):
+        TinyModelSpec(dtype="float16")
+    with pytest.raises(ServestackError):
+        TinyModelSpec.from_dict({"name": "x", "layer": 2})
+
+
+def test_merges_fill_the_vocab() -> None:
+    vocab, merges, added = tokenizer_vocab(TinyModelSpec())
+    assert len(vocab) + len(added) == 1024
+    assert set(added) == set(SPECIAL_TOKENS)
+    for a, b in merges:
+        assert a in vocab and b in vocab and a + b in vocab
+
+
+TEXTS = [
+    "Hello, world!",
+    "Natalia sold 48 clips in April and 24 in May: 72 altogether.",
+    "  leading spaces, tabs\tand\nnewlines\n\n",
+    "Unicode: café, naïve, 東京, emoji 🙂",
+    "def f(x_1):\n    return x_1 ** 2  # comment",
+]
+
+
+def test_tokenizer_round_trips(tmp_path: Path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    make_model(tmp_path, TinyModelSpec())
+    tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert tok.get_vocab_size(with_added_tokens=True) == 1024
+    for text in TEXTS:
+        ids = tok.encode(text).ids
+        assert tok.decode(ids) == text
+        assert max(ids) < 1024
+    # Merges are used: common English takes fewer tokens than bytes.
+    assert len(tok.encode(TEXTS[1]).ids) < len(TEXTS[1].encode()) / 2
+    chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    ids = tok.encode(chat).ids
+    assert ids[0] == tok.token_to_id("<|im_start|>") == 1022
+    assert tok.token_to_id("<|im_end|>") in ids
+    assert tok.token_to_id("<|endoftext|>") == 1021
+    assert tok.decode(ids, skip_special_tokens=False) == chat
+
+
+def test_chat_template_renders(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    make_model(tmp_path, TinyModelSpec())
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = tok.apply_chat_template(
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.eos_token == "<|im_end|>"
+
+
+# ---------------------------------------------------------------- e2e: a real vLLM server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 10) -> tuple[int, bytes]:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read()
+
+
+def _post(url: str, body: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.e2e
+def test_vllm_serves_the_tiny_model(tmp_path: Path) -> None:
+    python = os.environ.get("SERVESTACK_VLLM_PYTHON")
+    if not python:
+        pytest.skip("SERVESTACK_VLLM_PYTHON (a python with vllm) is not set")
+    model = tmp_path / "model"
+    make_model(model, TinyModelSpec())
+    port = _free_port()
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "auto",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+    }
+    argv = [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model), "--served-model-name", "tiny",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", "2048", "--dtype", "bfloat16",
+    ]
+    log = open(tmp_path / "server.log", "wb")
+    server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"vLLM exited with {server.returncode}:\n{(tmp_path / 'server.log').read_text()[-4000:]}")
+            try:
+                if _get(base + "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail("vLLM did not become healthy within 600 s")
+            time.sleep(1)
+        models = json.loads(_get(base + "/v1/models")[1])
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        out = _post(base + "/v1/completions",
+                    {"model": "tiny", "prompt": "Hello, world!", "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert out["usage"]["completion_tokens"] == 8
+        assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 8
+        assert isinstance(out["choices"][0]["text"], str)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
