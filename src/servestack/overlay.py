@@ -162,9 +162,49 @@ def native_files(files: Iterable[str]) -> list[str]:
 def is_python_only(files: Iterable[str]) -> bool:
     """True when no file needs a native/source build (tests, docs and the like count as Python-only).
 
-    Conservative on purpose: any pyproject.toml change counts as a build change, because it may
-    touch the build backend or the dependencies baked into the wheel's METADATA."""
+    From paths alone, so conservative: any pyproject.toml change counts as a build change. With
+    the diff at hand, `diff_native_files` looks inside pyproject.toml hunks."""
     return not native_files(files)
+
+
+# pyproject.toml tables whose changes cannot affect the built wheel (linters, test runners).
+PYPROJECT_INERT_TABLES = (
+    "tool.ruff", "tool.mypy", "tool.pytest", "tool.isort", "tool.yapf", "tool.yapfignore", "tool.black",
+    "tool.codespell", "tool.coverage", "tool.typos", "tool.pyright", "tool.pylint", "tool.pymarkdown",
+)
+_TOML_TABLE = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?")
+
+
+def _pyproject_build_change(f: FileDiff) -> bool:
+    """Whether a pyproject.toml diff changes anything outside linter/test-runner tables.
+    A changed line whose table is not visible in its hunk counts as a build change."""
+    if f.added or f.deleted or not f.hunks:
+        return True
+    for hunk in f.hunks:
+        table: str | None = None
+        for line in hunk[1:]:
+            m = _TOML_TABLE.match(line[1:])
+            if m:
+                table = m[1]
+            if line[:1] in "+-" and line[1:].strip() and not line[1:].lstrip().startswith("#"):
+                t = table.strip('"') if table else None
+                if t is None or not any(t == p or t.startswith(p + ".") for p in PYPROJECT_INERT_TABLES):
+                    return True
+    return False
+
+
+def diff_native_files(diff_text: str | list[FileDiff]) -> list[str]:
+    """The native/build files a diff touches; pyproject.toml only if a hunk changes build-relevant tables."""
+    files = parse_diff(diff_text) if isinstance(diff_text, str) else diff_text
+    out: dict[str, None] = {}
+    for f in files:
+        for p in f.paths:
+            if PurePosixPath(p).name == "pyproject.toml" and p.count("/") == 0:
+                if _pyproject_build_change(f):
+                    out[p] = None
+            elif is_native(p):
+                out[p] = None
+    return list(out)
 
 
 # ---------------------------------------------------------------- repository paths -> wheel paths
@@ -300,7 +340,7 @@ def verify_patches(overlays: Sequence[Overlay]) -> dict[Overlay, str]:
 
 
 def _refuse_native(o: Overlay, diff: list[FileDiff]) -> None:
-    native = native_files(p for f in diff for p in f.paths)
+    native = diff_native_files(diff)
     if native:
         raise InputError(
             o.patch, o.name,
@@ -351,6 +391,12 @@ def _explain_failure(o: Overlay, output: str, sections: dict[str, FileDiff], to_
     return OverlayError(f"{o.name}: git apply failed:\n{output.strip()}")
 
 
+def _git_env(root: Path) -> dict[str, str]:
+    # Never let git find a repository above the scratch dir (paths would become relative to it),
+    # nor read the user's configuration.
+    return {"GIT_CEILING_DIRECTORIES": str(root.parent), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+
+
 def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str]) -> AppliedPR:
     added, modified, deleted, skipped = [], [], [], []
     parts: list[str] = []
@@ -392,11 +438,21 @@ def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str
         proc = run(
             ["git", "apply", "--verbose", "--whitespace=nowarn", "-p1", patch],
             cwd=root,
-            # Never let git find a repository above the scratch dir: paths would become repo-relative.
-            env={"GIT_CEILING_DIRECTORIES": str(root.parent), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"},
+            env=_git_env(root),
             check=False,
         )
         if proc.returncode != 0:
+            reverse = run(
+                ["git", "apply", "--check", "--reverse", "-p1", patch],
+                cwd=root,
+                env=_git_env(root),
+                check=False,
+            )
+            if reverse.returncode == 0:
+                raise OverlayError(
+                    f"{o.name}: the wheel already contains this PR (its diff applies in reverse); "
+                    "drop the overlay, the pinned release includes it"
+                )
             raise _explain_failure(o, proc.stdout or "", sections, to_repo)
     return AppliedPR(
         repo=o.repo,
@@ -471,6 +527,6 @@ def write_record(result: OverlayResult, path: Path) -> None:
 
 __all__ = [
     "AppliedPR", "FileDiff", "Overlay", "OverlayError", "OverlayResult", "PatchDoesNotApply",
-    "apply_overlays", "is_native", "is_python_only", "map_path", "native_files", "overlay_set_digest",
+    "apply_overlays", "diff_native_files", "is_native", "is_python_only", "map_path", "native_files", "overlay_set_digest",
     "parse_diff", "touched_files", "verify_patches", "write_record",
 ]
