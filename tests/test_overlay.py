@@ -97,6 +97,19 @@ def test_touched_files_renames_and_plain_diffs():
     assert [f.hunks[0][0] for f in parse_diff(plain)] == ["@@ -1 +1 @@\n"] * 2
 
 
+def test_hunk_lines_that_look_like_file_headers():
+    # removing "-- a" and adding "++ b" inside a hunk must not start a new file section
+    d = (
+        "diff --git a/q.sql b/q.sql\n--- a/q.sql\n+++ b/q.sql\n@@ -1,2 +1,2 @@\n--- a\n+++ b\n x\n"
+        "\\ No newline at end of file\n"
+        "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    files = parse_diff(d)
+    assert [f.path for f in files] == ["q.sql", "m.py"]
+    assert files[0].hunks[0][1:] == ["--- a\n", "+++ b\n", " x\n", "\\ No newline at end of file\n"]
+    assert touched_files(d) == ["q.sql", "m.py"]
+
+
 def test_pyproject_lint_only_change_is_not_native():
     def diff(table: str) -> str:
         return (

@@ -80,9 +80,21 @@ def parse_diff(diff_text: str) -> list[FileDiff]:
     files: list[FileDiff] = []
     cur: FileDiff | None = None
     lines = diff_text.splitlines(keepends=True)
+    old_left = new_left = 0  # lines still to come in the current hunk, by its header's counts
     i = 0
     while i < len(lines):
         line = lines[i]
+        if cur is not None and cur.hunks and (old_left > 0 or new_left > 0):
+            tag = line[:1]
+            if tag in (" ", "\n", "\r"):
+                old_left, new_left = old_left - 1, new_left - 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            cur.hunks[-1].append(line)
+            i += 1
+            continue
         if line.startswith("diff --git "):
             m = re.match(r'^diff --git (?:"?a/)(.+?)"? (?:"?b/)(.+?)"?$', line.rstrip("\n"))
             a, b = (m[1], m[2]) if m else (None, None)
@@ -100,8 +112,12 @@ def parse_diff(diff_text: str) -> list[FileDiff]:
             pass  # preamble (commit message of a format-patch, ...)
         elif line.startswith("@@"):
             cur.hunks.append([line])
-        elif cur.hunks and line[:1] in (" ", "+", "-", "\\", "\n"):
-            cur.hunks[-1].append(line)
+            m = _HUNK.match(line)
+            if m:
+                old_left = int(m[2]) if m[2] is not None else 1
+                new_left = int(m[4]) if m[4] is not None else 1
+        elif cur.hunks and line.startswith("\\"):
+            cur.hunks[-1].append(line)  # "\ No newline at end of file" after the hunk's last line
         elif cur.hunks:
             cur = None  # trailer (`-- ` signature of format-patch, ...)
         else:
