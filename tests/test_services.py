@@ -47,8 +47,15 @@ def _tiny_oci_archive(tmp_path: Path) -> Path:
     (ctx / "Dockerfile").write_text("FROM scratch\nCOPY hello.txt /hello.txt\n")
     out = tmp_path / "tiny.tar"
     run(
-        ["docker", "buildx", "build", "--provenance=false",
-         "--output", f"type=oci,dest={out},rewrite-timestamp=true", str(ctx)],
+        [
+            "docker",
+            "buildx",
+            "build",
+            "--provenance=false",
+            "--output",
+            f"type=oci,dest={out},rewrite-timestamp=true",
+            str(ctx),
+        ],
         env={"SOURCE_DATE_EPOCH": "0"},
         timeout=300,
     )
@@ -68,14 +75,24 @@ def test_registry_push_and_read_back_by_digest(tmp_path: Path) -> None:
     services.ensure_dockerd()
     address = services.ensure_registry()
     assert address == services.DEFAULT_REGISTRY
-    with urllib.request.urlopen(f"http://{address}/v2/", timeout=5) as resp:
+    no_proxy = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with no_proxy.open(f"http://{address}/v2/", timeout=5) as resp:
         assert resp.status == 200
 
     archive = _tiny_oci_archive(tmp_path)
     digest = _archive_manifest_digest(archive)
     repo = f"{address}/servestack-test/tiny-{uuid.uuid4().hex[:8]}"
-    run(["skopeo", "copy", "--preserve-digests", "--dest-tls-verify=false",
-         f"oci-archive:{archive}", f"docker://{repo}:latest"], timeout=120)
+    run(
+        [
+            "skopeo",
+            "copy",
+            "--preserve-digests",
+            "--dest-tls-verify=false",
+            f"oci-archive:{archive}",
+            f"docker://{repo}:latest",
+        ],
+        timeout=120,
+    )
 
     inspected = json.loads(
         run(["skopeo", "inspect", "--tls-verify=false", f"docker://{repo}@{digest}"], timeout=60).stdout
@@ -121,13 +138,17 @@ def test_slurm_runs_and_cancels_jobs(tmp_path: Path) -> None:
     env = services.ensure_slurm()
     assert Path(env["SLURM_CONF"]).is_file()
     out = tmp_path / "job.out"
-    job = run(["sbatch", "--parsable", "-o", str(out), "--wrap", "echo ran-as-$(id -un)"],
-              env=env).stdout.strip().split(";")[0]
+    job = (
+        run(["sbatch", "--parsable", "-o", str(out), "--wrap", "echo ran-as-$(id -un)"], env=env)
+        .stdout.strip()
+        .split(";")[0]
+    )
     assert _wait_state(env, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}) == "COMPLETED"
     assert out.read_text().strip() == "ran-as-root"
 
-    long_job = run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 600"],
-                   env=env).stdout.strip().split(";")[0]
+    long_job = (
+        run(["sbatch", "--parsable", "-o", "/dev/null", "--wrap", "sleep 600"], env=env).stdout.strip().split(";")[0]
+    )
     _wait_state(env, long_job, {"RUNNING", "PENDING"})
     run(["scancel", long_job], env=env)
     assert _wait_state(env, long_job, {"CANCELLED"}) == "CANCELLED"

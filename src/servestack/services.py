@@ -79,9 +79,13 @@ def _log_tail(path: Path, lines: int = 30) -> str:
     return f"last lines of {path}:\n" + "\n".join(text.strip().splitlines()[-lines:])
 
 
-def _spawn_detached(argv: Sequence[str], log_path: Path) -> subprocess.Popen[bytes]:
+def _spawn_detached(argv: Sequence[str], log_path: Path, user: str | None = None) -> subprocess.Popen[bytes]:
     """Start a long-lived daemon in its own session, stdout/stderr appended to log_path.
 
+    Every daemon runs in the foreground (dockerd, registry, `munged -F`, `slurmctld -D`,
+    `slurmd -D`): self-daemonising ones fork twice, and on machines whose PID 1 does not reap
+    (containers, microVMs) each start would leave zombies behind. In the foreground the daemon
+    is simply re-parented when we exit, and an early exit is visible to `_wait_until`.
     Not through proc.run: that waits for the command to finish; a daemon must outlive us.
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -95,23 +99,10 @@ def _spawn_detached(argv: Sequence[str], log_path: Path) -> subprocess.Popen[byt
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: no controlling terminal, survives our exit/Ctrl-C
             close_fds=True,
+            user=user,
+            group=pwd.getpwnam(user).pw_gid if user else None,
+            extra_groups=[] if user else None,
         )
-
-
-def _start_forking(argv: Sequence[str], log_path: Path, timeout: float = 30.0) -> None:
-    """Start a daemon that forks itself into the background (munged, slurmctld, slurmd).
-
-    We wait for the launcher to return, which reaps it (no zombie is left to a PID 1 that may
-    not reap) and tells us whether start-up failed before the fork.
-    """
-    proc = _spawn_detached(argv, log_path)
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ServestackError(f"`{' '.join(argv)}` did not go to the background within {timeout:.0f} s\n"
-                              f"{_log_tail(log_path)}") from None
-    if rc != 0:
-        raise ServestackError(f"`{' '.join(argv)}` exited with {rc}\n{_log_tail(log_path)}")
 
 
 def _wait_until(
@@ -127,7 +118,7 @@ def _wait_until(
     while True:
         if ready():
             return
-        # dockerd and docker-registry stay in the foreground: any exit means they gave up.
+        # Our daemons stay in the foreground: any exit means they gave up.
         if proc is not None and proc.poll() is not None:
             raise ServestackError(f"{what} exited with {proc.returncode}\n{_log_tail(log_path)}")
         if time.monotonic() > deadline:
@@ -220,9 +211,11 @@ def ensure_dockerd(timeout: float = 60.0) -> None:
 
 def _registry_answers(address: str, timeout: float = 0.5) -> bool:
     """True when a Docker/OCI registry answers GET /v2/ (200, or 401 when it wants auth)."""
+    # Never through an HTTP(S)_PROXY from the environment: the registry is on loopback.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with urllib.request.urlopen(f"http://{address}/v2/", timeout=timeout) as resp:
-            return resp.status == 200
+        with opener.open(f"http://{address}/v2/", timeout=timeout) as resp:
+            return int(resp.status) == 200
     except urllib.error.HTTPError as e:
         return e.code == 401
     except (OSError, ValueError):
@@ -272,8 +265,11 @@ def ensure_registry(address: str = DEFAULT_REGISTRY, timeout: float = 30.0) -> s
         log_path = home / "registry.log"
         proc = _spawn_detached([binary, "serve", str(config)], log_path)
         _wait_until(
-            lambda: _registry_answers(address), what=f"docker-registry on {address}", timeout=timeout,
-            log_path=log_path, proc=proc,
+            lambda: _registry_answers(address),
+            what=f"docker-registry on {address}",
+            timeout=timeout,
+            log_path=log_path,
+            proc=proc,
         )
     return address
 
@@ -326,10 +322,10 @@ def ensure_munge(timeout: float = 15.0) -> None:
             os.chmod(d, mode)
         _ensure_munge_key()
         log_path = state_home() / "munged.log"
-        # munged runs as the munge user, as its systemd unit does; it forks into the background.
+        # munged runs as the munge user, as its systemd unit does.
         # --force: remove a stale socket left by an earlier munged that died.
-        _start_forking(["runuser", "-u", "munge", "--", munged, "--force"], log_path)
-        _wait_until(_munge_ok, what="munged", timeout=timeout, log_path=Path("/var/log/munge/munged.log"))
+        proc = _spawn_detached([munged, "--foreground", "--force"], log_path, user="munge")
+        _wait_until(_munge_ok, what="munged", timeout=timeout, log_path=log_path, proc=proc)
 
 
 def _slurm_dir() -> Path:
@@ -463,18 +459,29 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
                 _kill_pidfile(d / f"{name}.pid")
             _wait_until(
                 lambda: not _pid_alive(d / "slurmd.pid") and not _pid_alive(d / "slurmctld.pid"),
-                what="old Slurm daemons to stop", timeout=20, log_path=d / "slurmctld.log",
+                what="old Slurm daemons to stop",
+                timeout=20,
+                log_path=d / "slurmctld.log",
             )
         if not _pid_alive(d / "slurmctld.pid"):
             # Both daemons fork into the background after start-up (no -D) and write pidfiles.
-            _start_forking([slurmctld, "-f", str(conf)], d / "slurmctld.out")
+            proc = _spawn_detached([slurmctld, "-D", "-f", str(conf)], d / "slurmctld.out")
             _wait_until(
                 lambda: "UP" in run(["scontrol", "ping"], env=env, check=False, timeout=10).stdout,
-                what="slurmctld", timeout=timeout, log_path=d / "slurmctld.log",
+                what="slurmctld",
+                timeout=timeout,
+                log_path=d / "slurmctld.log",
+                proc=proc,
             )
         if not _pid_alive(d / "slurmd.pid"):
-            _start_forking([slurmd, "-f", str(conf)], d / "slurmd.out")
-            _wait_until(lambda: _pid_alive(d / "slurmd.pid"), what="slurmd", timeout=timeout, log_path=d / "slurmd.log")
+            proc = _spawn_detached([slurmd, "-D", "-f", str(conf)], d / "slurmd.out")
+            _wait_until(
+                lambda: _pid_alive(d / "slurmd.pid"),
+                what="slurmd",
+                timeout=timeout,
+                log_path=d / "slurmd.log",
+                proc=proc,
+            )
         state = ""
 
         def node_usable() -> bool:
@@ -548,4 +555,3 @@ __all__ = [
     "ensure_registry",
     "ensure_slurm",
 ]
-
