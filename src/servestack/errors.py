@@ -41,3 +41,11 @@ class InputError(ServestackError):
 
 class NetworkError(ServestackError):
     """A remote service could not be reached after retries."""
+
+
+class InputErrors(ServestackError):
+    """Several problems found in one pass, so the user fixes them all at once."""
+
+    def __init__(self, errors: list[InputError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))

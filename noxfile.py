@@ -1,0 +1,75 @@
+"""Sessions for servestack. Each one calls the library; run them in order, e.g.
+
+    nox -s build image smoke -- --stack dev-cpu
+"""
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["build", "image", "smoke"]
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    # Editable, so a rerun only re-checks dependencies: seconds, not minutes.
+    session.install("-e", f".[{','.join(extras)}]" if extras else ".")
+
+
+def _servestack(session: nox.Session, command: str, *extras: str) -> None:
+    _install(session, *extras)
+    session.run("servestack", command, *session.posargs)
+
+
+@nox.session
+def lock(session: nox.Session) -> None:
+    """Resolve pins/<stack>.yaml into pins/<stack>.lock (`-- --check` verifies it offline)."""
+    _servestack(session, "lock")
+
+
+@nox.session
+def build(session: nox.Session) -> None:
+    """Fetch and verify every locked input and apply PR overlays: build/<stack>/build.json."""
+    _servestack(session, "build")
+
+
+@nox.session
+def image(session: nox.Session) -> None:
+    """Build the image reproducibly with BuildKit and push it: build/<stack>/image.json."""
+    _servestack(session, "image")
+
+
+@nox.session
+def smoke(session: nox.Session) -> None:
+    """Run the image by digest: static and serving probes, smoke.json + JUnit."""
+    _servestack(session, "smoke")
+
+
+@nox.session
+def recipes(session: nox.Session) -> None:
+    """Render, validate and check the srt-slurm recipes (`-- render --image REF@sha256:...`)."""
+    _servestack(session, "recipes")
+
+
+@nox.session
+def accuracy(session: nox.Session) -> None:
+    """GSM8K on the image by digest, through the pipeline's runner, gated."""
+    _servestack(session, "accuracy", "report")
+
+
+@nox.session
+def throughput(session: nox.Session) -> None:
+    """The throughput sweep on the image by digest, gated per concurrency point."""
+    _servestack(session, "throughput", "report")
+
+
+@nox.session
+def pipeline(session: nox.Session) -> None:
+    """smoke -> accuracy -> throughput for one pipeline."""
+    _servestack(session, "pipeline", "report")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite; `-- -m e2e` for the end-to-end suite."""
+    _install(session, "test")
+    session.run("pytest", *session.posargs)

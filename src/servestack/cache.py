@@ -1,0 +1,66 @@
+"""A content-addressed cache of downloaded inputs: every file is verified against its sha256 before use."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from .errors import ServestackError
+from .project import cache_home
+from .sources import http
+
+
+class IntegrityError(ServestackError):
+    pass
+
+
+def blob_path(sha256: str, root: Path | None = None) -> Path:
+    return (root or cache_home()) / "blobs" / "sha256" / sha256[:2] / sha256
+
+
+def _hash(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify(path: Path, sha256: str, name: str) -> None:
+    actual = _hash(path)
+    if actual != sha256:
+        raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, the lock says {sha256}; delete it and rerun")
+
+
+def fetch(url: str, sha256: str, name: str, root: Path | None = None) -> Path:
+    """The verified local copy of `url`, downloading it once. A cached copy is re-verified on every use."""
+    target = blob_path(sha256, root)
+    if target.exists():
+        verify(target, sha256, name)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            parsed = urlparse(url)
+            if parsed.scheme == "file":
+                with open(unquote(parsed.path), "rb") as src:
+                    shutil.copyfileobj(src, out, 1 << 20)
+            else:
+                response = http.get(http.session(), url, what=name, stream=True, timeout=120)
+                if response.status_code != 200:
+                    raise ServestackError(f"{name}: HTTP {response.status_code} from {url}")
+                for chunk in response.iter_content(1 << 20):
+                    out.write(chunk)
+        actual = _hash(tmp)
+        if actual != sha256:
+            raise IntegrityError(f"{name}: {url} has sha256 {actual}, the lock says {sha256}")
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target

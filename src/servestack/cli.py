@@ -1,0 +1,104 @@
+"""The `servestack` command line: a thin layer over the library, one subcommand per nox session."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import ServestackError
+from .project import DEFAULT_STACK, Project
+
+Command = Callable[[argparse.Namespace, Project], int]
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
+
+
+def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda p: None):
+    def register(fn: Command) -> Command:
+        COMMANDS[name] = (help, configure, fn)
+        return fn
+
+    return register
+
+
+def _say(text: str = "") -> None:
+    print(text, flush=True)
+
+
+# --------------------------------------------------------------------------- lock
+
+
+@command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock", lambda p: p.add_argument(
+    "--check", action="store_true", help="offline: fail when the lock no longer matches the stack file or patches"))
+def _lock(args: argparse.Namespace, project: Project) -> int:
+    from . import lock
+
+    if args.check:
+        report = lock.check(project, args.stack)
+        for warning in report.warnings:
+            _say(f"warning: {warning}")
+        for problem in report.problems:
+            _say(f"error: {problem}")
+        _say(f"lock {args.stack}: {'ok' if report.ok else 'out of date'}")
+        return 0 if report.ok else 1
+    path = lock.lock(project, args.stack)
+    document = lock.load_lock(project, args.stack)
+    wheels = {p: len(ws) for p, ws in document["platforms"].items()}
+    statuses: dict[str, int] = {}
+    for pr in document["pull_requests"]:
+        statuses[pr["status"]] = statuses.get(pr["status"], 0) + 1
+    _say(f"wrote {path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- services
+
+
+@command("services", "start the embedded services (dockerd, loopback registry, Slurm)", lambda p: p.add_argument(
+    "which", nargs="*", choices=["docker", "registry", "slurm", "binfmt"], default=["docker", "registry"]))
+def _services(args: argparse.Namespace, project: Project) -> int:
+    from . import services
+
+    starters = {
+        "docker": services.ensure_dockerd,
+        "registry": services.ensure_registry,
+        "slurm": services.ensure_slurm,
+        "binfmt": services.ensure_binfmt_aarch64,
+    }
+    for name in args.which:
+        result = starters[name]()
+        _say(f"{name}: up{f' ({result})' if isinstance(result, str) else ''}")
+    return 0
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servestack", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every external command")
+    parser.add_argument("--project", type=Path, default=None, help="project root (default: the checkout around the cwd)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (help, configure, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name in pins/ (default: {DEFAULT_STACK})")
+        configure(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("urllib3").setLevel(logging.ERROR)
+    project = Project(args.project.resolve()) if args.project else Project.find()
+    try:
+        return COMMANDS[args.command][2](args, project)
+    except ServestackError as exc:
+        print(f"servestack {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"servestack {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,169 @@
+"""Wheels for a target platform: the full dependency closure, resolved by uv into PEP 751 form.
+
+We do not resolve dependencies ourselves: `uv pip compile --format pylock.toml` does, once per
+target platform, and we keep for each package the one wheel the target's installer would pick.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import tomllib
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from packaging import tags
+from packaging.markers import Marker
+from packaging.utils import parse_wheel_filename
+
+from .. import proc
+from ..errors import InputError, NetworkError, ServestackError
+from ..stack import Stack
+
+# Oldest glibc the image's base satisfies; manylinux wheels up to it are acceptable.
+GLIBC = (2, 36)
+ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
+
+
+@dataclass(frozen=True)
+class LockedWheel:
+    name: str
+    version: str
+    filename: str
+    url: str
+    sha256: str
+    size: int | None
+    upload_time: int | None
+    index: str
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "filename": self.filename,
+            "url": self.url,
+            "sha256": self.sha256,
+            "size": self.size,
+            "index": self.index,
+        }
+
+
+def target_tags(platform: str, python: str) -> list[tags.Tag]:
+    """Wheel tags an installer on the target accepts, best first."""
+    arch = ARCH[platform]
+    major, minor = (int(p) for p in python.split("."))
+    platforms = [f"manylinux_{GLIBC[0]}_{m}_{arch}" for m in range(GLIBC[1], 16, -1)]
+    # The legacy aliases still appear on wheels: manylinux2014 = 2_17, manylinux2010 = 2_12, manylinux1 = 2_5.
+    platforms += [f"manylinux2014_{arch}", f"manylinux2010_{arch}", f"manylinux1_{arch}"]
+    return list(tags.cpython_tags((major, minor), platforms=platforms)) + list(
+        tags.compatible_tags((major, minor), platforms=platforms)
+    )
+
+
+def _uv() -> str:
+    found = shutil.which("uv")
+    if not found:
+        raise ServestackError("uv is not installed: `pip install uv` (servestack uses it to resolve wheels)")
+    return found
+
+
+def _unsatisfiable_sentence(output: str) -> str | None:
+    """uv's explanation, cut to its first 'Because ...' sentence and the conclusion."""
+    text = " ".join(line.strip() for line in output.splitlines())
+    match = re.search(r"Because (.+?)(?:, we can conclude that|\. And because|$)", text)
+    if not match:
+        return None
+    return f"these packages cannot be installed together: {match.group(1)}"
+
+
+def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
+    """Resolve the stack's packages for one platform into exactly one wheel per package."""
+    with tempfile.TemporaryDirectory(prefix="servestack-lock-") as tmp:
+        work = Path(tmp)
+        (work / "requirements.in").write_text("".join(p.requirement + "\n" for p in stack.packages))
+        (work / "overrides.txt").write_text(
+            "".join(f'{e.name} ; sys_platform == "never"\n' for e in stack.exclude)
+        )
+        argv = [
+            _uv(), "pip", "compile", "requirements.in",
+            "--override", "overrides.txt",
+            "--format", "pylock.toml", "-o", "pylock.toml",
+            "--python-platform", f"{ARCH[platform]}-manylinux_{GLIBC[0]}_{GLIBC[1]}",
+            "--python-version", stack.python,
+            "--no-header", "--quiet",
+        ]
+        for index in stack.indexes:
+            argv += ["--find-links", index.find_links] if index.find_links else ["--extra-index-url", index.url]
+        result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
+        if result.returncode != 0:
+            sentence = _unsatisfiable_sentence(result.stdout)
+            if sentence:
+                raise InputError(stack_file, "packages", f"{sentence} (platform {platform}, Python {stack.python})")
+            if re.search(r"(?i)(failed to fetch|connect|dns|timed out|network)", result.stdout):
+                raise NetworkError(f"resolving wheels for {platform}: the package index could not be reached:\n{result.stdout.strip()[-800:]}")
+            raise ServestackError(f"resolving wheels for {platform} failed:\n{result.stdout.strip()[-1500:]}")
+        pylock = tomllib.loads((work / "pylock.toml").read_text())
+    return _pick_wheels(pylock, stack, stack_file, platform)
+
+
+def _pick_wheels(pylock: dict, stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
+    ranking = {tag: rank for rank, tag in enumerate(target_tags(platform, stack.python))}
+    picked = []
+    environment = _marker_environment(platform, stack.python)
+    for package in pylock.get("packages", []):
+        if "marker" in package and not Marker(package["marker"]).evaluate(environment):
+            continue
+        candidates = []
+        for wheel in package.get("wheels", []):
+            filename = wheel.get("name") or Path(unquote(urlparse(wheel["url"]).path)).name
+            _, _, _, wheel_tags = parse_wheel_filename(filename)
+            rank = min((ranking[t] for t in wheel_tags if t in ranking), default=None)
+            if rank is not None:
+                candidates.append((rank, filename, wheel))
+        if not candidates:
+            raise InputError(
+                stack_file,
+                "packages",
+                f"{package['name']} {package['version']} has no wheel for {platform} / CPython {stack.python} "
+                "(the image is built without compilers or network, so every package must come as a wheel)",
+            )
+        _, filename, wheel = min(candidates, key=lambda c: (c[0], c[1]))
+        upload = wheel.get("upload-time")
+        picked.append(
+            LockedWheel(
+                name=package["name"],
+                version=package["version"],
+                filename=filename,
+                url=wheel["url"],
+                sha256=wheel["hashes"]["sha256"],
+                size=wheel.get("size"),
+                upload_time=int(upload.timestamp()) if isinstance(upload, datetime) else None,
+                index=_index_of(wheel["url"], stack),
+            )
+        )
+    return sorted(picked, key=lambda w: w.name)
+
+
+def _marker_environment(platform: str, python: str) -> dict[str, str]:
+    return {
+        "platform_machine": ARCH[platform],
+        "sys_platform": "linux",
+        "os_name": "posix",
+        "platform_system": "Linux",
+        "python_version": python,
+        "python_full_version": f"{python}.0",
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
+
+
+def _index_of(url: str, stack: Stack) -> str:
+    for index in stack.indexes:
+        if index.find_links and url.startswith("file://") and unquote(urlparse(url).path).startswith(index.find_links.rstrip("/") + "/"):
+            return index.name
+        if index.url and url.startswith(index.url.rstrip("/").rsplit("/simple", 1)[0]):
+            return index.name
+    return "pypi"

@@ -1,0 +1,212 @@
+"""The stack file, `pins/<stack>.yaml`: what a serving stack is.
+
+A stack names its target platforms, its base image, its Python, the packages it installs (each
+from a package index or a git commit), the upstream pull requests each package must contain,
+environment defaults baked into the image, and the model the smoke stage serves.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import yamlfile
+from .errors import InputError, InputErrors
+from .fsutil import sha256_file
+
+SHA1 = r"^[0-9a-f]{40}$"
+PLATFORMS = ("linux/amd64", "linux/arm64")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PullRequest(_Model):
+    """An upstream PR the package must contain, as shipped or as an overlay."""
+
+    repo: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
+    number: Annotated[int, Field(gt=0)]
+    merge_commit: Annotated[str | None, Field(pattern=SHA1)] = None
+    title: str | None = None
+
+
+class GitSource(_Model):
+    url: str
+    commit: Annotated[str, Field(pattern=SHA1)]
+
+
+class Package(_Model):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    version: str | None = None
+    extras: list[str] = []
+    git: GitSource | None = None
+    index: str | None = None
+    prs: list[PullRequest] = []
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "Package":
+        if (self.version is None) == (self.git is None):
+            raise ValueError("give exactly one of `version` (from a package index) or `git` (url + commit)")
+        return self
+
+    @property
+    def requirement(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        if self.git:
+            return f"{self.name}{extras} @ git+{self.git.url}@{self.git.commit}"
+        return f"{self.name}{extras}=={self.version}"
+
+
+class Index(_Model):
+    """An extra package index (a PEP 503 simple URL) or a flat directory of wheels (find-links)."""
+
+    name: str
+    url: str | None = None
+    find_links: str | None = None
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "Index":
+        if (self.url is None) == (self.find_links is None):
+            raise ValueError("give exactly one of `url` (a simple index) or `find_links` (a wheel directory)")
+        return self
+
+
+class Exclusion(_Model):
+    """A dependency left out of the image on purpose; the reason is part of the record."""
+
+    name: str
+    reason: Annotated[str, Field(min_length=10)]
+
+
+class DebianBase(_Model):
+    """A base the project builds itself from Debian packages (mmdebstrap), for when no base image can be pulled."""
+
+    suite: Literal["bookworm", "trixie"]
+    packages: list[str]
+
+
+class BaseImage(_Model):
+    image: str | None = None
+    debian: DebianBase | None = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "BaseImage":
+        if (self.image is None) == (self.debian is None):
+            raise ValueError("give exactly one of `image` (a registry reference) or `debian` (a base built here)")
+        return self
+
+
+class SmokeModel(_Model):
+    """The model the smoke stage serves: made offline by the build (`make`), or a path on the GPU host."""
+
+    name: str
+    make: dict[str, int | str] | None = None
+    path: str | None = None
+
+    @model_validator(mode="after")
+    def _one_origin(self) -> "SmokeModel":
+        if (self.make is None) == (self.path is None):
+            raise ValueError("give exactly one of `make` (a tiny model built offline) or `path`")
+        return self
+
+
+class Stack(_Model):
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+    platforms: Annotated[list[Literal["linux/amd64", "linux/arm64"]], Field(min_length=1)]
+    python: Annotated[str, Field(pattern=r"^3\.\d+$")]
+    base: BaseImage
+    indexes: list[Index] = []
+    packages: Annotated[list[Package], Field(min_length=1)]
+    exclude: list[Exclusion] = []
+    environment: dict[str, str] = {}
+    smoke_model: SmokeModel
+
+    @field_validator("environment")
+    @classmethod
+    def _env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+                raise ValueError(f"{key!r} is not an environment variable name (expected A-Z, 0-9, _)")
+        return value
+
+    @model_validator(mode="after")
+    def _indexes_exist(self) -> "Stack":
+        known = {i.name for i in self.indexes}
+        for package in self.packages:
+            if package.index is not None and package.index not in known:
+                raise ValueError(
+                    f"package {package.name!r} names index {package.index!r}, "
+                    f"but `indexes` defines {sorted(known) or 'none'}"
+                )
+        return self
+
+    def package(self, name: str) -> Package | None:
+        return next((p for p in self.packages if normalize(p.name) == normalize(name)), None)
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalization."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _field_names(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
+    """The field names allowed at `path` (used to suggest a fix for a misspelled key)."""
+    current: Any = model
+    for part in path:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return sorted(current.model_fields) if current else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found:
+            return found
+    return None
+
+
+def _explain(error: dict[str, Any], loc: tuple[str | int, ...]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _field_names(Stack, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        return f"unknown field; {hint}expected one of: {', '.join(allowed)}"
+    if kind == "missing":
+        return "required field is missing"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind != "value_error":
+        message += f" (got {error.get('input')!r})"
+    return message
+
+
+def load_stack(file: Path) -> Stack:
+    """Read and validate a stack file; every problem is reported with file, line, column and field."""
+    document = yamlfile.load(file)
+    if not isinstance(document.data, dict):
+        raise InputError(document.location(()), "", "expected a mapping of stack fields")
+    try:
+        return Stack.model_validate(document.data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            field = yamlfile.dotted(loc) or "(stack)"
+            problems.append(InputError(document.location(loc), field, _explain(error, loc)))
+        raise InputErrors(problems) from None
+
+
+def stack_digest(file: Path) -> str:
+    return sha256_file(file)
