@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Run a job's points inside the image (or on a node): start the server, run one client per point.
+
+Standalone (standard library only); the runners bind-mount this directory at /opt/servestack-clients
+and call it with the image's python:
+
+    python /opt/servestack-clients/run_points.py --spec /results/<recipe>/.job.json --points 1,4,16
+
+The spec (JSON) says:
+  server:   {"argv": [...], "env": {...}, "health_url": "http://127.0.0.1:8000/health",
+             "startup_timeout": 900}          (optional: no server for command jobs)
+  point:    {"argv": [... "{point}" ... "{out}" ...], "env": {...}, "timeout": 3600}
+  out_dir:  where `<point>.json` files go (inside the container)
+
+Each point's client writes to a temporary file name ({out}, {out_dir}/{out_name}); the file is
+renamed to `<point>.json` only when the client exits 0 and wrote it, so a result file on disk is
+always a finished point. Points whose file already exists are skipped (resume).
+
+Exit codes: 0 all points done; 1 some point failed; 3 the server did not come up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+_server: subprocess.Popen | None = None
+
+
+def log(msg: str) -> None:
+    print(f"[run_points {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def stop_server() -> None:
+    global _server
+    if _server is None or _server.poll() is not None:
+        return
+    log(f"stopping server pid {_server.pid}")
+    try:
+        os.killpg(_server.pid, signal.SIGTERM)
+        _server.wait(timeout=30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(_server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    _server = None
+
+
+def on_signal(signum, _frame) -> None:
+    log(f"signal {signum}: stopping")
+    stop_server()
+    sys.exit(128 + signum)
+
+
+def healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return 200 <= resp.status < 300
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def start_server(server: dict, logfile: str) -> bool:
+    global _server
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in (server.get("env") or {}).items()})
+    log(f"starting server: {' '.join(server['argv'])}")
+    out = open(logfile, "ab")
+    _server = subprocess.Popen(server["argv"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    deadline = time.monotonic() + float(server.get("startup_timeout", 900))
+    url = server.get("health_url", "http://127.0.0.1:8000/health")
+    while time.monotonic() < deadline:
+        if _server.poll() is not None:
+            log(f"server exited with {_server.returncode} before becoming healthy (log: {logfile})")
+            return False
+        if healthy(url):
+            log(f"server healthy at {url}")
+            return True
+        time.sleep(2)
+    log(f"server not healthy after {server.get('startup_timeout', 900)} s (log: {logfile})")
+    return False
+
+
+def fill(argv: list[str], values: dict[str, str]) -> list[str]:
+    out = []
+    for a in argv:
+        for k, v in values.items():
+            a = a.replace("{" + k + "}", v)
+        out.append(a)
+    return out
+
+
+def run_point(spec: dict, point: str) -> bool:
+    out_dir = spec["out_dir"]
+    final = os.path.join(out_dir, f"{point}.json")
+    if os.path.exists(final):
+        log(f"point {point}: result on disk, skipped")
+        return True
+    tmp_name = f".{point}.json.partial"
+    tmp = os.path.join(out_dir, tmp_name)
+    if os.path.exists(tmp):
+        os.unlink(tmp)
+    pspec = spec["point"]
+    values = {"point": point, "out": tmp, "out_dir": out_dir, "out_name": tmp_name}
+    digits = "".join(ch for ch in point if ch.isdigit())
+    values["index"] = str(int(digits)) if digits else "0"
+    if point.isdigit() and pspec.get("prompts_per_point"):
+        # throughput: num_prompts = concurrency x multiplier, at least min_prompts
+        values["num_prompts"] = str(max(int(pspec.get("min_prompts", 1)), int(point) * int(pspec["prompts_per_point"])))
+    argv = fill(pspec["argv"], values)
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in (pspec.get("env") or {}).items()})
+    log(f"point {point}: {' '.join(argv)}")
+    t0 = time.monotonic()
+    try:
+        rc = subprocess.run(argv, env=env, timeout=float(pspec.get("timeout", 3600))).returncode
+    except subprocess.TimeoutExpired:
+        log(f"point {point}: timed out")
+        rc = -1
+    if rc == 0 and os.path.exists(tmp):
+        os.replace(tmp, final)
+        log(f"point {point}: done in {time.monotonic() - t0:.1f} s -> {final}")
+        return True
+    log(f"point {point}: failed (exit {rc}, result {'present' if os.path.exists(tmp) else 'missing'})")
+    return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--points", required=True, help="comma-separated point names")
+    args = ap.parse_args(argv)
+    with open(args.spec, encoding="utf-8") as f:
+        spec = json.load(f)
+    os.makedirs(spec["out_dir"], exist_ok=True)
+    points = [p for p in args.points.split(",") if p]
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    todo = [p for p in points if not os.path.exists(os.path.join(spec["out_dir"], f"{p}.json"))]
+    if not todo:
+        log("every point has a result on disk")
+        return 0
+    try:
+        if spec.get("server"):
+            if not start_server(spec["server"], os.path.join(spec["out_dir"], "server.log")):
+                return 3
+        ok = True
+        for p in points:
+            ok = run_point(spec, p) and ok
+        return 0 if ok else 1
+    finally:
+        stop_server()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""Stage reports: results.json, a Markdown report (GitHub step-summary friendly), PNG plots.
+
+Plots (matplotlib, Agg backend, written only when there are throughput points):
+  throughput_vs_concurrency.png  total tokens/s per GPU against concurrency, one line per recipe;
+  pareto.png                     total tokens/s per GPU against tokens/s per user (1000 / median
+                                 TPOT), one line per recipe, the Pareto frontier marked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from .stages.gates import format_verdict
+from .stages.results import StageResult, ThroughputPoint
+
+
+def _fmt(v: float | None, digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> str:
+    status = "PASS" if result.passed else "FAIL"
+    lines = [f"## {result.stage}: {status}", "",
+             f"- stack `{result.stack}`, pipeline `{result.pipeline}`, runner `{result.runner}`",
+             f"- image `{result.image}`", ""]
+    if result.throughput:
+        lines += ["| recipe | concurrency | completed / requested | failed | output tokens | tok/s/GPU "
+                  "| tok/s/user | total tok/s | output tok/s | TTFT p50 ms | TPOT p50 ms | ITL p50 ms |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for p in sorted(result.throughput, key=lambda p: (p.recipe, p.concurrency)):
+            lines.append(
+                f"| {p.recipe} | {p.concurrency} | {p.completed} / {p.requested} | {p.failed} | {p.output_tokens:,} "
+                f"| {_fmt(p.tokens_per_s_per_gpu)} | {_fmt(p.tokens_per_s_per_user)} "
+                f"| {_fmt(p.total_token_throughput)} | {_fmt(p.output_throughput)} | {_fmt(p.median_ttft_ms)} "
+                f"| {_fmt(p.median_tpot_ms, 2)} | {_fmt(p.median_itl_ms, 2)} |")
+        lines.append("")
+    if result.accuracy:
+        lines += ["| recipe | repeat | accuracy (strict) | accuracy (flexible) | n | invalid | errors | seconds |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for a in sorted(result.accuracy, key=lambda a: (a.recipe, a.repeat)):
+            lines.append(f"| {a.recipe} | {a.repeat} | {a.accuracy:.4f} | "
+                         f"{'-' if a.accuracy_flexible is None else f'{a.accuracy_flexible:.4f}'} | {a.n} "
+                         f"| {a.invalid} | {a.errors} | {_fmt(a.seconds)} |")
+        lines.append("")
+    if result.missing:
+        lines += [f"Missing points: {', '.join(f'`{m}`' for m in sorted(result.missing))}", ""]
+    if result.verdict is not None:
+        checks = result.verdict.checks
+        if checks:
+            lines += ["| gate | recipe | point | measured | required | |", "|---|---|---|---:|---:|---|"]
+            for c in checks:
+                lines.append(f"| {c.gate} | {c.recipe} | {c.point or '-'} | {c.measured:,.4g} | {c.required:,.4g} "
+                             f"| {'pass' if c.passed else '**FAIL**'} |")
+            lines.append("")
+        lines += ["```", format_verdict(result.verdict), "```", ""]
+    for title, name in (plots or {}).items():
+        lines += [f"![{title}]({name})", ""]
+    if result.jobs:
+        lines += ["<details><summary>jobs</summary>", "", "| job | attempts (id: state, points) | remaining |",
+                  "|---|---|---|"]
+        for j in result.jobs:
+            att = "; ".join(f"{a['job_id']}: {a['state']} ({','.join(a['points'])})" for a in j["attempts"]) or \
+                ("skipped: results on disk" if j.get("skipped") else "-")
+            lines.append(f"| {j['name']} | {att} | {','.join(j['remaining']) or '-'} |")
+        lines += ["", "</details>", ""]
+    return "\n".join(lines)
+
+
+def _pareto(points: list[ThroughputPoint]) -> list[ThroughputPoint]:
+    """Points not dominated in (per-user, per-GPU) — both larger is better."""
+    best = []
+    for p in sorted(points, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu)):
+        if not best or p.tokens_per_s_per_gpu > best[-1].tokens_per_s_per_gpu:
+            best.append(p)
+    return best
+
+
+def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "") -> dict[str, str]:
+    """Write the two PNGs; returns {title: file name}."""
+    if not points:
+        return {}
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by_recipe: dict[str, list[ThroughputPoint]] = {}
+    for p in points:
+        by_recipe.setdefault(p.recipe, []).append(p)
+    written: dict[str, str] = {}
+
+    def save(fig, name: str, label: str) -> None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+        plt.close(fig)
+        atomic_write_bytes(out_dir / name, buf.getvalue())
+        written[label] = name
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for recipe, ps in sorted(by_recipe.items()):
+        ps = sorted(ps, key=lambda p: p.concurrency)
+        ax.plot([p.concurrency for p in ps], [p.tokens_per_s_per_gpu for p in ps], marker="o", label=recipe)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrency")
+    ax.set_ylabel("total tokens/s per GPU")
+    ax.set_title(f"Throughput per GPU vs concurrency {title}".strip())
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    save(fig, "throughput_vs_concurrency.png", "tokens/s per GPU vs concurrency")
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for recipe, ps in sorted(by_recipe.items()):
+        ps = sorted(ps, key=lambda p: p.tokens_per_s_per_user)
+        ax.plot([p.tokens_per_s_per_user for p in ps], [p.tokens_per_s_per_gpu for p in ps], marker="o", label=recipe)
+        for p in ps:
+            ax.annotate(f"c={p.concurrency}", (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu),
+                        textcoords="offset points", xytext=(4, 4), fontsize=7)
+    front = _pareto(points)
+    ax.plot([p.tokens_per_s_per_user for p in front], [p.tokens_per_s_per_gpu for p in front],
+            linestyle="--", color="black", alpha=0.5, label="Pareto frontier")
+    ax.set_xlabel("tokens/s per user (1000 / median TPOT)")
+    ax.set_ylabel("total tokens/s per GPU")
+    ax.set_title(f"Throughput vs interactivity {title}".strip())
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    save(fig, "pareto.png", "tokens/s per GPU vs tokens/s per user")
+    return written
+
+
+def write_stage(result: StageResult) -> Path:
+    """results.json + report.md (+ plots) in the stage directory; returns the report path."""
+    out = result.out_dir
+    atomic_write_json(out / "results.json", result.to_dict())
+    plots = plot_throughput(result.throughput, out, f"({result.stack})")
+    report = out / "report.md"
+    atomic_write_text(report, f"# servestack {result.stage} report\n\n" + markdown_stage(result, plots))
+    return report
+
+
+def write_run(run_dir: Path, results: list[StageResult]) -> Path:
+    """One report for the whole run; plot links point into the stage directories."""
+    parts = ["# servestack pipeline report", ""]
+    overall = all(r.passed for r in results)
+    parts += [f"**{'PASS' if overall else 'FAIL'}**: " +
+              ", ".join(f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results), ""]
+    for r in results:
+        plots = {t: f"{r.stage}/{n}" for t, n in {
+            "tokens/s per GPU vs concurrency": "throughput_vs_concurrency.png",
+            "tokens/s per GPU vs tokens/s per user": "pareto.png"}.items() if (r.out_dir / n).exists()}
+        parts.append(markdown_stage(r, plots))
+    report = run_dir / "report.md"
+    atomic_write_text(report, "\n".join(parts))
+    atomic_write_json(run_dir / "results.json", {"passed": overall, "stages": [r.to_dict() for r in results]})
+    return report
+
+
+def load_stage(stage_dir: Path) -> StageResult:
+    return StageResult.from_dict(json.loads((stage_dir / "results.json").read_text()), stage_dir)

@@ -1,0 +1,184 @@
+"""Slurm runner: renders its own batch script, submits with `sbatch --parsable`, polls squeue/sacct.
+
+The container is started by digest in one of two ways (chosen by the pipeline):
+  - "docker": `docker run` on the node (plain nodes, like this machine's one-node Slurm);
+  - "pyxis":  `srun --container-image=...` (pyxis/enroot, GPU clusters).
+Command jobs (no image) run their command directly. Results land on a filesystem the submit host
+shares with the nodes (the job's out_dir), so `collect` only checks them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import ServestackError
+from ..fsutil import atomic_write_text
+from ..proc import CommandError, run
+from .base import JobHandle, JobSpec, JobState, PollingWait
+
+log = logging.getLogger("servestack.runners.slurm")
+
+
+def format_time_limit(seconds: int) -> str:
+    """Slurm's D-HH:MM:SS, never below one minute."""
+    seconds = max(60, int(seconds))
+    d, rem = divmod(seconds, 86400)
+    h, rem = divmod(rem, 3600)
+    m, s = divmod(rem, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
+
+
+def enroot_image(ref: str) -> str:
+    """'host:5000/repo@sha256:..' -> 'host:5000#repo@sha256:..' (enroot separates the registry with #)."""
+    first, sep, rest = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return f"{first}#{rest}"
+    return ref
+
+
+@dataclass
+class SlurmConfig:
+    partition: str | None = None
+    account: str | None = None
+    container: str = "docker"  # docker | pyxis
+    gpus_per_node: int = 0
+    extra_sbatch: tuple[str, ...] = ()
+    docker: str = "docker"
+    poll_seconds: float = 2.0
+    env: dict[str, str] | None = None  # environment for sbatch/squeue (e.g. SLURM_CONF)
+
+
+def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
+    jobs_dir = spec.jobs_dir
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={spec.name}",
+        f"#SBATCH --output={jobs_dir}/slurm-%j.out",
+        f"#SBATCH --time={format_time_limit(spec.time_limit_s)}",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+    ]
+    if cfg.partition:
+        lines.append(f"#SBATCH --partition={cfg.partition}")
+    if cfg.account:
+        lines.append(f"#SBATCH --account={cfg.account}")
+    if spec.gpus:
+        lines.append(f"#SBATCH --gres=gpu:{spec.gpus}")
+    # Ask Slurm to send TERM to the batch shell before the time limit kills everything.
+    lines.append("#SBATCH --signal=B:TERM@60")
+    lines += [f"#SBATCH {x}" for x in cfg.extra_sbatch]
+    lines += ["", "set -u", f"mkdir -p {shlex.quote(str(spec.out_dir))}", f"cd {shlex.quote(str(jobs_dir))}"]
+    for k, v in sorted(spec.env.items()):
+        lines.append(f"export {k}={shlex.quote(v)}")
+    argv = spec.argv()
+    if spec.image is None:
+        body = shlex.join(argv)
+        lines += [
+            "# container-free command job",
+            f"{body} &",
+            "child=$!",
+            "trap 'kill -TERM $child 2>/dev/null; wait $child; exit 143' TERM INT",
+            "wait $child",
+        ]
+    elif cfg.container == "docker":
+        name = "servestack-${SLURM_JOB_ID}"
+        run_argv = [cfg.docker, "run", "--rm", "--name", "__NAME__"]
+        if spec.gpus:
+            run_argv += ["--gpus", "all"]
+        for m in spec.mounts:
+            run_argv += ["-v", f"{m.host}:{m.container}" + (":ro" if m.read_only else "")]
+        for k in sorted(spec.env):
+            run_argv += ["-e", k]
+        run_argv += [spec.image, *argv]
+        body = shlex.join(run_argv).replace("__NAME__", f'"{name}"')
+        lines += [
+            "# the image, started by digest with docker on this node",
+            f"trap '{cfg.docker} kill \"{name}\" >/dev/null 2>&1; exit 143' TERM INT",
+            f"{body} &",
+            "wait $!",
+        ]
+    elif cfg.container == "pyxis":
+        mounts = ",".join(f"{m.host}:{m.container}" + (":ro" if m.read_only else "") for m in spec.mounts)
+        srun = ["srun", "--ntasks=1", f"--container-image={enroot_image(spec.image)}", "--no-container-mount-home"]
+        if mounts:
+            srun.append(f"--container-mounts={mounts}")
+        srun += ["--container-env=" + ",".join(sorted(spec.env))] if spec.env else []
+        lines += [
+            "# the image, started by digest with pyxis/enroot",
+            f"{shlex.join([*srun, *argv])} &",
+            "child=$!",
+            "trap 'kill -TERM $child 2>/dev/null; wait $child; exit 143' TERM INT",
+            "wait $child",
+        ]
+    else:
+        raise ServestackError(f"unknown Slurm container mode {cfg.container!r} (docker | pyxis)")
+    return "\n".join(lines) + "\n"
+
+
+class SlurmRunner(PollingWait):
+    name = "slurm"
+
+    def __init__(self, cfg: SlurmConfig | None = None):
+        self.cfg = cfg or SlurmConfig()
+        self.poll_seconds = self.cfg.poll_seconds
+        self.vanish_after_s = 30.0
+        self._unknown_since: dict[str, float] = {}
+
+    # -- interface -----------------------------------------------------------------------------
+    def submit(self, job: JobSpec) -> JobHandle:
+        job.jobs_dir.mkdir(parents=True, exist_ok=True)
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        script = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.sbatch"
+        atomic_write_text(script, render_batch_script(job, self.cfg))
+        os.chmod(script, 0o755)
+        out = run(["sbatch", "--parsable", str(script)], env=self.cfg.env).stdout.strip()
+        job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
+        if not job_id.isdigit():
+            raise ServestackError(f"sbatch --parsable printed {out!r}, expected a job id")
+        return JobHandle(self.name, job_id, job, output_dir=job.jobs_dir)
+
+    def state(self, handle: JobHandle) -> JobState:
+        st = slurm_state(handle.job_id, env=self.cfg.env)
+        if st is not JobState.UNKNOWN:
+            self._unknown_since.pop(handle.job_id, None)
+            return st
+        # Gone from squeue, no accounting, past MinJobAge: judge by what it left on disk.
+        first = self._unknown_since.setdefault(handle.job_id, time.monotonic())
+        if time.monotonic() - first >= self.vanish_after_s:
+            return JobState.COMPLETED if not handle.spec.remaining() else JobState.FAILED
+        return st
+
+    def cancel(self, handle: JobHandle) -> None:
+        scancel(handle.job_id, env=self.cfg.env)
+
+    def collect(self, handle: JobHandle) -> Path:
+        return handle.spec.out_dir
+
+
+def scancel(job_id: str, env: dict[str, str] | None = None) -> None:
+    run(["scancel", job_id], env=env, check=False)
+
+
+def slurm_state(job_id: str, env: dict[str, str] | None = None) -> JobState:
+    """squeue while the job is known to the controller, then sacct, then scontrol."""
+    q = run(["squeue", "-h", "-j", job_id, "-o", "%T"], env=env, check=False)
+    text = (q.stdout or "").strip()
+    if q.returncode == 0 and text:
+        return JobState.parse(text.splitlines()[0])
+    try:
+        a = run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], env=env, check=False)
+        text = (a.stdout or "").strip()
+        if a.returncode == 0 and text:
+            return JobState.parse(text.splitlines()[0])
+    except (FileNotFoundError, CommandError):
+        pass
+    s = run(["scontrol", "-o", "show", "job", job_id], env=env, check=False)
+    for word in (s.stdout or "").split():
+        if word.startswith("JobState="):
+            return JobState.parse(word.split("=", 1)[1])
+    return JobState.UNKNOWN

@@ -1,0 +1,11 @@
+"""Accuracy and throughput stages: normalized results, gates, and the functions the CLI calls."""
+
+from .gates import GateConfig, Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
+from .results import AccuracyRun, StageResult, ThroughputPoint, parse_gsm8k_result, parse_srt_result, parse_vllm_result
+from .run import StageFailed, raise_for_verdict, run_pipeline, run_stage
+
+__all__ = [
+    "AccuracyRun", "GateConfig", "StageFailed", "StageResult", "ThroughputPoint", "Verdict",
+    "evaluate_accuracy", "evaluate_throughput", "format_verdict", "parse_gsm8k_result", "parse_srt_result",
+    "parse_vllm_result", "raise_for_verdict", "run_pipeline", "run_stage",
+]

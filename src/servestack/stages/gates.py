@@ -1,0 +1,151 @@
+"""Gates: the numbers a stage must reach, and a verdict that names what failed and by how much.
+
+Always (structural): every expected point has a result; per point completed == requested,
+failed == 0 and output tokens > 0; every accuracy repeat answered at least one request.
+Accuracy: mean strict-match accuracy over repeats >= threshold, per recipe.
+Throughput: total tokens/s per GPU >= baseline x (1 - tolerance), per point that has a baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .results import AccuracyRun, ThroughputPoint
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    accuracy_threshold: float | None = None
+    # {recipe: {concurrency: tokens/s per GPU}}
+    baselines: dict[str, dict[int, float]] = field(default_factory=dict)
+    tolerance: float = 0.0
+
+
+@dataclass(frozen=True)
+class Failure:
+    gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
+    recipe: str
+    point: str | None  # "c=16", "repeat 0", None for recipe-wide
+    message: str
+    measured: float | None = None
+    required: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    gate: str
+    recipe: str
+    point: str | None
+    measured: float
+    required: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    stage: str
+    failures: list[Failure] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "passed": self.passed,
+                "failures": [f.to_dict() for f in self.failures],
+                "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        return cls(stage=d["stage"], failures=[Failure(**f) for f in d.get("failures", [])],
+                   checks=[Check(**c) for c in d.get("checks", [])])
+
+
+def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:
+    for p in points:
+        where = f"c={p.concurrency}"
+        if p.completed != p.requested:
+            out.append(Failure("completed", p.recipe, where,
+                               f"completed {p.completed} of {p.requested} requests", p.completed, p.requested))
+        if p.failed != 0:
+            out.append(Failure("failed", p.recipe, where, f"{p.failed} failed requests", p.failed, 0))
+        if p.output_tokens <= 0:
+            out.append(Failure("output_tokens", p.recipe, where, "no output tokens", p.output_tokens, 1))
+
+
+def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[int]], gate: GateConfig,
+                        stage: str = "throughput") -> Verdict:
+    """`expected`: {recipe: [concurrency, ...]} that should each have a point."""
+    v = Verdict(stage)
+    have = {(p.recipe, p.concurrency) for p in points}
+    for recipe, concs in expected.items():
+        for c in concs:
+            if (recipe, c) not in have:
+                v.failures.append(Failure("missing", recipe, f"c={c}", "no result for this point"))
+    _structural(points, v.failures)
+    for p in points:
+        base = gate.baselines.get(p.recipe, {}).get(p.concurrency)
+        if base is None:
+            continue
+        floor = base * (1.0 - gate.tolerance)
+        ok = p.tokens_per_s_per_gpu >= floor
+        v.checks.append(Check("throughput", p.recipe, f"c={p.concurrency}", p.tokens_per_s_per_gpu, floor, ok))
+        if not ok:
+            v.failures.append(Failure(
+                "throughput", p.recipe, f"c={p.concurrency}",
+                f"{p.tokens_per_s_per_gpu:.1f} tok/s/GPU < {floor:.1f} "
+                f"(baseline {base:.1f} - {gate.tolerance:.0%})", p.tokens_per_s_per_gpu, floor))
+    return v
+
+
+def evaluate_accuracy(runs: list[AccuracyRun], expected: dict[str, int], gate: GateConfig,
+                      stage: str = "accuracy") -> Verdict:
+    """`expected`: {recipe: number of repeats}."""
+    v = Verdict(stage)
+    by_recipe: dict[str, list[AccuracyRun]] = {}
+    for r in runs:
+        by_recipe.setdefault(r.recipe, []).append(r)
+    for recipe, repeats in expected.items():
+        got = {r.repeat for r in by_recipe.get(recipe, [])}
+        for i in range(repeats):
+            if i not in got:
+                v.failures.append(Failure("missing", recipe, f"repeat {i}", "no result for this repeat"))
+    for recipe, rs in by_recipe.items():
+        for r in rs:
+            if r.n <= 0:
+                v.failures.append(Failure("completed", recipe, f"repeat {r.repeat}", "no questions asked", r.n, 1))
+            elif r.errors >= r.n:
+                v.failures.append(Failure("errors", recipe, f"repeat {r.repeat}",
+                                          f"all {r.n} requests failed", r.errors, 0))
+        if gate.accuracy_threshold is None:
+            continue
+        mean = sum(r.accuracy for r in rs) / len(rs)
+        ok = mean >= gate.accuracy_threshold
+        v.checks.append(Check("accuracy", recipe, None, mean, gate.accuracy_threshold, ok))
+        if not ok:
+            v.failures.append(Failure(
+                "accuracy", recipe, None,
+                f"GSM8K strict accuracy {mean:.4f} (mean of {len(rs)} repeat(s): "
+                f"{', '.join(f'{r.accuracy:.4f}' for r in sorted(rs, key=lambda r: r.repeat))}) "
+                f"< threshold {gate.accuracy_threshold:.4f}", mean, gate.accuracy_threshold))
+    return v
+
+
+def format_verdict(v: Verdict) -> str:
+    """One readable line per failure (and a one-line summary when all passed)."""
+    if v.passed:
+        n = len(v.checks)
+        return f"{v.stage}: PASS ({n} numeric check{'s' if n != 1 else ''}, structural gates met)"
+    lines = [f"{v.stage}: FAIL ({len(v.failures)} failure{'s' if len(v.failures) != 1 else ''})"]
+    for f in v.failures:
+        where = f"{f.recipe}" + (f" {f.point}" if f.point else "")
+        lines.append(f"  FAIL {f.gate:<13} {where}: {f.message}")
+    return "\n".join(lines)

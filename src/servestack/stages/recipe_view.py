@@ -1,0 +1,125 @@
+"""What the stages need from an srt-slurm recipe (recipes/<stack>/<name>.yaml).
+
+The recipe model and its validation belong to servestack.recipes; the stages only read a few
+fields, tolerantly, so that they work with any recipe the validator accepts:
+
+  name; model.path, model.served_model_name (default: name); resources.gpus_per_node with
+  agg_nodes | prefill_nodes + decode_nodes (GPUs of the deployment, >= 1: a CPU deployment counts
+  as one device); backend.type (vllm); backend.vllm_config.aggregated (server flags: {flag: value},
+  True = bare flag, False/None = omitted, list = repeated values); backend.aggregated_environment;
+  benchmark.{type, isl, osl, concurrencies (list or "4x8x16"), num_prompts_mult, req_rate}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import InputError
+
+
+def _get(data: Any, *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if not isinstance(data, dict) or k not in data:
+            return default
+        data = data[k]
+    return data
+
+
+def parse_concurrencies(value: Any, where: Path) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int) and not isinstance(value, bool):
+        items: list[Any] = [value]
+    elif isinstance(value, str):
+        items = [v for v in value.replace(",", "x").split("x") if v.strip()]
+    elif isinstance(value, list):
+        items = value
+    else:
+        raise InputError(where, "benchmark.concurrencies", f"expected a list or '4x8x16', got {value!r}")
+    out = []
+    for v in items:
+        try:
+            n = int(v)
+        except (TypeError, ValueError):
+            raise InputError(where, "benchmark.concurrencies", f"{v!r} is not an integer") from None
+        if n < 1:
+            raise InputError(where, "benchmark.concurrencies", f"{n} must be >= 1")
+        out.append(n)
+    return out
+
+
+def flags_to_argv(flags: dict[str, Any]) -> list[str]:
+    argv: list[str] = []
+    for key, value in flags.items():
+        flag = key if key.startswith("-") else f"--{key.replace('_', '-')}"
+        if value is True:
+            argv.append(flag)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, list):
+            for v in value:
+                argv += [flag, str(v)]
+        elif isinstance(value, dict):
+            import json
+
+            argv += [flag, json.dumps(value, separators=(",", ":"))]
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+@dataclass(frozen=True)
+class RecipeView:
+    file: Path
+    name: str
+    model_path: str
+    served_model_name: str
+    gpus: int
+    backend: str
+    server_flags: dict[str, Any]
+    server_env: dict[str, str]
+    benchmark: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def concurrencies(self) -> list[int]:
+        return parse_concurrencies(self.benchmark.get("concurrencies"), self.file)
+
+    @classmethod
+    def load(cls, file: Path) -> "RecipeView":
+        file = Path(file)
+        try:
+            data = yaml.safe_load(file.read_text())
+        except FileNotFoundError:
+            raise InputError(file, "", "recipe not found") from None
+        except yaml.YAMLError as exc:
+            raise InputError(file, "", f"not valid YAML: {exc}") from None
+        if not isinstance(data, dict):
+            raise InputError(file, "", "a recipe is a YAML mapping")
+        name = str(data.get("name") or file.stem)
+        res = data.get("resources") or {}
+        gpn = int(res.get("gpus_per_node") or 0)
+        if res.get("prefill_nodes") or res.get("decode_nodes"):
+            nodes = int(res.get("prefill_nodes") or 0) + int(res.get("decode_nodes") or 0)
+        else:
+            nodes = int(res.get("agg_nodes") or 1)
+        gpus = max(1, nodes * gpn)
+        backend = data.get("backend") or {}
+        btype = str(backend.get("type") or "vllm")
+        cfg = backend.get(f"{btype}_config") or {}
+        flags = cfg.get("aggregated") or cfg.get("agg") or {}
+        if not isinstance(flags, dict):
+            raise InputError(file, f"backend.{btype}_config.aggregated", "expected a mapping of server flags")
+        env = backend.get("aggregated_environment") or {}
+        model = data.get("model") or {}
+        return cls(
+            file=file, name=name, model_path=str(model.get("path") or ""),
+            served_model_name=str(model.get("served_model_name") or data.get("served_model_name") or name),
+            gpus=gpus, backend=btype, server_flags=dict(flags),
+            server_env={str(k): str(v) for k, v in env.items()},
+            benchmark=dict(data.get("benchmark") or {}), raw=data,
+        )

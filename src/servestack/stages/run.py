@@ -1,0 +1,284 @@
+"""Run the accuracy and throughput stages of a pipeline against an image, gate and report.
+
+Layout: `build/<stack>/runs/<run id>/<stage>/` with one directory per recipe holding the point
+files (`<concurrency>.json`: vLLM's result JSON; `repeat-<i>.json`: the gsm8k client's), plus
+`results.json` (normalized results and the verdict), `report.md` and plots. The run id is derived
+from the image digest and the pipeline file, so rerunning the same thing resumes it: points with
+a file on disk are not redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..clients import CLIENTS_DIR, CONTAINER_DIR
+from ..errors import InputError, ServestackError
+from ..fsutil import atomic_write_json
+from ..project import Project
+from ..runners.base import JobSpec, Mount, Runner
+from ..runners.driver import RetryPolicy, run_job
+from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
+from .pipeline import STAGES, Pipeline, StageSettings, load_pipeline
+from .recipe_view import RecipeView, flags_to_argv
+from .results import StageResult, parse_gsm8k_result, parse_vllm_result
+
+log = logging.getLogger("servestack.stages")
+
+RESULTS = "/results"
+MODEL = "/model"
+DATA = "/data/gsm8k"
+
+
+class StageFailed(ServestackError):
+    """The stage ran but its gates failed; `.result` holds the numbers and the verdict."""
+
+    def __init__(self, result: StageResult):
+        self.result = result
+        super().__init__(format_verdict(result.verdict))
+
+
+def check_image_ref(image_ref: str) -> str:
+    repo, sep, digest = image_ref.partition("@")
+    if not sep or not repo or not digest.startswith("sha256:") or len(digest) != 71:
+        raise InputError("image", "image_ref", f"{image_ref!r}: expected repo@sha256:<64 hex> (images run by digest)")
+    return image_ref
+
+
+def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
+    h = hashlib.sha256()
+    h.update(image_ref.encode())
+    h.update(Path(pipeline.file).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def make_runner(pipeline: Pipeline) -> Runner:
+    kind = pipeline.runner.kind
+    poll = pipeline.retry.poll_seconds
+    if kind == "local":
+        from ..runners.local import LocalRunner
+
+        return LocalRunner(poll_seconds=poll)
+    env = None
+    if pipeline.runner.slurm.local_cluster:
+        from .. import services
+
+        env = services.ensure_slurm()
+    if kind == "slurm":
+        from ..runners.slurm import SlurmConfig, SlurmRunner
+
+        s = pipeline.runner.slurm
+        return SlurmRunner(SlurmConfig(partition=s.partition, account=s.account, container=s.container,
+                                       extra_sbatch=s.extra_sbatch, poll_seconds=poll, env=env))
+    from ..runners.srtctl import SrtctlRunner
+
+    return SrtctlRunner(executable=list(pipeline.runner.srtctl.executable),
+                        output_base=pipeline.runner.srtctl.output_dir, env=env, poll_seconds=poll)
+
+
+def _recipe(project: Project, pipeline: Pipeline, name: str) -> RecipeView:
+    return RecipeView.load(project.recipes / pipeline.stack / f"{name}.yaml")
+
+
+def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Mount]]:
+    host = pipeline.model_dir
+    if host is None and recipe.model_path and Path(recipe.model_path).is_dir():
+        host = Path(recipe.model_path).resolve()
+    if host is not None:
+        if not host.is_dir():
+            raise InputError(pipeline.file, "model_dir", f"{host} is not a directory")
+        return MODEL, [Mount(host, MODEL)]
+    if not recipe.model_path:
+        raise InputError(recipe.file, "model.path", "required (or set model_dir in the pipeline)")
+    return recipe.model_path, []
+
+
+def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
+    python = pipeline.runner.python
+    flags = {**recipe.server_flags, **pipeline.extra_server_flags}
+    for reserved in ("model", "served-model-name", "port", "host"):
+        flags.pop(reserved, None)
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+            "--served-model-name", recipe.served_model_name, "--host", "127.0.0.1",
+            "--port", str(pipeline.server_port), *flags_to_argv(flags)]
+    return {"argv": argv, "env": recipe.server_env,
+            "health_url": f"http://127.0.0.1:{pipeline.server_port}/health",
+            "startup_timeout": pipeline.server_startup_timeout_s}
+
+
+@dataclass
+class _Planned:
+    recipe: RecipeView
+    spec: JobSpec
+    points: tuple[str, ...]
+    gpus: int
+
+
+def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image_ref: str,
+               stage_dir: Path) -> list[_Planned]:
+    """One job per recipe; writes the in-container job spec next to the results."""
+    planned = []
+    base_url = f"http://127.0.0.1:{pipeline.server_port}"
+    python = pipeline.runner.python
+    for name in stage.recipes:
+        recipe = _recipe(project, pipeline, name)
+        out_dir = stage_dir / name
+        gpus = stage.gpus or recipe.gpus
+        if stage.name == "throughput":
+            concs = list(stage.concurrencies or recipe.concurrencies)
+            if not concs:
+                raise InputError(recipe.file, "benchmark.concurrencies",
+                                 f"no concurrency points (set them here or in {pipeline.file} stages.throughput)")
+            points = tuple(str(c) for c in concs)
+        else:
+            points = tuple(f"repeat-{i}" for i in range(stage.gsm8k.repeats))
+        if pipeline.runner.kind == "srtctl":
+            spec = JobSpec(
+                name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
+                time_limit_s=stage.time_limit_s, gpus=gpus, recipe_file=recipe.file, recipe_name=name,
+                extra={"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None},
+            )
+            planned.append(_Planned(recipe, spec, points, gpus))
+            continue
+        model, mounts = _model_mount(pipeline, recipe)
+        mounts = [*mounts, Mount(CLIENTS_DIR, CONTAINER_DIR), Mount(out_dir, RESULTS, read_only=False)]
+        if stage.name == "throughput":
+            isl = stage.input_len or int(recipe.benchmark.get("isl") or 128)
+            osl = stage.output_len or int(recipe.benchmark.get("osl") or 32)
+            mult = stage.prompts_per_concurrency or int(recipe.benchmark.get("num_prompts_mult") or 10)
+            point = {
+                "argv": [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+                         "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
+                         "--model", model, "--served-model-name", recipe.served_model_name,
+                         "--tokenizer", model, "--dataset-name", "random",
+                         "--random-input-len", str(isl), "--random-output-len", str(osl),
+                         "--num-prompts", "{num_prompts}", "--max-concurrency", "{point}",
+                         "--request-rate", "inf", "--ignore-eos", "--seed", "0",
+                         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+                         "--disable-tqdm", "--save-result", "--result-dir", "{out_dir}",
+                         "--result-filename", "{out_name}",
+                         "--metadata", f"servestack_recipe={name}", f"servestack_gpus={gpus}"],
+                "prompts_per_point": mult, "min_prompts": stage.min_prompts,
+                "timeout": stage.time_limit_s,
+            }
+        else:
+            data = pipeline.data_dir or (project.root.parent / "shared" / "data" / "gsm8k")
+            if not (data / "test.jsonl").is_file() or not (data / "train.jsonl").is_file():
+                raise InputError(pipeline.file, "data_dir", f"{data} must hold test.jsonl and train.jsonl")
+            mounts.append(Mount(data, DATA))
+            g = stage.gsm8k
+            point = {
+                "argv": [python, f"{CONTAINER_DIR}/gsm8k.py", "--base-url", base_url,
+                         "--model", recipe.served_model_name, "--dataset", f"{DATA}/test.jsonl",
+                         "--fewshot-from", f"{DATA}/train.jsonl", "--num-questions", str(g.num_questions),
+                         "--shots", str(g.shots), "--repeats", "1", "--first-repeat", "{index}",
+                         "--concurrency", str(g.concurrency), "--max-tokens", str(g.max_tokens),
+                         "--out", "{out}"],
+                "timeout": stage.time_limit_s,
+            }
+        job = {"server": _server(pipeline, recipe, model), "point": point, "out_dir": RESULTS}
+        spec_host = out_dir / ".jobs" / "job.json"
+        atomic_write_json(spec_host, job)
+        spec = JobSpec(
+            name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
+            command=(python, f"{CONTAINER_DIR}/run_points.py", "--spec", f"{RESULTS}/.jobs/job.json",
+                     "--points", "{points}"),
+            image=image_ref, mounts=tuple(mounts), time_limit_s=stage.time_limit_s, gpus=gpus,
+            recipe_file=recipe.file, recipe_name=name,
+        )
+        planned.append(_Planned(recipe, spec, points, gpus))
+    return planned
+
+
+def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Planned], image_ref: str,
+                  runner_name: str, stage_dir: Path, jobs: list[dict]) -> StageResult:
+    result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
+                         runner=runner_name, out_dir=stage_dir, jobs=jobs)
+    problems: list[str] = []
+    for p in planned:
+        for point in p.points:
+            f = p.spec.point_file(point)
+            if not f.exists():
+                result.missing.append(f"{p.recipe.name}/{point}")
+                continue
+            try:
+                if stage.name == "throughput":
+                    result.throughput.append(parse_vllm_result(f, recipe=p.recipe.name, gpus=p.gpus,
+                                                               concurrency=int(point)))
+                else:
+                    runs = parse_gsm8k_result(f, recipe=p.recipe.name)
+                    idx = int(point.rsplit("-", 1)[-1])
+                    result.accuracy += [r if len(runs) > 1 else
+                                        type(r)(**{**r.to_dict(), "repeat": idx}) for r in runs]
+            except InputError as exc:
+                problems.append(str(exc))
+                result.missing.append(f"{p.recipe.name}/{point}")
+    if stage.name == "throughput":
+        expected = {p.recipe.name: [int(x) for x in p.points] for p in planned}
+        verdict = evaluate_throughput(result.throughput, expected, stage.gate)
+    else:
+        verdict = evaluate_accuracy(result.accuracy, {p.recipe.name: len(p.points) for p in planned}, stage.gate)
+    for msg in problems:
+        from .gates import Failure
+
+        verdict.failures.append(Failure("unreadable", "-", None, msg))
+    result.verdict = verdict
+    return result
+
+
+def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
+              runner: Runner | None = None, *, run_id: str | None = None) -> StageResult:
+    """Run one stage (accuracy | throughput) of pipelines/<pipeline_name>.yaml against image_ref.
+
+    Writes results.json, report.md and plots under build/<stack>/runs/<run id>/<stage>/ and
+    returns the StageResult; `result.passed` tells whether the gates held (callers exit non-zero
+    when it is False; `raise_for_verdict` does that as an exception).
+    """
+    from .. import report
+
+    if stage not in STAGES:
+        raise InputError(pipeline_name, "stage", f"{stage!r} is not one of {', '.join(STAGES)}")
+    check_image_ref(image_ref)
+    pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
+    if stage not in pipeline.stages:
+        raise InputError(pipeline.file, f"stages.{stage}", "this pipeline does not define the stage")
+    settings = pipeline.stages[stage]
+    rid = run_id or run_id_for(pipeline, image_ref)
+    stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir)
+    runner = runner or make_runner(pipeline)
+    policy = RetryPolicy(max_attempts=pipeline.retry.max_attempts, retry_on=pipeline.retry.on)
+    jobs = []
+    for p in planned:
+        outcome = run_job(runner, p.spec, policy, timeout_s=settings.time_limit_s + 600)
+        jobs.append(outcome.to_dict())
+    result = collect_stage(pipeline, settings, planned, image_ref, runner.name, stage_dir, jobs)
+    report.write_stage(result)
+    log.info("%s", format_verdict(result.verdict))
+    return result
+
+
+def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: Runner | None = None,
+                 stages: tuple[str, ...] | None = None, *, run_id: str | None = None) -> list[StageResult]:
+    """Every stage the pipeline defines (accuracy, then throughput), then the run-level report."""
+    from .. import report
+
+    pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
+    wanted = [s for s in STAGES if s in pipeline.stages and (stages is None or s in stages)]
+    results = [run_stage(project, pipeline_name, s, image_ref, runner, run_id=run_id) for s in wanted]
+    if results:
+        report.write_run(results[0].out_dir.parent, results)
+    return results
+
+
+def raise_for_verdict(result: StageResult) -> StageResult:
+    if not result.passed:
+        raise StageFailed(result)
+    return result
+
+
+__all__ = ["StageFailed", "Verdict", "check_image_ref", "make_runner", "plan_stage", "raise_for_verdict",
+           "run_id_for", "run_pipeline", "run_stage"]
