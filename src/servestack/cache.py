@@ -18,8 +18,9 @@ class IntegrityError(ServestackError):
     pass
 
 
-def blob_path(sha256: str, root: Path | None = None) -> Path:
-    return (root or cache_home()) / "blobs" / "sha256" / sha256[:2] / sha256
+def blob_path(sha256: str, filename: str, root: Path | None = None) -> Path:
+    """`blobs/sha256/<hash>/<filename>`: addressed by content, but keeping the name tools read (wheels)."""
+    return (root or cache_home()) / "blobs" / "sha256" / sha256 / filename
 
 
 def _hash(path: Path) -> str:
@@ -37,8 +38,8 @@ def verify(path: Path, sha256: str, name: str) -> None:
 
 
 def fetch(url: str, sha256: str, name: str, root: Path | None = None) -> Path:
-    """The verified local copy of `url`, downloading it once. A cached copy is re-verified on every use."""
-    target = blob_path(sha256, root)
+    """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use."""
+    target = blob_path(sha256, name, root)
     if target.exists():
         verify(target, sha256, name)
         return target

@@ -131,15 +131,14 @@ def _resolve_prs(
                 entry["status"] = "included"
             else:
                 diff = github.diff(pr.repo, pr.number)
-                files = overlay.touched_files(diff)
                 path = patch_path(project, pr)
                 patches[path] = diff
                 entry["status"] = "overlay"
                 entry["patch"] = {
                     "path": _relative(project, path),
                     "sha256": sha256_bytes(diff.encode()),
-                    "python_only": overlay.is_python_only(files),
-                    "native_files": overlay.native_files(files),
+                    "python_only": not overlay.diff_native_files(diff),
+                    "native_files": overlay.diff_native_files(diff),
                 }
             entries.append(entry)
     return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches

@@ -1,0 +1,197 @@
+"""`servestack lock` resolves a stack into a lock of hashes; `--check` verifies it offline.
+
+Everything here is real and local: a git repository with real PRs served through GitHub's REST
+endpoints, a PEP 503 package index over HTTP, and the Debian docker-registry on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from fixtures.github_server import FakeGitHub, serve
+from fixtures.servers import package_index, push_image, serve_directory
+from fixtures.tinypkg import build_tinypkg
+from servestack import lock, services
+from servestack.errors import InputError, NetworkError
+from servestack.project import Project
+from servestack.sources.github import GitHub
+
+STACK = """\
+name: tiny
+platforms: [linux/amd64]
+python: "3.11"
+base:
+  image: {base}
+indexes:
+  - name: local
+    url: {index}
+packages:
+  - name: tinyserve
+    version: 1.0.0
+    index: local
+    prs:
+{prs}
+smoke_model:
+  name: tiny
+  make: {{seed: 0}}
+"""
+
+
+@pytest.fixture(scope="module")
+def registry() -> str:
+    return services.ensure_registry()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, registry):
+    """The tinyserve repository, its wheel on a package index, its PRs on a GitHub API, a base image."""
+    root = tmp_path_factory.mktemp("world")
+    pkg = build_tinypkg(root / "pkg")
+    index_server, index_url = serve_directory(root / "index")
+    package_index(root / "index", [pkg.wheel])
+    fake = FakeGitHub(pkg.repo_name, pkg.repo)
+    for number, pr in pkg.prs.items():
+        fake.pulls[number] = {"title": f"PR {number} ({pr.kind})", "head": pr.head, "base": pr.base,
+                              "merge": pr.merge, "patch": pr.patch}
+    github_server = serve(fake)
+    repository = f"servestack-test/base-{uuid.uuid4().hex[:8]}"
+    digest = push_image(registry, repository, "1", b"base layer")
+    yield {"pkg": pkg, "index": f"{index_url}/simple", "github": fake, "base": f"{registry}/{repository}:1",
+           "base_digest": digest}
+    index_server.shutdown()
+    github_server.shutdown()
+
+
+def make_project(tmp_path: Path, world, prs=(1, 2, 3), base=None) -> Project:
+    (tmp_path / "pins").mkdir()
+    lines = "".join(f"      - repo: {world['pkg'].repo_name}\n        number: {n}\n" for n in prs)
+    (tmp_path / "pins" / "tiny.yaml").write_text(
+        STACK.format(base=base or world["base"], index=world["index"], prs=lines))
+    return Project(tmp_path)
+
+
+def github(world) -> GitHub:
+    return GitHub(api=world["github"].url, token="", retries=1)
+
+
+def pr_entries(project: Project) -> dict[int, dict]:
+    return {e["number"]: e for e in lock.load_lock(project, "tiny")["pull_requests"]}
+
+
+def test_prs_are_classified_included_or_overlay_by_real_ancestry(tmp_path, world):
+    project = make_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    prs = pr_entries(project)
+    pkg = world["pkg"]
+
+    assert prs[1]["status"] == "included"  # merged before the release the wheel records
+    assert prs[1]["merge_commit"] == pkg.prs[1].merge
+    assert "patch" not in prs[1]
+
+    assert prs[2]["status"] == "overlay"  # merged after the release: its diff is stored and hashed
+    patch = project.root / prs[2]["patch"]["path"]
+    assert patch.read_text() == pkg.prs[2].patch
+    assert prs[2]["patch"]["python_only"] is True
+    assert prs[2]["files"] == sorted(prs[2]["files"]) and "tinyserve/server.py" in prs[2]["files"]
+
+    assert prs[3]["status"] == "overlay"
+    assert prs[3]["patch"]["python_only"] is False
+    assert prs[3]["patch"]["native_files"] == ["csrc/kernel.cu"]
+
+
+def test_the_lock_records_wheels_base_digest_and_the_stack_hash(tmp_path, world):
+    project = make_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    document = lock.load_lock(project, "tiny")
+    (wheel,) = document["platforms"]["linux/amd64"]
+    assert wheel["name"] == "tinyserve" and wheel["index"] == "local"
+    assert wheel["url"].startswith(world["index"])
+    assert wheel["sha256"] == __import__("hashlib").sha256(world["pkg"].wheel.read_bytes()).hexdigest()
+    assert document["base"]["image"]["digest"] == world["base_digest"]
+    assert document["packages"]["tinyserve"]["commit"] == world["pkg"].base[:9]
+    assert document["stack"]["sha256"] == __import__("hashlib").sha256(
+        (project.pins / "tiny.yaml").read_bytes()).hexdigest()
+
+
+def test_locking_twice_gives_byte_identical_files(tmp_path, world):
+    project = make_project(tmp_path, world)
+    first = lock.lock(project, "tiny", github(world)).read_bytes()
+    second = lock.lock(project, "tiny", github(world)).read_bytes()
+    assert first == second
+
+
+def test_a_pr_that_does_not_exist_names_it_and_keeps_the_previous_lock(tmp_path, world):
+    project = make_project(tmp_path, world)
+    before = lock.lock(project, "tiny", github(world)).read_bytes()
+    stack = project.pins / "tiny.yaml"
+    stack.write_text(stack.read_text().replace("number: 3", "number: 99"))
+    with pytest.raises(InputError, match=r"packages\[0\]\.prs\[2\]: example/tinyserve#99 does not exist"):
+        lock.lock(project, "tiny", github(world))
+    assert project.lock_file("tiny").read_bytes() == before
+
+
+def test_an_unreachable_registry_is_reported_after_retries_and_keeps_the_previous_lock(tmp_path, world):
+    project = make_project(tmp_path, world)
+    before = lock.lock(project, "tiny", github(world)).read_bytes()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    stack = project.pins / "tiny.yaml"
+    stack.write_text(stack.read_text().replace(world["base"], f"127.0.0.1:{closed_port}/nothing:1"))
+    with pytest.raises(NetworkError, match=rf"image 127.0.0.1:{closed_port}/nothing:1: could not reach"):
+        lock.lock(project, "tiny", github(world))
+    assert project.lock_file("tiny").read_bytes() == before
+
+
+def test_an_unreachable_github_records_prs_as_unverified(tmp_path, world):
+    project = make_project(tmp_path, world, prs=(2,))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    lock.lock(project, "tiny", GitHub(api=closed, token="", retries=0))
+    assert pr_entries(project)[2]["status"] == "unverified"
+    report = lock.check(project, "tiny")
+    assert report.ok and any("not verified" in w for w in report.warnings)
+
+
+def test_check_passes_on_a_fresh_lock_and_names_an_edited_patch(tmp_path, world):
+    project = make_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    assert lock.check(project, "tiny").ok
+
+    patch = project.root / pr_entries(project)[2]["patch"]["path"]
+    patch.write_text(patch.read_text().replace("hello", "hellO", 1))
+    report = lock.check(project, "tiny")
+    assert not report.ok
+    (problem,) = report.problems
+    assert "pull_requests[example/tinyserve#2].patch" in problem and "sha256" in problem
+
+
+def test_check_names_the_stack_file_when_it_changed_by_one_character(tmp_path, world):
+    project = make_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    stack = project.pins / "tiny.yaml"
+    stack.write_text(stack.read_text().replace("name: tiny\n", "name: tiny \n", 1))
+    (problem,) = lock.check(project, "tiny").problems
+    assert "stack.sha256" in problem and "pins/tiny.yaml changed since the lock" in problem
+
+
+def test_check_names_a_missing_entry(tmp_path, world):
+    project = make_project(tmp_path, world)
+    path = lock.lock(project, "tiny", github(world))
+    document = json.loads(path.read_text())
+    document["pull_requests"] = [e for e in document["pull_requests"] if e["number"] != 1]
+    path.write_text(json.dumps(document))
+    (problem,) = lock.check(project, "tiny").problems
+    assert "pull_requests[example/tinyserve#1]: entry missing" in problem
+
+
+@pytest.mark.parametrize("stack", ["dev-cpu", "qwen35-gb200"])
+def test_the_committed_locks_match_their_stacks(stack):
+    report = lock.check(Project(Path(__file__).resolve().parents[1]), stack)
+    assert report.ok, report.problems
