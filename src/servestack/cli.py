@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,6 +51,30 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
     for pr in document["pull_requests"]:
         statuses[pr["status"]] = statuses.get(pr["status"], 0) + 1
     _say(f"wrote {path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- build, image
+
+
+@command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json")
+def _build(args: argparse.Namespace, project: Project) -> int:
+    from . import build
+
+    started = time.monotonic()
+    path = build.build(project, args.stack)
+    record = build.load_build(project, args.stack)
+    overlays = sum(len(o["prs"]) for o in record["overlays"])
+    _say(f"build {args.stack}: {len(record['inputs'])} wheels verified, {overlays} PR overlays applied, "
+         f"input hash {record['input_hash'][:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
+    return 0
+
+
+@command("image", "build the image reproducibly with BuildKit and push it: build/<stack>/image.json")
+def _image(args: argparse.Namespace, project: Project) -> int:
+    from . import image
+
+    image.build_image(project, args.stack)
     return 0
 
 
