@@ -78,6 +78,45 @@ def _image(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- recipes
+
+
+def _recipes_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("action", choices=["render", "check", "validate"],
+                   help="render: the committed sets, or (with --image) the stack's set bound to a digest; "
+                        "check: committed recipes equal their renders and validate; validate: the given files")
+    p.add_argument("paths", nargs="*", type=Path, help="recipe files or directories (validate)")
+    p.add_argument("--image", help="REPO@sha256:<64 hex> to bind the stack's recipes to ('last': this stack's image.json)")
+    p.add_argument("--engine", type=Path, help="pins/<stack>.engine.json for flag checks (validate)")
+
+
+@command("recipes", "render, bind, check and validate srt-slurm recipes", _recipes_args)
+def _recipes(args: argparse.Namespace, project: Project) -> int:
+    from . import recipes
+
+    if args.action == "render":
+        if args.image:
+            reference = args.image
+            if reference == "last":
+                from .image import load_image
+
+                reference = load_image(project, args.stack)["reference"]
+            paths = recipes.render_recipes(project, args.stack, reference)
+        else:
+            paths = recipes.render_committed(project)
+        for path in paths:
+            _say(str(path.relative_to(project.root) if path.is_relative_to(project.root) else path))
+        return 0
+    if args.action == "check":
+        errors = recipes.check_rendered(project) + recipes.validate_committed(project)
+    else:
+        errors = recipes.validate_paths(args.paths or [project.recipes], args.engine)
+    for error in errors:
+        _say(f"error: {error}")
+    _say(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
+    return 1 if errors else 0
+
+
 # --------------------------------------------------------------------------- services
 
 

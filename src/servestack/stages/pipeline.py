@@ -6,7 +6,7 @@
       python: python3              # the image's interpreter
       slurm: {partition: null, account: null, container: docker, extra_sbatch: []}
       srtctl: {executable: srtctl, output_dir: null}
-    retry: {max_attempts: 3, on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
+    retry: {max_attempts: 3, retry_on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     data_dir: ../shared/data/gsm8k # relative to the project root
     server: {port: 8000, startup_timeout: 15m}
@@ -264,15 +264,15 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
                               output_dir=(root / t["output_dir"]) if t.get("output_dir") else None),
     )
 
-    rt = _expect_map(doc, ("retry",), top.get("retry"), {"max_attempts", "on", "poll_seconds"})
-    on = rt.get("on", ["PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED"])
+    rt = _expect_map(doc, ("retry",), top.get("retry"), {"max_attempts", "retry_on", "poll_seconds"})
+    on = rt.get("retry_on", ["PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED"])
     if not isinstance(on, list):
-        raise doc.error(("retry", "on"), "expected a list of Slurm job states")
+        raise doc.error(("retry", "retry_on"), "expected a list of Slurm job states")
     states = set()
     for i, name in enumerate(on):
         st = JobState.parse(str(name))
         if st in (JobState.UNKNOWN, JobState.PENDING, JobState.RUNNING, JobState.COMPLETED):
-            raise doc.error(("retry", "on", i), f"{name!r} is not a retryable end state "
+            raise doc.error(("retry", "retry_on", i), f"{name!r} is not a retryable end state "
                                                 "(PREEMPTED NODE_FAIL TIMEOUT CANCELLED FAILED OUT_OF_MEMORY)")
         states.add(st)
     retry = RetrySettings(

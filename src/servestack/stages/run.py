@@ -149,13 +149,14 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
             osl = stage.output_len or int(recipe.benchmark.get("osl") or 32)
             mult = stage.prompts_per_concurrency or int(recipe.benchmark.get("num_prompts_mult") or 10)
             point = {
-                "argv": [python, "-m", "vllm.entrypoints.cli.main", "bench", "serve",
+                "argv": [python, f"{CONTAINER_DIR}/vllm_bench_serve.py",
                          "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
                          "--model", model, "--served-model-name", recipe.served_model_name,
                          "--tokenizer", model, "--dataset-name", "random",
                          "--random-input-len", str(isl), "--random-output-len", str(osl),
                          "--num-prompts", "{num_prompts}", "--max-concurrency", "{point}",
-                         "--request-rate", "inf", "--ignore-eos", "--seed", "0",
+                         "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--temperature", "0",
+                         "--ready-check-timeout-sec", "60",
                          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
                          "--disable-tqdm", "--save-result", "--result-dir", "{out_dir}",
                          "--result-filename", "{out_name}",
