@@ -1,0 +1,99 @@
+"""The driver: resume from disk, retry remaining points after faults, never retry our own cancel."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.runners.driver import RetryPolicy, run_job
+
+
+class ScriptedRunner(PollingWait):
+    """In-process runner: each submission finishes the first `k` of its points, then ends in a state."""
+
+    name = "scripted"
+
+    def __init__(self, script: list[tuple[int, JobState]]):
+        self.script = list(script)
+        self.submitted: list[tuple[str, ...]] = []
+        self.poll_seconds = 0.0
+        self._end: dict[str, JobState] = {}
+
+    def submit(self, job: JobSpec) -> JobHandle:
+        self.submitted.append(job.points)
+        k, end = self.script.pop(0)
+        for p in job.points[:k]:
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            job.point_file(p).write_text(json.dumps({"point": p}))
+        jid = str(len(self.submitted))
+        self._end[jid] = end
+        return JobHandle(self.name, jid, job)
+
+    def state(self, handle):
+        return self._end[handle.job_id]
+
+    def cancel(self, handle):
+        handle.cancelled_by_us = True
+
+    def collect(self, handle) -> Path:
+        return handle.spec.out_dir
+
+
+def spec(tmp_path, points=("1", "4", "16")):
+    return JobSpec(name="throughput-agg", points=tuple(points), out_dir=tmp_path / "agg", command=("true",))
+
+
+def test_preempted_job_is_retried_for_its_remaining_points_only(tmp_path):
+    r = ScriptedRunner([(1, JobState.PREEMPTED), (1, JobState.NODE_FAIL), (1, JobState.COMPLETED)])
+    out = run_job(r, spec(tmp_path), RetryPolicy(max_attempts=3))
+    assert r.submitted == [("1", "4", "16"), ("4", "16"), ("16",)]
+    assert out.complete and [a.state for a in out.attempts] == ["PREEMPTED", "NODE_FAIL", "COMPLETED"]
+
+
+def test_rerun_resumes_from_results_on_disk(tmp_path):
+    s = spec(tmp_path)
+    s.out_dir.mkdir(parents=True)
+    s.point_file("4").write_text("{}")
+    r = ScriptedRunner([(2, JobState.COMPLETED)])
+    assert run_job(r, s).complete
+    assert r.submitted == [("1", "16")]
+    r2 = ScriptedRunner([])
+    out = run_job(r2, s)
+    assert out.skipped and r2.submitted == []  # nothing redone
+
+
+def test_attempts_are_bounded(tmp_path):
+    r = ScriptedRunner([(0, JobState.TIMEOUT)] * 5)
+    out = run_job(r, spec(tmp_path), RetryPolicy(max_attempts=2))
+    assert len(r.submitted) == 2 and out.remaining == ("1", "4", "16") and out.final_state == "TIMEOUT"
+
+
+def test_failed_jobs_are_not_retried(tmp_path):
+    r = ScriptedRunner([(1, JobState.FAILED), (3, JobState.COMPLETED)])
+    out = run_job(r, spec(tmp_path))
+    assert len(r.submitted) == 1 and out.remaining == ("4", "16")
+
+
+def test_cancelled_by_someone_else_is_retried_but_not_by_us(tmp_path):
+    r = ScriptedRunner([(1, JobState.CANCELLED), (3, JobState.COMPLETED)])
+    assert run_job(r, spec(tmp_path)).complete and len(r.submitted) == 2
+
+    class CancelsItself(ScriptedRunner):
+        def submit(self, job):
+            h = super().submit(job)
+            h.cancelled_by_us = True
+            return h
+
+    r = CancelsItself([(1, JobState.CANCELLED), (3, JobState.COMPLETED)])
+    out = run_job(r, spec(tmp_path / "b"))
+    assert len(r.submitted) == 1 and out.remaining == ("4", "16")
+
+
+def test_state_parsing_of_slurm_spellings():
+    assert JobState.parse("CANCELLED by 0") is JobState.CANCELLED
+    assert JobState.parse("CANCELLED+") is JobState.CANCELLED
+    assert JobState.parse("COMPLETING") is JobState.RUNNING
+    assert JobState.parse("NODE_FAIL") is JobState.NODE_FAIL
+    assert JobState.parse("PD") is JobState.PENDING
+    assert JobState.parse("") is JobState.UNKNOWN

@@ -1,0 +1,153 @@
+"""The Slurm runner: rendered batch scripts, and the real scheduler mechanics (e2e, no image)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from servestack.clients import CLIENTS_DIR
+from servestack.proc import run
+from servestack.runners.base import JobSpec, JobState, Mount
+from servestack.runners.driver import RetryPolicy, run_job
+from servestack.runners.slurm import SlurmConfig, SlurmRunner, enroot_image, format_time_limit, render_batch_script
+
+IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
+
+
+def image_spec(tmp_path):
+    return JobSpec(name="throughput-agg", points=("1", "4"), out_dir=tmp_path / "agg",
+                   command=("python3", "/opt/servestack-clients/run_points.py", "--points", "{points}"),
+                   image=IMAGE, mounts=(Mount(tmp_path / "agg", "/results", read_only=False),
+                                        Mount(Path("/srv/model"), "/model")),
+                   env={"HF_HUB_OFFLINE": "1"}, time_limit_s=5400, gpus=4)
+
+
+def test_docker_batch_script(tmp_path):
+    s = render_batch_script(image_spec(tmp_path), SlurmConfig(partition="batch", account="acct"))
+    assert "#SBATCH --time=01:30:00" in s and "#SBATCH --partition=batch" in s and "#SBATCH --gres=gpu:4" in s
+    assert f"docker run --rm --name \"servestack-${{SLURM_JOB_ID}}\" --gpus all -v {tmp_path}/agg:/results" in s
+    assert "-v /srv/model:/model:ro" in s and "-e HF_HUB_OFFLINE" in s and "export HF_HUB_OFFLINE=1" in s
+    assert f"{IMAGE} python3 /opt/servestack-clients/run_points.py --points 1,4" in s
+    assert "trap 'docker kill \"servestack-${SLURM_JOB_ID}\"" in s
+
+
+def test_pyxis_batch_script(tmp_path):
+    s = render_batch_script(image_spec(tmp_path), SlurmConfig(container="pyxis"))
+    assert "--container-image=127.0.0.1:5000#servestack/dev-cpu@sha256:" in s
+    assert f"--container-mounts={tmp_path}/agg:/results,/srv/model:/model:ro" in s
+    assert "--container-env=HF_HUB_OFFLINE" in s and "docker" not in s
+
+
+def test_small_helpers():
+    assert format_time_limit(30) == "00:01:00" and format_time_limit(90061) == "1-01:01:01"
+    assert enroot_image("nvcr.io/nvidia/x@sha256:1") == "nvcr.io#nvidia/x@sha256:1"
+    assert enroot_image("library/x@sha256:1") == "library/x@sha256:1"
+
+
+# ----------------------------------------------------------------------------- real Slurm
+
+POINT = textwrap.dedent("""
+    import json, pathlib, sys, time
+    time.sleep(float(sys.argv[3]))
+    pathlib.Path(sys.argv[2]).write_text(json.dumps({"point": sys.argv[1]}))
+""")
+
+
+@pytest.fixture(scope="module")
+def slurm_env():
+    from servestack import services
+
+    return services.ensure_slurm()
+
+
+def command_spec(tmp_path: Path, points, seconds: float, name: str | None = None) -> JobSpec:
+    """A container-free job: run_points.py on the node, each point a sleep then a file."""
+    out = tmp_path / "agg"
+    job = {"server": None, "out_dir": str(out),
+           "point": {"argv": [sys.executable, "-c", POINT, "{point}", "{out}", str(seconds)]}}
+    jf = tmp_path / "job.json"
+    jf.write_text(json.dumps(job))
+    return JobSpec(name=name or f"servestack-test-{uuid.uuid4().hex[:8]}", points=tuple(points), out_dir=out,
+                   command=(sys.executable, str(CLIENTS_DIR / "run_points.py"), "--spec", str(jf),
+                            "--points", "{points}"), time_limit_s=600)
+
+
+@pytest.mark.e2e
+def test_command_job_runs_to_completion(tmp_path, slurm_env):
+    r = SlurmRunner(SlurmConfig(env=slurm_env, poll_seconds=0.5))
+    out = run_job(r, command_spec(tmp_path, ["1", "2"], 0.2))
+    assert out.complete and out.final_state == "COMPLETED", out.to_dict()
+    assert json.loads((tmp_path / "agg" / "2.json").read_text()) == {"point": "2"}
+
+
+@pytest.mark.e2e
+def test_scancel_by_someone_else_retries_only_the_remaining_points(tmp_path, slurm_env):
+    r = SlurmRunner(SlurmConfig(env=slurm_env, poll_seconds=0.5))
+    spec = command_spec(tmp_path, ["1", "4", "16"], 2.0)
+    result = {}
+    t = threading.Thread(target=lambda: result.setdefault("o", run_job(r, spec, RetryPolicy(max_attempts=3))))
+    t.start()
+    first = spec.point_file("1")
+    deadline = time.monotonic() + 60
+    while not first.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert first.exists(), "the first point never finished"
+    job_id = run(["squeue", "-h", "-n", spec.name, "-o", "%i"], env=slurm_env).stdout.split()[0]
+    run(["scancel", job_id], env=slurm_env)  # an operator (not us) cancels the job
+    t.join(120)
+    out = result["o"]
+    assert out.complete, out.to_dict()
+    assert [a.state for a in out.attempts] == ["CANCELLED", "COMPLETED"]
+    assert out.attempts[0].points == ("1", "4", "16")
+    assert "1" not in out.attempts[1].points  # the finished point is not redone
+    assert not list((tmp_path / "agg").glob(".*.partial"))
+
+
+DRIVER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from servestack.runners.base import JobSpec
+    from servestack.runners.driver import run_job
+    from servestack.runners.slurm import SlurmConfig, SlurmRunner
+    spec = JobSpec(**{**json.loads(sys.argv[1]), "out_dir": Path(json.loads(sys.argv[1])["out_dir"])})
+    spec = JobSpec(name=spec.name, points=tuple(spec.points), out_dir=spec.out_dir, command=tuple(spec.command))
+    run_job(SlurmRunner(SlurmConfig(env=json.loads(sys.argv[2]), poll_seconds=0.5)), spec)
+""")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_cancel_our_jobs(tmp_path, slurm_env, sig):
+    spec = command_spec(tmp_path, ["1", "2"], 60.0)
+    arg = json.dumps({"name": spec.name, "points": list(spec.points), "out_dir": str(spec.out_dir),
+                      "command": list(spec.command)})
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    child = subprocess.Popen([sys.executable, "-c", DRIVER, arg, json.dumps(slurm_env)], env=env)
+    job_id = ""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        q = run(["squeue", "-h", "-n", spec.name, "-o", "%i %T"], env=slurm_env, check=False).stdout.split()
+        if len(q) == 2 and q[1] == "RUNNING":
+            job_id = q[0]
+            break
+        time.sleep(0.3)
+    assert job_id, "the job never started"
+    child.send_signal(sig)
+    rc = child.wait(60)
+    assert rc != 0
+    from servestack.runners.slurm import slurm_state
+
+    deadline = time.monotonic() + 30
+    while slurm_state(job_id, env=slurm_env) is not JobState.CANCELLED and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert slurm_state(job_id, env=slurm_env) is JobState.CANCELLED
