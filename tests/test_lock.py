@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 import socket
-import uuid
 from pathlib import Path
 
 import pytest
 
-from fixtures.github_server import FakeGitHub, serve
-from fixtures.servers import package_index, push_image, serve_directory
-from fixtures.tinypkg import build_tinypkg
-from servestack import lock, services
+from servestack import lock
 from servestack.errors import InputError, NetworkError
 from servestack.project import Project
 from servestack.sources.github import GitHub
@@ -40,31 +36,6 @@ smoke_model:
   name: tiny
   make: {{seed: 0}}
 """
-
-
-@pytest.fixture(scope="module")
-def registry() -> str:
-    return services.ensure_registry()
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory, registry):
-    """The tinyserve repository, its wheel on a package index, its PRs on a GitHub API, a base image."""
-    root = tmp_path_factory.mktemp("world")
-    pkg = build_tinypkg(root / "pkg")
-    index_server, index_url = serve_directory(root / "index")
-    package_index(root / "index", [pkg.wheel])
-    fake = FakeGitHub(pkg.repo_name, pkg.repo)
-    for number, pr in pkg.prs.items():
-        fake.pulls[number] = {"title": f"PR {number} ({pr.kind})", "head": pr.head, "base": pr.base,
-                              "merge": pr.merge, "patch": pr.patch}
-    github_server = serve(fake)
-    repository = f"servestack-test/base-{uuid.uuid4().hex[:8]}"
-    digest = push_image(registry, repository, "1", b"base layer")
-    yield {"pkg": pkg, "index": f"{index_url}/simple", "github": fake, "base": f"{registry}/{repository}:1",
-           "base_digest": digest}
-    index_server.shutdown()
-    github_server.shutdown()
 
 
 def make_project(tmp_path: Path, world, prs=(1, 2, 3), base=None) -> Project:
