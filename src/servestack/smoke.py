@@ -622,18 +622,21 @@ def run_serving_probe(
             return [Check("serving", "ready", FAIL, f"cannot start the server container: {e.explanation or e}")] + [
                 Check("serving", n, NOT_RUN, "the server container did not start") for n in SERVING_CHECKS[1:]
             ], metrics
-        container.reload()
-        host_port = container.ports[f"{port}/tcp"][0]["HostPort"]
-        base = f"http://127.0.0.1:{host_port}"
         metrics["container"] = name
-        log.info("serving probe: %s on %s (deadline %.0f s)", name, base, ready_timeout)
+        log.info("serving probe: %s (deadline %.0f s)", name, ready_timeout)
 
         # -- readiness
         deadline = start + ready_timeout
         ready_problem = None
+        base = ""
         while True:
+            container.reload()
+            if not base:
+                bindings = (container.ports or {}).get(f"{port}/tcp") or []
+                if bindings:
+                    base = f"http://127.0.0.1:{bindings[0]['HostPort']}"
             try:
-                if http.get(base + "/health", timeout=5).status_code == 200:
+                if base and http.get(base + "/health", timeout=5).status_code == 200:
                     break
             except Exception:  # noqa: BLE001,S110 - not listening yet
                 pass

@@ -1,0 +1,237 @@
+"""servestack smoke end to end: a tiny image with a fake /opt/venv, pushed to the loopback registry,
+probed by digest; a tampered overlay is caught; a server that never gets ready fails at its deadline.
+
+The base is a Debian minbase rootfs with python3 made by mmdebstrap (~30 s once, cached under the
+servestack cache), imported into docker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import uuid
+from pathlib import Path
+
+import pytest
+
+from servestack import services, smoke
+from servestack.fsutil import atomic_write_json, canonical_json, sha256_file
+from servestack.project import Project, cache_home
+
+pytestmark = pytest.mark.e2e
+
+STACK = "fake"
+EPOCH = 1_700_000_000
+
+
+def _mirror() -> str:
+    for path in sorted(Path("/etc/apt/sources.list.d").glob("*")) + [Path("/etc/apt/sources.list")]:
+        try:
+            text = path.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            line = line.strip()
+            if line.startswith("URIs:"):
+                return line.split()[1]
+            if line.startswith("deb ") and "debian" in line:
+                return [w for w in line.split() if "://" in w][0]
+    return "http://deb.debian.org/debian"
+
+
+@pytest.fixture(scope="module")
+def client():
+    import docker
+
+    services.ensure_dockerd()
+    services.ensure_registry()
+    return docker.from_env(timeout=600)
+
+
+@pytest.fixture(scope="module")
+def base_image(client) -> str:
+    import docker.errors
+
+    cache = cache_home() / "smoke-test"
+    cache.mkdir(parents=True, exist_ok=True)
+    tar = cache / "bookworm-minbase-python3.tar"
+    if not tar.exists():
+        partial = cache / f"partial-{os.getpid()}.tar"
+        subprocess.run(
+            ["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3", "bookworm", str(partial), _mirror()],
+            check=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(EPOCH)}, timeout=900,
+        )
+        partial.rename(tar)
+    name = f"servestack-test/smoke-base:{sha256_file(tar)[:16]}"
+    try:
+        client.images.get(name)
+    except docker.errors.ImageNotFound:
+        with open(tar, "rb") as f:
+            subprocess.run(["docker", "import", "-", name], stdin=f, check=True, capture_output=True, timeout=600)
+    return name
+
+
+def _tar(entries: dict[str, bytes | str | None]) -> bytes:
+    """A tar of files (bytes), symlinks (str starting with '->') and directories (None)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for path, content in entries.items():
+            info = tarfile.TarInfo(path.lstrip("/"))
+            info.mtime = EPOCH
+            if content is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                t.addfile(info)
+            elif isinstance(content, str):
+                info.type, info.linkname = tarfile.SYMTYPE, content[2:]
+                t.addfile(info)
+            else:
+                info.size, info.mode = len(content), 0o644
+                t.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+def _site_entries(site: Path, prefix: str) -> dict[str, bytes | str | None]:
+    entries: dict[str, bytes | str | None] = {}
+    for path in sorted(site.rglob("*")):
+        rel = f"{prefix}/{path.relative_to(site).as_posix()}"
+        entries[rel] = None if path.is_dir() else path.read_bytes()
+    return entries
+
+
+def _commit_and_push(client, container, repo: str) -> str:
+    image = container.commit(repository=repo, tag="t")
+    del image
+    lines = list(client.images.push(repo, tag="t", stream=True, decode=True))
+    for line in lines:
+        if "error" in line:
+            raise AssertionError(line["error"])
+        digest = (line.get("aux") or {}).get("Digest")
+        match = re.search(r"digest: (sha256:[0-9a-f]{64})", line.get("status") or "")
+        if digest or match:
+            return f"{repo}@{digest or match.group(1)}"
+    raise AssertionError(f"push reported no digest: {lines[-3:]}")
+
+
+def _alter(client, reference: str, entries: dict[str, bytes | str | None], repo: str) -> str:
+    container = client.containers.create(reference, ["true"])
+    try:
+        container.put_archive("/", _tar(entries))
+        return _commit_and_push(client, container, repo)
+    finally:
+        container.remove(force=True)
+
+
+@pytest.fixture(scope="module")
+def fake_stack(client, base_image, tmp_path_factory):
+    """A project whose lock names two tiny wheels, and an image made from it, pushed by digest."""
+    from test_smoke import _wheel  # the same tiny wheels the fast tests use
+
+    tmp = tmp_path_factory.mktemp("smoke-e2e")
+    w1 = _wheel(tmp, "alpha", "1.0.0", {"alpha/__init__.py": "X = 1\n", "alpha/core.py": "import aisimulate\n"})
+    w2 = _wheel(tmp, "beta_pkg", "2.1+ss.pr7", {"beta_pkg/__init__.py": "",
+                                               "beta_pkg/server.py": "def serve():\n    return 'patched'\n"})
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
+                    "--target", str(site), str(w1), str(w2)], check=True)
+    for extra in site.glob("*.dist-info/direct_url.json"):
+        extra.unlink()
+    root = tmp / "project"
+    (root / "pins").mkdir(parents=True)
+    lock = {
+        "lock_version": 1,
+        "stack": {"name": STACK, "file": f"pins/{STACK}.yaml", "sha256": "0" * 64},
+        "python": "3.11",
+        "environment": {},
+        "excluded": [{"name": "aisimulate", "reason": "stub sdist only"}],
+        "packages": {"alpha": {"version": "1.0.0"}, "beta-pkg": {"version": "2.1"}},
+        "platforms": {"linux/amd64": [{"name": "alpha", "version": "1.0.0"}, {"name": "beta-pkg", "version": "2.1"}]},
+        "pull_requests": [{"repo": "o/beta", "number": 7, "package": "beta-pkg", "status": "overlay", "title": "fix",
+                           "patch": {"sha256": "f" * 64}}],
+        "smoke_model": {"name": "none"},
+    }
+    atomic_write_json(root / "pins" / f"{STACK}.lock", lock)
+    lock_sha = sha256_file(root / "pins" / f"{STACK}.lock")
+    assert lock_sha == hashlib.sha256(canonical_json(lock).encode()).hexdigest()
+    server_py = "beta_pkg/server.py"
+    stack_json = {"lock": lock, "lock_sha256": lock_sha,
+                  "overlays": {"beta-pkg": {"version": "2.1+ss.pr7", "files": {server_py: sha256_file(site / server_py)}}}}
+    sp = "/opt/venv/lib/python3.11/site-packages"
+    entries: dict[str, bytes | str | None] = {
+        "/opt": None, "/opt/venv": None, "/opt/venv/bin": None, "/opt/venv/lib": None,
+        "/opt/venv/lib/python3.11": None, sp: None,
+        "/opt/venv/pyvenv.cfg": b"home = /usr/bin\ninclude-system-site-packages = false\nversion = 3.11.2\n",
+        "/opt/venv/bin/python": "->/usr/bin/python3.11",
+        "/opt/servestack": None,
+        "/opt/servestack/stack.json": canonical_json(stack_json).encode(),
+        **_site_entries(site, sp),
+    }
+    repo = f"127.0.0.1:5000/servestack-test/smoke-{uuid.uuid4().hex[:8]}"
+    reference = _alter(client, base_image, entries, repo)
+    return {"project": Project(root), "reference": reference, "repo": repo, "site_path": sp, "server_py": server_py}
+
+
+def test_static_probe_by_digest_passes(fake_stack, client) -> None:
+    project = fake_stack["project"]
+    result = smoke.run_smoke(project, STACK, image=fake_stack["reference"], serve=False)
+    by_name = {c.name: c for c in result.checks}
+    assert result.ok, result.summary()
+    assert by_name["probe"].status == "pass" and "/opt/venv/bin/python" in by_name["probe"].detail
+    assert by_name["lock"].status == "pass"
+    assert by_name[f"overlay:beta-pkg:{fake_stack['server_py']}"].status == "pass"
+    assert by_name["pr:o/beta#7"].status == "pass"
+    assert "alpha.core" in by_name["excluded:aisimulate"].detail
+    assert by_name["ready"].status == "not_run" and "--no-serve" in by_name["ready"].detail
+    written = json.loads((project.artifacts(STACK) / "smoke.json").read_text())
+    assert written["image"] == fake_stack["reference"] and written["status"] == "pass"
+    assert (project.artifacts(STACK) / "smoke-junit.xml").read_text().count("<testcase") == len(result.checks)
+    assert result.exit_code == 0
+    assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
+
+
+def test_altered_overlay_file_fails_naming_it(fake_stack) -> None:
+    server_py = fake_stack["server_py"]
+    tampered = _alter(
+        smoke._docker_client(), fake_stack["reference"],
+        {f"{fake_stack['site_path']}/{server_py}": b"def serve():\n    return 'tampered'\n"},
+        fake_stack["repo"],
+    )
+    assert tampered != fake_stack["reference"]
+    result = smoke.run_smoke(fake_stack["project"], STACK, image=tampered, serve=False)
+    assert not result.ok and result.exit_code != 0
+    failed = {c.name: c for c in result.failed}
+    assert f"overlay:beta-pkg:{server_py}" in failed
+    assert server_py in failed[f"overlay:beta-pkg:{server_py}"].detail
+    assert server_py in result.summary()
+    junit = (fake_stack["project"].artifacts(STACK) / "smoke-junit.xml").read_text()
+    assert "<failure" in junit and server_py in junit
+
+
+def test_server_that_never_gets_ready_fails_at_the_deadline_with_its_log(fake_stack, client) -> None:
+    plan = smoke.ServePlan(
+        ["sh", "-c", "echo loading weights; echo still loading shard 3/7; sleep 600"], model="none"
+    )
+    result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
+                             ready_timeout=6, serve_plan_override=plan)
+    by_name = {c.name: c for c in result.checks}
+    ready = by_name["ready"]
+    assert ready.status == "fail"
+    assert "not ready after 6 s" in ready.detail and "still loading shard 3/7" in ready.detail
+    assert ready.time_s is not None and 6 <= ready.time_s < 30
+    assert by_name["completions"].status == "not_run"
+    assert not result.ok
+    assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
+
+
+def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
+    plan = smoke.ServePlan(["sh", "-c", "echo 'ValueError: no model here' >&2; exit 3"], model="none")
+    result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
+                             ready_timeout=60, serve_plan_override=plan)
+    ready = {c.name: c for c in result.checks}["ready"]
+    assert ready.status == "fail" and "exited with 3" in ready.detail and "no model here" in ready.detail
+    assert ready.time_s < 30
