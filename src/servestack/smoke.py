@@ -47,6 +47,7 @@ from xml.etree import ElementTree as ET
 from .errors import ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_file
 from .project import Project
+from .tinymodel import VLLM_CPU_ENV
 
 log = logging.getLogger("servestack.smoke")
 
@@ -90,7 +91,7 @@ STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
 ]
 
 # Container environment for serving: no telemetry, no hub.
-SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 @dataclass
@@ -342,6 +343,7 @@ def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: s
         "excluded": lock.get("excluded", []),
         "modules": _modules(lock, platform),
         "engine": {"name": engine, **usage} if engine and usage else None,
+        "model_dir": _serve_flags(lock)["model"] if "make" in _smoke_model(lock) else None,
     }
 
 
@@ -523,7 +525,10 @@ def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
             name,
         )
     if "make" in model:
-        return ServePlan(serve_command(lock), model=name, environment={**SERVE_ENV, "VLLM_CPU_OMP_THREADS_BIND": "auto"})
+        return ServePlan(serve_command(lock), model=name, environment={
+            # The image's own environment (the stack's) is what is tested; add only what it lacks.
+            k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in (lock.get("environment") or {})
+        })
     gpus, why = detect_gpus()
     if not gpus:
         return ServePlan(None, f"serving {name} from {model.get('path')} needs NVIDIA GPUs and {why}", name)

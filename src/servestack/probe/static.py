@@ -20,6 +20,7 @@ The config (JSON, written by servestack.smoke):
     modules                         module names that must import
     engine                          null, or {"name": "vllm", "flags": {flag: {"value", "sources"}},
                                               "env": {NAME: {"value", "sources"}}}
+    model_dir                       null, or the smoke model directory that must exist
     section_timeout                 seconds for each isolated section (imports, engine)
 
 Imports and the engine's argument parser run in child processes (a crash or a hang there is a
@@ -286,6 +287,17 @@ def check_excluded(config: dict, site: str) -> list[dict]:
     return results
 
 
+def check_model(model_dir: str) -> dict:
+    if not os.path.isdir(model_dir):
+        return check("smoke-model", FAIL, f"the smoke model directory {model_dir} is missing")
+    files = sorted(os.listdir(model_dir))
+    missing = [f for f in ("config.json",) if f not in files]
+    if missing:
+        return check("smoke-model", FAIL, f"{model_dir} has no {', '.join(missing)} (has {files})")
+    size = sum(os.path.getsize(os.path.join(model_dir, f)) for f in files if os.path.isfile(os.path.join(model_dir, f)))
+    return check("smoke-model", PASS, f"{model_dir}: {len(files)} files, {size} bytes")
+
+
 # --------------------------------------------------------------------------- isolated sections
 
 
@@ -506,6 +518,8 @@ def probe(config_path: str, config: dict) -> dict:
     checks.extend(overlay_checks)
     checks.extend(check_prs(config, stack_json, overlay_ok))
     checks.extend(check_excluded(config, site))
+    if config.get("model_dir"):
+        checks.append(check_model(config["model_dir"]))
     if config.get("modules"):
         checks.extend(run_section(config_path, config, "imports"))
     if config.get("engine"):
