@@ -16,7 +16,6 @@ logs/gsm8k_results.json like srt-slurm's gsm8k_eval.py --save-results.
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
