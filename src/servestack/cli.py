@@ -78,6 +78,74 @@ def _image(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- smoke and the measured stages
+
+
+def _image_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--image", help="REPO@sha256:<64 hex> (default: the digest the last `image` session recorded)")
+
+
+def _image_ref(args: argparse.Namespace, project: Project) -> str:
+    if args.image:
+        return args.image
+    from .image import load_image
+
+    return load_image(project, args.stack)["reference"]
+
+
+def _smoke_args(p: argparse.ArgumentParser) -> None:
+    _image_arg(p)
+    p.add_argument("--no-serve", action="store_true", help="the static probe only")
+
+
+@command("smoke", "prove the image is exactly its lock, and that it serves: build/<stack>/smoke.json", _smoke_args)
+def _smoke(args: argparse.Namespace, project: Project) -> int:
+    from .smoke import run_smoke
+
+    result = run_smoke(project, args.stack, args.image, serve=not args.no_serve)
+    return 0 if result.passed else 1
+
+
+def _stage_args(p: argparse.ArgumentParser) -> None:
+    _image_arg(p)
+    p.add_argument("--pipeline", help="pipelines/<name>.yaml (default: the stack's name)")
+    p.add_argument("--runner", choices=["local", "slurm", "srtctl"], help="override the pipeline's runner")
+
+
+def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:
+    import dataclasses
+
+    from .stages import format_verdict, run_pipeline
+    from .stages.pipeline import load_pipeline
+    from .stages.run import make_runner
+
+    name = args.pipeline or args.stack
+    runner = None
+    if args.runner:
+        pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
+        runner = make_runner(dataclasses.replace(pipeline, runner=dataclasses.replace(pipeline.runner, kind=args.runner)))
+    results = run_pipeline(project, name, _image_ref(args, project), runner, stages)
+    for result in results:
+        _say(format_verdict(result.verdict))
+        _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
+    return 0 if results and all(r.passed for r in results) else 1
+
+
+@command("accuracy", "GSM8K on the image by digest through the pipeline's runner, gated", _stage_args)
+def _accuracy(args: argparse.Namespace, project: Project) -> int:
+    return _run_stages(args, project, ("accuracy",))
+
+
+@command("throughput", "the throughput sweep on the image by digest, gated per concurrency point", _stage_args)
+def _throughput(args: argparse.Namespace, project: Project) -> int:
+    return _run_stages(args, project, ("throughput",))
+
+
+@command("pipeline", "accuracy then throughput on one image digest (run smoke first)", _stage_args)
+def _pipeline(args: argparse.Namespace, project: Project) -> int:
+    return _run_stages(args, project, ("accuracy", "throughput"))
+
+
 # --------------------------------------------------------------------------- recipes
 
 
