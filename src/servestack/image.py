@@ -318,7 +318,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     epoch = str(record["source_date_epoch"])
     argv = ["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none", "--provenance=false", "--sbom=false",
             "--platform", record["platform"], "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
-            "--output", f"type=oci,dest={tmp_archive},rewrite-timestamp=true"]
+            "--output", f"type=oci,dest={tmp_archive},rewrite-timestamp=true,compression=zstd,compression-level=3,force-compression=true"]
     if "image" in lock_doc["base"]:
         base = lock_doc["base"]["image"]
         argv += ["--build-arg", f"BASE={registry.Reference.parse(base['reference']).with_digest(base['digest'])}"]
