@@ -166,3 +166,24 @@ def test_check_names_a_missing_entry(tmp_path, world):
 def test_the_committed_locks_match_their_stacks(stack):
     report = lock.check(Project(Path(__file__).resolve().parents[1]), stack)
     assert report.ok, report.problems
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("extra", ["vllm==0.33.0", "nixl-cu13==1.5.1"])
+def test_an_unsatisfiable_pin_is_one_readable_sentence(tmp_path, extra):
+    """Against the real package index: Dynamo 1.6.1 pins its vLLM and NIXL."""
+    (tmp_path / "pins").mkdir()
+    name, version = extra.split("==")
+    (tmp_path / "pins" / "clash.yaml").write_text(
+        "name: clash\nplatforms: [linux/arm64]\npython: \"3.11\"\nbase: {image: 127.0.0.1:5000/base:1}\n"
+        "packages:\n  - {name: ai-dynamo, version: 1.6.1, extras: [vllm]}\n"
+        f"  - {{name: {name}, version: {version}}}\n"
+        "exclude:\n  - {name: aisimulate, reason: only a stub sdist on PyPI}\n"
+        "smoke_model: {name: m, path: /m}\n")
+    project = Project(tmp_path)
+    with pytest.raises(InputError) as info:
+        lock.lock(project, "clash")
+    message = str(info.value)
+    assert message.startswith(f"{project.stack_file('clash')}: packages: these packages cannot be installed together:")
+    assert name in message and "ai-dynamo" in message and "\n" not in message
+    assert not project.lock_file("clash").exists()
