@@ -71,12 +71,26 @@ def _uv() -> str:
 
 
 def _unsatisfiable_sentence(output: str) -> str | None:
-    """uv's explanation, cut to its first 'Because ...' sentence and the conclusion."""
+    """uv's derivation, said in one sentence: what depends on what, and what the stack asks for."""
     text = " ".join(line.strip() for line in output.splitlines())
-    match = re.search(r"Because (.+?)(?:, we can conclude that|\. And because|$)", text)
-    if not match:
+    if "unsatisfiable" not in text:
         return None
-    return f"these packages cannot be installed together: {match.group(1)}"
+    # Keep uv's premises only: its conclusions restate them.
+    text = re.sub(r"we can conclude that .*?(?:\.\s+(?=And because)|\.?\s*$)", "", text)
+    requirement = r"[A-Za-z0-9][\w.\-]*(?:\[[\w,\-]+\])?(?:[=<>!~]=?[\w.*+!\-]+)?"
+    depends = [(a.rstrip("."), b.rstrip(".")) for a, b in re.findall(rf"({requirement}) depends on ({requirement})", text)]
+    required: list[str] = []
+    for clause in re.findall(r"you require (.+?)(?:,|$)", text):
+        required += [r.rstrip(".") for r in re.split(r"\s+and\s+", clause) if r]
+    dependents = {d for d, _ in depends}
+    asked = [r for r in dict.fromkeys(required) if r not in dependents]
+    facts = list(dict.fromkeys(f"{a} depends on {b}" for a, b in depends))
+    if not facts:
+        return None
+    sentence = " and ".join(facts)
+    if asked:
+        sentence += f", but the stack asks for {' and '.join(asked)}"
+    return f"these packages cannot be installed together: {sentence}"
 
 
 def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
