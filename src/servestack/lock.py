@@ -55,19 +55,11 @@ def _resolve_base(stack: Stack) -> dict[str, Any]:
     }
 
 
-def _package_commit(stack_file: Path, name: str, wheel: pypi.LockedWheel | None, package) -> str:
+def _package_commit(wheel: pypi.LockedWheel | None, package) -> str | None:
     """The upstream commit the pinned package was built from: the git pin, or what the wheel records."""
     if package.git:
         return package.git.commit
-    path = cache.fetch(wheel.url, wheel.sha256, wheel.filename)
-    commit = wheels.read_wheel_commit(path)
-    if not commit:
-        raise InputError(
-            stack_file, f"packages[{name}].prs",
-            f"the {wheel.filename} wheel records no upstream commit, so its PRs cannot be classified; "
-            "pin the package by `git` (url + commit) instead",
-        )
-    return commit
+    return wheels.read_wheel_commit(cache.fetch(wheel.url, wheel.sha256, wheel.filename))
 
 
 def _unverified(pr: PullRequest, package: str, reason: str) -> dict[str, Any]:
@@ -87,13 +79,14 @@ def _resolve_prs(
 ) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
     """Classify every PR as included upstream or overlay; returns entries, package commits, patches to write."""
     entries: list[dict[str, Any]] = []
-    commits: dict[str, str] = {}
+    commits: dict[str, str | None] = {}
     patches: dict[Path, str] = {}
     github_down: str | None = None
     for index, package in enumerate(stack.packages):
         if not package.prs:
             continue
         name = normalize(package.name)
+        commits[name] = _package_commit(wheels_by_name.get(name), package)
         for pr_index, pr in enumerate(package.prs):
             field = f"packages[{index}].prs[{pr_index}]"
             if github_down:
@@ -114,8 +107,12 @@ def _resolve_prs(
                     stack_file, f"{field}.merge_commit",
                     f"{pr.repo}#{pr.number} was merged as {info.merge_commit}, not {pr.merge_commit}",
                 )
-            if name not in commits:
-                commits[name] = _package_commit(stack_file, name, wheels_by_name.get(name), package)
+            if not commits[name]:
+                raise InputError(
+                    stack_file, f"packages[{index}].prs",
+                    f"the {package.name} wheel records no upstream commit, so its PRs cannot be classified; "
+                    "pin the package by `git` (url + commit) instead",
+                )
             entry: dict[str, Any] = {
                 "repo": pr.repo,
                 "number": pr.number,
