@@ -35,7 +35,8 @@ def image_spec(tmp_path):
 def test_docker_batch_script(tmp_path):
     s = render_batch_script(image_spec(tmp_path), SlurmConfig(partition="batch", account="acct"))
     assert "#SBATCH --time=01:30:00" in s and "#SBATCH --partition=batch" in s and "#SBATCH --gres=gpu:4" in s
-    assert f"docker run --rm --name \"servestack-${{SLURM_JOB_ID}}\" --gpus all -v {tmp_path}/agg:/results" in s
+    assert ("docker run --rm --name \"servestack-${SLURM_JOB_ID}\" --shm-size 2g --gpus all "
+            f"-v {tmp_path}/agg:/results") in s
     assert "-v /srv/model:/model:ro" in s and "-e HF_HUB_OFFLINE" in s and "export HF_HUB_OFFLINE=1" in s
     assert f"{IMAGE} python3 /opt/servestack-clients/run_points.py --points 1,4" in s
     assert "trap 'docker kill \"servestack-${SLURM_JOB_ID}\"" in s

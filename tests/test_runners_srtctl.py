@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,33 +37,36 @@ def test_parse_apply_output_reads_json_lines():
     assert parse_apply_output(out) == [{"status": "submitted", "slurm_job_id": "42", "output_dir": "/o/42"}]
 
 
-@pytest.fixture(scope="module")
-def slurm_env():
-    from servestack import services
+def test_standin_refuses_what_it_cannot_run_with_srtctls_error_contract(tmp_path):
+    """srtctl's --json error line and exit 1; the runner turns it into a readable error."""
+    from servestack.errors import ServestackError
 
-    return services.ensure_slurm()
-
-
-@pytest.mark.e2e
-def test_srtctl_job_through_real_slurm(tmp_path, slurm_env, monkeypatch):
-    monkeypatch.setenv("STANDIN_SECONDS_PER_POINT", "0.2")
     recipe = tmp_path / "agg.yaml"
-    recipe.write_text(yaml.safe_dump(RECIPE))
-    out = tmp_path / "throughput" / "agg"
-    out.mkdir(parents=True)
-    (out / "4.json").write_text("{}")  # finished in an earlier run: must not be asked for again
-    spec = JobSpec(name="throughput-agg", points=("4", "16", "64"), out_dir=out, command=(), image=IMAGE,
+    recipe.write_text(yaml.safe_dump({**RECIPE, "model": {**RECIPE["model"], "container": "not-a-digest"}}))
+    proc = subprocess.run([sys.executable, str(STANDIN), "apply", "-f", str(recipe), "-o", str(tmp_path / "o"),
+                           "--json", "-y"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    [record] = parse_apply_output(proc.stdout)
+    assert record["status"] == "error" and "not an image by digest" in record["error"]
+    spec = JobSpec(name="throughput-agg", points=("4",), out_dir=tmp_path / "out", command=(), image=None,
                    recipe_file=recipe, recipe_name="agg", extra={"points_field": "benchmark.concurrencies"})
-    runner = SrtctlRunner(executable=[sys.executable, str(STANDIN)], output_base=tmp_path / "outputs",
-                          env=slurm_env, poll_seconds=0.5)
-    outcome = run_job(runner, spec)
-    assert outcome.complete and outcome.final_state == "COMPLETED", outcome.to_dict()
-    job_id = outcome.attempts[0].job_id
-    job_dir = tmp_path / "outputs" / job_id
-    bound = yaml.safe_load((job_dir / "config.yaml").read_text())
-    assert bound["model"]["container"] == IMAGE and bound["benchmark"]["concurrencies"] == [16, 64]
-    assert (job_dir / f"{job_id}.json").exists() and (job_dir / "logs" / f"sweep_{job_id}.log").exists()
-    assert (job_dir / "logs" / "sa-bench_isl_1024_osl_1024" / "results_concurrency_64_gpus_8.json").exists()
-    p = parse_vllm_result(out / "64.json", recipe="agg", gpus=8, concurrency=64)
-    assert p.completed == p.requested == 640 and p.failed == 0
-    assert json.loads((out / "4.json").read_text()) == {}  # untouched
+    runner = SrtctlRunner(executable=[sys.executable, str(STANDIN)], output_base=tmp_path / "o")
+    with pytest.raises(ServestackError, match="not an image by digest"):
+        runner.submit(spec)
+
+
+def test_standin_plans_a_real_vllm_job_from_the_dev_cpu_recipe():
+    """The stand-in's job for recipes/dev-cpu/agg.yaml bound to a digest (the e2e suite runs it)."""
+    sys.path.insert(0, str(STANDIN.parent))
+    import srtctl_standin
+
+    root = Path(__file__).resolve().parents[1]
+    recipe = bind_recipe(yaml.safe_load((root / "recipes" / "dev-cpu" / "agg.yaml").read_text()),
+                         "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32, ("4", "16"),
+                         "benchmark.concurrencies")
+    job = srtctl_standin.plan_job(recipe, srtctl_standin.DEFAULT_CLUSTER)
+    assert job["server"][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert job["model"] == "/opt/servestack/models/servestack/tiny-qwen3" and job["served_model_name"] == "tiny-qwen3"
+    assert "--enforce-eager" in job["server"] and job["benchmark"]["concurrencies"] == [4, 16] and job["gpus"] == 1
+    script = srtctl_standin.batch_script(recipe, Path("/o"), job, srtctl_standin.DEFAULT_CLUSTER, Path("/d.py"))
+    assert f"{job['image']} python3 /opt/srtctl-driver.py" in script and "#SBATCH --exclusive" in script

@@ -110,6 +110,8 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
     p.add_argument("--pipeline", help="pipelines/<name>.yaml (default: the stack's name)")
     p.add_argument("--runner", choices=["local", "slurm", "srtctl"], help="override the pipeline's runner")
+    p.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
+                                    "image digest and the pipeline file, so a rerun resumes)")
 
 
 def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:
@@ -124,10 +126,16 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     if args.runner:
         pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
         runner = make_runner(dataclasses.replace(pipeline, runner=dataclasses.replace(pipeline.runner, kind=args.runner)))
-    results = run_pipeline(project, name, _image_ref(args, project), runner, stages)
+    started = time.monotonic()
+    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id)
     for result in results:
         _say(format_verdict(result.verdict))
         _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
+    if results:
+        client = sum(r.timing.get("client_seconds") or 0.0 for r in results)
+        wall = time.monotonic() - started
+        _say(f"{results[0].runner} runner: wall {wall:.1f} s, inside the benchmark clients {client:.1f} s, "
+             f"overhead {wall - client:.1f} s")
     return 0 if results and all(r.passed for r in results) else 1
 
 

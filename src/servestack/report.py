@@ -55,6 +55,8 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
                              f"| {'pass' if c.passed else '**FAIL**'} |")
             lines.append("")
         lines += ["```", format_verdict(result.verdict), "```", ""]
+    if result.timing:
+        lines += [_timing_line(result.timing), ""]
     for title, name in (plots or {}).items():
         lines += [f"![{title}]({name})", ""]
     if result.jobs:
@@ -66,6 +68,15 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
             lines.append(f"| {j['name']} | {att} | {','.join(j['remaining']) or '-'} |")
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _timing_line(t: dict) -> str:
+    client = t.get("client_seconds")
+    inside = "-" if client is None else f"{client:,.1f} s"
+    return (f"Time: wall {_fmt(t.get('wall_seconds'))} s; inside the benchmark clients {inside} "
+            f"(benchmarks' own durations {_fmt(t.get('benchmark_seconds'))} s); server start-up "
+            f"{_fmt(t.get('server_startup_seconds'))} s; overhead (wall - {t.get('overhead_basis', 'client_seconds')}) "
+            f"{_fmt(t.get('overhead_seconds'))} s")
 
 
 def _pareto(points: list[ThroughputPoint]) -> list[ThroughputPoint]:
@@ -141,12 +152,14 @@ def write_stage(result: StageResult) -> Path:
     return report
 
 
-def write_run(run_dir: Path, results: list[StageResult]) -> Path:
+def write_run(run_dir: Path, results: list[StageResult], timing: dict | None = None) -> Path:
     """One report for the whole run; plot links point into the stage directories."""
     parts = ["# servestack pipeline report", ""]
     overall = all(r.passed for r in results)
     parts += [f"**{'PASS' if overall else 'FAIL'}**: " +
               ", ".join(f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results), ""]
+    if timing:
+        parts += [f"Pipeline ({timing.get('runner', '-')} runner). " + _timing_line(timing), ""]
     for r in results:
         plots = {t: f"{r.stage}/{n}" for t, n in {
             "tokens/s per GPU vs concurrency": "throughput_vs_concurrency.png",
@@ -154,7 +167,8 @@ def write_run(run_dir: Path, results: list[StageResult]) -> Path:
         parts.append(markdown_stage(r, plots))
     report = run_dir / "report.md"
     atomic_write_text(report, "\n".join(parts))
-    atomic_write_json(run_dir / "results.json", {"passed": overall, "stages": [r.to_dict() for r in results]})
+    atomic_write_json(run_dir / "results.json", {"passed": overall, "timing": timing or {},
+                                                 "stages": [r.to_dict() for r in results]})
     return report
 
 

@@ -16,6 +16,10 @@ Each point's client writes to a temporary file name ({out}, {out_dir}/{out_name}
 renamed to `<point>.json` only when the client exits 0 and wrote it, so a result file on disk is
 always a finished point. Points whose file already exists are skipped (resume).
 
+Timing: every server start-up and every client run appends one JSON line to
+`<out_dir>/.timing.jsonl` ({"event": "server" | "point", "point", "started", "seconds", "ok"}), so
+the pipeline can tell time spent inside the benchmark clients from its own overhead.
+
 Exit codes: 0 all points done; 1 some point failed; 3 the server did not come up.
 """
 
@@ -58,6 +62,19 @@ def on_signal(signum, _frame) -> None:
     log(f"signal {signum}: stopping")
     stop_server()
     sys.exit(128 + signum)
+
+
+def record(out_dir: str, **event) -> None:
+    """Append one timing event (a single short write: a line is never torn)."""
+    try:
+        line = json.dumps(event, sort_keys=True) + "\n"
+        fd = os.open(os.path.join(out_dir, ".timing.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    except OSError as exc:  # timing is a measurement aid, never a reason to fail a point
+        log(f"could not record timing: {exc}")
 
 
 def healthy(url: str) -> bool:
@@ -120,12 +137,15 @@ def run_point(spec: dict, point: str) -> bool:
     env = dict(os.environ)
     env.update({k: str(v) for k, v in (pspec.get("env") or {}).items()})
     log(f"point {point}: {' '.join(argv)}")
+    started = time.time()
     t0 = time.monotonic()
     try:
         rc = subprocess.run(argv, env=env, timeout=float(pspec.get("timeout", 3600))).returncode
     except subprocess.TimeoutExpired:
         log(f"point {point}: timed out")
         rc = -1
+    record(out_dir, event="point", point=point, started=round(started, 3),
+           seconds=round(time.monotonic() - t0, 3), ok=rc == 0 and os.path.exists(tmp))
     if rc == 0 and os.path.exists(tmp):
         os.replace(tmp, final)
         log(f"point {point}: done in {time.monotonic() - t0:.1f} s -> {final}")
@@ -151,7 +171,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         if spec.get("server"):
-            if not start_server(spec["server"], os.path.join(spec["out_dir"], "server.log")):
+            started, t0 = time.time(), time.monotonic()
+            up = start_server(spec["server"], os.path.join(spec["out_dir"], "server.log"))
+            record(spec["out_dir"], event="server", point=None, started=round(started, 3),
+                   seconds=round(time.monotonic() - t0, 3), ok=up)
+            if not up:
                 return 3
         ok = True
         for p in points:

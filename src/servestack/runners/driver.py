@@ -4,7 +4,9 @@
 - A job ending PREEMPTED, NODE_FAIL, TIMEOUT or CANCELLED (not by us) is resubmitted for its
   remaining points, up to `RetryPolicy.max_attempts` submissions in all.
 - SIGINT/SIGTERM while a job is live: the job is cancelled (scancel for Slurm) before the
-  process exits (KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM).
+  process exits (KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM). A signal that
+  arrives while a job is being submitted waits until its id is known, so no job is left behind.
+- Whatever a job finished is collected even when it was interrupted, so a rerun skips it.
 """
 
 from __future__ import annotations
@@ -68,6 +70,19 @@ class _Live:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.jobs: dict[str, tuple[Runner, JobHandle]] = {}
+        self.deferring = 0  # > 0 while a submission is in flight (its job id is not known yet)
+        self.pending: int | None = None  # a signal that arrived meanwhile
+
+    @contextmanager
+    def submitting(self) -> Iterator[None]:
+        self.deferring += 1
+        try:
+            yield
+        finally:
+            self.deferring -= 1
+            if not self.deferring and self.pending is not None:
+                signum, self.pending = self.pending, None
+                _on_signal(signum)
 
     def add(self, runner: Runner, handle: JobHandle) -> None:
         with self.lock:
@@ -95,6 +110,15 @@ class _Live:
 LIVE = _Live()
 
 
+def _on_signal(signum: int) -> None:
+    ids = LIVE.cancel_all()
+    if ids:
+        log.warning("signal %s: cancelled job(s) %s", signum, ", ".join(ids))
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise SystemExit(128 + signum)
+
+
 @contextmanager
 def cancel_on_signals() -> Iterator[None]:
     """While inside, SIGINT/SIGTERM cancel every live job first, then end the process."""
@@ -103,12 +127,10 @@ def cancel_on_signals() -> Iterator[None]:
         return
 
     def handler(signum, _frame):
-        ids = LIVE.cancel_all()
-        if ids:
-            log.warning("signal %s: cancelled job(s) %s", signum, ", ".join(ids))
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        raise SystemExit(128 + signum)
+        if LIVE.deferring:
+            LIVE.pending = signum
+            return
+        _on_signal(signum)
 
     old_int = signal.signal(signal.SIGINT, handler)
     old_term = signal.signal(signal.SIGTERM, handler)
@@ -133,19 +155,28 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
         for attempt in range(1, policy.max_attempts + 1):
             todo = spec.with_points(remaining)
             t0 = time.monotonic()
-            handle = runner.submit(todo)
-            LIVE.add(runner, handle)
+            with LIVE.submitting():
+                handle = runner.submit(todo)
+                LIVE.add(runner, handle)
             log.info("%s: attempt %d submitted as %s job %s for points %s",
                      spec.name, attempt, runner.name, handle.job_id, ",".join(remaining))
+            interrupted = True
             try:
                 state = runner.wait(handle, timeout=timeout_s)
                 if not state.terminal:  # our own deadline passed
                     handle.cancelled_by_us = True
                     runner.cancel(handle)
                     state = JobState.TIMEOUT
-                runner.collect(handle)
+                interrupted = False
             finally:
                 LIVE.remove(runner, handle)
+                try:
+                    runner.collect(handle)  # keep what finished, interrupted or not
+                except Exception as exc:
+                    if not interrupted:
+                        raise
+                    log.warning("%s: could not collect job %s after the interruption: %s",
+                                spec.name, handle.job_id, exc)
             outcome.attempts.append(Attempt(handle.job_id, remaining, state.value, round(time.monotonic() - t0, 2)))
             remaining = spec.remaining()
             outcome.final_state = state.value

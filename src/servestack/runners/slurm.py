@@ -49,6 +49,7 @@ class SlurmConfig:
     gpus_per_node: int = 0
     extra_sbatch: tuple[str, ...] = ()
     docker: str = "docker"
+    shm_size: str = "2g"  # docker's 64 MB default is too small for vLLM's shared-memory queues
     poll_seconds: float = 2.0
     env: dict[str, str] | None = None  # environment for sbatch/squeue (e.g. SLURM_CONF)
 
@@ -87,7 +88,7 @@ def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
         ]
     elif cfg.container == "docker":
         name = "servestack-${SLURM_JOB_ID}"
-        run_argv = [cfg.docker, "run", "--rm", "--name", "__NAME__"]
+        run_argv = [cfg.docker, "run", "--rm", "--name", "__NAME__", "--shm-size", cfg.shm_size]
         if spec.gpus:
             run_argv += ["--gpus", "all"]
         for m in spec.mounts:

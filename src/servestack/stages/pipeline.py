@@ -8,6 +8,7 @@
       srtctl: {executable: srtctl, output_dir: null}
     retry: {max_attempts: 3, retry_on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
+    model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
     data_dir: ../shared/data/gsm8k # relative to the project root
     server: {port: 8000, startup_timeout: 15m}
     stages:
@@ -182,6 +183,8 @@ class Pipeline:
     server_port: int = 8000
     server_startup_timeout_s: int = 900
     extra_server_flags: dict[str, Any] = field(default_factory=dict)
+    # srt-slurm's model_paths: recipe model.path alias -> the model directory inside the image
+    model_paths: dict[str, str] = field(default_factory=dict)
 
 
 def _expect_map(doc: _Doc, path: tuple, value: Any, known: set[str]) -> dict:
@@ -229,7 +232,7 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
     doc = _Doc(file)
     root = project_root or file.resolve().parent.parent
     top = _expect_map(doc, (), doc.data, {"stack", "runner", "retry", "model_dir", "data_dir", "server",
-                                           "stages", "description"})
+                                           "stages", "description", "model_paths"})
     stack = top.get("stack")
     if not isinstance(stack, str) or not stack:
         raise doc.error(("stack",), "required: the stack name (pins/<stack>.yaml)")
@@ -254,8 +257,7 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
         exe_t = tuple(exe)
     else:
         raise doc.error(("runner", "srtctl", "executable"), "expected a command (string or list)")
-    exe_t = tuple(str((root / x).resolve()) if i == 0 and x.startswith(("./", "../")) else x
-                  for i, x in enumerate(exe_t))
+    exe_t = tuple(str((root / x).resolve()) if x.startswith(("./", "../")) else x for x in exe_t)
     runner = RunnerSettings(
         kind=kind, python=str(r.get("python", "python3")),
         slurm=SlurmSettings(partition=s.get("partition"), account=s.get("account"), container=container,
@@ -349,6 +351,12 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
             gate=gate, gpus=_int(doc, (*p, "gpus"), st["gpus"], 1) if "gpus" in st else None, **extra_kw,
         )
 
+    mp = top.get("model_paths") or {}
+    if not isinstance(mp, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.startswith("/")
+                                           for k, v in mp.items()):
+        raise doc.error(("model_paths",), "expected {alias: absolute path of the model directory in the image}")
+    model_paths = dict(mp)
+
     def path_field(key: str) -> Path | None:
         v = top.get(key)
         if v is None:
@@ -363,4 +371,5 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
         server_port=_int(doc, ("server", "port"), srv.get("port", 8000), 1),
         server_startup_timeout_s=_duration(doc, ("server", "startup_timeout"), srv.get("startup_timeout", 900)),
         extra_server_flags=dict(extra_flags),
+        model_paths=model_paths,
     )

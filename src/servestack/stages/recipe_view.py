@@ -3,7 +3,7 @@
 The recipe model and its validation belong to servestack.recipes; the stages only read a few
 fields, tolerantly, so that they work with any recipe the validator accepts:
 
-  name; model.path, model.served_model_name (default: name); resources.gpus_per_node with
+  name; model.path, model.served_model_name (default: the server's served-model-name flag, else name); resources.gpus_per_node with
   agg_nodes | prefill_nodes + decode_nodes (GPUs of the deployment, >= 1: a CPU deployment counts
   as one device); backend.type (vllm); backend.vllm_config.aggregated (server flags: {flag: value},
   True = bare flag, False/None = omitted, list = repeated values); backend.aggregated_environment;
@@ -84,6 +84,13 @@ class RecipeView:
     server_env: dict[str, str]
     benchmark: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict)
+    gpu_type: str = ""
+
+    @property
+    def accelerators(self) -> int:
+        """GPUs to request from the scheduler: none for a CPU deployment (gpu_type: cpu), which
+        still counts as one device when throughput is normalized per GPU."""
+        return 0 if self.gpu_type.lower() == "cpu" else self.gpus
 
     @property
     def concurrencies(self) -> list[int]:
@@ -118,8 +125,9 @@ class RecipeView:
         model = data.get("model") or {}
         return cls(
             file=file, name=name, model_path=str(model.get("path") or ""),
-            served_model_name=str(model.get("served_model_name") or data.get("served_model_name") or name),
+            served_model_name=str(model.get("served_model_name") or data.get("served_model_name")
+                                  or flags.get("served-model-name") or flags.get("served_model_name") or name),
             gpus=gpus, backend=btype, server_flags=dict(flags),
             server_env={str(k): str(v) for k, v in env.items()},
-            benchmark=dict(data.get("benchmark") or {}), raw=data,
+            benchmark=dict(data.get("benchmark") or {}), raw=data, gpu_type=str(res.get("gpu_type") or ""),
         )

@@ -96,6 +96,9 @@ class StageResult:
     missing: list[str] = field(default_factory=list)  # "<recipe>/<point>" with no result
     verdict: Any = None  # gates.Verdict
     jobs: list[dict[str, Any]] = field(default_factory=list)  # job ids, attempts, end states
+    # wall_seconds, client_seconds (inside the benchmark clients), server_startup_seconds,
+    # benchmark_seconds, overhead_seconds (wall - client): see stages.run
+    timing: dict[str, Any] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -115,6 +118,7 @@ class StageResult:
             "missing": sorted(self.missing),
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "jobs": self.jobs,
+            "timing": self.timing,
         }
 
     @classmethod
@@ -129,6 +133,7 @@ class StageResult:
             missing=list(d.get("missing", [])),
             verdict=Verdict.from_dict(d["verdict"]) if d.get("verdict") else None,
             jobs=list(d.get("jobs", [])),
+            timing=dict(d.get("timing") or {}),
         )
 
 

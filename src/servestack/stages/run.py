@@ -10,8 +10,12 @@ a file on disk are not redone.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
-from dataclasses import dataclass
+import os
+import shlex
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..clients import CLIENTS_DIR, CONTAINER_DIR
@@ -54,6 +58,9 @@ def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
     return h.hexdigest()[:12]
 
 
+SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
+
+
 def make_runner(pipeline: Pipeline) -> Runner:
     kind = pipeline.runner.kind
     poll = pipeline.retry.poll_seconds
@@ -74,7 +81,11 @@ def make_runner(pipeline: Pipeline) -> Runner:
                                        extra_sbatch=s.extra_sbatch, poll_seconds=poll, env=env))
     from ..runners.srtctl import SrtctlRunner
 
-    return SrtctlRunner(executable=list(pipeline.runner.srtctl.executable),
+    executable = list(pipeline.runner.srtctl.executable)
+    override = os.environ.get(SRTCTL_ENV, "").strip()
+    if override:
+        executable = shlex.split(override)
+    return SrtctlRunner(executable=executable,
                         output_base=pipeline.runner.srtctl.output_dir, env=env, poll_seconds=poll)
 
 
@@ -83,6 +94,8 @@ def _recipe(project: Project, pipeline: Pipeline, name: str) -> RecipeView:
 
 
 def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Mount]]:
+    if pipeline.model_dir is None and recipe.model_path in pipeline.model_paths:
+        return pipeline.model_paths[recipe.model_path], []  # a directory inside the image
     host = pipeline.model_dir
     if host is None and recipe.model_path and Path(recipe.model_path).is_dir():
         host = Path(recipe.model_path).resolve()
@@ -110,6 +123,7 @@ def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
 
 @dataclass
 class _Planned:
+    key: str  # the recipe as the pipeline names it (recipes/<stack>/<key>.yaml): results, gates, baselines
     recipe: RecipeView
     spec: JobSpec
     points: tuple[str, ...]
@@ -137,10 +151,11 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
         if pipeline.runner.kind == "srtctl":
             spec = JobSpec(
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
-                time_limit_s=stage.time_limit_s, gpus=gpus, recipe_file=recipe.file, recipe_name=name,
+                time_limit_s=stage.time_limit_s,
+                gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
                 extra={"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None},
             )
-            planned.append(_Planned(recipe, spec, points, gpus))
+            planned.append(_Planned(name, recipe, spec, points, gpus))
             continue
         model, mounts = _model_mount(pipeline, recipe)
         mounts = [*mounts, Mount(CLIENTS_DIR, CONTAINER_DIR), Mount(out_dir, RESULTS, read_only=False)]
@@ -186,17 +201,55 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
             name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
             command=(python, f"{CONTAINER_DIR}/run_points.py", "--spec", f"{RESULTS}/.jobs/job.json",
                      "--points", "{points}"),
-            image=image_ref, mounts=tuple(mounts), time_limit_s=stage.time_limit_s, gpus=gpus,
+            image=image_ref, mounts=tuple(mounts), time_limit_s=stage.time_limit_s,
+                gpus=recipe.accelerators if stage.gpus is None else gpus,
             recipe_file=recipe.file, recipe_name=name,
         )
-        planned.append(_Planned(recipe, spec, points, gpus))
+        planned.append(_Planned(name, recipe, spec, points, gpus))
     return planned
 
 
+def _read_timing(planned: list[_Planned], since: float) -> tuple[float | None, float, dict[str, float]]:
+    """Client and server start-up seconds that run_points recorded since `since` (this invocation)."""
+    client: float | None = None
+    server = 0.0
+    per_point: dict[str, float] = {}
+    for p in planned:
+        f = p.spec.out_dir / ".timing.jsonl"
+        if not f.exists():
+            continue
+        for line in f.read_text().splitlines():
+            try:
+                ev = json.loads(line)
+                if float(ev.get("started") or 0) < since:
+                    continue
+                secs = float(ev["seconds"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            if ev.get("event") == "point":
+                client = (client or 0.0) + secs
+                per_point[f"{p.key}/{ev.get('point')}"] = per_point.get(f"{p.key}/{ev.get('point')}", 0.0) + secs
+            elif ev.get("event") == "server":
+                server += secs
+    return client, server, per_point
+
+
+def _reported_client_seconds(f: Path) -> float | None:
+    """`client_seconds` a result file may carry (wall time of the client that wrote it)."""
+    try:
+        value = json.loads(f.read_text()).get("client_seconds")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
 def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Planned], image_ref: str,
-                  runner_name: str, stage_dir: Path, jobs: list[dict]) -> StageResult:
+                  runner_name: str, stage_dir: Path, jobs: list[dict], since: float = 0.0) -> StageResult:
     result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
                          runner=runner_name, out_dir=stage_dir, jobs=jobs)
+    bench = 0.0
+    measured_now: list[str] = []
+    reported_client: dict[str, float] = {}
     problems: list[str] = []
     for p in planned:
         for point in p.points:
@@ -204,23 +257,43 @@ def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Plann
             if not f.exists():
                 result.missing.append(f"{p.recipe.name}/{point}")
                 continue
+            fresh = f.stat().st_mtime >= since
             try:
                 if stage.name == "throughput":
-                    result.throughput.append(parse_vllm_result(f, recipe=p.recipe.name, gpus=p.gpus,
-                                                               concurrency=int(point)))
+                    tp = parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=int(point))
+                    result.throughput.append(tp)
+                    secs = tp.duration_s
                 else:
-                    runs = parse_gsm8k_result(f, recipe=p.recipe.name)
+                    runs = parse_gsm8k_result(f, recipe=p.key)
                     idx = int(point.rsplit("-", 1)[-1])
-                    result.accuracy += [r if len(runs) > 1 else
-                                        type(r)(**{**r.to_dict(), "repeat": idx}) for r in runs]
+                    runs = [r if len(runs) > 1 else replace(r, repeat=idx) for r in runs]
+                    result.accuracy += runs
+                    secs = sum(float(r.seconds or 0.0) for r in runs)
+                if fresh:
+                    bench += secs
+                    measured_now.append(f"{p.key}/{point}")
+                    reported = _reported_client_seconds(f)
+                    if reported is not None:  # e.g. from the srtctl runner's result files
+                        reported_client[f"{p.key}/{point}"] = reported
             except InputError as exc:
                 problems.append(str(exc))
-                result.missing.append(f"{p.recipe.name}/{point}")
+                result.missing.append(f"{p.key}/{point}")
+    client, server, per_point = _read_timing(planned, since)
+    if client is None and reported_client and len(reported_client) == len(measured_now):
+        client, per_point = sum(reported_client.values()), reported_client
+    result.timing = {
+        "started": round(since, 3),
+        "measured_points": measured_now,  # points this invocation ran (the rest were on disk)
+        "client_seconds": None if client is None else round(client, 3),  # client processes, per run_points
+        "client_seconds_per_point": {k: round(v, 3) for k, v in per_point.items()},
+        "server_startup_seconds": round(server, 3),
+        "benchmark_seconds": round(bench, 3),  # the benchmarks' own durations (vLLM duration, gsm8k seconds)
+    }
     if stage.name == "throughput":
-        expected = {p.recipe.name: [int(x) for x in p.points] for p in planned}
+        expected = {p.key: [int(x) for x in p.points] for p in planned}
         verdict = evaluate_throughput(result.throughput, expected, stage.gate)
     else:
-        verdict = evaluate_accuracy(result.accuracy, {p.recipe.name: len(p.points) for p in planned}, stage.gate)
+        verdict = evaluate_accuracy(result.accuracy, {p.key: len(p.points) for p in planned}, stage.gate)
     for msg in problems:
         from .gates import Failure
 
@@ -249,6 +322,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     rid = run_id or run_id_for(pipeline, image_ref)
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
+    started, t0 = time.time(), time.monotonic()
     planned = plan_stage(project, pipeline, settings, image_ref, stage_dir)
     runner = runner or make_runner(pipeline)
     policy = RetryPolicy(max_attempts=pipeline.retry.max_attempts, retry_on=pipeline.retry.on)
@@ -256,7 +330,8 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     for p in planned:
         outcome = run_job(runner, p.spec, policy, timeout_s=settings.time_limit_s + 600)
         jobs.append(outcome.to_dict())
-    result = collect_stage(pipeline, settings, planned, image_ref, runner.name, stage_dir, jobs)
+    result = collect_stage(pipeline, settings, planned, image_ref, runner.name, stage_dir, jobs, since=started)
+    _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
     log.info("%s", format_verdict(result.verdict))
     return result
@@ -267,12 +342,36 @@ def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: R
     """Every stage the pipeline defines (accuracy, then throughput), then the run-level report."""
     from .. import report
 
+    t0 = time.monotonic()
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
     wanted = [s for s in STAGES if s in pipeline.stages and (stages is None or s in stages)]
     results = [run_stage(project, pipeline_name, s, image_ref, runner, run_id=run_id) for s in wanted]
     if results:
-        report.write_run(results[0].out_dir.parent, results)
+        timing = {"runner": results[0].runner, **_sum_timing([r.timing for r in results])}
+        _finish_timing(timing, time.monotonic() - t0)
+        report.write_run(results[0].out_dir.parent, results, timing)
     return results
+
+
+def _sum_timing(parts: list[dict]) -> dict:
+    out: dict = {"client_seconds": None, "server_startup_seconds": 0.0, "benchmark_seconds": 0.0}
+    for t in parts:
+        if t.get("client_seconds") is not None:
+            out["client_seconds"] = round((out["client_seconds"] or 0.0) + t["client_seconds"], 3)
+        out["server_startup_seconds"] = round(out["server_startup_seconds"] + t.get("server_startup_seconds", 0.0), 3)
+        out["benchmark_seconds"] = round(out["benchmark_seconds"] + t.get("benchmark_seconds", 0.0), 3)
+    return out
+
+
+def _finish_timing(timing: dict, wall: float) -> None:
+    """Wall time, and the overhead: wall time not spent inside the benchmark clients."""
+    timing["wall_seconds"] = round(wall, 3)
+    inside = timing.get("client_seconds")
+    timing["overhead_basis"] = "client_seconds" if inside is not None else "benchmark_seconds"
+    if inside is None:
+        inside = timing.get("benchmark_seconds", 0.0)
+    timing["overhead_seconds"] = round(wall - inside, 3)
+    timing["overhead_fraction"] = round((wall - inside) / wall, 4) if wall > 0 else None
 
 
 def raise_for_verdict(result: StageResult) -> StageResult:

@@ -1,0 +1,299 @@
+"""The dev-cpu pipeline end to end on this machine: the real image by digest, real vLLM on CPU,
+real one-node Slurm, through the `servestack` command line.
+
+  - slurm runner: accuracy (GSM8K, 50 questions) then throughput (three concurrency points),
+    gates, results.json, report.md, two PNG plots, and the time spent inside the clients;
+  - srtctl runner (tests/srtctl_standin.py, a real Slurm job running the image by digest):
+    Ctrl-C mid-sweep leaves no job of ours in squeue and keeps the finished point; the rerun
+    does not redo it and completes;
+  - a gate that cannot be met (baseline far above anything a CPU does) plus an operator's scancel
+    mid-sweep: the job is retried for its remaining points, every point is measured exactly once,
+    and the verdict names the recipe, the point and the numbers.
+
+The image comes from build/dev-cpu/image.json; when that is missing it is built (cached: fast
+when the registry already holds it). Every vLLM server runs inside a Slurm job with --exclusive,
+so no two servers share the two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from servestack import services
+from servestack.project import Project
+from servestack.proc import run
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK = "dev-cpu"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _cli(*args: str, project: Path = ROOT) -> list[str]:
+    return [sys.executable, "-m", "servestack", "--project", str(project), *args]
+
+
+@pytest.fixture(scope="module")
+def image_ref() -> str:
+    services.ensure_dockerd()
+    services.ensure_registry()
+    project = Project(ROOT)
+    record = project.artifacts(STACK) / "image.json"
+    if not record.exists():
+        from servestack import build, image
+
+        build.build(project, STACK)
+        image.build_image(project, STACK)
+    ref = json.loads(record.read_text())["reference"]
+    assert "@sha256:" in ref
+    return ref
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return services.ensure_slurm()
+
+
+def _squeue_ids(env: dict[str, str]) -> set[str]:
+    return set(run(["squeue", "-h", "-o", "%i"], env=env, check=False).stdout.split())
+
+
+def _wait_gone(job_ids: set[str], env: dict[str, str], timeout: float = 90) -> set[str]:
+    deadline = time.monotonic() + timeout
+    left = job_ids & _squeue_ids(env)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = job_ids & _squeue_ids(env)
+    return left
+
+
+def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the pipeline exited ({proc.returncode}) before {what}")
+        time.sleep(1)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def _job_ids(stage_results: dict) -> list[str]:
+    return [a["job_id"] for j in stage_results["jobs"] for a in j["attempts"]]
+
+
+# ----------------------------------------------------------------------------- slurm runner
+
+
+@pytest.fixture(scope="module")
+def slurm_run(image_ref, slurm_env):
+    run_id = f"e2e-slurm-{uuid.uuid4().hex[:8]}"
+    run_dir = ROOT / "build" / STACK / "runs" / run_id
+    t0 = time.monotonic()
+    proc = subprocess.run(_cli("pipeline", "--stack", STACK, "--runner", "slurm", "--image", image_ref,
+                               "--run-id", run_id), capture_output=True, text=True, timeout=1200)
+    wall = time.monotonic() - t0
+    yield {"proc": proc, "wall": wall, "dir": run_dir, "image": image_ref,
+           "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
+           else None}
+    if not os.environ.get("SERVESTACK_KEEP_E2E"):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_slurm_pipeline_passes_with_real_numbers(slurm_run, slurm_env):
+    proc, results = slurm_run["proc"], slurm_run["results"]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "accuracy: PASS" in proc.stdout and "throughput: PASS" in proc.stdout
+    assert results["passed"]
+    stages = {s["stage"]: s for s in results["stages"]}
+    acc, tput = stages["accuracy"], stages["throughput"]
+    assert acc["runner"] == tput["runner"] == "slurm" and acc["image"] == slurm_run["image"]
+    [a] = acc["accuracy"]
+    assert a["recipe"] == "agg-acc" and a["n"] == 50 and a["errors"] == 0
+    points = {p["concurrency"]: p for p in tput["throughput"]}
+    assert sorted(points) == [1, 4, 16]
+    for c, p in points.items():
+        assert p["recipe"] == "agg" and p["completed"] == p["requested"] == max(8, 4 * c) and p["failed"] == 0
+        assert p["output_tokens"] == p["requested"] * 32 and p["tokens_per_s_per_gpu"] > 0
+    # Real Slurm jobs that ran the image by digest with docker.
+    for stage in (acc, tput):
+        assert [a["state"] for j in stage["jobs"] for a in j["attempts"]] == ["COMPLETED"]
+    scripts = list((slurm_run["dir"] / "throughput" / "agg" / ".jobs").glob("*.sbatch"))
+    assert scripts and f'docker run --rm --name "servestack-${{SLURM_JOB_ID}}"' in scripts[0].read_text()
+    assert slurm_run["image"] in scripts[0].read_text() and "#SBATCH --exclusive" in scripts[0].read_text()
+    assert not ({*_job_ids(acc), *_job_ids(tput)} & _squeue_ids(slurm_env))
+
+
+def test_slurm_pipeline_reports_plots_and_client_time(slurm_run):
+    run_dir, results = slurm_run["dir"], slurm_run["results"]
+    for name in ("throughput_vs_concurrency.png", "pareto.png"):
+        data = (run_dir / "throughput" / name).read_bytes()
+        assert data.startswith(PNG) and len(data) > 10_000
+    report = (run_dir / "report.md").read_text()
+    assert "throughput/throughput_vs_concurrency.png" in report and "throughput/pareto.png" in report
+    assert "| agg | 16 |" in report and "| agg-acc | 0 |" in report and "PASS" in report
+    t = results["timing"]
+    assert t["runner"] == "slurm" and 0 < t["client_seconds"] < t["wall_seconds"] <= slurm_run["wall"]
+    assert t["server_startup_seconds"] > 0 and t["overhead_seconds"] == pytest.approx(
+        t["wall_seconds"] - t["client_seconds"], abs=0.01)
+    tput = next(s for s in results["stages"] if s["stage"] == "throughput")
+    assert set(tput["timing"]["client_seconds_per_point"]) == {"agg/1", "agg/4", "agg/16"}
+    assert "wall" in slurm_run["proc"].stdout and "overhead" in slurm_run["proc"].stdout
+
+
+# ----------------------------------------------------------------------------- srtctl runner, Ctrl-C, rerun
+
+
+@pytest.fixture(scope="module")
+def srtctl_run(image_ref, slurm_env):
+    """Ctrl-C once the first throughput point has a result, then the same command again."""
+    run_id = f"e2e-srtctl-{uuid.uuid4().hex[:8]}"
+    run_dir = ROOT / "build" / STACK / "runs" / run_id
+    argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id)
+    env = {**os.environ, "SERVESTACK_SRTCTL": f"{sys.executable} {ROOT / 'tests' / 'srtctl_standin.py'}",
+           "STANDIN_PROMPTS_MULT": "4"}
+    t0 = time.monotonic()
+    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outputs = run_dir / "throughput" / "agg" / ".jobs" / "srtctl-outputs"
+    done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
+                     900, first, "the first throughput point")
+    interrupted_job = done[0].parents[2].name
+    assert interrupted_job in _squeue_ids(slurm_env)
+    first.send_signal(signal.SIGINT)
+    out1, _ = first.communicate(timeout=120)
+    left = _wait_gone({interrupted_job}, slurm_env)
+    containers = run(["docker", "ps", "-q", "--filter", f"name=srtctl-{interrupted_job}"], check=False).stdout.strip()
+    kept = run_dir / "throughput" / "agg" / "1.json"
+    kept_stat = kept.stat() if kept.exists() else None
+    t1 = time.monotonic()
+    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    wall2 = time.monotonic() - t1
+    yield {"first_rc": first.returncode, "first_out": out1, "interrupted_job": interrupted_job, "left": left,
+           "containers": containers, "kept": kept, "kept_stat": kept_stat, "second": second, "dir": run_dir,
+           "wall_total": time.monotonic() - t0, "wall_rerun": wall2,
+           "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
+           else None}
+    if not os.environ.get("SERVESTACK_KEEP_E2E"):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_ctrl_c_leaves_no_job_of_ours(srtctl_run):
+    assert srtctl_run["first_rc"] == 130, srtctl_run["first_out"]
+    assert "interrupted" in srtctl_run["first_out"]
+    assert not srtctl_run["left"], f"still in squeue after Ctrl-C: {srtctl_run['left']}"
+    assert not srtctl_run["containers"], "the job's container outlived the cancel"
+    assert srtctl_run["kept_stat"] is not None, "the point finished before Ctrl-C was not collected"
+
+
+def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slurm_env):
+    second, results = srtctl_run["second"], srtctl_run["results"]
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert results["passed"]
+    stages = {s["stage"]: s for s in results["stages"]}
+    acc, tput = stages["accuracy"], stages["throughput"]
+    assert acc["runner"] == "srtctl" and acc["jobs"][0]["skipped"]  # finished before the Ctrl-C
+    assert acc["accuracy"][0]["n"] == 50 and acc["accuracy"][0]["errors"] == 0
+    [job] = tput["jobs"]
+    assert [a["points"] for a in job["attempts"]] == [["4", "16"]] and job["attempts"][0]["state"] == "COMPLETED"
+    assert srtctl_run["kept"].stat().st_mtime_ns == srtctl_run["kept_stat"].st_mtime_ns  # not redone
+    assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]
+    assert all(p["completed"] == p["requested"] and p["failed"] == 0 for p in tput["throughput"])
+    assert tput["timing"]["measured_points"] == ["agg/4", "agg/16"]
+    # srt-slurm's own layout, bound to the digest.
+    out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
+    config = (out / "config.yaml").read_text()
+    assert results["stages"][0]["image"] in config and "- 4\n" in config and "- 16\n" in config
+    assert (out / "logs" / "sa-bench_isl_128_osl_32" / "results_concurrency_16_gpus_1.json").exists()
+    assert (srtctl_run["dir"] / "throughput" / "pareto.png").read_bytes().startswith(PNG)
+    assert not (set(_job_ids(tput)) & _squeue_ids(slurm_env))
+
+
+# ----------------------------------------------------------------------------- scancel + a gate that cannot be met
+
+GATE_PIPELINE = """
+stack: dev-cpu
+runner:
+  kind: slurm
+  python: python3
+  slurm: {{container: docker, local_cluster: true, extra_sbatch: [--exclusive]}}
+retry: {{max_attempts: 3, poll_seconds: 1}}
+model_paths: {{tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}}
+data_dir: {data}
+server: {{port: 8000, startup_timeout: 10m}}
+stages:
+  throughput:
+    recipes: [agg]
+    time_limit: 20m
+    concurrencies: [1, 2, 4]
+    input_len: 64
+    output_len: 16
+    prompts_per_concurrency: 2
+    min_prompts: 4
+    gate:
+      tolerance: 0.0
+      baselines: {{agg: {{1: 1000000000.0}}}}   # a billion tokens/s on two cores: cannot be met
+"""
+
+
+@pytest.fixture(scope="module")
+def gated_run(image_ref, slurm_env, tmp_path_factory):
+    """Throughput only, through a project whose pipeline gates impossibly high; an operator
+    scancels the job once the first point has its result."""
+    root = tmp_path_factory.mktemp("gated")
+    (root / "pipelines").mkdir()
+    (root / "recipes").symlink_to(ROOT / "recipes")
+    data = (ROOT.parent / "shared" / "data" / "gsm8k").resolve()
+    (root / "pipelines" / "gate.yaml").write_text(GATE_PIPELINE.format(data=data))
+    argv = _cli("throughput", "--stack", STACK, "--pipeline", "gate", "--image", image_ref, "--run-id", "gate",
+                project=root)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out_dir = root / "build" / STACK / "runs" / "gate" / "throughput" / "agg"
+    _wait_for(lambda: (out_dir / "1.json").exists(), 900, proc, "the first point")
+    [job_id] = _wait_for(lambda: [p.name[len("slurm-"):-len(".out")] for p in (out_dir / ".jobs").glob("slurm-*.out")],
+                         30, proc, "the job's log")
+    run(["scancel", job_id], env=slurm_env)  # someone else cancels the running job mid-sweep
+    out, _ = proc.communicate(timeout=1200)
+    return {"rc": proc.returncode, "out": out, "job_id": job_id, "out_dir": out_dir,
+            "results": json.loads((out_dir.parent / "results.json").read_text())}
+
+
+def test_scancel_mid_sweep_is_retried_and_every_point_measured_once(gated_run, slurm_env):
+    results, out_dir = gated_run["results"], gated_run["out_dir"]
+    [job] = results["jobs"]
+    assert [(a["state"], a["points"]) for a in job["attempts"]] == [
+        ("CANCELLED", ["1", "2", "4"]), ("COMPLETED", ["2", "4"])], gated_run["out"]
+    assert job["attempts"][0]["job_id"] == gated_run["job_id"] and job["remaining"] == []
+    assert sorted(p["concurrency"] for p in results["throughput"]) == [1, 2, 4]  # each exactly once
+    events = [json.loads(line) for line in (out_dir / ".timing.jsonl").read_text().splitlines()]
+    measured = [e["point"] for e in events if e["event"] == "point" and e["ok"]]
+    assert sorted(measured, key=int) == ["1", "2", "4"], events
+    assert [e["event"] for e in events].count("server") == 2
+    assert not list(out_dir.glob(".*.partial"))
+    assert not ({a["job_id"] for a in job["attempts"]} & _squeue_ids(slurm_env))
+
+
+def test_impossible_gate_fails_with_a_verdict_naming_recipe_point_and_numbers(gated_run):
+    assert gated_run["rc"] == 1, gated_run["out"]
+    results = gated_run["results"]
+    assert not results["passed"]
+    [failure] = results["verdict"]["failures"]
+    measured = next(p for p in results["throughput"] if p["concurrency"] == 1)["tokens_per_s_per_gpu"]
+    assert failure["gate"] == "throughput" and failure["recipe"] == "agg" and failure["point"] == "c=1"
+    assert failure["measured"] == pytest.approx(measured) and failure["required"] == 1e9
+    line = f"FAIL throughput    agg c=1: {measured:.1f} tok/s/GPU < 1000000000.0 (baseline 1000000000.0 - 0%)"
+    assert line in gated_run["out"], gated_run["out"]
+    assert "throughput: FAIL (1 failure)" in gated_run["out"]
+    report = (gated_run["out_dir"].parent / "report.md").read_text()
+    assert "**FAIL**" in report and line.strip() in report
