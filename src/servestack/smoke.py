@@ -318,14 +318,16 @@ def _serve_flags(lock: dict[str, Any]) -> dict[str, Any]:
         "port": SERVER_PORT,
     }
     if "make" in model:
-        flags.update({"max-model-len": 2048, "dtype": "bfloat16"})
+        # As the stack's CPU recipes serve: eager mode (no torch.compile, so no C++ compiler needed
+        # in the image, and ~30 s less start-up on 2 cores).
+        flags.update({"max-model-len": 2048, "dtype": "bfloat16", "enforce-eager": True})
     return flags
 
 
 def serve_command(lock: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
     argv = [VENV_PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
     for flag, value in {**_serve_flags(lock), **(extra or {})}.items():
-        argv += [f"--{flag}", str(value)]
+        argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
     return argv
 
 
@@ -426,6 +428,28 @@ def _log_tail(container, lines: int = 40) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b: \S")
+
+
+def _log_excerpt(container, lines: int = 40) -> str:
+    """The distinct `SomeError: message` lines of the whole log (the root cause is usually not in
+    the last lines: vLLM re-raises it from the API server), then the last lines."""
+    try:
+        text = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    except Exception as e:  # noqa: BLE001 - the container may be gone already
+        return f"(no log: {e})"
+    all_lines = text.rstrip().splitlines()
+    errors: list[str] = []
+    for line in all_lines:
+        m = _ERROR_LINE.search(line)
+        if m:
+            message = line[m.start():].strip()
+            if message not in errors:
+                errors.append(message)
+    head = ("errors in its log:\n" + "\n".join(f"  {e}" for e in errors[-6:]) + "\n") if errors else ""
+    return head + "last lines of its log:\n" + "\n".join(all_lines[-lines:])
+
+
 # --------------------------------------------------------------------------- static probe
 
 
@@ -493,6 +517,7 @@ class ServePlan:
     environment: dict[str, str] = field(default_factory=dict)
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     gpus: int = 0
+    shm_size: str = "2g"
 
 
 def detect_gpus() -> tuple[int, str]:
@@ -541,6 +566,7 @@ def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
         environment=dict(SERVE_ENV),
         volumes={path: {"bind": path, "mode": "ro"}},
         gpus=gpus,
+        shm_size="32g",  # NCCL and the engine's IPC buffers across tensor-parallel ranks
     )
 
 
@@ -610,7 +636,6 @@ def run_serving_probe(
         kwargs: dict[str, Any] = {}
         if plan.gpus:
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-            kwargs["ipc_mode"] = "host"
         try:
             container = client.containers.run(
                 reference,
@@ -619,6 +644,8 @@ def run_serving_probe(
                 detach=True,
                 platform=platform,
                 ports={f"{port}/tcp": ("127.0.0.1", None)},
+                # vLLM's engine core allocates its IPC buffers in /dev/shm; docker's default is 64 MiB.
+                shm_size=plan.shm_size,
                 environment=plan.environment,
                 volumes=plan.volumes,
                 **kwargs,
@@ -648,12 +675,12 @@ def run_serving_probe(
             container.reload()
             if container.status in ("exited", "dead"):
                 code = container.attrs.get("State", {}).get("ExitCode")
-                ready_problem = f"the server exited with {code} before becoming ready; last lines of its log:\n{_log_tail(container)}"
+                ready_problem = f"the server exited with {code} before becoming ready; {_log_excerpt(container)}"
                 break
             if time.monotonic() > deadline:
                 ready_problem = (
                     f"the server was not ready after {ready_timeout:.0f} s (GET /health never returned 200); "
-                    f"last lines of its log:\n{_log_tail(container)}"
+                    f"{_log_excerpt(container)}"
                 )
                 break
             time.sleep(1.0)
