@@ -188,3 +188,16 @@ def test_an_unsatisfiable_pin_is_one_readable_sentence(tmp_path, extra):
     assert f"but the stack asks for {extra}" in message and "ai-dynamo[vllm]==1.6.1 depends on" in message
     assert "\n" not in message
     assert not project.lock_file("clash").exists()
+
+
+def test_the_github_token_is_sent_but_never_written_or_logged(tmp_path, world, monkeypatch, caplog):
+    secret = "ghp_" + "s3cr3t" * 6
+    monkeypatch.setenv("GITHUB_TOKEN", secret)
+    caplog.set_level("DEBUG")
+    project = make_project(tmp_path, world, prs=(2,))
+    world["github"].authorizations.clear()
+    lock.lock(project, "tiny", GitHub(api=world["github"].url, retries=1))
+    assert world["github"].authorizations and all(a == f"Bearer {secret}" for a in world["github"].authorizations)
+    written = b"".join(p.read_bytes() for p in project.root.rglob("*") if p.is_file())
+    assert secret.encode() not in written
+    assert secret not in caplog.text
