@@ -15,6 +15,7 @@ import os
 import shutil
 import tarfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,7 +74,9 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Path:
     destination = SchemeDictionaryDestination(
         scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=()
     )
-    with WheelFile.open(wheel) as source:
+    with WheelFile.open(wheel) as source, warnings.catch_warnings():
+        # Some wheels ship __pycache__ files; installer skips them (we want no bytecode) and warns.
+        warnings.simplefilter("ignore", RuntimeWarning)
         install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
     staging.rename(tree)
     return tree
@@ -325,6 +328,9 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     for key, value in sorted(_labels(record, lock_doc).items()):
         argv += ["--label", f"{key}={value}", "--annotation", f"manifest:{key}={value}"]
     argv.append(str(context))
+    uncompressed = sum(layer.size for layer in layers)
+    print(f"image {stack}: building {len(layers)} layers ({uncompressed / 1e9:.2f} GB before compression) "
+          f"for {record['platform']} with BuildKit, no network", flush=True)
     build_started = time.monotonic()
     try:
         proc.run(argv, env={"SOURCE_DATE_EPOCH": epoch, "BUILDKIT_PROGRESS": "plain"}, timeout=3600)
