@@ -67,6 +67,9 @@ def _build(args: argparse.Namespace, project: Project) -> int:
     overlays = sum(len(o["prs"]) for o in record["overlays"])
     _say(f"build {args.stack}: {len(record['inputs'])} wheels verified, {overlays} PR overlays applied, "
          f"input hash {record['input_hash'][:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
+    if record["unverified_prs"]:
+        _say(f"warning: {len(record['unverified_prs'])} PRs not verified against GitHub (re-lock with network): "
+             + ", ".join(record["unverified_prs"]))
     return 0
 
 
