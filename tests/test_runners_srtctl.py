@@ -10,9 +10,7 @@ import pytest
 import yaml
 
 from servestack.runners.base import JobSpec
-from servestack.runners.driver import run_job
 from servestack.runners.srtctl import SrtctlRunner, bind_recipe, parse_apply_output
-from servestack.stages.results import parse_vllm_result
 
 STANDIN = Path(__file__).parent / "srtctl_standin.py"
 IMAGE = "127.0.0.1:5000/servestack/qwen35-gb200@sha256:" + "cd" * 32

@@ -125,7 +125,7 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for recipe, ps in sorted(by_recipe.items()):
-        ps = sorted(ps, key=lambda p: p.tokens_per_s_per_user)
+        ps = sorted(ps, key=lambda p: p.concurrency)  # the sweep in order, as the other plot draws it
         ax.plot([p.tokens_per_s_per_user for p in ps], [p.tokens_per_s_per_gpu for p in ps], marker="o", label=recipe)
         for p in ps:
             ax.annotate(f"c={p.concurrency}", (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu),
