@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import tarfile
+import textwrap
 import uuid
 from pathlib import Path
 
@@ -235,3 +236,33 @@ def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
     ready = {c.name: c for c in result.checks}["ready"]
     assert ready.status == "fail" and "exited with 3" in ready.detail and "no model here" in ready.detail
     assert ready.time_s < 30
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_interrupted_smoke_removes_its_container(fake_stack, client, sig: str) -> None:
+    import signal
+    import time
+
+    script = textwrap.dedent(f"""
+        from pathlib import Path
+        from servestack import smoke
+        from servestack.project import Project
+        plan = smoke.ServePlan(["sh", "-c", "sleep 600"], model="none")
+        smoke.run_smoke(Project(Path({str(fake_stack['project'].root)!r})), {STACK!r}, image={fake_stack['reference']!r},
+                        ready_timeout=300, serve_plan_override=plan)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    name_filter = {"name": f"servestack-smoke-{STACK}-serve-"}
+    try:
+        deadline = time.monotonic() + 120
+        while not client.containers.list(filters=name_filter):
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "the serving container never started"
+            time.sleep(0.5)
+        proc.send_signal(getattr(signal, sig))
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert not client.containers.list(all=True, filters=name_filter)
