@@ -125,6 +125,10 @@ class SmokeResult:
         return not self.failed
 
     @property
+    def passed(self) -> bool:
+        return self.ok
+
+    @property
     def exit_code(self) -> int:
         return 0 if self.ok else 1
 
