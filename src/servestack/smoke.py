@@ -862,7 +862,11 @@ def run_smoke(
     lock = _load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
     platforms = sorted(lock.get("platforms", {}))
-    platform = image_json.get("platform") or (platforms[0] if platforms else host_docker_platform())
+    platform = (
+        image_json.get("platform")
+        or (image_json.get("platforms") or [None])[0]
+        or (platforms[0] if platforms else host_docker_platform())
+    )
     if platform not in lock.get("platforms", {}):
         raise ServestackError(f"{project.lock_file(stack)}: locks no wheels for the image's platform {platform}")
 
