@@ -97,3 +97,45 @@ def test_state_parsing_of_slurm_spellings():
     assert JobState.parse("NODE_FAIL") is JobState.NODE_FAIL
     assert JobState.parse("PD") is JobState.PENDING
     assert JobState.parse("") is JobState.UNKNOWN
+
+
+def test_an_interrupted_job_is_still_collected(tmp_path):
+    """Ctrl-C during wait: what the job finished is collected, so a rerun does not redo it."""
+    import pytest
+
+    class Interrupted(ScriptedRunner):
+        collected = 0
+
+        def wait(self, handle, timeout=None):
+            raise KeyboardInterrupt
+
+        def collect(self, handle):
+            self.collected += 1
+            return handle.spec.out_dir
+
+    r = Interrupted([(1, JobState.RUNNING)])
+    with pytest.raises(KeyboardInterrupt):
+        run_job(r, spec(tmp_path))
+    assert r.collected == 1
+
+
+def test_a_signal_during_submit_waits_for_the_job_id_then_cancels(tmp_path):
+    import os
+    import signal
+
+    import pytest
+
+    class SignalledWhileSubmitting(ScriptedRunner):
+        cancelled: list[str] = []
+
+        def submit(self, job):
+            os.kill(os.getpid(), signal.SIGINT)  # arrives before the job id is known
+            return super().submit(job)
+
+        def cancel(self, handle):
+            self.cancelled.append(handle.job_id)
+
+    r = SignalledWhileSubmitting([(0, JobState.RUNNING)])
+    with pytest.raises(KeyboardInterrupt):
+        run_job(r, spec(tmp_path))
+    assert r.cancelled == ["1"]

@@ -125,3 +125,64 @@ def test_pipeline_runs_accuracy_then_throughput(tmp_path):
 def test_images_run_by_digest_only(tmp_path):
     with pytest.raises(InputError, match="repo@sha256"):
         run_stage(make_project(tmp_path), "dev-cpu", "throughput", "servestack/dev-cpu:latest", ReplayRunner())
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_committed_pipelines_reference_recipes_that_exist():
+    from servestack.stages.pipeline import load_pipeline
+    from servestack.stages.run import _recipe
+
+    project = Project(ROOT)
+    for name in ("dev-cpu", "qwen35-gb200"):
+        pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
+        for stage in pipeline.stages.values():
+            for recipe in stage.recipes:
+                _recipe(project, pipeline, recipe)  # raises when the file is missing
+    gb = load_pipeline(project.pipelines / "qwen35-gb200.yaml", project.root)
+    assert len(gb.stages["accuracy"].recipes) == 5 and all(r.endswith("-acc") for r in gb.stages["accuracy"].recipes)
+    assert sum(r.endswith("-cc5120") for r in gb.stages["throughput"].recipes) == 5
+    assert len(gb.stages["throughput"].recipes) == 10
+
+
+def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_path):
+    """The committed dev-cpu pipeline and recipes, planned for Slurm: the tiny-qwen3 alias is the
+    model directory inside the image, served under the recipe's name, and no GPU is requested."""
+    from servestack.stages.pipeline import load_pipeline
+    from servestack.stages.run import plan_stage
+
+    project = Project(ROOT)
+    pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
+    for stage in ("accuracy", "throughput"):
+        [planned] = plan_stage(project, pipeline, pipeline.stages[stage], IMAGE, tmp_path / stage)
+        job = json.loads((tmp_path / stage / planned.key / ".jobs" / "job.json").read_text())
+        argv = job["server"]["argv"]
+        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
+        assert argv[argv.index("--served-model-name") + 1] == "tiny-qwen3"
+        assert "--enforce-eager" in argv and argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"
+        assert planned.spec.gpus == 0 and planned.gpus == 1  # no --gres; still one device per result
+        assert planned.key == {"accuracy": "agg-acc", "throughput": "agg"}[stage]
+
+
+def test_results_record_client_time_and_overhead(tmp_path):
+    class TimedReplay(ReplayRunner):
+        def submit(self, job):
+            h = super().submit(job)
+            with open(job.out_dir / ".timing.jsonl", "a") as f:
+                f.write(json.dumps({"event": "server", "started": 1e12, "seconds": 40.0, "ok": True}) + "\n")
+                for p in job.points:
+                    f.write(json.dumps({"event": "point", "point": p, "started": 1e12, "seconds": 2.5,
+                                        "ok": True}) + "\n")
+                f.write(json.dumps({"event": "point", "point": "1", "started": 1.0, "seconds": 99.0}) + "\n")
+            return h
+
+    project = make_project(tmp_path)
+    results = run_pipeline(project, "dev-cpu", IMAGE, TimedReplay())
+    tput = results[1].timing
+    assert tput["client_seconds"] == 7.5 and tput["server_startup_seconds"] == 40.0  # the old event is ignored
+    assert set(tput["client_seconds_per_point"]) == {"agg/1", "agg/4", "agg/16"}
+    assert tput["overhead_seconds"] == pytest.approx(tput["wall_seconds"] - 7.5, abs=0.01)
+    run = json.loads((results[1].out_dir.parent / "results.json").read_text())["timing"]
+    assert run["client_seconds"] == 10.0 and run["server_startup_seconds"] == 80.0 and run["wall_seconds"] > 0
+    assert "inside the benchmark clients 10.0 s" in (results[1].out_dir.parent / "report.md").read_text()

@@ -122,11 +122,16 @@ class RecipeView:
         if not isinstance(flags, dict):
             raise InputError(file, f"backend.{btype}_config.aggregated", "expected a mapping of server flags")
         env = backend.get("aggregated_environment") or {}
+        # Disaggregated recipes name the model per worker kind (prefill/decode): any of them will do.
+        section_names = [s.get("served-model-name") for s in cfg.values() if isinstance(s, dict)] \
+            if isinstance(cfg, dict) else []
+        flags_name = flags.get("served-model-name") or flags.get("served_model_name") or next(
+            (n for n in section_names if n), None)
         model = data.get("model") or {}
         return cls(
             file=file, name=name, model_path=str(model.get("path") or ""),
             served_model_name=str(model.get("served_model_name") or data.get("served_model_name")
-                                  or flags.get("served-model-name") or flags.get("served_model_name") or name),
+                                  or flags_name or name),
             gpus=gpus, backend=btype, server_flags=dict(flags),
             server_env={str(k): str(v) for k, v in env.items()},
             benchmark=dict(data.get("benchmark") or {}), raw=data, gpu_type=str(res.get("gpu_type") or ""),
