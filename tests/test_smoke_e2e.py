@@ -7,6 +7,7 @@ servestack cache), imported into docker.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -174,7 +175,12 @@ def fake_stack(client, base_image, tmp_path_factory):
     }
     repo = f"127.0.0.1:5000/servestack-test/smoke-{uuid.uuid4().hex[:8]}"
     reference = _alter(client, base_image, entries, repo)
-    return {"project": Project(root), "reference": reference, "repo": repo, "site_path": sp, "server_py": server_py}
+    yield {"project": Project(root), "reference": reference, "repo": repo, "site_path": sp, "server_py": server_py}
+    import docker.errors
+
+    for image in client.images.list(name=repo):
+        with contextlib.suppress(docker.errors.APIError):
+            client.images.remove(image.id, force=True)
 
 
 def test_static_probe_by_digest_passes(fake_stack, client) -> None:

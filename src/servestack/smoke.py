@@ -387,8 +387,13 @@ def ensure_image(client, reference: str, platform: str) -> None:
 
         services.ensure_registry()
     log.info("pulling %s (%s)", reference, platform)
+    repo, digest = reference.split("@", 1)
     try:
-        client.images.pull(reference, platform=platform)
+        # The low-level pull: ImageCollection.pull() ends with images.get(), which the containerd
+        # image store answers "No such image" for a foreign-platform image it has just pulled.
+        for event in client.api.pull(repo, tag=digest, platform=platform, stream=True, decode=True):
+            if "error" in event:
+                raise ServestackError(f"cannot pull {reference} for {platform}: {event['error']}")
     except docker.errors.APIError as e:
         raise ServestackError(f"cannot pull {reference} for {platform}: {e.explanation or e}") from None
 
@@ -882,14 +887,25 @@ def run_smoke(
             from . import services
 
             services.ensure_binfmt_aarch64()
-        ensure_image(client, reference, platform)
-        if echo:
+        try:
+            t0 = time.monotonic()
+            ensure_image(client, reference, platform)
+            pulled = True
+            metrics["pull_s"] = round(time.monotonic() - t0, 2)
+        except ServestackError as e:
+            pulled = False
+            checks.append(Check("static", "pull", FAIL, str(e)))
+            checks += _not_run_serving("the image could not be pulled")
+        if pulled and echo:
             echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
-        t0 = time.monotonic()
-        config = probe_config(project, stack, lock, platform, lock_sha256)
-        checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
-        metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
-        if serve:
+        if pulled:
+            t0 = time.monotonic()
+            config = probe_config(project, stack, lock, platform, lock_sha256)
+            checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
+            metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
+        if not pulled:
+            pass
+        elif serve:
             plan = serve_plan_override or serve_plan(lock, platform)
             if echo:
                 echo(f"smoke {stack}: serving probe " + ("..." if plan.command else f"not run: {plan.reason}"))
