@@ -488,7 +488,7 @@ def run_static_probe(
                 environment={"PYTHONDONTWRITEBYTECODE": "1"},
             )
             try:
-                status = container.wait(timeout=timeout + 120)
+                status = container.wait(timeout=2 * timeout + 300)  # two isolated sections + the scans
             except requests.exceptions.RequestException:
                 return [Check("static", "probe", FAIL, f"the static probe did not finish within {timeout:.0f} s\n{_log_tail(container)}",
                               time.monotonic() - start)]
@@ -896,15 +896,15 @@ def run_smoke(
             pulled = False
             checks.append(Check("static", "pull", FAIL, str(e)))
             checks += _not_run_serving("the image could not be pulled")
-        if pulled and echo:
-            echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
         if pulled:
+            if echo:
+                echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
             t0 = time.monotonic()
             config = probe_config(project, stack, lock, platform, lock_sha256)
             checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
             metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
         if not pulled:
-            pass
+            pass  # serving checks are already recorded as not run
         elif serve:
             plan = serve_plan_override or serve_plan(lock, platform)
             if echo:
