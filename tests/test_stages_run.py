@@ -186,3 +186,21 @@ def test_results_record_client_time_and_overhead(tmp_path):
     run = json.loads((results[1].out_dir.parent / "results.json").read_text())["timing"]
     assert run["client_seconds"] == 10.0 and run["server_startup_seconds"] == 80.0 and run["wall_seconds"] > 0
     assert "inside the benchmark clients 10.0 s" in (results[1].out_dir.parent / "report.md").read_text()
+
+
+def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
+    """`--runner srtctl` over a pipeline whose runner is local: the jobs are srt-slurm recipes whose
+    concurrencies srtctl narrows on a retry (not run_points commands)."""
+    class SrtctlReplay(ReplayRunner):
+        name = "srtctl"
+
+        def submit(self, job):
+            job.out_dir.mkdir(parents=True, exist_ok=True)
+            return super().submit(job)
+
+    project = make_project(tmp_path)
+    runner = SrtctlReplay()
+    run_stage(project, "dev-cpu", "throughput", IMAGE, runner)
+    (spec,) = runner.submitted
+    assert spec.command == () and spec.recipe_file.name == "agg.yaml"
+    assert spec.extra["points_field"] == "benchmark.concurrencies"

@@ -25,7 +25,7 @@ from ..project import Project
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import RetryPolicy, run_job
 from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
-from .pipeline import STAGES, Pipeline, StageSettings, load_pipeline
+from .pipeline import RUNNER_KINDS, STAGES, Pipeline, StageSettings, load_pipeline
 from .recipe_view import RecipeView, flags_to_argv
 from .results import StageResult, parse_gsm8k_result, parse_vllm_result
 
@@ -131,8 +131,10 @@ class _Planned:
 
 
 def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image_ref: str,
-               stage_dir: Path) -> list[_Planned]:
-    """One job per recipe; writes the in-container job spec next to the results."""
+               stage_dir: Path, runner_kind: str | None = None) -> list[_Planned]:
+    """One job per recipe for `runner_kind` (default: the pipeline's runner); writes the
+    in-container job spec next to the results (srtctl jobs are the recipe itself, bound)."""
+    kind = runner_kind or pipeline.runner.kind
     planned = []
     base_url = f"http://127.0.0.1:{pipeline.server_port}"
     python = pipeline.runner.python
@@ -148,7 +150,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
             points = tuple(str(c) for c in concs)
         else:
             points = tuple(f"repeat-{i}" for i in range(stage.gsm8k.repeats))
-        if pipeline.runner.kind == "srtctl":
+        if kind == "srtctl":
             spec = JobSpec(
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
                 time_limit_s=stage.time_limit_s,
@@ -323,8 +325,10 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.time(), time.monotonic()
-    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir)
     runner = runner or make_runner(pipeline)
+    # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
+    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir,
+                         runner.name if runner.name in RUNNER_KINDS else None)
     policy = RetryPolicy(max_attempts=pipeline.retry.max_attempts, retry_on=pipeline.retry.on)
     jobs = []
     for p in planned:
