@@ -111,9 +111,4 @@ def build(project: Project, stack: str) -> Path:
 
 
 def load_build(project: Project, stack: str) -> dict[str, Any]:
-    import json
-
-    path = project.artifacts(stack) / "build.json"
-    if not path.exists():
-        raise ServestackError(f"{path.relative_to(project.root)}: missing; run `nox -s build -- --stack {stack}` first")
-    return json.loads(path.read_text())
+    return project.read_artifact(stack, "build.json", made_by="build")

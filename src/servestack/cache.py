@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -10,6 +9,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from .errors import ServestackError
+from .fsutil import sha256_file
 from .project import cache_home
 from .sources import http
 
@@ -23,16 +23,8 @@ def blob_path(sha256: str, filename: str, root: Path | None = None) -> Path:
     return (root or cache_home()) / "blobs" / "sha256" / sha256 / filename
 
 
-def _hash(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify(path: Path, sha256: str, name: str) -> None:
-    actual = _hash(path)
+    actual = sha256_file(path)
     if actual != sha256:
         raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, the lock says {sha256}; delete it and rerun")
 
@@ -58,7 +50,7 @@ def fetch(url: str, sha256: str, name: str, root: Path | None = None) -> Path:
                     raise ServestackError(f"{name}: HTTP {response.status_code} from {url}")
                 for chunk in response.iter_content(1 << 20):
                     out.write(chunk)
-        actual = _hash(tmp)
+        actual = sha256_file(tmp)
         if actual != sha256:
             raise IntegrityError(f"{name}: {url} has sha256 {actual}, the lock says {sha256}")
         os.replace(tmp, target)

@@ -362,7 +362,4 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
 
 
 def load_image(project: Project, stack: str) -> dict[str, Any]:
-    path = project.artifacts(stack) / "image.json"
-    if not path.exists():
-        raise ServestackError(f"build/{stack}/image.json: missing; run `nox -s image -- --stack {stack}` first")
-    return json.loads(path.read_text())
+    return project.read_artifact(stack, "image.json", made_by="image")

@@ -7,9 +7,11 @@ to a content-addressed cache shared between checkouts.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_STACK = "dev-cpu"
 
@@ -63,3 +65,16 @@ class Project:
 
     def artifacts(self, stack: str) -> Path:
         return self.root / "build" / stack
+
+    def read_artifact(self, stack: str, name: str, made_by: str) -> dict[str, Any]:
+        """A step's JSON record, e.g. build.json; a missing one says which session makes it."""
+        from .errors import ServestackError
+
+        path = self.artifacts(stack) / name
+        shown = path.relative_to(self.root) if path.is_relative_to(self.root) else path
+        try:
+            return json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ServestackError(f"{shown}: missing; run `nox -s {made_by} -- --stack {stack}` first") from None
+        except ValueError as exc:
+            raise ServestackError(f"{shown}: not valid JSON ({exc})") from None

