@@ -94,7 +94,9 @@ def test_throughput_stage_layout_gates_report_and_resume(tmp_path):
     assert "/opt/servestack-clients/vllm_bench_serve.py" in job["point"]["argv"]
     (spec,) = runner.submitted
     assert spec.image == IMAGE and spec.argv()[-1] == "1,4,16"
-    assert {m.container for m in spec.mounts} == {"/model", "/opt/servestack-clients", "/results"}
+    assert {m.container for m in spec.mounts} == {"/model", "/opt/servestack-clients", "/results",
+                                                  "/var/cache/servestack-pycache"}
+    assert spec.env == {"PYTHONPYCACHEPREFIX": "/var/cache/servestack-pycache"}
 
     again = ReplayRunner()
     result2 = run_stage(project, "dev-cpu", "throughput", IMAGE, again)
