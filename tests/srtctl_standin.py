@@ -221,7 +221,8 @@ def batch_script(recipe: dict, base: Path, job: dict, cfg: dict, driver: Path) -
     time_limit = (recipe.get("slurm") or {}).get("time_limit", "00:30:00")
     pycache = Path(cfg["pycache_dir"]) / job["image"].rsplit("sha256:", 1)[-1][:16]
     run = [docker, "run", "--rm", "--name", "__NAME__", "--shm-size", "2g",
-           "-e", "PYTHONPYCACHEPREFIX=/var/cache/pycache", "-v", f"{pycache}:/var/cache/pycache",
+           "-e", "PYTHONPYCACHEPREFIX=/var/cache/pycache", "-e", "PYTHONDONTWRITEBYTECODE=",
+           "-v", f"{pycache}:/var/cache/pycache",
            "-v", "__JOB__:/job", "-v", f"{driver}:/opt/srtctl-driver.py:ro",
            "-v", f"{CLIENTS}:/opt/srt-bench:ro", "-v", f"{Path(cfg['gsm8k_data']).resolve()}:/data/gsm8k:ro",
            job["image"], "python3", "/opt/srtctl-driver.py"]

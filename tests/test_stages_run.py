@@ -96,7 +96,7 @@ def test_throughput_stage_layout_gates_report_and_resume(tmp_path):
     assert spec.image == IMAGE and spec.argv()[-1] == "1,4,16"
     assert {m.container for m in spec.mounts} == {"/model", "/opt/servestack-clients", "/results",
                                                   "/var/cache/servestack-pycache"}
-    assert spec.env == {"PYTHONPYCACHEPREFIX": "/var/cache/servestack-pycache"}
+    assert spec.env == {"PYTHONPYCACHEPREFIX": "/var/cache/servestack-pycache", "PYTHONDONTWRITEBYTECODE": ""}
 
     again = ReplayRunner()
     result2 = run_stage(project, "dev-cpu", "throughput", IMAGE, again)

@@ -38,6 +38,9 @@ DATA = "/data/gsm8k"
 # (three processes per server, one per client): about a minute per job on 2 cores. Jobs keep the
 # bytecode outside the image, in a host directory per image digest (the image is not changed).
 PYCACHE = "/var/cache/servestack-pycache"
+# The image sets PYTHONDONTWRITEBYTECODE=1 (nothing may be written into it); with the prefix, the
+# bytecode goes to the mounted directory instead, so writing it is allowed again (empty = unset).
+PYCACHE_ENV = {"PYTHONPYCACHEPREFIX": PYCACHE, "PYTHONDONTWRITEBYTECODE": ""}
 
 
 def pycache_dir(project: Project, stack: str, image_ref: str) -> Path:
@@ -213,7 +216,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
             name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
             command=(python, f"{CONTAINER_DIR}/run_points.py", "--spec", f"{RESULTS}/.jobs/job.json",
                      "--points", "{points}"),
-            image=image_ref, mounts=tuple(mounts), env={"PYTHONPYCACHEPREFIX": PYCACHE},
+            image=image_ref, mounts=tuple(mounts), env=dict(PYCACHE_ENV),
             time_limit_s=stage.time_limit_s,
                 gpus=recipe.accelerators if stage.gpus is None else gpus,
             recipe_file=recipe.file, recipe_name=name,
