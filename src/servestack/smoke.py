@@ -442,6 +442,30 @@ def _log_excerpt(container, lines: int = 40) -> str:
 # --------------------------------------------------------------------------- static probe
 
 
+# Neoverse V2, the Grace CPU of GB200 nodes.
+GRACE_MIDR = "0x00000000410fd4f0"
+
+
+def _emulated_arm64_cpus(tmp: Path) -> str:
+    """A sysfs CPU directory for an arm64 container under qemu-user.
+
+    qemu-user has no arm64 sysfs; torch's oneDNN (xbyak_aarch64) reads each CPU's MIDR_EL1 from
+    sysfs at import and crashes without it. The probe only imports and inspects, so describing
+    the target's CPU (Grace) is enough; nothing runs on these numbers.
+    """
+    cpus = tmp / "cpu"
+    count = os.cpu_count() or 1
+    for name in ("online", "possible", "present"):
+        (cpus / name).parent.mkdir(parents=True, exist_ok=True)
+        (cpus / name).write_text(f"0-{count - 1}\n")
+    for index in range(count):
+        ident = cpus / f"cpu{index}" / "regs" / "identification"
+        ident.mkdir(parents=True)
+        (ident / "midr_el1").write_text(GRACE_MIDR + "\n")
+        (ident / "revidr_el1").write_text("0x0000000000000000\n")
+    return str(cpus)
+
+
 def run_static_probe(
     client, reference: str, platform: str, config: dict[str, Any], *, stack: str = "stack", timeout: float = DEFAULT_STATIC_TIMEOUT
 ) -> list[Check]:
@@ -454,6 +478,9 @@ def run_static_probe(
         shutil.copy2(PROBE_SCRIPT, Path(tmp) / "static.py")
         (Path(tmp) / "config.json").write_text(json.dumps({**config, "section_timeout": timeout}, indent=1))
         os.chmod(tmp, 0o755)
+        volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"}}
+        if platform == "linux/arm64" and host_docker_platform() != platform:
+            volumes[_emulated_arm64_cpus(Path(tmp))] = {"bind": "/sys/devices/system/cpu", "mode": "ro"}
         container = None
         try:
             container = client.containers.run(
@@ -463,7 +490,7 @@ def run_static_probe(
                 detach=True,
                 platform=platform,
                 network_disabled=True,
-                volumes={tmp: {"bind": PROBE_MOUNT, "mode": "ro"}},
+                volumes=volumes,
                 environment={"PYTHONDONTWRITEBYTECODE": "1"},
             )
             try:
