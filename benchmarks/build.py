@@ -14,6 +14,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,8 @@ def _cold(project: Project, stack: str, scratch: Path, name: str) -> dict:
     if previous.exists():
         _delete(json.loads(previous.read_text())["reference"])
     subprocess.run(["docker", "buildx", "prune", "-af"], capture_output=True)
+    for old in scratch.iterdir():  # the production image's caches are large: keep one at a time
+        shutil.rmtree(old)
     os.environ["SERVESTACK_CACHE"] = str(scratch / name)
     return _run(project, stack)
 
@@ -87,7 +90,7 @@ def main() -> int:
     args = parser.parse_args()
     project = Project(args.project.resolve())
     report: dict = {"stack": args.stack}
-    with tempfile.TemporaryDirectory(prefix="servestack-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="servestack-bench-", dir=Path.home() / ".cache") as tmp:
         scratch = Path(tmp)
         report["cold"] = _cold(project, args.stack, scratch, "cold-1")
         report["cold_again"] = _cold(project, args.stack, scratch, "cold-2")
