@@ -23,7 +23,7 @@ from pathlib import Path
 
 import requests
 
-from servestack import build, image, lock
+from servestack import build, image
 from servestack.project import Project
 
 
