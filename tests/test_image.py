@@ -158,3 +158,22 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     assert before[:-1] == after[:-1] and before[-1] != after[-1]
     assert changed["layers_pushed"] == 1
     assert changed["bytes_pushed"] < 0.01 * changed["total_size"]
+
+
+def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_path, world, isolated_cache):
+    project = make_project(tmp_path / "p", world)
+    record = json.loads(build.build(project, "tinyimg").read_text())
+    record["lock"] = lock.load_lock(project, "tinyimg")
+    layers = image.plan(record, "3.11", tmp_path / "context")
+    names = [layer.name for layer in layers]
+    assert names[0] == "venv" and names[-1] == "top" and names.index("pinned-0") < names.index("model")
+    targets = [target for layer in layers for _, target in layer.files]
+    assert len(targets) == len(set(targets))
+    top = {target for _, target in layers[-1].files}
+    site = "opt/venv/lib/python3.11/site-packages"
+    assert f"{site}/tinyserve/server.py" in top and f"{site}/tinyserve/extra.py" in top  # changed, added by PR #2
+    assert "opt/servestack/stack.json" in top
+    pinned = {target for layer in layers if layer.name.startswith("pinned") for _, target in layer.files}
+    assert f"{site}/tinyserve/__init__.py" in pinned  # untouched by the PR: stays below
+    assert not any(t.startswith(f"{site}/tinyserve/legacy.py") for t in targets)  # deleted by the PR
+    assert all(layer.size <= image.LAYER_LIMIT for layer in layers)
