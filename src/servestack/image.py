@@ -319,7 +319,9 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     archive = out / "image.oci.tar"
     tmp_archive = out / f".image.oci.tar.tmp{os.getpid()}"
     epoch = str(record["source_date_epoch"])
-    argv = ["docker", "buildx", "build", "--pull=false", "--network=none", "--provenance=false", "--sbom=false",
+    # --no-cache: BuildKit 0.13 failed to export zstd layers it had cached from an earlier build
+    # ("unsupported diff media type ... tar+zstd"); unchanged builds are skipped before this anyway.
+    argv = ["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none", "--provenance=false", "--sbom=false",
             "--platform", record["platform"], "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
             "--output", f"type=oci,dest={tmp_archive},rewrite-timestamp=true,compression=zstd,compression-level=3,force-compression=true"]
     if "image" in lock_doc["base"]:
