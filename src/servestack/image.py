@@ -53,8 +53,8 @@ def site_packages(python: str) -> str:
 
 
 def installed_tree(wheel: Path, sha256: str, python: str) -> Path:
-    """The wheel installed as the image's venv would hold it, cached by the wheel's hash."""
-    tree = cache_home() / "installed" / f"{sha256}-py{python}"
+    """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash."""
+    tree = cache_home() / "installed" / f"{sha256}-py{python}-pyc{BYTECODE}"
     if tree.exists():
         return tree
     from installer import install
@@ -78,8 +78,32 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Path:
         # Some wheels ship __pycache__ files; installer skips them (we want no bytecode) and warns.
         warnings.simplefilter("ignore", RuntimeWarning)
         install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
+    _compile_bytecode(root / site_packages(python), python)
     staging.rename(tree)
     return tree
+
+
+# Part of the installed trees' cache key: bump when the bytecode recipe changes.
+BYTECODE = 1
+
+
+def _compile_bytecode(site: Path, python: str) -> None:
+    """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it).
+
+    Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
+    so the bytes depend only on the sources and the interpreter's minor version; they are compiled by
+    the host's interpreter of the image's Python version (bytecode is the same on every platform).
+    """
+    interpreter = shutil.which(f"python{python}")
+    if interpreter is None or not site.is_dir():
+        log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
+        return
+    script = (
+        "import compileall, py_compile, sys\n"
+        "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
+        "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+    )
+    proc.run([interpreter, "-c", script, str(site), "/" + site_packages(python)], env={"PYTHONHASHSEED": "0"}, timeout=3600)
 
 
 def _files_of(tree: Path) -> list[tuple[Path, str]]:
