@@ -27,6 +27,9 @@ class Document:
                 return Location(self.file, *mark)
         return Location(self.file)
 
+    def error(self, path: PathKey, problem: str) -> InputError:
+        return InputError(self.location(path), dotted(path), problem)
+
 
 def _walk(node: yaml.Node, path: PathKey, marks: dict[PathKey, tuple[int, int]]) -> None:
     if isinstance(node, yaml.MappingNode):

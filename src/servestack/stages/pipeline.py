@@ -36,57 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 
-from ..errors import InputError, Location
+from .. import yamlfile
 from ..runners.base import JobState
 from .gates import GateConfig
 
 STAGES = ("accuracy", "throughput")
 RUNNER_KINDS = ("local", "slurm", "srtctl")
-
-
-class _Doc:
-    def __init__(self, file: Path):
-        self.file = file
-        try:
-            text = file.read_text()
-        except FileNotFoundError:
-            raise InputError(file, "", "pipeline file not found") from None
-        try:
-            node = yaml.compose(text, Loader=yaml.SafeLoader)
-            self.data = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as exc:
-            m = exc.problem_mark
-            raise InputError(Location(file, m.line + 1, m.column + 1) if m else file, "",
-                             f"not valid YAML: {exc.problem}") from None
-        self.marks: dict[tuple, tuple[int, int]] = {(): (1, 1)}
-        self._walk(node, ())
-
-    def _walk(self, node: Any, path: tuple) -> None:
-        if isinstance(node, yaml.MappingNode):
-            for k, v in node.value:
-                child = (*path, k.value)
-                self.marks[child] = (k.start_mark.line + 1, k.start_mark.column + 1)
-                self._walk(v, child)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                child = (*path, i)
-                self.marks[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
-                self._walk(item, child)
-
-    def error(self, path: tuple, problem: str) -> InputError:
-        for end in range(len(path), -1, -1):
-            mark = self.marks.get(tuple(path[:end]))
-            if mark:
-                loc = Location(self.file, *mark)
-                break
-        else:
-            loc = Location(self.file)
-        name = ""
-        for p in path:
-            name += f"[{p}]" if isinstance(p, int) else (f".{p}" if name else str(p))
-        return InputError(loc, name, problem)
 
 
 def parse_duration(value: Any) -> int:
@@ -187,7 +143,7 @@ class Pipeline:
     model_paths: dict[str, str] = field(default_factory=dict)
 
 
-def _expect_map(doc: _Doc, path: tuple, value: Any, known: set[str]) -> dict:
+def _expect_map(doc: yamlfile.Document, path: tuple, value: Any, known: set[str]) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
@@ -198,7 +154,7 @@ def _expect_map(doc: _Doc, path: tuple, value: Any, known: set[str]) -> dict:
     return value
 
 
-def _int(doc: _Doc, path: tuple, value: Any, minimum: int = 0) -> int:
+def _int(doc: yamlfile.Document, path: tuple, value: Any, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise doc.error(path, f"expected an integer, got {value!r}")
     if value < minimum:
@@ -206,7 +162,7 @@ def _int(doc: _Doc, path: tuple, value: Any, minimum: int = 0) -> int:
     return value
 
 
-def _float(doc: _Doc, path: tuple, value: Any, lo: float | None = None, hi: float | None = None) -> float:
+def _float(doc: yamlfile.Document, path: tuple, value: Any, lo: float | None = None, hi: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise doc.error(path, f"expected a number, got {value!r}")
     if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -214,14 +170,14 @@ def _float(doc: _Doc, path: tuple, value: Any, lo: float | None = None, hi: floa
     return float(value)
 
 
-def _duration(doc: _Doc, path: tuple, value: Any) -> int:
+def _duration(doc: yamlfile.Document, path: tuple, value: Any) -> int:
     try:
         return parse_duration(value)
     except ValueError as exc:
         raise doc.error(path, str(exc)) from None
 
 
-def _str_list(doc: _Doc, path: tuple, value: Any) -> tuple[str, ...]:
+def _str_list(doc: yamlfile.Document, path: tuple, value: Any) -> tuple[str, ...]:
     if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
         raise doc.error(path, "expected a non-empty list of names")
     return tuple(value)
@@ -229,7 +185,7 @@ def _str_list(doc: _Doc, path: tuple, value: Any) -> tuple[str, ...]:
 
 def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
     file = Path(file)
-    doc = _Doc(file)
+    doc = yamlfile.load(file)
     root = project_root or file.resolve().parent.parent
     top = _expect_map(doc, (), doc.data, {"stack", "runner", "retry", "model_dir", "data_dir", "server",
                                            "stages", "description", "model_paths"})
