@@ -21,8 +21,9 @@ from .stack import normalize
 
 log = logging.getLogger("servestack.build")
 
-# Bumped when the image layout changes, so an old image is never mistaken for a new build.
-IMAGE_FORMAT = 1
+# Bumped whenever what `image` makes from the same inputs changes (layout, bytecode), so the
+# registry's copy of an older recipe is never taken for this build.
+IMAGE_FORMAT = 2
 
 
 def _platform(document: dict[str, Any], stack: str) -> str:
