@@ -21,9 +21,14 @@ from .stack import normalize
 
 log = logging.getLogger("servestack.build")
 
-# Bumped whenever what `image` makes from the same inputs changes (layout, bytecode), so the
-# registry's copy of an older recipe is never taken for this build.
-IMAGE_FORMAT = 2
+# The code that decides an image's bytes is one of its inputs: a registry copy made by another
+# version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
+IMAGE_MAKERS = ("build.py", "image.py", "overlay.py", "wheels.py", "tinymodel.py")
+
+
+def _makers_hash() -> str:
+    here = Path(__file__).parent
+    return sha256_bytes(canonical_json({name: sha256_file(here / name) for name in IMAGE_MAKERS}).encode())
 
 
 def _platform(document: dict[str, Any], stack: str) -> str:
@@ -90,7 +95,7 @@ def build(project: Project, stack: str) -> Path:
     ]
     lock_sha256 = lock.lock_digest(project, stack)
     identity = {
-        "image_format": IMAGE_FORMAT,
+        "image_makers": _makers_hash(),
         "lock_sha256": lock_sha256,
         "overlays": [(o["package"], o["wheel"]["sha256"]) for o in overlays_out],
         "model": model["files"] if model else None,
