@@ -1,12 +1,12 @@
 """`servestack image`: plan the layers, then build them with BuildKit and push by digest.
 
-Planning (pure, testable) is separate from running buildx. Wheels are installed on the host
-into per-wheel trees (pypa/installer, no bytecode, no target code executed), then hard-linked
-into layer directories of the build context; each layer is one `COPY --link`. Every file lands
-in exactly one layer. The OCI output is built with SOURCE_DATE_EPOCH from the lock, layer
-timestamps rewritten and no provenance, so the same inputs give the same manifest digest.
+Planning the layers (`plan`, testable without docker) is separate from running buildx. Wheels
+are installed on the host into per-wheel trees (pypa/installer, with deterministic bytecode; no
+target code executed), then hard-linked into layer directories of the build context; each layer
+is one `COPY --link`. Every file lands in exactly one layer. The OCI output is built with
+SOURCE_DATE_EPOCH from the lock, layer timestamps rewritten and no provenance, so the same
+inputs give the same manifest digest.
 """
-
 from __future__ import annotations
 
 import json
@@ -265,7 +265,6 @@ def _labels(record: dict[str, Any], lock_doc: dict[str, Any]) -> dict[str, str]:
         "org.opencontainers.image.description": f"servestack stack {record['stack']} built from its lock",
         "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["source_date_epoch"])),
         "org.opencontainers.image.version": record["input_hash"][:12],
-        "org.opencontainers.image.source": "https://github.com/servestack/servestack",
         "org.opencontainers.image.licenses": "Apache-2.0",
         "io.servestack.stack": record["stack"],
         "io.servestack.lock.sha256": record["lock_sha256"],
