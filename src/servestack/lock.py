@@ -7,16 +7,14 @@ bytes and a re-lock shows up in review as a readable diff. Resolving talks to th
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import cache, overlay, wheels
 from .errors import InputError, NetworkError, ServestackError
-from .fsutil import atomic_write_json, atomic_write_text, canonical_json, sha256_bytes, sha256_file
+from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
 from .project import Project
 from .sources import debian, pypi, registry
 from .sources.github import GitHub, PullRequestNotFound
@@ -205,13 +203,7 @@ class CheckReport:
 
 
 def load_lock(project: Project, stack_name: str) -> dict[str, Any]:
-    path = project.lock_file(stack_name)
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ServestackError(f"{_relative(project, path)}: missing; run `nox -s lock -- --stack {stack_name}`") from None
-    except ValueError as exc:
-        raise ServestackError(f"{_relative(project, path)}: not valid JSON ({exc})") from None
+    return project.read_json(project.lock_file(stack_name), f"run `nox -s lock -- --stack {stack_name}`")
 
 
 def lock_digest(project: Project, stack_name: str) -> str:

@@ -68,13 +68,16 @@ class Project:
 
     def read_artifact(self, stack: str, name: str, made_by: str) -> dict[str, Any]:
         """A step's JSON record, e.g. build.json; a missing one says which session makes it."""
+        return self.read_json(self.artifacts(stack) / name, f"run `nox -s {made_by} -- --stack {stack}` first")
+
+    def read_json(self, path: Path, remedy: str) -> dict[str, Any]:
+        """A JSON file of this project; a missing or broken one is named with what to run."""
         from .errors import ServestackError
 
-        path = self.artifacts(stack) / name
         shown = path.relative_to(self.root) if path.is_relative_to(self.root) else path
         try:
             return json.loads(path.read_text())
         except FileNotFoundError:
-            raise ServestackError(f"{shown}: missing; run `nox -s {made_by} -- --stack {stack}` first") from None
+            raise ServestackError(f"{shown}: missing; {remedy}") from None
         except ValueError as exc:
             raise ServestackError(f"{shown}: not valid JSON ({exc})") from None
