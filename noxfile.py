@@ -70,6 +70,13 @@ def pipeline(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """The test suite; `-- -m e2e` for the end-to-end suite."""
+    """The fast tests: no daemon, no image build (a test that asks for one fails)."""
     _install(session, "test")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """The end-to-end suite on real dockerd, registry and Slurm (what CI runs after the fast tests)."""
+    _install(session, "test")
+    session.run("pytest", "-m", "e2e", *session.posargs)

@@ -12,14 +12,57 @@ from fixtures.tinypkg import build_tinypkg  # noqa: E402
 from servestack import services  # noqa: E402
 
 
+# The services a fast test may not use: each starts (or relies on) a system daemon.
+DAEMON_SERVICES = ("ensure_dockerd", "ensure_registry", "ensure_munge", "ensure_slurm", "ensure_binfmt_aarch64")
+
+
+class DaemonInFastTest(AssertionError):
+    """A test without the e2e marker asked for a system daemon."""
+
+
+_running: dict[str, pytest.Item | None] = {"item": None}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Before any fixture of this test is set up, session-scoped ones included: a fast test must not
+    # get a daemon through a shared fixture either.
+    _running["item"] = item
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    _running["item"] = None
+
+
+def _guard(name: str, real):
+    """services.NAME, refused while a fast test (or its fixtures) runs.
+
+    Fast tests must pass on a machine where no daemon runs (the hosted CI job has none). The check
+    is on the call, not on whether the daemon happens to be up, so a fast test can never pass only
+    because an e2e test started something earlier in the same run.
+    """
+    def guarded(*args, **kwargs):
+        item = _running["item"]
+        if item is not None and not item.get_closest_marker("e2e"):
+            what = f"starts a daemon: {' '.join(map(str, args[0]))}" if name == "_spawn_detached" else f"calls services.{name}"
+            raise DaemonInFastTest(f"{item.nodeid} {what}: mark it @pytest.mark.e2e")
+        return real(*args, **kwargs)
+    return guarded
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for name in (*DAEMON_SERVICES, "_spawn_detached"):
+        setattr(services, name, _guard(name, getattr(services, name)))
+
+
 @pytest.fixture(scope="session")
 def registry() -> str:
     return services.ensure_registry()
 
 
 @pytest.fixture(scope="session")
-def world(tmp_path_factory, registry):
-    """The tinyserve repository, its wheel on a package index, its PRs on a GitHub API, a base image."""
+def world(tmp_path_factory):
+    """The tinyserve repository, its wheel on a package index, its PRs on a GitHub API."""
     root = tmp_path_factory.mktemp("world")
     pkg = build_tinypkg(root / "pkg")
     index_server, index_url = serve_directory(root / "index")
@@ -29,11 +72,16 @@ def world(tmp_path_factory, registry):
         fake.pulls[number] = {"title": f"PR {number} ({pr.kind})", "head": pr.head, "base": pr.base,
                               "merge": pr.merge, "patch": pr.patch}
     github_server = serve(fake)
-    repository = f"servestack-test/base-{uuid.uuid4().hex[:8]}"
-    digest = push_image(registry, repository, "1", b"base layer")
-    yield {"pkg": pkg, "index": f"{index_url}/simple", "github": fake, "base": f"{registry}/{repository}:1",
-           "base_digest": digest}
+    yield {"pkg": pkg, "index": f"{index_url}/simple", "github": fake}
     index_server.shutdown()
     github_server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def registry_base(registry) -> dict[str, str]:
+    """A base image in the loopback registry, by tag, and the digest the registry gives it."""
+    repository = f"servestack-test/base-{uuid.uuid4().hex[:8]}"
+    digest = push_image(registry, repository, "1", b"base layer")
+    return {"reference": f"{registry}/{repository}:1", "digest": digest}
 
 

@@ -1,7 +1,8 @@
 """`servestack lock` resolves a stack into a lock of hashes; `--check` verifies it offline.
 
 Everything here is real and local: a git repository with real PRs served through GitHub's REST
-endpoints, a PEP 503 package index over HTTP, and the Debian docker-registry on loopback.
+endpoints, a PEP 503 package index over HTTP, the machine's Debian archive for the base, and
+(in the e2e tests) the Debian docker-registry on loopback for a base given as an image.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ name: tiny
 platforms: [linux/amd64]
 python: "3.11"
 base:
-  image: {base}
+{base}
 indexes:
   - name: local
     url: {index}
@@ -38,11 +39,15 @@ smoke_model:
 """
 
 
-def make_project(tmp_path: Path, world, prs=(1, 2, 3), base=None) -> Project:
+DEBIAN_BASE = "  debian:\n    suite: bookworm\n    packages: [python3]"
+
+
+def make_project(tmp_path: Path, world, prs=(1, 2, 3), base_image: str | None = None) -> Project:
+    """A stack of the tinyserve wheel; its base is built from Debian unless BASE_IMAGE is given."""
     (tmp_path / "pins").mkdir()
     lines = "".join(f"      - repo: {world['pkg'].repo_name}\n        number: {n}\n" for n in prs)
-    (tmp_path / "pins" / "tiny.yaml").write_text(
-        STACK.format(base=base or world["base"], index=world["index"], prs=lines))
+    base = f"  image: {base_image}" if base_image else DEBIAN_BASE
+    (tmp_path / "pins" / "tiny.yaml").write_text(STACK.format(base=base, index=world["index"], prs=lines))
     return Project(tmp_path)
 
 
@@ -75,7 +80,7 @@ def test_prs_are_classified_included_or_overlay_by_real_ancestry(tmp_path, world
     assert prs[3]["patch"]["native_files"] == ["csrc/kernel.cu"]
 
 
-def test_the_lock_records_wheels_base_digest_and_the_stack_hash(tmp_path, world):
+def test_the_lock_records_wheels_the_debian_release_and_the_stack_hash(tmp_path, world):
     project = make_project(tmp_path, world)
     lock.lock(project, "tiny", github(world))
     document = lock.load_lock(project, "tiny")
@@ -83,10 +88,17 @@ def test_the_lock_records_wheels_base_digest_and_the_stack_hash(tmp_path, world)
     assert wheel["name"] == "tinyserve" and wheel["index"] == "local"
     assert wheel["url"].startswith(world["index"])
     assert wheel["sha256"] == __import__("hashlib").sha256(world["pkg"].wheel.read_bytes()).hexdigest()
-    assert document["base"]["image"]["digest"] == world["base_digest"]
+    assert len(document["base"]["debian"]["release_sha256"]) == 64
     assert document["packages"]["tinyserve"]["commit"] == world["pkg"].base[:9]
     assert document["stack"]["sha256"] == __import__("hashlib").sha256(
         (project.pins / "tiny.yaml").read_bytes()).hexdigest()
+
+
+@pytest.mark.e2e
+def test_a_base_image_is_locked_by_the_digest_the_registry_gives(tmp_path, world, registry_base):
+    project = make_project(tmp_path, world, base_image=registry_base["reference"])
+    lock.lock(project, "tiny", github(world))
+    assert lock.load_lock(project, "tiny")["base"]["image"]["digest"] == registry_base["digest"]
 
 
 def test_locking_twice_gives_byte_identical_files(tmp_path, world):
@@ -113,7 +125,7 @@ def test_an_unreachable_registry_is_reported_after_retries_and_keeps_the_previou
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
     stack = project.pins / "tiny.yaml"
-    stack.write_text(stack.read_text().replace(world["base"], f"127.0.0.1:{closed_port}/nothing:1"))
+    stack.write_text(stack.read_text().replace(DEBIAN_BASE, f"  image: 127.0.0.1:{closed_port}/nothing:1"))
     with pytest.raises(NetworkError, match=rf"image 127.0.0.1:{closed_port}/nothing:1: could not reach"):
         lock.lock(project, "tiny", github(world))
     assert project.lock_file("tiny").read_bytes() == before
