@@ -19,7 +19,7 @@ from servestack.clients import CLIENTS_DIR
 from servestack.proc import run
 from servestack.runners.base import JobSpec, JobState, Mount
 from servestack.runners.driver import RetryPolicy, run_job
-from servestack.runners.slurm import SlurmConfig, SlurmRunner, enroot_image, format_time_limit, render_batch_script
+from servestack.runners.slurm import SlurmConfig, SlurmRunner, format_time_limit, render_batch_script
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 
@@ -51,8 +51,6 @@ def test_pyxis_batch_script(tmp_path):
 
 def test_small_helpers():
     assert format_time_limit(30) == "00:01:00" and format_time_limit(90061) == "1-01:01:01"
-    assert enroot_image("nvcr.io/nvidia/x@sha256:1") == "nvcr.io#nvidia/x@sha256:1"
-    assert enroot_image("library/x@sha256:1") == "library/x@sha256:1"
 
 
 # ----------------------------------------------------------------------------- real Slurm

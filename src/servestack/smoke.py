@@ -47,6 +47,7 @@ from xml.etree import ElementTree as ET
 from .errors import ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_file
 from .image import load_image
+from .imageref import ImageRef
 from .lock import load_lock
 from .project import Project
 from .stack import normalize
@@ -55,7 +56,6 @@ from .tinymodel import VLLM_CPU_ENV
 log = logging.getLogger("servestack.smoke")
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not_run"
-DIGEST_REFERENCE = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@sha256:(?P<hex>[0-9a-f]{64})$")
 PROBE_SCRIPT = Path(__file__).parent / "probe" / "static.py"
 PROBE_MOUNT = "/opt/servestack-probe"
 VENV_PYTHON = "/opt/venv/bin/python"
@@ -184,19 +184,6 @@ def _first_lines(text: str, n: int) -> str:
 
 
 # --------------------------------------------------------------------------- inputs
-
-
-def check_reference(reference: str) -> str:
-    """A digest reference passes through; a tag (or anything else) is refused."""
-    if DIGEST_REFERENCE.match(reference or ""):
-        return reference
-    if "@sha256:" in (reference or ""):
-        raise ServestackError(f"image reference {reference!r} is malformed: expected repo@sha256:<64 lowercase hex>")
-    raise ServestackError(
-        f"image reference {reference!r} is not pinned by digest: a tag can move, so smoke runs only "
-        "images referenced as repo@sha256:<64 hex> (use the digest from build/<stack>/image.json, "
-        "e.g. 127.0.0.1:5000/servestack/<stack>@sha256:...)"
-    )
 
 
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
@@ -869,7 +856,7 @@ def run_smoke(
         image = image_json.get("reference")
         if not image:
             raise ServestackError(f"{project.artifacts(stack) / 'image.json'}: no `reference`")
-    reference = check_reference(image)
+    reference = str(ImageRef.parse(image))
     lock = load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
     platforms = sorted(lock.get("platforms", {}))
@@ -936,7 +923,6 @@ __all__ = [
     "Check",
     "ServePlan",
     "SmokeResult",
-    "check_reference",
     "render_junit",
     "run_serving_probe",
     "run_smoke",

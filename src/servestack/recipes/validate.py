@@ -27,28 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Location
+from ..imageref import ImageRef
 from . import schema as S
 from .engine import EngineSpec, load_engine
 from .yamlnodes import Node, parse
 
 UNBOUND_IMAGE = "servestack-unbound"
 RENDER_MARK = "# Rendered by servestack"
-DIGEST_REF = re.compile(r"^(?P<repo>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@sha256:(?P<hex>[0-9a-f]{64})$")
 _CONC_STRING = re.compile(r"^[0-9]+(x[0-9]+)*$")
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 
 
-def image_ref_problem(ref: Any) -> str | None:
-    """None when `ref` is a digest reference; otherwise what is wrong with it."""
-    if not isinstance(ref, str) or not ref:
-        return "expected an image reference repo@sha256:<64 hex>"
-    if DIGEST_REF.match(ref):
-        return None
-    if "@sha256:" in ref:
-        return f"malformed digest reference {ref!r}: expected repo@sha256:<64 lowercase hex>"
-    if "@" in ref:
-        return f"unsupported digest in {ref!r}: expected repo@sha256:<64 lowercase hex>"
-    return f"{ref!r} is a tag, not a digest: tags move; bind the recipe by digest (repo@sha256:<64 hex>)"
+image_ref_problem = ImageRef.problem
 
 
 def _suggest(key: str, known: Iterable[str]) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from ..errors import ServestackError
 from ..fsutil import atomic_write_text
+from ..imageref import ImageRef
 from ..proc import CommandError, run
 from .base import JobHandle, JobSpec, JobState, PollingWait
 
@@ -31,14 +32,6 @@ def format_time_limit(seconds: int) -> str:
     h, rem = divmod(rem, 3600)
     m, s = divmod(rem, 60)
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
-
-
-def enroot_image(ref: str) -> str:
-    """'host:5000/repo@sha256:..' -> 'host:5000#repo@sha256:..' (enroot separates the registry with #)."""
-    first, sep, rest = ref.partition("/")
-    if sep and ("." in first or ":" in first or first == "localhost"):
-        return f"{first}#{rest}"
-    return ref
 
 
 @dataclass
@@ -105,7 +98,7 @@ def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
         ]
     elif cfg.container == "pyxis":
         mounts = ",".join(f"{m.host}:{m.container}" + (":ro" if m.read_only else "") for m in spec.mounts)
-        srun = ["srun", "--ntasks=1", f"--container-image={enroot_image(spec.image)}", "--no-container-mount-home"]
+        srun = ["srun", "--ntasks=1", f"--container-image={ImageRef.parse(spec.image).enroot}", "--no-container-mount-home"]
         if mounts:
             srun.append(f"--container-mounts={mounts}")
         srun += ["--container-env=" + ",".join(sorted(spec.env))] if spec.env else []

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..clients import CLIENTS_DIR, CONTAINER_DIR
 from ..errors import InputError, ServestackError
 from ..fsutil import atomic_write_json
+from ..imageref import ImageRef
 from ..project import Project
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import RetryPolicy, run_job
@@ -53,13 +54,6 @@ class StageFailed(ServestackError):
     def __init__(self, result: StageResult):
         self.result = result
         super().__init__(format_verdict(result.verdict))
-
-
-def check_image_ref(image_ref: str) -> str:
-    repo, sep, digest = image_ref.partition("@")
-    if not sep or not repo or not digest.startswith("sha256:") or len(digest) != 71:
-        raise InputError("image", "image_ref", f"{image_ref!r}: expected repo@sha256:<64 hex> (images run by digest)")
-    return image_ref
 
 
 def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
@@ -330,7 +324,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
 
     if stage not in STAGES:
         raise InputError(pipeline_name, "stage", f"{stage!r} is not one of {', '.join(STAGES)}")
-    check_image_ref(image_ref)
+    ImageRef.parse(image_ref)
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
     if stage not in pipeline.stages:
         raise InputError(pipeline.file, f"stages.{stage}", "this pipeline does not define the stage")
@@ -398,5 +392,5 @@ def raise_for_verdict(result: StageResult) -> StageResult:
     return result
 
 
-__all__ = ["StageFailed", "Verdict", "check_image_ref", "make_runner", "plan_stage", "raise_for_verdict",
+__all__ = ["StageFailed", "Verdict", "make_runner", "plan_stage", "raise_for_verdict",
            "run_id_for", "run_pipeline", "run_stage"]
