@@ -214,7 +214,7 @@ def test_gpu_import_errors_are_not_run_with_the_reason(fake_site, tmp_path: Path
 
 
 def test_serve_plan_without_gpu_is_not_run(monkeypatch) -> None:
-    monkeypatch.setattr(smoke, "detect_gpus", lambda: (0, "nvidia-smi is not installed on this host"))
+    monkeypatch.setattr(smoke.plan, "detect_gpus", lambda: (0, "nvidia-smi is not installed on this host"))
     lock = {"packages": {"vllm": {}}, "smoke_model": {"name": "Q", "path": "/models/Q"}}
     plan = smoke.serve_plan(lock, smoke.host_docker_platform())
     assert plan.command is None and "needs NVIDIA GPUs" in plan.reason

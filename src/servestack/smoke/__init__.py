@@ -1,0 +1,149 @@
+"""`servestack smoke`: run the image by digest and prove it is what the lock says, and that it serves.
+
+    result = run_smoke(Project.find(), "dev-cpu")          # image from build/dev-cpu/image.json
+    result = run_smoke(project, "qwen35-gb200", image="127.0.0.1:5000/servestack/qwen35-gb200@sha256:...",
+                       serve=False)
+    sys.exit(result.exit_code)
+
+Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
+
+1. static (`servestack/probe/static.py`, stdlib only, bind-mounted read-only and run with the
+   image's /opt/venv/bin/python, no network): locked versions installed, overlaid files' sha256,
+   stack.json's lock is pins/<stack>.lock, each PR included/overlaid/unverified, every engine flag
+   and environment variable the stack's recipes (and the stack itself) use is accepted by vLLM's own
+   argument parser and env registry, the stack's modules import (GPU-only failures are `not_run`
+   with the reason), and which installed modules import an excluded dependency.
+   Foreign platforms (linux/arm64 here) run under qemu-user.
+2. serving: the engine's OpenAI-compatible server in a named container, port published on
+   127.0.0.1 only, with the smoke model; readiness with a deadline, then /health, /v1/models, one
+   completion, one chat completion, a streamed completion (first-token latency) and /metrics. The
+   container is removed on every exit path (failure, Ctrl-C, SIGTERM). Where it cannot run (no GPU
+   for a GPU model, a foreign platform), every serving check is `not_run` with the reason.
+
+Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ServestackError
+from ..fsutil import atomic_write_json, atomic_write_text, sha256_file
+from ..image import load_image
+from ..imageref import ImageRef
+from ..lock import load_lock
+from ..project import Project
+from .containers import _docker_client, _sigterm_as_interrupt, ensure_image, host_docker_platform
+from .junit import render_junit
+from .plan import ServePlan, detect_gpus, engine_usage, probe_config, serve_command, serve_plan
+from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
+from .serving import DEFAULT_READY_TIMEOUT, _not_run_serving, run_serving_probe
+from .static import DEFAULT_STATIC_TIMEOUT, PROBE_SCRIPT, run_static_probe
+
+
+def run_smoke(
+    project: Project,
+    stack: str,
+    image: str | None = None,
+    serve: bool = True,
+    *,
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    static_timeout: float = DEFAULT_STATIC_TIMEOUT,
+    serve_plan_override: ServePlan | None = None,
+    echo: Callable[[str], None] | None = print,
+) -> SmokeResult:
+    """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
+
+    Raises ServestackError for unusable input (a tag instead of a digest, no image.json, no lock);
+    probe failures are in the result (`result.exit_code` is non-zero when any check failed).
+    """
+    started = time.monotonic()
+    image_json: dict[str, Any] = {}
+    if image is None:
+        image_json = load_image(project, stack)
+        image = image_json.get("reference")
+        if not image:
+            raise ServestackError(f"{project.artifacts(stack) / 'image.json'}: no `reference`")
+    reference = str(ImageRef.parse(image))
+    lock = load_lock(project, stack)
+    lock_sha256 = sha256_file(project.lock_file(stack))
+    platforms = sorted(lock.get("platforms", {}))
+    platform = (
+        image_json.get("platform")
+        or (image_json.get("platforms") or [None])[0]
+        or (platforms[0] if platforms else host_docker_platform())
+    )
+    if platform not in lock.get("platforms", {}):
+        raise ServestackError(f"{project.lock_file(stack)}: locks no wheels for the image's platform {platform}")
+
+    checks: list[Check] = []
+    metrics: dict[str, Any] = {}
+    if image_json.get("lock_sha256") and image_json["lock_sha256"] != lock_sha256:
+        checks.append(Check("static", "image-json-lock", FAIL,
+                            f"build/{stack}/image.json says the image was built from lock {image_json['lock_sha256']}, "
+                            f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
+    with _sigterm_as_interrupt():
+        client = _docker_client()
+        if platform != host_docker_platform() and platform == "linux/arm64":
+            from .. import services
+
+            services.ensure_binfmt_aarch64()
+        try:
+            t0 = time.monotonic()
+            ensure_image(client, reference, platform)
+            pulled = True
+            metrics["pull_s"] = round(time.monotonic() - t0, 2)
+        except ServestackError as e:
+            pulled = False
+            checks.append(Check("static", "pull", FAIL, str(e)))
+            checks += _not_run_serving("the image could not be pulled")
+        if pulled:
+            if echo:
+                echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
+            t0 = time.monotonic()
+            config = probe_config(project, stack, lock, platform, lock_sha256)
+            checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
+            metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
+        if not pulled:
+            pass  # serving checks are already recorded as not run
+        elif serve:
+            plan = serve_plan_override or serve_plan(lock, platform)
+            if echo:
+                echo(f"smoke {stack}: serving probe " + ("..." if plan.command else f"not run: {plan.reason}"))
+            serving, serve_metrics = run_serving_probe(client, reference, platform, plan, stack=stack,
+                                                       ready_timeout=ready_timeout)
+            checks += serving
+            metrics.update(serve_metrics)
+        else:
+            checks += _not_run_serving("serving probe disabled (--no-serve)")
+    wall = time.monotonic() - started
+    out_dir = project.artifacts(stack)
+    result = SmokeResult(stack, reference, platform, checks, metrics, wall, out_dir / "smoke.json",
+                         out_dir / "smoke-junit.xml", lock_sha256)
+    atomic_write_json(result.smoke_json, result.to_json())
+    atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))
+    if echo:
+        echo(result.summary())
+    return result
+
+
+__all__ = [
+    "FAIL",
+    "NOT_RUN",
+    "PASS",
+    "PROBE_SCRIPT",
+    "Check",
+    "ServePlan",
+    "SmokeResult",
+    "detect_gpus",
+    "engine_usage",
+    "host_docker_platform",
+    "render_junit",
+    "run_serving_probe",
+    "run_smoke",
+    "run_static_probe",
+    "serve_command",
+    "serve_plan",
+]

@@ -1,0 +1,120 @@
+"""The docker engine as smoke uses it: one client, images by digest, named containers that are always removed."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform as host_platform
+import re
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+
+from ..errors import ServestackError
+from ..imageref import ImageRef
+
+log = logging.getLogger("servestack.smoke")
+
+
+def _docker_client(timeout: int = 900):
+    import docker
+
+    from .. import services
+
+    services.ensure_dockerd()
+    return docker.from_env(timeout=timeout)
+
+
+def host_docker_platform() -> str:
+    machine = host_platform.machine().lower()
+    return {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(
+        machine, f"linux/{machine}"
+    )
+
+
+def ensure_image(client, reference: str, platform: str) -> None:
+    """The image is local (pulled by digest from its registry when it is not)."""
+    import docker.errors
+
+    try:
+        client.images.get(reference)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    from .. import services
+
+    if ImageRef.parse(reference).registry == services.DEFAULT_REGISTRY:
+        services.ensure_registry()
+    log.info("pulling %s (%s)", reference, platform)
+    repo, digest = reference.split("@", 1)
+    try:
+        # The low-level pull: ImageCollection.pull() ends with images.get(), which the containerd
+        # image store answers "No such image" for a foreign-platform image it has just pulled.
+        for event in client.api.pull(repo, tag=digest, platform=platform, stream=True, decode=True):
+            if "error" in event:
+                raise ServestackError(f"cannot pull {reference} for {platform}: {event['error']}")
+    except docker.errors.APIError as e:
+        raise ServestackError(f"cannot pull {reference} for {platform}: {e.explanation or e}") from None
+
+
+class _Terminated(KeyboardInterrupt):
+    pass
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so every `finally` (container removal) runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise _Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _remove(container) -> None:
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.remove(force=True)
+
+
+def _container_name(stack: str, probe: str) -> str:
+    return f"servestack-smoke-{re.sub(r'[^a-zA-Z0-9_.-]', '-', stack)}-{probe}-{uuid.uuid4().hex[:8]}"
+
+
+def _log_tail(container, lines: int = 40) -> str:
+    try:
+        text = container.logs(stdout=True, stderr=True, tail=lines).decode(errors="replace")
+    except Exception as e:  # noqa: BLE001 - the container may be gone already
+        return f"(no log: {e})"
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b: \S")
+
+
+def _log_excerpt(container, lines: int = 40) -> str:
+    """The distinct `SomeError: message` lines of the whole log (the root cause is usually not in
+    the last lines: vLLM re-raises it from the API server), then the last lines."""
+    try:
+        text = container.logs(stdout=True, stderr=True).decode(errors="replace")
+    except Exception as e:  # noqa: BLE001 - the container may be gone already
+        return f"(no log: {e})"
+    all_lines = text.rstrip().splitlines()
+    errors: list[str] = []
+    for line in all_lines:
+        m = _ERROR_LINE.search(line)
+        if m:
+            message = line[m.start():].strip()
+            if message not in errors:
+                errors.append(message)
+    head = ("errors in its log:\n" + "\n".join(f"  {e}" for e in errors[-6:]) + "\n") if errors else ""
+    return head + "last lines of its log:\n" + "\n".join(all_lines[-lines:])

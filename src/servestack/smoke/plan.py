@@ -1,0 +1,248 @@
+"""What smoke will check and how it will serve, decided from the lock and the recipes: data only, nothing runs."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import ServestackError
+from ..project import Project
+from ..stack import normalize
+from ..tinymodel import VLLM_CPU_ENV
+from .containers import host_docker_platform
+
+VENV_PYTHON = "/opt/venv/bin/python"
+STACK_JSON = "/opt/servestack/stack.json"
+MODELS_DIR = "/opt/servestack/models"
+SERVER_PORT = 8000
+
+# Flags/env the production stacks must have, whatever recipes are committed (the GB200 recipe set).
+REQUIRED_ENGINE_USAGE: dict[str, dict[str, dict[str, Any]]] = {
+    "qwen35-gb200": {
+        "flags": {
+            "async-scheduling": True,
+            "mamba-ssm-cache-dtype": "float32",
+            "language-model-only": True,
+            "max-num-batched-tokens": 16384,
+            "api-server-count": 2,
+            "kv-transfer-config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
+            "enable-expert-parallel": True,
+            "data-parallel-size": 4,
+        },
+        "env": {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"},
+    },
+}
+
+# Module -> the locked distribution that provides it; only modules whose package is locked are checked.
+STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
+    ("vllm", ("vllm", "vllm-cpu")),
+    ("vllm.entrypoints.openai.api_server", ("vllm", "vllm-cpu")),
+    # `python -m dynamo.vllm` / `-m dynamo.frontend` run these; the packages' __init__ import nothing.
+    ("dynamo.vllm.main", ("ai-dynamo",)),
+    ("dynamo.frontend.main", ("ai-dynamo",)),
+    ("nixl", ("nixl", "nixl-cu12", "nixl-cu13")),
+    ("flashinfer", ("flashinfer-python",)),
+    ("flashinfer.gdn_prefill", ("flashinfer-python",)),
+]
+
+# Container environment for serving: no telemetry, no hub.
+SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+_PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
+
+
+def _recipe_value(value: Any) -> Any:
+    """A value the parser can be asked about; None for sweep placeholders (not checkable)."""
+    if isinstance(value, str) and _PLACEHOLDER.search(value):
+        return None
+    return value
+
+
+def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every engine flag and VLLM_* variable the stack uses: recipes, the stack's environment, the
+    flags the smoke server itself is started with, and the stack's required set."""
+    flags: dict[str, dict[str, Any]] = {}
+    env: dict[str, dict[str, Any]] = {}
+
+    def add(table: dict[str, dict[str, Any]], key: str, value: Any, source: str) -> None:
+        entry = table.setdefault(key, {"value": None, "sources": []})
+        value = _recipe_value(value)
+        if value is not None and entry["value"] is None:
+            entry["value"] = value
+        if source not in entry["sources"]:
+            entry["sources"].append(source)
+
+    import yaml
+
+    recipe_dir = project.recipes / stack
+    for path in sorted(recipe_dir.glob("*.y*ml")) if recipe_dir.is_dir() else []:
+        rel = path.relative_to(project.root).as_posix()
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ServestackError(f"{rel}: not valid YAML ({e})") from None
+
+        def walk(node: Any, where: tuple[str, ...]) -> None:
+            if isinstance(node, dict):
+                for key, value in node.items():
+                    key = str(key)
+                    here = (*where, key)
+                    parent = where[-1] if where else ""
+                    grand = where[-2] if len(where) > 1 else ""
+                    if parent == "vllm_config" and isinstance(value, dict):
+                        for flag, v in value.items():
+                            add(flags, str(flag), v, f"{rel}:{'.'.join(here)}")
+                        continue
+                    if grand == "roles" and key == "args" and isinstance(value, dict):
+                        for flag, v in value.items():
+                            add(flags, str(flag), v, f"{rel}:{'.'.join(here)}")
+                        continue
+                    if (key.endswith("_environment") or key in ("environment", "env")) and isinstance(value, dict):
+                        for name, v in value.items():
+                            if str(name).startswith("VLLM_"):
+                                add(env, str(name), None if v is None else str(v), f"{rel}:{'.'.join(here)}")
+                        continue
+                    walk(value, here)
+            elif isinstance(node, list):
+                for i, item in enumerate(node):
+                    walk(item, (*where, str(i)))
+
+        walk(doc, ())
+    lock_rel = project.lock_file(stack).relative_to(project.root).as_posix()
+    for name, value in (lock.get("environment") or {}).items():
+        if name.startswith("VLLM_"):
+            add(env, name, value, f"{lock_rel}:environment")
+    required = REQUIRED_ENGINE_USAGE.get(stack, {})
+    for flag, value in required.get("flags", {}).items():
+        add(flags, flag, value, "required by the stack")
+    for name, value in required.get("env", {}).items():
+        add(env, name, value, "required by the stack")
+    for flag, value in _serve_flags(lock).items():
+        add(flags, flag, value, "the smoke server")
+    return {"flags": flags, "env": env}
+
+
+def _engine(lock: dict[str, Any]) -> str | None:
+    names = {normalize(n) for n in lock.get("packages", {})}
+    return "vllm" if names & {"vllm", "vllm-cpu"} else None
+
+
+def _modules(lock: dict[str, Any], platform: str) -> list[str]:
+    locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
+    locked |= {normalize(n) for n in lock.get("packages", {})}
+    return [module for module, dists in STACK_MODULES if locked & set(dists)]
+
+
+def _smoke_model(lock: dict[str, Any]) -> dict[str, Any]:
+    return lock.get("smoke_model") or {}
+
+
+def _served_name(lock: dict[str, Any]) -> str:
+    return _smoke_model(lock).get("name") or "smoke"
+
+
+def _serve_flags(lock: dict[str, Any]) -> dict[str, Any]:
+    model = _smoke_model(lock)
+    path = f"{MODELS_DIR}/{model['name']}" if "make" in model else model.get("path")
+    flags: dict[str, Any] = {
+        "model": path,
+        "served-model-name": _served_name(lock),
+        "host": "0.0.0.0",
+        "port": SERVER_PORT,
+    }
+    if "make" in model:
+        # As the stack's CPU recipes serve: eager mode (no torch.compile, so no C++ compiler needed
+        # in the image, and ~30 s less start-up on 2 cores).
+        flags.update({"max-model-len": 2048, "dtype": "bfloat16", "enforce-eager": True})
+    return flags
+
+
+def serve_command(lock: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
+    argv = [VENV_PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
+    for flag, value in {**_serve_flags(lock), **(extra or {})}.items():
+        argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
+    return argv
+
+
+def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: str, lock_sha256: str) -> dict[str, Any]:
+    engine = _engine(lock)
+    usage = engine_usage(project, stack, lock) if engine else None
+    return {
+        "stack": stack,
+        "platform": platform,
+        "expected_lock_sha256": lock_sha256,
+        "stack_json": STACK_JSON,
+        "site_packages": None,
+        "wheels": [{"name": w["name"], "version": w["version"]} for w in lock.get("platforms", {}).get(platform, [])],
+        "pull_requests": lock.get("pull_requests", []),
+        "excluded": lock.get("excluded", []),
+        "modules": _modules(lock, platform),
+        "engine": {"name": engine, **usage} if engine and usage else None,
+        "model_dir": _serve_flags(lock)["model"] if "make" in _smoke_model(lock) else None,
+    }
+
+
+@dataclass
+class ServePlan:
+    command: list[str] | None  # None: cannot run here
+    reason: str = ""  # why not, when command is None
+    model: str = "smoke"
+    environment: dict[str, str] = field(default_factory=dict)
+    volumes: dict[str, dict[str, str]] = field(default_factory=dict)
+    gpus: int = 0
+    shm_size: str = "2g"
+
+
+def detect_gpus() -> tuple[int, str]:
+    """(number of NVIDIA GPUs this host can give containers, how we know)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return 0, "nvidia-smi is not installed on this host"
+    try:
+        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 0, f"nvidia-smi -L failed: {e}"
+    gpus = [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
+    if proc.returncode != 0 or not gpus:
+        return 0, f"nvidia-smi -L lists no GPU (exit {proc.returncode}: {proc.stdout.strip()[:200]})"
+    return len(gpus), f"nvidia-smi -L lists {len(gpus)} GPU(s)"
+
+
+def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
+    model = _smoke_model(lock)
+    name = _served_name(lock)
+    if _engine(lock) is None:
+        return ServePlan(None, "the stack locks no serving engine (vllm) to start", name)
+    host = host_docker_platform()
+    if platform != host:
+        return ServePlan(
+            None,
+            f"the image is {platform} and this host is {host}: vLLM's server is not started under qemu-user "
+            "emulation (start-up would take hours and would not exercise the target's kernels); run smoke on a "
+            f"{platform} host",
+            name,
+        )
+    if "make" in model:
+        return ServePlan(serve_command(lock), model=name, environment={
+            # The image's own environment (the stack's) is what is tested; add only what it lacks.
+            k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in (lock.get("environment") or {})
+        })
+    gpus, why = detect_gpus()
+    if not gpus:
+        return ServePlan(None, f"serving {name} from {model.get('path')} needs NVIDIA GPUs and {why}", name)
+    path = model.get("path")
+    if not path or not Path(path).exists():
+        return ServePlan(None, f"{gpus} GPU(s) found, but the smoke model path {path!r} does not exist on this host", name)
+    return ServePlan(
+        serve_command(lock, {"tensor-parallel-size": gpus}),
+        model=name,
+        environment=dict(SERVE_ENV),
+        volumes={path: {"bind": path, "mode": "ro"}},
+        gpus=gpus,
+        shm_size="32g",  # NCCL and the engine's IPC buffers across tensor-parallel ranks
+    )
