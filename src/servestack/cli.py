@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ServestackError
+from .interrupts import Terminated, exit_code, sigterm_unwinds
 from .project import DEFAULT_STACK, Project
 
 Command = Callable[[argparse.Namespace, Project], int]
@@ -238,10 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("urllib3").setLevel(logging.ERROR)
     project = Project(args.project.resolve()) if args.project else Project.find()
     try:
-        return COMMANDS[args.command][2](args, project)
+        with sigterm_unwinds():
+            return COMMANDS[args.command][2](args, project)
     except ServestackError as exc:
         print(f"servestack {args.command}: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"servestack {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return exc.exit_code
+    except KeyboardInterrupt as interrupt:
+        print(f"servestack {args.command}: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return exit_code(interrupt)

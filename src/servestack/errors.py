@@ -11,7 +11,9 @@ from pathlib import Path
 
 
 class ServestackError(Exception):
-    """An error the command line prints without a traceback and exits non-zero on."""
+    """An error the command line prints without a traceback and exits with `exit_code` on."""
+
+    exit_code = 1  # something that was checked failed, or a step could not finish
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class Location:
 class InputError(ServestackError):
     """Bad input: names the location, the field and what was expected."""
 
+    exit_code = 2
+
     def __init__(self, location: Location | Path | str, field: str, problem: str):
         self.location = location if isinstance(location, Location) else Location(location)
         self.field = field
@@ -42,9 +46,13 @@ class InputError(ServestackError):
 class NetworkError(ServestackError):
     """A remote service could not be reached after retries."""
 
+    exit_code = 3
+
 
 class InputErrors(ServestackError):
     """Several problems found in one pass, so the user fixes them all at once."""
+
+    exit_code = 2
 
     def __init__(self, errors: list[InputError]):
         self.errors = errors

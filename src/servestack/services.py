@@ -538,17 +538,8 @@ def ensure_binfmt_aarch64() -> None:
             raise ServestackError(f"qemu-aarch64 not enabled in {BINFMT_DIR} after update-binfmts --enable")
 
 
-def ensure_all() -> dict[str, str]:
-    """Everything a build + benchmark run needs; returns the Slurm client environment."""
-    ensure_dockerd()
-    ensure_registry()
-    ensure_binfmt_aarch64()
-    return ensure_slurm()
-
-
 __all__ = [
     "DEFAULT_REGISTRY",
-    "ensure_all",
     "ensure_binfmt_aarch64",
     "ensure_dockerd",
     "ensure_munge",

@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import yamlfile
 from .errors import InputError, InputErrors
-from .fsutil import sha256_file
 
 SHA1 = r"^[0-9a-f]{40}$"
 PLATFORMS = ("linux/amd64", "linux/arm64")
@@ -206,7 +205,3 @@ def load_stack(file: Path) -> Stack:
             field = yamlfile.dotted(loc) or "(stack)"
             problems.append(InputError(document.location(loc), field, _explain(error, loc)))
         raise InputErrors(problems) from None
-
-
-def stack_digest(file: Path) -> str:
-    return sha256_file(file)

@@ -4,7 +4,7 @@
 - A job ending PREEMPTED, NODE_FAIL, TIMEOUT or CANCELLED (not by us) is resubmitted for its
   remaining points, up to `RetryPolicy.max_attempts` submissions in all.
 - SIGINT/SIGTERM while a job is live: the job is cancelled (scancel for Slurm) before the
-  process exits (KeyboardInterrupt for SIGINT, SystemExit(143) for SIGTERM). A signal that
+  process exits (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM). A signal that
   arrives while a job is being submitted waits until its id is known, so no job is left behind.
 - Whatever a job finished is collected even when it was interrupted, so a rerun skips it.
 """
@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from ..errors import ServestackError
+from ..interrupts import raise_for
 from .base import RETRYABLE, JobHandle, JobSpec, JobState, Runner
 
 log = logging.getLogger("servestack.runners")
@@ -114,9 +114,7 @@ def _on_signal(signum: int) -> None:
     ids = LIVE.cancel_all()
     if ids:
         log.warning("signal %s: cancelled job(s) %s", signum, ", ".join(ids))
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
+    raise_for(signum)
 
 
 @contextmanager
@@ -191,7 +189,3 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                 time.sleep(policy.backoff_s)
     outcome.remaining = remaining
     return outcome
-
-
-class JobFailed(ServestackError):
-    pass

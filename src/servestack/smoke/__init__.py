@@ -33,9 +33,10 @@ from ..errors import ServestackError
 from ..fsutil import atomic_write_json, atomic_write_text, sha256_file
 from ..image import load_image
 from ..imageref import ImageRef
+from ..interrupts import sigterm_unwinds
 from ..lock import load_lock
 from ..project import Project
-from .containers import _docker_client, _sigterm_as_interrupt, ensure_image, host_docker_platform
+from .containers import _docker_client, ensure_image, host_docker_platform
 from .junit import render_junit
 from .plan import ServePlan, detect_gpus, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
@@ -84,7 +85,7 @@ def run_smoke(
         checks.append(Check("static", "image-json-lock", FAIL,
                             f"build/{stack}/image.json says the image was built from lock {image_json['lock_sha256']}, "
                             f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
-    with _sigterm_as_interrupt():
+    with sigterm_unwinds():
         client = _docker_client()
         if platform != host_docker_platform() and platform == "linux/arm64":
             from .. import services

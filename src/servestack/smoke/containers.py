@@ -6,10 +6,7 @@ import contextlib
 import logging
 import platform as host_platform
 import re
-import signal
-import threading
 import uuid
-from collections.abc import Iterator
 
 from ..errors import ServestackError
 from ..imageref import ImageRef
@@ -56,27 +53,6 @@ def ensure_image(client, reference: str, platform: str) -> None:
                 raise ServestackError(f"cannot pull {reference} for {platform}: {event['error']}")
     except docker.errors.APIError as e:
         raise ServestackError(f"cannot pull {reference} for {platform}: {e.explanation or e}") from None
-
-
-class _Terminated(KeyboardInterrupt):
-    pass
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every `finally` (container removal) runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise _Terminated(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _remove(container) -> None:

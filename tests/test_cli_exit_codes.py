@@ -1,0 +1,61 @@
+"""The command line's exit code says what kind of failure it was, so scripts and CI can tell them apart:
+1 a check failed, 2 bad input, 3 a remote service unreachable, 130 Ctrl-C, 143 SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from servestack import cli
+from servestack.errors import InputError, NetworkError, ServestackError
+
+
+@pytest.fixture
+def failing_command(monkeypatch):
+    def install(exc: BaseException):
+        def fail(args, project):
+            raise exc
+        monkeypatch.setitem(cli.COMMANDS, "lock", (cli.COMMANDS["lock"][0], cli.COMMANDS["lock"][1], fail))
+    return install
+
+
+@pytest.mark.parametrize(("exc", "code"), [
+    (ServestackError("a check failed"), 1),
+    (InputError("pins/x.yaml", "packages[0].version", "expected a version"), 2),
+    (NetworkError("registry: could not reach 127.0.0.1:5000"), 3),
+    (KeyboardInterrupt(), 130),
+])
+def test_each_kind_of_failure_has_its_exit_code(tmp_path, failing_command, capsys, exc, code):
+    (tmp_path / "pins").mkdir()
+    failing_command(exc)
+    assert cli.main(["--project", str(tmp_path), "lock"]) == code
+    assert capsys.readouterr().err.startswith("servestack lock: ")
+
+
+def test_sigterm_exits_143_after_unwinding(tmp_path):
+    """A real SIGTERM to a real process: `finally` blocks run, and the exit code is 128 + 15."""
+    (tmp_path / "pins").mkdir()
+    marker = tmp_path / "cleaned-up"
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from servestack import cli
+        def slow(args, project):
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            finally:
+                open({str(marker)!r}, "w").close()
+        cli.COMMANDS["lock"] = (cli.COMMANDS["lock"][0], cli.COMMANDS["lock"][1], slow)
+        sys.exit(cli.main(["--project", {str(tmp_path)!r}, "lock"]))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert "servestack lock: terminated" in proc.stderr
+    assert marker.exists()
