@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..engine import server_argv
 from ..errors import ServestackError
 from ..project import Project
 from ..stack import normalize
@@ -163,10 +164,7 @@ def _serve_flags(lock: dict[str, Any]) -> dict[str, Any]:
 
 
 def serve_command(lock: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
-    argv = [VENV_PYTHON, "-m", "vllm.entrypoints.openai.api_server"]
-    for flag, value in {**_serve_flags(lock), **(extra or {})}.items():
-        argv += [f"--{flag}"] if value is True else [f"--{flag}", str(value)]
-    return argv
+    return server_argv(VENV_PYTHON, {**_serve_flags(lock), **(extra or {})})
 
 
 def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: str, lock_sha256: str) -> dict[str, Any]:

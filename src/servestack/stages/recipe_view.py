@@ -52,26 +52,6 @@ def parse_concurrencies(value: Any, where: Path) -> list[int]:
     return out
 
 
-def flags_to_argv(flags: dict[str, Any]) -> list[str]:
-    argv: list[str] = []
-    for key, value in flags.items():
-        flag = key if key.startswith("-") else f"--{key.replace('_', '-')}"
-        if value is True:
-            argv.append(flag)
-        elif value is False or value is None:
-            continue
-        elif isinstance(value, list):
-            for v in value:
-                argv += [flag, str(v)]
-        elif isinstance(value, dict):
-            import json
-
-            argv += [flag, json.dumps(value, separators=(",", ":"))]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
 @dataclass(frozen=True)
 class RecipeView:
     file: Path

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..clients import CLIENTS_DIR, CONTAINER_DIR
+from ..engine import server_argv
 from ..errors import InputError, ServestackError
 from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
@@ -27,7 +28,7 @@ from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import RetryPolicy, run_job
 from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
 from .pipeline import RUNNER_KINDS, STAGES, Pipeline, StageSettings, load_pipeline
-from .recipe_view import RecipeView, flags_to_argv
+from .recipe_view import RecipeView
 from .results import StageResult, parse_gsm8k_result, parse_vllm_result
 
 log = logging.getLogger("servestack.stages")
@@ -118,9 +119,8 @@ def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
     flags = {**recipe.server_flags, **pipeline.extra_server_flags}
     for reserved in ("model", "served-model-name", "port", "host"):
         flags.pop(reserved, None)
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-            "--served-model-name", recipe.served_model_name, "--host", "127.0.0.1",
-            "--port", str(pipeline.server_port), *flags_to_argv(flags)]
+    argv = server_argv(python, {"model": model, "served-model-name": recipe.served_model_name, "host": "127.0.0.1",
+                                "port": pipeline.server_port, **flags})
     return {"argv": argv, "env": recipe.server_env,
             "health_url": f"http://127.0.0.1:{pipeline.server_port}/health",
             "startup_timeout": pipeline.server_startup_timeout_s}
