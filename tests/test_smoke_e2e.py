@@ -204,7 +204,7 @@ def test_static_probe_by_digest_passes(fake_stack, client) -> None:
 def test_altered_overlay_file_fails_naming_it(fake_stack) -> None:
     server_py = fake_stack["server_py"]
     tampered = _alter(
-        smoke.containers._docker_client(), fake_stack["reference"],
+        services.docker_client(), fake_stack["reference"],
         {f"{fake_stack['site_path']}/{server_py}": b"def serve():\n    return 'tampered'\n"},
         fake_stack["repo"],
     )

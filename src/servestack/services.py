@@ -538,8 +538,18 @@ def ensure_binfmt_aarch64() -> None:
             raise ServestackError(f"qemu-aarch64 not enabled in {BINFMT_DIR} after update-binfmts --enable")
 
 
+
+def docker_client(timeout: int = 900):
+    """The one Docker SDK client servestack uses, on a running dockerd (started if needed)."""
+    import docker
+
+    ensure_dockerd()
+    return docker.from_env(timeout=timeout)
+
+
 __all__ = [
     "DEFAULT_REGISTRY",
+    "docker_client",
     "ensure_binfmt_aarch64",
     "ensure_dockerd",
     "ensure_munge",

@@ -31,9 +31,9 @@ class LocalRunner(PollingWait):
     @property
     def client(self):
         if self._client is None:
-            import docker
+            from .. import services
 
-            self._client = docker.from_env(timeout=600)
+            self._client = services.docker_client(timeout=600)
         return self._client
 
     def submit(self, job: JobSpec) -> JobHandle:

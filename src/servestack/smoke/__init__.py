@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .. import services
 from ..errors import ServestackError
 from ..fsutil import atomic_write_json, atomic_write_text, sha256_file
 from ..image import load_image
@@ -36,7 +37,7 @@ from ..imageref import ImageRef
 from ..interrupts import sigterm_unwinds
 from ..lock import load_lock
 from ..project import Project
-from .containers import _docker_client, ensure_image, host_docker_platform
+from .containers import ensure_image, host_docker_platform
 from .junit import render_junit
 from .plan import ServePlan, detect_gpus, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
@@ -86,10 +87,8 @@ def run_smoke(
                             f"build/{stack}/image.json says the image was built from lock {image_json['lock_sha256']}, "
                             f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
     with sigterm_unwinds():
-        client = _docker_client()
+        client = services.docker_client()
         if platform != host_docker_platform() and platform == "linux/arm64":
-            from .. import services
-
             services.ensure_binfmt_aarch64()
         try:
             t0 = time.monotonic()

@@ -14,15 +14,6 @@ from ..imageref import ImageRef
 log = logging.getLogger("servestack.smoke")
 
 
-def _docker_client(timeout: int = 900):
-    import docker
-
-    from .. import services
-
-    services.ensure_dockerd()
-    return docker.from_env(timeout=timeout)
-
-
 def host_docker_platform() -> str:
     machine = host_platform.machine().lower()
     return {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(
