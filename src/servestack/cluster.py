@@ -1,0 +1,252 @@
+"""The GB200-shaped cluster tooling on one CPU node: enroot, pyxis and srtctl, built on demand.
+
+A GB200 cluster runs a stage as `srtctl apply` -> `sbatch` -> `srun --container-image` (pyxis)
+-> `enroot import` of the image by digest. This module makes that chain real on this machine,
+the way `services` makes dockerd and Slurm real: each `ensure_*` is idempotent, fast when its
+tool is in place, and otherwise builds it from the vendored source snapshot.
+
+Sources: `git archive` snapshots of NVIDIA/enroot, NVIDIA/pyxis and NVIDIA/srt-slurm
+(Apache-2.0) are inputs of the test environment, not project code. They are found in the
+directory `$SERVESTACK_VENDOR`, by default `../shared/vendor` next to the checkout; when
+they are missing, `ClusterToolsMissing` says where they were looked for (the cluster e2e
+tests skip on it). Each build lives under `state_home()/cluster/<tool>-<sha256 of the
+archive and of this module's build steps>/`, so a new snapshot or new steps rebuild and an
+unchanged one is reused in milliseconds.
+
+On a real cluster none of this runs: the admins install srtctl, pyxis and enroot
+(>= ENROOT_MIN_VERSION); the project only needs them on PATH and in plugstack.conf.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ServestackError
+from .fsutil import atomic_write_text
+from .proc import run
+from .project import Project, state_home
+
+VENDOR_ENV = "SERVESTACK_VENDOR"
+PYTHON312_ENV = "SERVESTACK_PYTHON312"
+ENROOT_MIN_VERSION = (3, 4, 0)  # pyxis 0.2x needs enroot >= 3.4
+# Bump when a build step below changes: the cache key includes it.
+_STEPS_VERSION = "1"
+
+
+class ClusterToolsMissing(ServestackError):
+    """A vendored source (or a tool the chain needs) is not on this machine."""
+
+
+def vendor_dir(root: Path | None = None) -> Path:
+    """$SERVESTACK_VENDOR, else `../shared/vendor` next to the project checkout."""
+    configured = os.environ.get(VENDOR_ENV)
+    if configured:
+        return Path(configured)
+    return (root or Project.find().root).resolve().parent / "shared" / "vendor"
+
+
+def vendor_archive(tool: str, root: Path | None = None) -> Path:
+    """The one `<tool>-<commit>.tar.gz` in the vendor directory."""
+    where = vendor_dir(root)
+    found = sorted(where.glob(f"{tool}-*.tar.gz"))
+    if len(found) != 1:
+        what = "no" if not found else f"{len(found)}"
+        raise ClusterToolsMissing(
+            f"{what} {tool}-<commit>.tar.gz in {where} (set {VENDOR_ENV} to the directory holding the "
+            f"vendored enroot, pyxis and srt-slurm snapshots)"
+        )
+    return found[0]
+
+
+def _cache_key(*parts: Path | str) -> str:
+    h = hashlib.sha256(_STEPS_VERSION.encode())
+    for part in parts:
+        h.update(Path(part).read_bytes() if isinstance(part, Path) else part.encode())
+    return h.hexdigest()[:16]
+
+
+def _unpack(archive: Path, dest: Path) -> Path:
+    """Extract a `git archive` tarball; returns its single top-level directory."""
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="tar")
+    [top] = [p for p in dest.iterdir() if p.is_dir()]
+    return top
+
+
+def _built(tool: str, key: str, build) -> Path:
+    """state_home()/cluster/<tool>-<key>: built once by `build(tmpdir) -> None`, renamed into place."""
+    from .services import _lock
+
+    home = state_home() / "cluster"
+    final = home / f"{tool}-{key}"
+    if (final / ".complete").exists():
+        return final
+    with _lock(f"cluster-{tool}"):
+        if (final / ".complete").exists():
+            return final
+        home.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(final, ignore_errors=True)
+        # Built in place (paths get baked into venvs and configs), marked complete last.
+        final.mkdir()
+        try:
+            build(final)
+        except BaseException:
+            shutil.rmtree(final, ignore_errors=True)
+            raise
+        (final / ".complete").write_text(key + "\n")
+    return final
+
+
+def _executable(path: Path, text: str) -> None:
+    atomic_write_text(path, text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def _link(target: str | Path, link: Path) -> None:
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+
+
+# --------------------------------------------------------------------------- python 3.12
+
+
+def find_python312() -> Path:
+    """A working Python 3.12 for srt-slurm's jobs (`uv sync --python 3.12` in its batch script).
+
+    $SERVESTACK_PYTHON312, else the first of `python3.12` on PATH, a pyenv version, or one that
+    uv manages, that really runs (a pyenv shim for an inactive version does not).
+    """
+    candidates: list[str] = []
+    if os.environ.get(PYTHON312_ENV):
+        candidates.append(os.environ[PYTHON312_ENV])
+    for d in os.environ.get("PATH", "").split(os.pathsep):
+        candidates.append(os.path.join(d, "python3.12"))
+    pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+    candidates += [str(p) for p in sorted(pyenv_root.glob("versions/3.12*/bin/python3.12"), reverse=True)]
+    uv = shutil.which("uv")
+    if uv:
+        found = run([uv, "python", "find", "--managed-python", "3.12"], check=False, timeout=30)
+        if found.returncode == 0 and found.stdout.strip():
+            candidates.append(found.stdout.strip().splitlines()[-1])
+    for c in candidates:
+        if not os.access(c, os.X_OK):
+            continue
+        probe = run([c, "-c", "import sys; print(sys.executable, sys.version_info[:2] == (3, 12))"],
+                    check=False, timeout=30)
+        words = probe.stdout.split()
+        if probe.returncode == 0 and words[-1:] == ["True"]:
+            return Path(words[0])
+    raise ClusterToolsMissing(
+        f"no working Python 3.12 (srt-slurm's jobs run `uv sync --python 3.12`); install one and put "
+        f"it on PATH or set {PYTHON312_ENV}"
+    )
+
+
+# --------------------------------------------------------------------------- srtctl
+
+
+@dataclass(frozen=True)
+class Srtctl:
+    """An installed srtctl: the command, its source tree (the job runs from it) and the
+    environment every call needs (SRTSLURM_CONFIG, PATH with its uv)."""
+
+    executable: Path
+    source: Path
+    config: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def argv(self, *args: str) -> list[str]:
+        return [str(self.executable), *args]
+
+
+def _build_srtctl(archive: Path, python312: Path):
+    def build(home: Path) -> None:
+        tree = _unpack(archive, home / "src")
+        venv = home / "venv"
+        uv = shutil.which("uv") or sys.executable + " -m uv"
+        run([*uv.split(), "venv", "--quiet", "--python", sys.executable, str(venv)], timeout=300)
+        # uv from PyPI goes into the venv too: srt-slurm's job puts <tree>/bin first on PATH and
+        # needs a real uv there (a shim or a login node's uv may not run on the compute node).
+        run([*uv.split(), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"), str(tree), "uv"],
+            timeout=900)
+        # What srt-slurm's `make setup` downloads from GitHub, from this machine instead:
+        # NATS and etcd from Debian (run inside the job's container from /configs), uv from PyPI.
+        for name, tool in (("nats-server", "nats-server"), ("etcd", "etcd")):
+            found = shutil.which(tool) or shutil.which(tool, path="/usr/sbin:/usr/bin")
+            if not found:
+                raise ClusterToolsMissing(f"`{tool}` is not installed (srt-slurm's jobs start it); run .ci/bootstrap")
+            shutil.copy2(found, tree / "configs" / name)
+        _link(venv / "bin" / "uv", tree / "bin" / "uv")
+        _link(python312, tree / "bin" / "python3.12")
+        # Tachometer (GPU telemetry) is off unless a recipe asks for it; apply only checks the file.
+        _executable(tree / "bin" / "tachometer-scraper",
+                    "#!/bin/sh\necho 'tachometer-scraper is not installed on this cluster' >&2\nexit 1\n")
+        # The job's environment (`uv sync --python 3.12`), made once here rather than by the
+        # first job (it needs the package index; a job should not).
+        run([str(tree / "bin" / "uv"), "sync", "--quiet", "--python", str(python312), "--no-dev"], cwd=tree,
+            env={"UV_PROJECT_ENVIRONMENT": str(tree / ".venv-compute")}, timeout=900)
+
+    return build
+
+
+def srtslurm_config(source: Path, *, partition: str, account: str,
+                    model_paths: dict[str, str] | None = None) -> str:
+    """srt-slurm's cluster config for this one-node cluster.
+
+    Slurm 22.05 (Debian 12) knows neither --segment nor, without GRES, --gpus-per-node: both
+    directives are off. srtctl_root is the unpacked tree the job `cd`s into.
+    """
+    import yaml
+
+    return yaml.safe_dump(
+        {
+            "default_account": account,
+            "default_partition": partition,
+            "default_time_limit": "01:00:00",
+            "use_gpus_per_node_directive": False,
+            "use_segment_sbatch_directive": False,
+            "use_exclusive_sbatch_directive": True,  # one server per node: never two on 2 cores
+            "srtctl_root": str(source),
+            "model_paths": dict(model_paths or {}),
+        },
+        sort_keys=False,
+    )
+
+
+def ensure_srtctl(root: Path | None = None, *, partition: str = "main", account: str = "servestack",
+                  model_paths: dict[str, str] | None = None) -> Srtctl:
+    """Real srtctl installed from the vendored srt-slurm tree (about 90 s the first time).
+
+    Also writes its cluster config (srtslurm.yaml) for this machine's Slurm; returns the command
+    and the environment to call it with.
+    """
+    archive = vendor_archive("srt-slurm", root)
+    python312 = find_python312()
+    home = _built("srtctl", _cache_key(archive, str(python312)), _build_srtctl(archive, python312))
+    [tree] = [p for p in (home / "src").iterdir() if p.is_dir()]
+    wanted = srtslurm_config(tree, partition=partition, account=account, model_paths=model_paths)
+    # One file per content: callers with other settings (parallel tests) never rewrite it under us.
+    config = home / f"srtslurm-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}.yaml"
+    if not config.exists():
+        atomic_write_text(config, wanted)
+    env = {
+        "SRTSLURM_CONFIG": str(config),
+        "PATH": os.pathsep.join([str(home / "venv" / "bin"), os.environ.get("PATH", "")]),
+    }
+    return Srtctl(home / "venv" / "bin" / "srtctl", tree, config, env)
+
+
+__all__ = [
+    "ClusterToolsMissing", "ENROOT_MIN_VERSION", "PYTHON312_ENV", "Srtctl", "VENDOR_ENV", "ensure_srtctl",
+    "find_python312", "srtslurm_config", "vendor_archive", "vendor_dir",
+]
