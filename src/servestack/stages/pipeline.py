@@ -9,7 +9,7 @@
     retry: {max_attempts: 3, retry_on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
-    data_dir: ../shared/data/gsm8k # relative to the project root
+    data_dir: data/gsm8k           # relative to the project root (default: the shipped GSM8K)
     server: {port: 8000, startup_timeout: 15m}
     stages:
       accuracy:

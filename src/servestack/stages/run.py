@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..clients import CLIENTS_DIR, CONTAINER_DIR
+from ..datasets import gsm8k_dir
 from ..engine import server_argv
 from ..errors import InputError, ServestackError
 from ..fsutil import atomic_write_json
@@ -189,9 +190,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
                 "timeout": stage.time_limit_s,
             }
         else:
-            data = pipeline.data_dir or (project.root.parent / "shared" / "data" / "gsm8k")
-            if not (data / "test.jsonl").is_file() or not (data / "train.jsonl").is_file():
-                raise InputError(pipeline.file, "data_dir", f"{data} must hold test.jsonl and train.jsonl")
+            data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
             mounts.append(Mount(data, DATA))
             g = stage.gsm8k
             point = {
