@@ -8,10 +8,9 @@ Throughput: total tokens/s per GPU >= baseline x (1 - tolerance), per point that
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
 
-from .results import AccuracyRun, ThroughputPoint
+from .results import AccuracyRun, Check, Failure, ThroughputPoint, Verdict
 
 
 @dataclass(frozen=True)
@@ -20,53 +19,6 @@ class GateConfig:
     # {recipe: {concurrency: tokens/s per GPU}}
     baselines: dict[str, dict[int, float]] = field(default_factory=dict)
     tolerance: float = 0.0
-
-
-@dataclass(frozen=True)
-class Failure:
-    gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
-    recipe: str
-    point: str | None  # "c=16", "repeat 0", None for recipe-wide
-    message: str
-    measured: float | None = None
-    required: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class Check:
-    gate: str
-    recipe: str
-    point: str | None
-    measured: float
-    required: float
-    passed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass
-class Verdict:
-    stage: str
-    failures: list[Failure] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "passed": self.passed,
-                "failures": [f.to_dict() for f in self.failures],
-                "checks": [c.to_dict() for c in self.checks]}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
-        return cls(stage=d["stage"], failures=[Failure(**f) for f in d.get("failures", [])],
-                   checks=[Check(**c) for c in d.get("checks", [])])
 
 
 def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:

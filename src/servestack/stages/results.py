@@ -81,6 +81,55 @@ class AccuracyRun:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
+@dataclass(frozen=True)
+class Failure:
+    """A gate that did not hold, by how much."""
+    gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
+    recipe: str
+    point: str | None  # "c=16", "repeat 0", None for recipe-wide
+    message: str
+    measured: float | None = None
+    required: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One gate applied to one measurement."""
+    gate: str
+    recipe: str
+    point: str | None
+    measured: float
+    required: float
+    passed: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    stage: str
+    failures: list[Failure] = field(default_factory=list)
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"stage": self.stage, "passed": self.passed,
+                "failures": [f.to_dict() for f in self.failures],
+                "checks": [c.to_dict() for c in self.checks]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
+        return cls(stage=d["stage"], failures=[Failure(**f) for f in d.get("failures", [])],
+                   checks=[Check(**c) for c in d.get("checks", [])])
+
+
 @dataclass
 class StageResult:
     """What one stage measured and how it was judged; `results.json` is its `to_dict()`."""
@@ -94,7 +143,7 @@ class StageResult:
     throughput: list[ThroughputPoint] = field(default_factory=list)
     accuracy: list[AccuracyRun] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # "<recipe>/<point>" with no result
-    verdict: Any = None  # gates.Verdict
+    verdict: Verdict | None = None
     jobs: list[dict[str, Any]] = field(default_factory=list)  # job ids, attempts, end states
     # wall_seconds, client_seconds (inside the benchmark clients), server_startup_seconds,
     # benchmark_seconds, overhead_seconds (wall - client): see stages.run
@@ -123,8 +172,6 @@ class StageResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], out_dir: Path) -> "StageResult":
-        from .gates import Verdict
-
         return cls(
             stack=d["stack"], pipeline=d["pipeline"], stage=d["stage"], image=d["image"],
             runner=d["runner"], out_dir=Path(out_dir),
