@@ -11,6 +11,7 @@ from typing import Any
 
 from ..engine import server_argv
 from ..errors import ServestackError
+from ..proc import run
 from ..project import Project
 from ..stack import normalize
 from ..tinymodel import VLLM_CPU_ENV
@@ -202,7 +203,7 @@ def detect_gpus() -> tuple[int, str]:
     if smi is None:
         return 0, "nvidia-smi is not installed on this host"
     try:
-        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+        proc = run([smi, "-L"], check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 0, f"nvidia-smi -L failed: {e}"
     gpus = [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
