@@ -3,6 +3,9 @@
     nox -s build image smoke -- --stack dev-cpu
 """
 
+import shutil
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv"
@@ -17,7 +20,11 @@ def _install(session: nox.Session, *extras: str) -> None:
 
 def _servestack(session: nox.Session, command: str, *extras: str) -> None:
     _install(session, *extras)
-    session.run("servestack", command, *session.posargs)
+    # nox does not pass Ctrl-C on: on SIGINT it waits `interrupt_timeout`, then sends SIGTERM and
+    # kills after `terminate_timeout`. servestack cancels its Slurm jobs and removes its containers
+    # on SIGTERM; give it the seconds that takes, within the 7.5 s a GitHub runner allows (SIGINT,
+    # then SIGTERM 7.5 s later, then kill).
+    session.run("servestack", command, *session.posargs, interrupt_timeout=0.5, terminate_timeout=6.0)
 
 
 @nox.session
@@ -66,6 +73,29 @@ def throughput(session: nox.Session) -> None:
 def pipeline(session: nox.Session) -> None:
     """smoke -> accuracy -> throughput for one pipeline."""
     _servestack(session, "pipeline", "report")
+
+
+@nox.session
+def cancel(session: nox.Session) -> None:
+    """Cancel the jobs a run left live after its process was killed (`-- --stack S --run-id ID`)."""
+    _servestack(session, "cancel")
+
+
+@nox.session
+def outputs(session: nox.Session) -> None:
+    """The stack's digests as GitHub step outputs; records and run reports as the step summary."""
+    _servestack(session, "outputs")
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """actionlint (with shellcheck) on .github/: the workflows CI and the clusters run."""
+    if shutil.which("shellcheck") is None:  # actionlint would skip every run: script silently
+        session.error("shellcheck is not on PATH (Debian: apt-get install shellcheck; .ci/bootstrap installs it)")
+    _install(session, "lint")
+    workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.yml"))
+    session.run("actionlint", "-shellcheck", "shellcheck", "-config-file", ".github/actionlint.yaml",
+                *(session.posargs or workflows))
 
 
 @nox.session

@@ -118,18 +118,22 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
                                     "image digest and the pipeline file, so a rerun resumes)")
 
 
-def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:
+def _runner(project: Project, pipeline_name: str, kind: str):
+    """The pipeline's runner, of another kind than the file says (the CLI's --runner)."""
     import dataclasses
 
-    from .stages import format_verdict, run_pipeline
     from .stages.pipeline import load_pipeline
     from .stages.run import make_runner
 
+    pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
+    return make_runner(dataclasses.replace(pipeline, runner=dataclasses.replace(pipeline.runner, kind=kind)))
+
+
+def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:
+    from .stages import format_verdict, run_pipeline
+
     name = args.pipeline or args.stack
-    runner = None
-    if args.runner:
-        pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
-        runner = make_runner(dataclasses.replace(pipeline, runner=dataclasses.replace(pipeline.runner, kind=args.runner)))
+    runner = _runner(project, name, args.runner) if args.runner else None
     started = time.monotonic()
     results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id)
     for result in results:
@@ -156,6 +160,36 @@ def _throughput(args: argparse.Namespace, project: Project) -> int:
 @command("pipeline", "accuracy then throughput on one image digest (run smoke first)", _stage_args)
 def _pipeline(args: argparse.Namespace, project: Project) -> int:
     return _run_stages(args, project, ("accuracy", "throughput"))
+
+
+def _cancel_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-id", required=True, help="the run whose jobs to cancel (build/<stack>/runs/<run id>)")
+    p.add_argument("--pipeline", help="pipelines/<name>.yaml (default: the stack's name)")
+
+
+@command("cancel", "cancel the jobs a run left live (after its process was killed: the CI backstop)", _cancel_args)
+def _cancel(args: argparse.Namespace, project: Project) -> int:
+    from .runners.driver import cancel_recorded
+
+    run_dir = project.artifacts(args.stack) / "runs" / args.run_id
+    cancelled = cancel_recorded(run_dir, lambda kind: _runner(project, args.pipeline or args.stack, kind))
+    _say(f"cancel {args.run_id}: {', '.join(cancelled) if cancelled else 'no live job recorded'}")
+    return 0
+
+
+# --------------------------------------------------------------------------- CI workflows
+
+
+@command("outputs", "the stack's digests as GitHub step outputs, its records and reports as the step summary",
+         lambda p: p.add_argument("--run-id", help="also summarize this run's stage reports"))
+def _outputs(args: argparse.Namespace, project: Project) -> int:
+    from . import workflow
+
+    outputs = workflow.step_outputs(project, args.stack)
+    workflow.write_step(outputs, workflow.summary(project, args.stack, args.run_id))
+    for name, value in outputs.items():
+        _say(f"{name}={value}")
+    return 0
 
 
 # --------------------------------------------------------------------------- recipes

@@ -7,18 +7,26 @@
   process exits (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM). A signal that
   arrives while a job is being submitted waits until its id is known, so no job is left behind.
 - Whatever a job finished is collected even when it was interrupted, so a rerun skips it.
+- Every live job is also recorded on disk (`<jobs dir>/live/<runner>-<job id>.json`) until it
+  ends, so another process can cancel what a killed one left behind (`cancel_recorded`: the CI
+  backstop, since a runner that is not answered within seconds kills the process outright).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
+from ..fsutil import atomic_write_json
 from ..interrupts import raise_for
 from .base import RETRYABLE, JobHandle, JobSpec, JobState, Runner
 
@@ -87,10 +95,16 @@ class _Live:
     def add(self, runner: Runner, handle: JobHandle) -> None:
         with self.lock:
             self.jobs[f"{runner.name}:{handle.job_id}"] = (runner, handle)
+        try:
+            atomic_write_json(_record_path(runner, handle), {
+                "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid()})
+        except OSError as exc:  # the in-process cancel still works; only the backstop loses this job
+            log.warning("could not record live %s job %s: %s", runner.name, handle.job_id, exc)
 
     def remove(self, runner: Runner, handle: JobHandle) -> None:
         with self.lock:
             self.jobs.pop(f"{runner.name}:{handle.job_id}", None)
+        _record_path(runner, handle).unlink(missing_ok=True)
 
     def cancel_all(self) -> list[str]:
         with self.lock:
@@ -108,6 +122,68 @@ class _Live:
 
 
 LIVE = _Live()
+LIVE_DIR = "live"
+
+
+def _record_path(runner: Runner, handle: JobHandle) -> Path:
+    return handle.spec.jobs_dir / LIVE_DIR / f"{runner.name}-{handle.job_id}.json"
+
+
+@dataclass(frozen=True)
+class RecordedJob:
+    """A job some process had live when it last looked (see `_Live.add`)."""
+
+    path: Path
+    runner: str
+    job_id: str
+    name: str
+    pid: int
+
+
+def recorded_jobs(root: Path) -> list[RecordedJob]:
+    """Every live-job record under `root` (a run directory), oldest job first."""
+    found = []
+    for path in sorted(root.rglob(f"{LIVE_DIR}/*.json")) if root.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            found.append(RecordedJob(path, str(data["runner"]), str(data["job_id"]), str(data.get("name", "")),
+                                     int(data.get("pid", 0))))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("%s: unreadable live-job record (%s); skipped", path, exc)
+    return found
+
+
+def _servestack_alive(pid: int) -> bool:
+    """`pid` is a running servestack process (not a reused pid of something else)."""
+    try:
+        return b"servestack" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: float = 10.0) -> list[str]:
+    """Cancel every job recorded live under `root`; returns the job ids cancelled.
+
+    The process that owns them, if it still runs, gets SIGTERM first and `grace_s` to cancel its
+    own jobs and stop: otherwise it would read our cancel as someone else's and resubmit.
+    """
+    owners = {job.pid for job in recorded_jobs(root)} - {0, os.getpid()}
+    alive = {pid for pid in owners if _servestack_alive(pid)}
+    for pid in alive:
+        log.warning("stopping servestack process %d, which has live jobs under %s", pid, root)
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = {pid for pid in alive if _servestack_alive(pid)}
+    cancelled = []
+    for job in recorded_jobs(root):  # what the owners did not get to
+        runner = runner_for(job.runner)
+        runner.cancel(JobHandle(job.runner, job.job_id, JobSpec(job.name, (), job.path.parent, ())))
+        job.path.unlink(missing_ok=True)
+        cancelled.append(job.job_id)
+        log.warning("cancelled %s job %s (%s)", job.runner, job.job_id, job.name)
+    return cancelled
 
 
 def _on_signal(signum: int) -> None:
