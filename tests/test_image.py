@@ -11,16 +11,19 @@ import hashlib
 import json
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 
-from servestack import build, image, lock
-from servestack.errors import ServestackError
+from servestack import build, image, lock, services
+from servestack.errors import InputError, ServestackError
+from servestack.imageplan import load_plan
 from servestack.project import Project
 from servestack.sources.github import GitHub
+from servestack.trees import install_all
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -127,7 +130,7 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     first_project = make_project(tmp_path / "one", world)
     first = _build_and_push(first_project)
     assert first["reference"].split("@")[1].startswith("sha256:")
-    assert first["layer_names"][0] == "venv" and first["layer_names"][-1] == "top"
+    assert first["layer_names"][:2] == ["base", "venv"] and first["layer_names"][-1] == "top"
 
     # A second build from clean state: another checkout, an empty cache, the image gone from the registry.
     _delete_from_registry(first["reference"])
@@ -137,12 +140,34 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     assert second["reference"] == first["reference"]
     assert not second["skipped"]
 
+    # Docker (containerd) pulls it by digest and runs it: the zstd layers unpack, the venv works.
+    services.ensure_dockerd()
+    ran = subprocess.run(["docker", "run", "--rm", "--network=none", second["reference"], "python", "-c",
+                          "import json, tinyserve.server as s; print(s.__file__, "
+                          "json.load(open('/opt/servestack/stack.json'))['lock_sha256'])"],
+                         capture_output=True, text=True, timeout=600)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.split() == ["/opt/venv/lib/python3.11/site-packages/tinyserve/server.py", second["lock_sha256"]]
+
+    # The committed expected digest: `servestack image` says it reproduced it, and fails on another one.
+    def cli(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "servestack", "--project", str(second_project.root), "image",
+                               "--stack", "tinyimg", *extra], capture_output=True, text=True, timeout=600)
+
+    assert cli("--update-expected").returncode == 0
+    assert "reproduced the expected digest" in cli().stdout
+    expected = second_project.pins / "tinyimg.image.json"
+    expected.write_text(expected.read_text().replace(second["reference"].split("@sha256:")[1], "0" * 64))
+    refused = cli()
+    assert refused.returncode == 1 and "DIFFERENT from the expected" in refused.stdout
+    expected.unlink()
+
     # A no-op rerun: the registry holds this build's input hash, so nothing is built or pushed.
     started = time.monotonic()
     again = image.build_image(second_project, "tinyimg")
     assert again["skipped"] and again["bytes_pushed"] == 0
     assert again["reference"] == second["reference"]
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < 2
 
     # The PR changed upstream: a re-lock records its new diff; only the top layer changes.
     document = json.loads(second_project.lock_file("tinyimg").read_text())
@@ -160,20 +185,65 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     assert changed["bytes_pushed"] < 0.01 * changed["total_size"]
 
 
-def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world)
+def _planned(project: Project, tmp_path: Path) -> list:
     record = json.loads(build.build(project, "tinyimg").read_text())
     record["lock"] = lock.load_lock(project, "tinyimg")
-    layers = image.plan(record, "3.11", tmp_path / "context")
+    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
+    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
+    return image.plan(record, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "work")
+
+
+def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_path, world, isolated_cache):
+    layers = _planned(make_project(tmp_path / "p", world), tmp_path)
     names = [layer.name for layer in layers]
-    assert names[0] == "venv" and names[-1] == "top" and names.index("pinned-0") < names.index("model")
-    targets = [target for layer in layers for _, target in layer.files]
+    assert names[0] == "venv" and names[-1] == "top" and names[-2] == "model"
+    targets = [e.path for layer in layers for e in layer.entries]
     assert len(targets) == len(set(targets))
-    top = {target for _, target in layers[-1].files}
+    top = {e.path for e in layers[-1].entries}
     site = "opt/venv/lib/python3.11/site-packages"
     assert f"{site}/tinyserve/server.py" in top and f"{site}/tinyserve/extra.py" in top  # changed, added by PR #2
     assert "opt/servestack/stack.json" in top
-    pinned = {target for layer in layers if layer.name.startswith("pinned") for _, target in layer.files}
-    assert f"{site}/tinyserve/__init__.py" in pinned  # untouched by the PR: stays below
+    below = {e.path for layer in layers[:-1] for e in layer.entries}
+    assert f"{site}/tinyserve/__init__.py" in below  # untouched by the PR: stays below
+    assert f"{site}/tinyserve/__pycache__/__init__.cpython-311.pyc" in below  # bytecode is shipped
     assert not any(t.startswith(f"{site}/tinyserve/legacy.py") for t in targets)  # deleted by the PR
-    assert all(layer.size <= image.LAYER_LIMIT for layer in layers)
+
+
+def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_its_own(tmp_path, world, isolated_cache):
+    project = make_project(tmp_path / "p", world)
+    plan_file = tmp_path / "image.yaml"
+    text = (ROOT / "containers" / "image.yaml").read_text()
+    plan_file.write_text(text.replace("own_layer_above: 50000000", "own_layer_above: 1"))
+    record = json.loads(build.build(project, "tinyimg").read_text())
+    record["lock"] = lock.load_lock(project, "tinyimg")
+    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
+    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
+    own = [layer.name for layer in image.plan(record, trees, load_plan(plan_file), tmp_path / "w1")]
+    shared = [layer.name for layer in image.plan(record, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "w2")]
+    assert "pkg-tinyserve" in own and not any(n.startswith("shared-") for n in own)
+    bucket = int(hashlib.sha256(b"tinyserve").hexdigest()[:8], 16) % 8
+    assert f"shared-{bucket}" in shared and "pkg-tinyserve" not in shared
+
+
+def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):
+    plan_file = tmp_path / "image.yaml"
+    plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("shared_layers:", "shared_layer:"))
+    with pytest.raises(InputError) as info:
+        load_plan(plan_file)
+    assert str(plan_file) in str(info.value) and "shared_layer" in str(info.value)
+    assert ":18:" in str(info.value) or ":19:" in str(info.value) or ":20:" in str(info.value)
+
+
+def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
+    project = Project(tmp_path)
+    (tmp_path / "pins").mkdir()
+    digest = "sha256:" + "a" * 64
+    assert image.check_expected(project, "s", digest, "lock1")["status"] == "none"
+    image.write_expected(project, "s", {"lock_sha256": "lock1", "platforms": ["linux/amd64"],
+                                        "reference": f"127.0.0.1:5000/servestack/s@{digest}"})
+    assert image.check_expected(project, "s", digest, "lock1")["status"] == "reproduced"
+    assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1")["status"] == "different"
+    assert image.check_expected(project, "s", digest, "lock2")["status"] == "stale"
+    assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]

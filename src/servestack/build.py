@@ -23,7 +23,8 @@ log = logging.getLogger("servestack.build")
 
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
-IMAGE_MAKERS = ("build.py", "image.py", "overlay.py", "wheels.py", "tinymodel.py")
+IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "trees.py", "overlay.py", "wheels.py",
+                "tinymodel.py")
 
 
 def _makers_hash() -> str:

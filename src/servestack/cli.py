@@ -74,12 +74,33 @@ def _build(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
-@command("image", "build the image reproducibly with BuildKit and push it: build/<stack>/image.json")
+def _image_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--update-expected", action="store_true",
+                   help="record this build's digest as the expected one: pins/<stack>.image.json (commit it)")
+
+
+@command("image", "write the image's layers, push what the registry lacks, check the expected digest: "
+                  "build/<stack>/image.json", _image_args)
 def _image(args: argparse.Namespace, project: Project) -> int:
     from . import image
 
-    image.build_image(project, args.stack)
-    return 0
+    result = image.build_image(project, args.stack)
+    digest = result["reference"].split("@", 1)[1]
+    if args.update_expected:
+        path = image.write_expected(project, args.stack, result)
+        _say(f"image {args.stack}: expected digest {digest} written to {path.relative_to(project.root)}")
+        return 0
+    expected = result["expected"]
+    fix = image.UPDATE_COMMAND.format(stack=args.stack)
+    verdicts = {
+        "reproduced": f"reproduced the expected digest of {expected['file']}",
+        "none": f"no expected digest committed ({expected['file']}); record one with `{fix}`",
+        "stale": f"{expected['file']} is for another lock: if the image changed on purpose, run `{fix}` and commit it",
+        "different": f"DIFFERENT from the expected {expected['digest']} of {expected['file']} (same lock): this "
+                     f"machine or this code made other bytes; if the change is deliberate, run `{fix}` and commit it",
+    }
+    _say(f"image {args.stack}: {digest} {verdicts[expected['status']]}")
+    return 1 if expected["status"] in ("different", "stale") else 0
 
 
 # --------------------------------------------------------------------------- smoke and the measured stages

@@ -1,192 +1,147 @@
-"""`servestack image`: plan the layers, then build them with BuildKit and push by digest.
+"""`servestack image`: plan the layers from containers/image.yaml, write the ones not cached, push what
+the registry lacks, and check the digest against the one committed beside the lock.
 
-Planning the layers (`plan`, testable without docker) is separate from running buildx. Wheels
-are installed on the host into per-wheel trees (pypa/installer, with deterministic bytecode; no
-target code executed), then hard-linked into layer directories of the build context; each layer
-is one `COPY --link`. Every file lands in exactly one layer. The OCI output is built with
-SOURCE_DATE_EPOCH from the lock, layer timestamps rewritten and no provenance, so the same
-inputs give the same manifest digest.
+Planning (`plan`) returns data and needs no daemon. Writing a layer is tar + zstd + sha256 in this
+process (layers.py); the config and manifest are assembled here (oci.py) and pushed through the
+registry HTTP API, blob by blob, skipping blobs the registry already holds. No docker daemon is
+involved. The same lock and the same code give the same manifest digest on any machine:
+`pins/<stack>.image.json` records the digest expected for the committed lock.
 """
+
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
-import tarfile
 import time
-import warnings
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import requests
-
 from . import build as build_step
-from . import proc, services
+from . import layers, oci, proc, services
 from .errors import ServestackError
 from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from .imageplan import ImagePlan, load_plan
+from .progress import Progress, phase
 from .project import Project, cache_home
 from .sources import registry
+from .stack import normalize
+from .trees import VENV, Tree, install_all, site_packages
 
 log = logging.getLogger("servestack.image")
 
-VENV = "opt/venv"
-# Uncompressed bytes per layer: keeps every compressed layer well under 2 GB, so a cluster can
-# pull layers in parallel and no registry's layer-size limit is hit.
-LAYER_LIMIT = 1_500_000_000
 ARCH = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Layer:
     name: str
-    files: list[tuple[Path, str]] = field(default_factory=list)  # (source on host, path in image)
-    size: int = 0
+    entries: tuple[layers.Entry, ...]
 
-
-# --------------------------------------------------------------------------- installing wheels
-
-
-def site_packages(python: str) -> str:
-    return f"{VENV}/lib/python{python}/site-packages"
-
-
-def installed_tree(wheel: Path, sha256: str, python: str) -> Path:
-    """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash."""
-    tree = cache_home() / "installed" / f"{sha256}-py{python}-pyc{BYTECODE}"
-    if tree.exists():
-        return tree
-    from installer import install
-    from installer.destinations import SchemeDictionaryDestination
-    from installer.sources import WheelFile
-
-    staging = tree.with_name(tree.name + f".tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    root = staging / "root"
-    scheme = {
-        "purelib": str(root / site_packages(python)),
-        "platlib": str(root / site_packages(python)),
-        "headers": str(root / VENV / "include" / "site" / f"python{python}"),
-        "scripts": str(root / VENV / "bin"),
-        "data": str(root / VENV),
-    }
-    destination = SchemeDictionaryDestination(
-        scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=()
-    )
-    with WheelFile.open(wheel) as source, warnings.catch_warnings():
-        # Some wheels ship __pycache__ files; installer skips them (we want no bytecode) and warns.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
-    _compile_bytecode(root / site_packages(python), python)
-    staging.rename(tree)
-    return tree
-
-
-# Part of the installed trees' cache key: bump when the bytecode recipe changes.
-BYTECODE = 1
-
-
-def _compile_bytecode(site: Path, python: str) -> None:
-    """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it).
-
-    Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
-    so the bytes depend only on the sources and the interpreter's minor version; they are compiled by
-    the host's interpreter of the image's Python version (bytecode is the same on every platform).
-    """
-    interpreter = shutil.which(f"python{python}")
-    if interpreter is None or not site.is_dir():
-        log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
-        return
-    script = (
-        "import compileall, py_compile, sys\n"
-        "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
-        "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
-    )
-    proc.run([interpreter, "-c", script, str(site), "/" + site_packages(python)], env={"PYTHONHASHSEED": "0"}, timeout=3600)
-
-
-def _files_of(tree: Path) -> list[tuple[Path, str]]:
-    root = tree / "root"
-    return sorted(
-        ((p, p.relative_to(root).as_posix()) for p in root.rglob("*") if p.is_file() or p.is_symlink()),
-        key=lambda item: item[1],
-    )
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
 
 
 # --------------------------------------------------------------------------- planning
 
 
-def _pack(prefix: str, groups: list[list[tuple[Path, str]]]) -> list[Layer]:
-    """First-fit in a stable order; a group larger than the limit is split by path."""
-    layers: list[Layer] = [Layer(f"{prefix}-0")]
-    for group in groups:
-        for source, target in group:
-            size = source.lstat().st_size
-            if layers[-1].size + size > LAYER_LIMIT and layers[-1].files:
-                layers.append(Layer(f"{prefix}-{len(layers)}"))
-            layers[-1].files.append((source, target))
-            layers[-1].size += size
-    return [layer for layer in layers if layer.files]
+def _chunks(name: str, entries: list[layers.Entry], limit: int) -> list[Layer]:
+    """`entries` as one layer, or split by path into layers of at most `limit` bytes."""
+    out: list[list[layers.Entry]] = [[]]
+    size = 0
+    for e in sorted(entries, key=lambda e: e.path):
+        if out[-1] and size + e.size > limit:
+            out.append([])
+            size = 0
+        out[-1].append(e)
+        size += e.size
+    if len(out) == 1:
+        return [Layer(name, tuple(out[0]))]
+    return [Layer(f"{name}-{i}", tuple(chunk)) for i, chunk in enumerate(out) if chunk]
 
 
-def plan(record: dict[str, Any], python: str, context: Path) -> list[Layer]:
-    """Layers from the build record: deps, pinned packages, model, then the top layer."""
-    deps: list[list[tuple[Path, str]]] = []
-    pinned: list[list[tuple[Path, str]]] = []
-    top = Layer("top")
+def _generated(work: Path, relpath: str, data: bytes, image_path: str) -> layers.Entry:
+    path = work / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_bytes() != data:
+        path.write_bytes(data)
+    os.chmod(path, 0o644)
+    return layers.entry_for(path, image_path)
+
+
+def _venv_entries(work: Path, python: str) -> list[layers.Entry]:
+    """A venv is a pyvenv.cfg and links to the interpreter; written here, nothing runs in the image."""
+    cfg = f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {python}\nexecutable = /usr/bin/python{python}\n"
+    entries = [_generated(work, "venv/pyvenv.cfg", cfg.encode(), f"{VENV}/pyvenv.cfg")]
+    entries += [layers.Entry(f"{VENV}/bin/{name}", "symlink", 0o777, link=f"/usr/bin/python{python}")
+                for name in ("python", "python3", f"python{python}")]
+    return entries
+
+
+def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: Path) -> list[Layer]:
+    """The layers above the base, from the build record and the installed trees (keyed by wheel sha256).
+
+    Every file lands in exactly one layer. Files an overlay changes or adds go to the top layer and
+    leave their package's layer, so a changed PR changes only the top layer.
+    """
+    python = record["lock"]["python"]
+    site = site_packages(python)
     overlay_by_base = {o["base"]["sha256"]: o for o in record["overlays"]}
     overlay_files: dict[str, str] = {}
-    for item in sorted(record["inputs"], key=lambda i: i["name"]):
-        files = _files_of(installed_tree(Path(item["path"]), item["sha256"], python))
+    top: list[layers.Entry] = []
+    packages: list[tuple[str, list[layers.Entry]]] = []
+    seen: set[str] = set()
+    for item in sorted(record["inputs"], key=lambda i: normalize(i["name"])):
+        entries = list(trees[item["sha256"]].entries)
         applied = overlay_by_base.get(item["sha256"])
         if applied:
-            # The top layer holds every file the overlay changed; the package layer keeps the rest,
-            # so no file is stored twice and a changed PR only changes the top layer.
-            new_files = _files_of(installed_tree(Path(applied["path"]), applied["wheel"]["sha256"], python))
-            old = {target: source for source, target in files}
-            for source, target in new_files:
-                unchanged = target in old and ".dist-info/" not in target and sha256_file(old[target]) == sha256_file(source)
-                if not unchanged:
-                    top.files.append((source, target))
-                    top.size += source.lstat().st_size
-                    overlay_files[target] = sha256_file(source)
-            kept = {t for s, t in new_files} - set(overlay_files)
-            files = [(s, t) for s, t in files if t in kept]
-        (pinned if item["declared"] else deps).append(files)
-    layers = _pack("deps", deps) + _pack("pinned", pinned)
+            old = {e.path: e.sha256 for e in entries}
+            changed = [e for e in trees[applied["wheel"]["sha256"]].entries
+                       if ".dist-info/" in e.path or old.get(e.path) != e.sha256]
+            top += changed
+            overlay_files.update({e.path: e.sha256 for e in changed})
+            kept = {e.path for e in trees[applied["wheel"]["sha256"]].entries} - overlay_files.keys()
+            entries = [e for e in entries if e.path in kept]
+        unique = [e for e in entries if e.path not in seen]
+        if len(unique) != len(entries):
+            log.warning("%s: %d files already installed by another package are kept from the first",
+                        item["name"], len(entries) - len(unique))
+        seen.update(e.path for e in unique)
+        packages.append((normalize(item["name"]), unique))
+
+    options = spec.source("packages")
+    shared: list[list[layers.Entry]] = [[] for _ in range(options.shared_layers or 1)]
+    own: list[Layer] = []
+    for name, entries in packages:
+        if sum(e.size for e in entries) > (options.own_layer_above or 0):
+            own += _chunks(f"pkg-{name}", entries, spec.max_layer_bytes)
+        else:
+            shared[int(sha256_bytes(name.encode())[:8], 16) % len(shared)] += entries
+    package_layers = [layer for i, bucket in enumerate(shared) if bucket
+                      for layer in _chunks(f"shared-{i}", bucket, spec.max_layer_bytes)] + own
+
+    model: list[Layer] = []
     if record.get("model"):
-        model_dir = Path(record["model"]["path"])
-        name = record["model"]["name"]
-        model_files = [(p, f"opt/servestack/models/{name}/{p.name}") for p in sorted(model_dir.iterdir()) if p.is_file()]
-        layers.append(Layer("model", model_files, sum(p.stat().st_size for p, _ in model_files)))
-    stack_json = context / "stack.json"
-    stack_json.parent.mkdir(parents=True, exist_ok=True)
-    stack_json.write_text(canonical_json({
+        model_dir, name = Path(record["model"]["path"]), record["model"]["name"]
+        model = _chunks("model", [layers.entry_for(p, f"opt/servestack/models/{name}/{p.name}")
+                                  for p in sorted(model_dir.iterdir()) if p.is_file()], spec.max_layer_bytes)
+    stack_json = canonical_json({
         "lock_sha256": record["lock_sha256"],
         "lock": record["lock"],
         "overlays": {o["package"]: {"version": o["wheel"]["version"], "prs": [f"{p['repo']}#{p['number']}" for p in o["prs"]],
-                                    "files": {t[len(site_packages(python)) + 1:] if t.startswith(site_packages(python)) else t: h
+                                    "files": {t[len(site) + 1:] if t.startswith(site) else t: h
                                               for t, h in sorted(overlay_files.items())}}
                      for o in record["overlays"]},
-    }))
-    top.files.append((stack_json, "opt/servestack/stack.json"))
-    top.files.sort(key=lambda f: f[1])
-    return [_venv_layer(context, python)] + layers + [top]
-
-
-def _venv_layer(context: Path, python: str) -> Layer:
-    """A venv is a pyvenv.cfg and a link to the interpreter; written here, nothing runs in the image."""
-    skeleton = context / "venv-skeleton"
-    shutil.rmtree(skeleton, ignore_errors=True)
-    (skeleton / "bin").mkdir(parents=True)
-    (skeleton / "pyvenv.cfg").write_text(
-        f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {python}\nexecutable = /usr/bin/python{python}\n"
-    )
-    for name in ("python", "python3", f"python{python}"):
-        (skeleton / "bin" / name).symlink_to(f"/usr/bin/python{python}")
-    files = [(p, f"{VENV}/{p.relative_to(skeleton).as_posix()}") for p in sorted(skeleton.rglob("*")) if p.is_file() or p.is_symlink()]
-    return Layer("venv", files, 0)
+    })
+    top.append(_generated(work, "stack.json", stack_json.encode(), "opt/servestack/stack.json"))
+    by_source = {"venv": [Layer("venv", tuple(_venv_entries(work, python)))], "packages": package_layers,
+                 "model": model, "top": [Layer("top", tuple(sorted(top, key=lambda e: e.path)))]}
+    return [layer for source in spec.layers if source.source != "base" for layer in by_source[source.source]]
 
 
 # --------------------------------------------------------------------------- the base
@@ -221,38 +176,51 @@ def debian_base(lock_base: dict[str, Any], platform: str) -> Path:
     return out
 
 
-# --------------------------------------------------------------------------- the build context
+@dataclass(frozen=True)
+class Base:
+    layers: list[oci.LayerRef]
+    paths: dict[str, Path]  # blob digest -> local file, for blobs that are pushed from here
+    config: dict[str, Any] | None  # a base image's config (its environment is inherited)
+    source: tuple[str, str] | None = None  # (registry, repository) of a base image
 
 
-def _link(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if source.is_symlink():
-        target.symlink_to(os.readlink(source))
+def _image_base(base: dict[str, Any], platform: str, address: str) -> Base:
+    """A base image by digest: its layers become the image's first layers, unchanged."""
+    ref = registry.Reference.parse(base["reference"])
+    found = registry.get_manifest(ref.registry, ref.repository, base["digest"])
+    if found is None:
+        raise ServestackError(f"base image {base['reference']}@{base['digest']}: not in its registry")
+    manifest = json.loads(found[0])
+    if "manifests" in manifest:  # an index: take this platform's manifest
+        arch = oci.PLATFORMS[platform][0]
+        digest = next((m["digest"] for m in manifest["manifests"] if (m.get("platform") or {}).get("architecture") == arch), None)
+        if digest is None:
+            raise ServestackError(f"base image {base['reference']}: no manifest for {platform}")
+        manifest = json.loads(registry.get_manifest(ref.registry, ref.repository, digest)[0])
+    config = json.loads(registry.get_blob(ref.registry, ref.repository, manifest["config"]["digest"]))
+    refs = [oci.LayerRef("base", layer["digest"], diff_id, layer["size"], layer["mediaType"])
+            for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]
+    return Base(refs, {}, config, (ref.registry, ref.repository))
+
+
+def _base(lock_doc: dict[str, Any], platform: str, address: str, progress: Progress) -> Base:
+    if "image" in lock_doc["base"]:
+        return _image_base(lock_doc["base"]["image"], platform, address)
+    tarball = debian_base(lock_doc["base"], platform)
+    blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
+    return Base([oci.LayerRef("base", blob.digest, blob.diff_id, blob.size)], {blob.digest: blob.path}, None)
+
+
+def _send_base_blob(base: Base, address: str, repository: str, digest: str) -> None:
+    """A base image's blob: mounted when it is in the same registry, else copied through the cache."""
+    assert base.source
+    source_registry, source_repository = base.source
+    if source_registry == address and registry.mount_blob(address, repository, digest, source_repository):
         return
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
-def write_context(project: Project, record: dict[str, Any], lock_doc: dict[str, Any], context: Path) -> list[Layer]:
-    shutil.rmtree(context, ignore_errors=True)
-    context.mkdir(parents=True)
-    python = lock_doc["python"]
-    layers = plan({**record, "lock": lock_doc}, python, context)
-    lines = []
-    for index, layer in enumerate(layers):
-        directory = f"layers/{index:02d}-{layer.name}"
-        for source, target in layer.files:
-            _link(source, context / directory / target)
-        lines.append(f"COPY --link {directory}/ /")
-    environment = lock_doc.get("environment", {})
-    env_line = ("ENV " + " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in sorted(environment.items()))) if environment else ""
-    template = (project.containers / "Dockerfile.in").read_text()
-    (context / "Dockerfile").write_text(template.replace("@LAYERS@", "\n".join(lines)).replace("@ENVIRONMENT@", env_line))
-    if "debian" in lock_doc["base"]:
-        _link(debian_base(lock_doc["base"], record["platform"]), context / "base" / "rootfs.tar")
-    return layers
+    path = cache_home() / "base-blobs" / digest.replace(":", "-")
+    if not path.exists():
+        registry.download_blob(source_registry, source_repository, digest, path)
+    registry.push_blob(address, repository, digest, path)
 
 
 # --------------------------------------------------------------------------- build and push
@@ -263,7 +231,7 @@ def _labels(record: dict[str, Any], lock_doc: dict[str, Any]) -> dict[str, str]:
     return {
         "org.opencontainers.image.title": f"servestack/{record['stack']}",
         "org.opencontainers.image.description": f"servestack stack {record['stack']} built from its lock",
-        "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record["source_date_epoch"])),
+        "org.opencontainers.image.created": oci.created(record["source_date_epoch"]),
         "org.opencontainers.image.version": record["input_hash"][:12],
         "org.opencontainers.image.licenses": "Apache-2.0",
         "io.servestack.stack": record["stack"],
@@ -273,45 +241,58 @@ def _labels(record: dict[str, Any], lock_doc: dict[str, Any]) -> dict[str, str]:
     }
 
 
-def _oci_manifest(archive: Path) -> tuple[str, dict[str, Any], dict[str, int]]:
-    """The manifest digest, the manifest and each blob's size, read from an OCI archive."""
-    with tarfile.open(archive) as tar:
-        index = json.load(tar.extractfile("index.json"))
-        digest = index["manifests"][0]["digest"]
-        manifest = json.load(tar.extractfile(f"blobs/sha256/{digest.split(':')[1]}"))
-    if manifest.get("mediaType", "").endswith("index.v1+json"):
-        raise ServestackError("buildx wrote an image index; expected a single-platform manifest")
-    return digest, manifest, {layer["digest"]: layer["size"] for layer in manifest["layers"]}
-
-
-def _missing_blobs(address: str, repository: str, digests: list[str]) -> list[str]:
-    missing = []
-    for digest in digests:
-        response = requests.head(f"http://{address}/v2/{repository}/blobs/{digest}", timeout=10)
-        if response.status_code != 200:
-            missing.append(digest)
-    return missing
-
-
-def image_record(reference: str, platform: str, manifest: dict[str, Any], record: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    layers = [{"digest": layer["digest"], "size": layer["size"],
-               "title": (layer.get("annotations") or {}).get("org.opencontainers.image.title")} for layer in manifest["layers"]]
+def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: dict[str, Any],
+                 **extra: Any) -> dict[str, Any]:
+    layer_list = [{"digest": layer["digest"], "size": layer["size"], "title": name}
+                  for layer, name in zip(manifest["layers"], names)]
     return {
         "reference": reference,
         "stack": record["stack"],
         "platforms": [platform],
         "lock_sha256": record["lock_sha256"],
         "input_hash": record["input_hash"],
-        "total_size": sum(layer["size"] for layer in layers) + manifest["config"]["size"],
-        "layers": layers,
+        "total_size": sum(layer["size"] for layer in layer_list) + manifest["config"]["size"],
+        "layers": layer_list,
+        "layer_names": names,
         **extra,
     }
 
 
-def _fetch_manifest(address: str, repository: str, ref: str) -> dict[str, Any] | None:
-    response = requests.get(f"http://{address}/v2/{repository}/manifests/{ref}", timeout=10,
-                            headers={"Accept": registry.MANIFEST_TYPES})
-    return response.json() if response.status_code == 200 else None
+def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[str, Any], platform: str,
+                  address: str, repository: str) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
+    """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready."""
+    keys = [layers.layer_key(list(layer.entries), epoch) for layer in planned]
+    todo = [layer for layer, key in zip(planned, keys) if layers.cached(key) is None]
+    stats = {"layers_built": len(todo), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
+    title = f"image {stack}"
+    progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layer.size for layer in todo), paced_by="tarred")
+    pushed: list[int] = []
+
+    def send(digest: str, path: Path | None, size: int, base: Base | None = None) -> None:
+        if registry.blob_exists(address, repository, digest):
+            return
+        if path is None and base is not None:
+            _send_base_blob(base, address, repository, digest)
+        else:
+            registry.push_blob(address, repository, digest, path, lambda n: progress.add("pushed", n))
+        pushed.append(size)
+
+    with progress, ThreadPoolExecutor(max_workers=2) as uploads:
+        progress.set_step("base")
+        base = _base(lock_doc, platform, address, progress)
+        jobs = [uploads.submit(send, ref.digest, base.paths.get(ref.digest), ref.size, base) for ref in base.layers]
+        refs: list[oci.LayerRef] = []
+        for index, (layer, key) in enumerate(zip(planned, keys), 1):
+            progress.set_step(f"layer {index} of {len(planned)}: {layer.name}")
+            blob = layers.write_layer(list(layer.entries), epoch, key,
+                                      lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
+            refs.append(oci.LayerRef(layer.name, blob.digest, blob.diff_id, blob.size))
+            jobs.append(uploads.submit(send, blob.digest, blob.path, blob.size))
+        progress.set_step("pushing")
+        for job in jobs:
+            job.result()
+    stats.update(bytes_tarred=progress.counters["tarred"], layers_pushed=len(pushed), bytes_pushed=sum(pushed))
+    return base, refs, stats
 
 
 def build_image(project: Project, stack: str, registry_address: str | None = None) -> dict[str, Any]:
@@ -323,68 +304,106 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     lock_doc = json.loads(project.lock_file(stack).read_text())
     if record["lock_sha256"] != sha256_file(project.lock_file(stack)):
         raise ServestackError(f"build/{stack}/build.json was made from another lock; run `nox -s build` again")
-    services.ensure_dockerd()
     address = registry_address or services.ensure_registry()
     repository = f"servestack/{stack}"
     cache_tag = f"in-{record['input_hash'][:32]}"
+    platform = record["platform"]
+    title = f"image {stack}"
 
-    existing = _fetch_manifest(address, repository, cache_tag)
+    existing = registry.get_manifest(address, repository, cache_tag)
     if existing is not None:
-        digest = registry.resolve_digest(f"{address}/{repository}:{cache_tag}")
-        result = image_record(f"{address}/{repository}@{digest}", record["platform"], existing, record,
-                              skipped=True, bytes_pushed=0, layers_pushed=0, seconds=round(time.monotonic() - started, 1))
+        digest = "sha256:" + hashlib.sha256(existing[0]).hexdigest()
+        held = json.loads(existing[0])
+        names = [h.get("created_by", "").removeprefix("servestack layer ") for h in
+                 json.loads(registry.get_blob(address, repository, held["config"]["digest"])).get("history", [])]
+        result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, skipped=True,
+                              bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2))
+        result["expected"] = check_expected(project, stack, digest, record["lock_sha256"])
         atomic_write_json(image_json, result)
-        print(f"image {stack}: the registry already holds this build ({cache_tag}); skipped: {result['reference']}")
+        print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result['reference']}")
         return result
 
-    context = out / "context"
-    layers = write_context(project, record, lock_doc, context)
-    archive = out / "image.oci.tar"
-    tmp_archive = out / f".image.oci.tar.tmp{os.getpid()}"
-    epoch = str(record["source_date_epoch"])
-    # --no-cache: BuildKit 0.13 failed to export zstd layers it had cached from an earlier build
-    # ("unsupported diff media type ... tar+zstd"); unchanged builds are skipped before this anyway.
-    argv = ["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none", "--provenance=false", "--sbom=false",
-            "--platform", record["platform"], "--build-arg", f"SOURCE_DATE_EPOCH={epoch}",
-            "--output", f"type=oci,dest={tmp_archive},rewrite-timestamp=true,compression=zstd,compression-level=3,force-compression=true"]
-    if "image" in lock_doc["base"]:
-        base = lock_doc["base"]["image"]
-        argv += ["--build-arg", f"BASE={registry.Reference.parse(base['reference']).with_digest(base['digest'])}"]
-    for key, value in sorted(_labels(record, lock_doc).items()):
-        argv += ["--label", f"{key}={value}", "--annotation", f"manifest:{key}={value}"]
-    argv.append(str(context))
-    uncompressed = sum(layer.size for layer in layers)
-    print(f"image {stack}: building {len(layers)} layers ({uncompressed / 1e9:.2f} GB before compression) "
-          f"for {record['platform']} with BuildKit, no network", flush=True)
-    build_started = time.monotonic()
-    try:
-        proc.run(argv, env={"SOURCE_DATE_EPOCH": epoch, "BUILDKIT_PROGRESS": "plain"}, timeout=3600)
-        os.replace(tmp_archive, archive)
-    finally:
-        tmp_archive.unlink(missing_ok=True)
-    build_seconds = time.monotonic() - build_started
-
-    digest, manifest, sizes = _oci_manifest(archive)
-    too_big = {d: s for d, s in sizes.items() if s > 2_000_000_000}
+    spec = load_plan(project.containers / "image.yaml")
+    python = lock_doc["python"]
+    wheels = {item["sha256"]: Path(item["path"]) for item in record["inputs"]}
+    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
+    with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores"):
+        made = install_all(list((path, sha) for sha, path in wheels.items()), python)
+    trees = dict(zip(wheels, made))
+    work = out / "generated"
+    planned = plan({**record, "lock": lock_doc}, trees, spec, work)
+    too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]
     if too_big:
-        raise ServestackError(f"layers over 2 GB: {too_big}")
-    missing = _missing_blobs(address, repository, list(sizes))
-    for tag in (cache_tag,):
-        proc.run(["skopeo", "copy", "--quiet", "--preserve-digests", "--dest-tls-verify=false",
-                  f"oci-archive:{archive}", f"docker://{address}/{repository}:{tag}"], timeout=3600)
-    served = registry.resolve_digest(f"{address}/{repository}@{digest}")
+        raise ServestackError(f"layers over {spec.max_layer_bytes} bytes: {too_big}")
+    epoch = int(record["source_date_epoch"])
+    print(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
+          f"for {platform}", flush=True)
+    base, refs, stats = _write_layers(stack, planned, epoch, lock_doc, platform, address, repository)
+    all_refs = base.layers + refs
+    environment = {**spec.environment, **lock_doc.get("environment", {})}
+    config_doc = oci.config(platform, all_refs, environment, _labels(record, lock_doc), epoch, base.config)
+    if not registry.blob_exists(address, repository, config_doc.digest):
+        registry.push_bytes(address, repository, config_doc.digest, config_doc.data)
+    manifest_doc = oci.manifest(config_doc, all_refs)
+    served = registry.put_manifest(address, repository, cache_tag, manifest_doc.data, manifest_doc.media_type)
+    if served != manifest_doc.digest:
+        raise ServestackError(f"registry {address} stored the manifest as {served}, expected {manifest_doc.digest}")
+    made_trees = [t for t in made if t.made]
     result = image_record(
-        f"{address}/{repository}@{served}", record["platform"], manifest, record,
-        skipped=False, layers_pushed=len(missing), bytes_pushed=sum(sizes[d] for d in missing),
-        layer_names=[layer.name for layer in layers],
-        build_seconds=round(build_seconds, 1), seconds=round(time.monotonic() - started, 1),
+        f"{address}/{repository}@{served}", platform, json.loads(manifest_doc.data), [r.name for r in all_refs], record,
+        skipped=False, seconds=round(time.monotonic() - started, 2), **stats,
+        trees={"made": len(made_trees), "cached": len(made) - len(made_trees),
+               "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
+               "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
+               "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
     )
+    result["expected"] = check_expected(project, stack, served, record["lock_sha256"])
     atomic_write_json(image_json, result)
-    archive.unlink(missing_ok=True)
-    print(f"image {stack}: {result['reference']} ({result['total_size'] / 1e9:.2f} GB in {len(sizes)} layers, "
-          f"{result['layers_pushed']} pushed, {result['bytes_pushed'] / 1e6:.1f} MB)")
+    print(f"{title}: {result['reference']} ({result['total_size'] / 1e9:.2f} GB in {len(all_refs)} layers; "
+          f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
+          f"{result['seconds']:.1f} s)", flush=True)
     return result
 
 
 def load_image(project: Project, stack: str) -> dict[str, Any]:
     return project.read_artifact(stack, "image.json", made_by="image")
+
+
+# --------------------------------------------------------------------------- the expected digest
+
+
+def expected_file(project: Project, stack: str) -> Path:
+    return project.pins / f"{stack}.image.json"
+
+
+UPDATE_COMMAND = "nox -s build image -- --stack {stack} --update-expected"
+
+
+def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) -> dict[str, Any]:
+    """Whether this build reproduced the digest committed beside the lock.
+
+    `reproduced`; `different` (same lock, another digest: this machine or this code makes other
+    bytes); `stale` (the committed digest is for another lock); `none` (nothing committed).
+    """
+    path = expected_file(project, stack)
+    shown = path.relative_to(project.root).as_posix()
+    if not path.exists():
+        return {"file": shown, "status": "none", "digest": None}
+    committed = project.read_json(path, f"run `{UPDATE_COMMAND.format(stack=stack)}`")
+    if committed.get("lock_sha256") != lock_sha256:
+        status = "stale"
+    else:
+        status = "reproduced" if committed.get("digest") == digest else "different"
+    return {"file": shown, "status": status, "digest": committed.get("digest")}
+
+
+def write_expected(project: Project, stack: str, result: dict[str, Any]) -> Path:
+    path = expected_file(project, stack)
+    atomic_write_json(path, {
+        "stack": stack,
+        "lock_sha256": result["lock_sha256"],
+        "platform": result["platforms"][0],
+        "digest": result["reference"].split("@", 1)[1],
+        "update": UPDATE_COMMAND.format(stack=stack),
+    })
+    return path

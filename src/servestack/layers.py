@@ -1,0 +1,234 @@
+"""Layers as content: a layer is a sorted list of entries, its key says everything that decides its
+bytes, and the compressed blob for a key is written once, deterministically, and cached.
+
+The tar is written here, not by BuildKit: entries in path order with every parent directory
+before them, owner 0:0 with no user or group names, modes 0755 (directories, executables),
+0644 (other files) or 0777 (symlinks), every mtime SOURCE_DATE_EPOCH, POSIX pax format. It is
+compressed with zstd at a fixed level in multi-threaded mode: zstd's multi-threaded output does
+not depend on the number of threads, so a 2-core and a 64-core machine write the same bytes, and
+all cores are used. The zstd library's version is part of the key: another version may write
+other bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import tarfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import zstandard
+
+from .cache import blob_path
+from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from .project import cache_home
+
+# Bump when the tar recipe below changes: every layer key changes with it.
+TAR_RECIPE = 1
+ZSTD_LEVEL = 3
+BLOB_NAME = "layer.tar.zst"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file, symlink or directory of a layer (`path` as in the image, without a leading slash)."""
+
+    path: str
+    kind: str  # "file" | "symlink" | "dir"
+    mode: int
+    size: int = 0
+    sha256: str = ""
+    link: str = ""
+    source: Path | None = None  # where the bytes are on this host (files only); not part of the key
+
+    def identity(self) -> list[object]:
+        return [self.path, self.kind, self.mode, self.size, self.sha256, self.link]
+
+
+def entry_for(source: Path, path: str, sha256: str | None = None) -> Entry:
+    """The entry for a host file or symlink, hashing its content unless the caller knows it."""
+    info = source.lstat()
+    if stat.S_ISLNK(info.st_mode):
+        return Entry(path, "symlink", 0o777, link=os.readlink(source))
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{source}: only regular files and symlinks go into a layer")
+    digest = sha256 or sha256_file(source)
+    return Entry(path, "file", 0o755 if info.st_mode & 0o100 else 0o644, info.st_size, digest, source=source)
+
+
+def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
+    """Every file and symlink under `root` (content hashed), as entries under `prefix`."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            full = Path(dirpath, name)
+            rel = full.relative_to(root).as_posix()
+            out.append(entry_for(full, f"{prefix}{rel}"))
+    return sorted(out, key=lambda e: e.path)
+
+
+def save_entries(path: Path, entries: list[Entry], root: Path) -> None:
+    """A tree's entry list beside it (sources relative to `root`), so a cached tree is never re-hashed."""
+    atomic_write_json(path, [[*e.identity(), e.source.relative_to(root).as_posix() if e.source else ""] for e in entries])
+
+
+def load_entries(path: Path, root: Path) -> list[Entry]:
+    return [Entry(p, kind, mode, size, sha, link, root / src if src else None)
+            for p, kind, mode, size, sha, link, src in json.loads(path.read_text())]
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def with_parents(entries: Iterable[Entry]) -> list[Entry]:
+    """The entries plus every parent directory (0755), sorted so a directory precedes its contents."""
+    entries = list(entries)
+    dirs = {e.path for e in entries if e.kind == "dir"}
+    for e in entries:
+        parts = e.path.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            dirs.add("/".join(parts[:i]))
+    out = {e.path: e for e in entries}
+    for d in dirs:
+        out.setdefault(d, Entry(d, "dir", 0o755))
+    return [out[p] for p in sorted(out)]
+
+
+def layer_key(entries: list[Entry], epoch: int) -> str:
+    """Everything that decides a layer's compressed bytes: its entries and the recipe that writes them."""
+    recipe = {"tar": TAR_RECIPE, "epoch": epoch, "zstd_level": ZSTD_LEVEL, "zstd": zstandard.ZSTD_VERSION}
+    h = hashlib.sha256(canonical_json(recipe).encode())
+    for e in with_parents(entries):
+        h.update(json.dumps(e.identity()).encode() + b"\n")
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- writing
+
+
+@dataclass(frozen=True)
+class Blob:
+    """A written layer: `digest` of the compressed blob, `diff_id` of the tar, and where it is cached."""
+
+    key: str
+    digest: str
+    diff_id: str
+    size: int
+    uncompressed: int
+    path: Path
+
+    def to_json(self) -> dict[str, object]:
+        return {"key": self.key, "digest": self.digest, "diff_id": self.diff_id, "size": self.size,
+                "uncompressed": self.uncompressed}
+
+
+def _index(key: str) -> Path:
+    return cache_home() / "layers" / "keys" / f"{key}.json"
+
+
+def cached(key: str) -> Blob | None:
+    """The blob already written for this key, if its file is still in the cache."""
+    try:
+        data = json.loads(_index(key).read_text())
+    except (OSError, ValueError):
+        return None
+    path = blob_path(data["digest"].split(":", 1)[1], BLOB_NAME)
+    return Blob(path=path, **data) if path.exists() else None
+
+
+class _Sink:
+    """A write-only stream that hashes and counts what passes through it on its way to `out`."""
+
+    def __init__(self, out, on_write: Callable[[int], None] | None = None):
+        self.out, self.on_write = out, on_write
+        self.sha256 = hashlib.sha256()
+        self.count = 0
+
+    def write(self, data: bytes) -> int:
+        self.sha256.update(data)
+        self.count += len(data)
+        if self.out is not None:
+            self.out.write(data)
+        if self.on_write:
+            self.on_write(len(data))
+        return len(data)
+
+    def flush(self) -> None:
+        if self.out is not None:
+            self.out.flush()
+
+
+def _tarinfo(e: Entry, epoch: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(e.path)
+    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = e.mode, epoch, 0, 0, "", ""
+    if e.kind == "dir":
+        info.type = tarfile.DIRTYPE
+    elif e.kind == "symlink":
+        info.type, info.linkname = tarfile.SYMTYPE, e.link
+    else:
+        info.size = e.size
+    return info
+
+
+def write_tar(entries: list[Entry], out, epoch: int) -> None:
+    """The layer's tar stream into `out` (anything with write())."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20, copybufsize=1 << 20) as tar:
+        for e in with_parents(entries):
+            info = _tarinfo(e, epoch)
+            if e.kind == "file":
+                with open(e.source, "rb") as f:
+                    tar.addfile(info, f)
+            else:
+                tar.addfile(info)
+
+
+def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], None] | None,
+              compressed: Callable[[int], None] | None) -> Blob:
+    """Compress what `feed` writes into the blob cache under `key`; the file appears atomically."""
+    found = cached(key)
+    if found:
+        return found
+    tmp_dir = cache_home() / "layers" / "tmp"
+    tmp_dir.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_dir / f"{key}.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as raw:
+            packed = _Sink(raw, compressed)
+            # threads=-1: one worker per core; multi-threaded zstd output is the same for any count.
+            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
+            with compressor.stream_writer(packed, closefd=False, write_size=1 << 20) as zstd_out:
+                plain = _Sink(zstd_out, tarred)
+                feed(plain)
+        path = blob_path(packed.sha256.hexdigest(), BLOB_NAME)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    blob = Blob(key, f"sha256:{packed.sha256.hexdigest()}", f"sha256:{plain.sha256.hexdigest()}", packed.count, plain.count, path)
+    atomic_write_json(_index(key), blob.to_json())
+    return blob
+
+
+def write_layer(entries: list[Entry], epoch: int, key: str | None = None,
+                tarred: Callable[[int], None] | None = None, compressed: Callable[[int], None] | None = None) -> Blob:
+    """Write (or find) the compressed layer for `entries`; the callbacks count bytes for progress."""
+    return _compress(key or layer_key(entries, epoch), lambda out: write_tar(entries, out, epoch), tarred, compressed)
+
+
+def compress_tarball(tarball: Path, tarred: Callable[[int], None] | None = None,
+                     compressed: Callable[[int], None] | None = None) -> Blob:
+    """A ready-made deterministic tar (the Debian base) as a layer: compressed as is, keyed by its hash."""
+    key = sha256_bytes(canonical_json({"tarball": sha256_file(tarball), "zstd_level": ZSTD_LEVEL,
+                                       "zstd": zstandard.ZSTD_VERSION}).encode())
+
+    def feed(out: _Sink) -> None:
+        with open(tarball, "rb") as src:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+
+    return _compress(key, feed, tarred, compressed)

@@ -1,0 +1,124 @@
+"""Wheels installed on the host into per-wheel trees, as the image's venv holds them.
+
+Each tree is made once per (wheel hash, Python version, bytecode recipe) and cached; the trees
+of a build are made in parallel, one per core. Installing runs no code from the wheel
+(pypa/installer); bytecode is compiled by the host's interpreter of the image's Python version.
+Each tree keeps its entry list (paths, modes, sizes, content hashes) beside it, so a layer's key
+is computed without reading the files again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import proc
+from .fsutil import atomic_write_json
+from .layers import Entry, load_entries, save_entries, scan_tree
+from .project import cache_home
+
+log = logging.getLogger("servestack.trees")
+
+VENV = "opt/venv"
+# Part of the installed trees' cache key: bump when the install or bytecode recipe changes.
+BYTECODE = 1
+
+
+def site_packages(python: str) -> str:
+    return f"{VENV}/lib/python{python}/site-packages"
+
+
+@dataclass(frozen=True)
+class Tree:
+    path: Path
+    entries: tuple[Entry, ...]
+    made: bool  # False when it came from the cache
+    install_seconds: float = 0.0
+    bytecode_seconds: float = 0.0
+
+    @property
+    def size(self) -> int:
+        return sum(e.size for e in self.entries)
+
+
+def tree_path(sha256: str, python: str) -> Path:
+    return cache_home() / "installed" / f"{sha256}-py{python}-pyc{BYTECODE}"
+
+
+def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
+    """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash."""
+    tree = tree_path(sha256, python)
+    listing = tree / "entries.json"
+    if tree.exists():
+        if not listing.exists():  # made by an older servestack: list it once
+            save_entries(listing, scan_tree(tree / "root"), tree / "root")
+        return Tree(tree, tuple(load_entries(listing, tree / "root")), made=False)
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    started = time.monotonic()
+    staging = tree.with_name(tree.name + f".tmp{os.getpid()}-{id(wheel)}")
+    shutil.rmtree(staging, ignore_errors=True)
+    root = staging / "root"
+    scheme = {
+        "purelib": str(root / site_packages(python)),
+        "platlib": str(root / site_packages(python)),
+        "headers": str(root / VENV / "include" / "site" / f"python{python}"),
+        "scripts": str(root / VENV / "bin"),
+        "data": str(root / VENV),
+    }
+    destination = SchemeDictionaryDestination(
+        scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=()
+    )
+    with WheelFile.open(wheel) as source, warnings.catch_warnings():
+        # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
+    installed = time.monotonic()
+    _compile_bytecode(root / site_packages(python), python)
+    compiled = time.monotonic()
+    entries = scan_tree(root)
+    save_entries(staging / "entries.json", entries, root)
+    atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
+                                                "bytecode_seconds": round(compiled - installed, 2)})
+    try:
+        staging.rename(tree)
+    except OSError:  # another build made it meanwhile: theirs is the same
+        shutil.rmtree(staging, ignore_errors=True)
+    return Tree(tree, tuple(load_entries(listing, tree / "root")), made=True,
+                install_seconds=installed - started, bytecode_seconds=compiled - installed)
+
+
+def _compile_bytecode(site: Path, python: str) -> None:
+    """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it).
+
+    Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
+    so the bytes depend only on the sources and the interpreter's minor version; they are compiled by
+    the host's interpreter of the image's Python version (bytecode is the same on every platform).
+    """
+    interpreter = shutil.which(f"python{python}")
+    if interpreter is None or not site.is_dir():
+        log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
+        return
+    script = (
+        "import compileall, py_compile, sys\n"
+        "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
+        "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+    )
+    proc.run([interpreter, "-c", script, str(site), "/" + site_packages(python)], env={"PYTHONHASHSEED": "0"}, timeout=3600)
+
+
+def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None) -> list[Tree]:
+    """Every (wheel, sha256) as a tree, made in parallel (the bytecode compiler is a subprocess per tree)."""
+    # Largest first, so the long ones (torch) start at once and the pool drains evenly.
+    order = sorted(range(len(wheels)), key=lambda i: -wheels[i][0].stat().st_size)
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        made = dict(zip(order, pool.map(lambda i: installed_tree(wheels[i][0], wheels[i][1], python), order)))
+    return [made[i] for i in range(len(wheels))]

@@ -1,0 +1,121 @@
+"""The layer writer: deterministic tar + zstd, keyed by content, cached; the config and manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+
+import pytest
+import zstandard
+
+from servestack import layers, oci
+from servestack.progress import Progress, phase
+
+EPOCH = 1_700_000_000
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _tree(root, umask_mode=0o664, mtime=1):
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "pkg" / "__init__.py").write_text("x = 1\n")
+    (root / "pkg" / "sub" / "big.bin").write_bytes(os.urandom(0) + bytes(range(256)) * 4096)
+    (root / "pkg" / "run").write_text("#!/bin/sh\n")
+    os.chmod(root / "pkg" / "run", 0o775)
+    os.chmod(root / "pkg" / "__init__.py", umask_mode)
+    (root / "pkg" / "link").symlink_to("sub/big.bin")
+    for path in root.rglob("*"):
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+    return layers.scan_tree(root, "opt/venv/")
+
+
+def test_the_same_files_give_the_same_blob_whatever_their_host_mode_and_mtime(tmp_path, cache):
+    one = _tree(tmp_path / "a", umask_mode=0o664, mtime=1)
+    two = _tree(tmp_path / "b", umask_mode=0o600, mtime=999_999)
+    assert layers.layer_key(one, EPOCH) == layers.layer_key(two, EPOCH)
+    first = layers.write_layer(one, EPOCH)
+    first.path.unlink()  # force a second write from the other tree
+    second = layers.write_layer(two, EPOCH)
+    assert (first.digest, first.diff_id, first.size) == (second.digest, second.diff_id, second.size)
+    assert "sha256:" + hashlib.sha256(second.path.read_bytes()).hexdigest() == second.digest
+
+
+def test_the_tar_has_fixed_owner_modes_and_mtime_and_parents_first(tmp_path, cache):
+    blob = layers.write_layer(_tree(tmp_path / "a"), EPOCH)
+    raw = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob.path.read_bytes())).read()
+    assert "sha256:" + hashlib.sha256(raw).hexdigest() == blob.diff_id
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names[:3] == ["opt", "opt/venv", "opt/venv/pkg"]
+    assert names == sorted(names)
+    assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", EPOCH)}
+    modes = {m.name.rsplit("/", 1)[-1]: (m.type, m.mode) for m in members}
+    assert modes["__init__.py"] == (tarfile.REGTYPE, 0o644)
+    assert modes["run"] == (tarfile.REGTYPE, 0o755)
+    assert modes["sub"] == (tarfile.DIRTYPE, 0o755)
+    assert modes["link"] == (tarfile.SYMTYPE, 0o777)
+
+
+def test_a_changed_file_changes_the_key_and_a_known_key_is_not_written_again(tmp_path, cache):
+    entries = _tree(tmp_path / "a")
+    blob = layers.write_layer(entries, EPOCH)
+    written = blob.path.stat().st_mtime_ns
+    assert layers.write_layer(entries, EPOCH).path.stat().st_mtime_ns == written  # from the cache
+    (tmp_path / "a" / "pkg" / "__init__.py").write_text("x = 2\n")
+    changed = layers.scan_tree(tmp_path / "a", "opt/venv/")
+    assert layers.layer_key(changed, EPOCH) != layers.layer_key(entries, EPOCH)
+    assert layers.layer_key(entries, EPOCH + 1) != layers.layer_key(entries, EPOCH)
+
+
+def test_entries_saved_beside_a_tree_load_back_equal(tmp_path):
+    entries = _tree(tmp_path / "a")
+    layers.save_entries(tmp_path / "entries.json", entries, tmp_path / "a")
+    assert layers.load_entries(tmp_path / "entries.json", tmp_path / "a") == entries
+
+
+def test_config_and_manifest_are_docker_schema2_with_zstd_layers_and_stable_bytes():
+    refs = [oci.LayerRef("base", "sha256:" + "1" * 64, "sha256:" + "2" * 64, 10),
+            oci.LayerRef("top", "sha256:" + "3" * 64, "sha256:" + "4" * 64, 20)]
+    config = oci.config("linux/arm64", refs, {"PATH": "/opt/venv/bin:/usr/bin", "A": "b"}, {"l": "v"}, EPOCH)
+    body = json.loads(config.data)
+    assert body["architecture"] == "arm64" and body["variant"] == "v8"
+    assert body["rootfs"]["diff_ids"] == ["sha256:" + "2" * 64, "sha256:" + "4" * 64]
+    assert body["config"]["Env"] == ["PATH=/opt/venv/bin:/usr/bin", "A=b"]
+    manifest = oci.manifest(config, refs)
+    doc = json.loads(manifest.data)
+    assert doc["mediaType"] == oci.MANIFEST_TYPE == "application/vnd.docker.distribution.manifest.v2+json"
+    assert {layer["mediaType"] for layer in doc["layers"]} == {"application/vnd.oci.image.layer.v1.tar+zstd"}
+    assert doc["config"] == {"mediaType": oci.CONFIG_TYPE, "digest": config.digest, "size": len(config.data)}
+    again = oci.manifest(oci.config("linux/arm64", refs, {"PATH": "/opt/venv/bin:/usr/bin", "A": "b"}, {"l": "v"}, EPOCH), refs)
+    assert again.digest == manifest.digest
+
+
+def test_progress_prints_periodic_plain_lines_off_a_terminal():
+    out = io.StringIO()
+    with Progress("image s", ("tarred", "pushed"), total=2_000_000_000, stream=out, live=False, interval=0.05) as p:
+        p.set_step("layer 1 of 2: base")
+        p.add("tarred", 500_000_000)
+        import time
+
+        time.sleep(0.2)
+    lines = out.getvalue().splitlines()
+    assert lines and "\r" not in out.getvalue()
+    assert lines[-1].startswith("image s: layer 1 of 2: base | tarred 0.50 GB of 2.00 GB, pushed 0.0 MB")
+
+
+def test_a_phase_says_when_it_starts_ends_or_fails():
+    out = io.StringIO()
+    with phase("smoke s", "static probe", stream=out):
+        pass
+    with pytest.raises(RuntimeError), phase("smoke s", "serving probe", stream=out):
+        raise RuntimeError("x")
+    assert out.getvalue().splitlines() == ["smoke s: static probe ...", "smoke s: static probe done (0 s)",
+                                           "smoke s: serving probe ...", "smoke s: serving probe failed after 0 s"]
