@@ -217,39 +217,73 @@ def _outputs(args: argparse.Namespace, project: Project) -> int:
 
 
 def _recipes_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("action", choices=["render", "check", "validate"],
-                   help="render: the committed sets, or (with --image) the stack's set bound to a digest; "
-                        "check: committed recipes equal their renders and validate; validate: the given files")
-    p.add_argument("paths", nargs="*", type=Path, help="recipe files or directories (validate)")
-    p.add_argument("--image", help="REPO@sha256:<64 hex> to bind the stack's recipes to ('last': this stack's image.json)")
-    p.add_argument("--engine", type=Path, help="pins/<stack>.engine.json for flag checks (validate)")
+    # The stack is optional here: validate prefers the stack a recipe names in its header.
+    p.set_defaults(stack=None)
+    actions = p.add_subparsers(dest="action", required=True, metavar="{render,check,validate,compare}")
+
+    def action(name: str, help: str) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=help, description=help)
+        sub.add_argument("--stack", default=argparse.SUPPRESS, help="stack name in pins/")
+        return sub
+
+    render = action("render", "the committed sets from their families, or (with --image) the stack's set bound to a digest")
+    render.add_argument("--image", help="REPO@sha256:<64 hex> to bind the stack's recipes to ('last': this stack's image.json)")
+    action("check", "committed recipes equal their renders and validate against their stack's engine")
+    validate = action("validate", "validate recipe files; flags and environment against an engine description")
+    validate.add_argument("paths", nargs="*", type=Path, help="recipe files or directories (default: the committed sets)")
+    validate.add_argument("--engine", type=Path, help="an engine description (default: pins/<stack>.engine.json of --stack, "
+                                                      "else of the stack the recipe's header names, else of the default stack)")
+    compare = action("compare", "print every semantic difference between our recipes and a directory of upstream ones")
+    compare.add_argument("theirs", type=Path, help="directory of upstream recipes (e.g. NVIDIA's srt-slurm-recipes)")
+    compare.add_argument("--against", type=Path, help="our recipe directory (default: the committed set sharing the most file names)")
 
 
-@command("recipes", "render, bind, check and validate srt-slurm recipes", _recipes_args)
+@command("recipes", "render, bind, check, validate and compare srt-slurm recipes", _recipes_args)
 def _recipes(args: argparse.Namespace, project: Project) -> int:
     from . import recipes
 
+    stack = args.stack or DEFAULT_STACK
     if args.action == "render":
         if args.image:
             reference = args.image
             if reference == "last":
                 from .image import load_image
 
-                reference = load_image(project, args.stack)["reference"]
-            paths = recipes.render_recipes(project, args.stack, reference)
+                reference = load_image(project, stack)["reference"]
+            paths = recipes.render_recipes(project, stack, reference)
         else:
             paths = recipes.render_committed(project)
         for path in paths:
             _say(str(path.relative_to(project.root) if path.is_relative_to(project.root) else path))
         return 0
+    if args.action == "compare":
+        committed = recipes.committed_sets(project)
+        ours = args.against or recipes.closest_set(committed, args.theirs)
+        comparisons = recipes.compare_dirs(ours, args.theirs)
+        _say(f"ours: {ours}\ntheirs: {args.theirs}")
+        _say(recipes.format_comparisons(comparisons))
+        same = sum(c.same for c in comparisons)
+        _say(f"recipes compare: {same} of {len(comparisons)} file(s) the same")
+        return 0 if same == len(comparisons) else 1
     if args.action == "check":
         errors = recipes.check_rendered(project) + recipes.validate_committed(project)
     else:
-        errors = recipes.validate_paths(args.paths or [project.recipes], args.engine)
+        committed = recipes.committed_sets(project)
+        result = recipes.validate_files(project, args.paths or committed, engine=args.engine, stack=args.stack)
+        errors = result.errors
+        for engine, count in sorted(_count(result.engines.values()).items()):
+            _say(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
     for error in errors:
         _say(f"error: {error}")
     _say(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
     return 1 if errors else 0
+
+
+def _count(items) -> dict:
+    out: dict = {}
+    for item in items:
+        out[item] = out.get(item, 0) + 1
+    return out
 
 
 # --------------------------------------------------------------------------- services

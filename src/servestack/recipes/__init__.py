@@ -1,26 +1,78 @@
-"""srt-slurm recipes: families rendered to recipe files, validated, and bound to an image digest.
+"""srt-slurm recipes: families rendered to recipe files, validated, compared, and bound to an image digest.
 
-Public API (cli.py wires these to `servestack render` and friends):
+Public API (cli.py wires these to `servestack recipes ...`):
 
     render_recipes(project, stack, image_ref, lock=None, *, lock_sha256=None, out_dir=None) -> list[Path]
     render_committed(project, stacks=None) -> list[Path]
     check_rendered(project, stacks=None) -> list[InputError]
     validate_paths(paths, engine=None, *, require_digest=None) -> list[InputError]
+    validate_files(project, paths, *, engine=None, stack=None) -> Validation   # the stack's engine, per file
     validate_committed(project) -> list[InputError]
+    compare_dirs(ours_dir, theirs_dir) -> list[FileComparison]
     engine.describe() -> dict ; load_engine(path) -> EngineSpec
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 from ..errors import InputError
-from ..project import Project
+from ..project import DEFAULT_STACK, Project
+from .compare import FileComparison, closest_set, compare_dirs, format_comparisons
 from .engine import EngineSpec, describe, load_engine
-from .render import Family, check_rendered, families, load_family, render_committed, render_family, render_recipes
-from .validate import UNBOUND_IMAGE, image_ref_problem, validate_paths, validate_text
+from .render import Family, check_rendered, committed_sets, families, load_family, render_committed, render_family, render_recipes
+from .validate import UNBOUND_IMAGE, header_stack, image_ref_problem, validate_paths, validate_text
 
 
-def engine_file(project: Project, stack: str):
+def engine_file(project: Project, stack: str) -> Path:
     return project.pins / f"{stack}.engine.json"
+
+
+class _Engines:
+    """Engine descriptions, each read once, chosen per recipe file."""
+
+    def __init__(self, project: Project, engine: Path | None, stack: str | None):
+        self.project, self.engine, self.stack = project, engine, stack
+        self.cache: dict[Path, EngineSpec] = {}
+        self.used: dict[Path, Path] = {}  # recipe file -> engine description
+
+    def load(self, path: Path) -> EngineSpec:
+        if path not in self.cache:
+            self.cache[path] = load_engine(path)
+        return self.cache[path]
+
+    def __call__(self, recipe: Path, text: str) -> EngineSpec:
+        if self.engine is not None:
+            path = self.engine
+        else:
+            stack = self.stack or header_stack(text) or DEFAULT_STACK
+            path = engine_file(self.project, stack)
+            if not path.exists():
+                raise InputError(recipe, "", f"no engine description for stack {stack!r} ({path} is missing): "
+                                             "pass --stack or --engine, or generate it with servestack.recipes.engine")
+        spec = self.load(path)
+        self.used[recipe] = path
+        return spec
+
+
+@dataclass(frozen=True)
+class Validation:
+    errors: list[InputError]
+    engines: dict[Path, Path]  # each recipe file -> the engine description its flags were checked against
+
+
+def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
+                   require_digest: bool | None = None) -> Validation:
+    """Validate recipe files, every one against an engine description, never none.
+
+    The description is `engine` when given, else the stack's pins/<stack>.engine.json, the stack
+    being `stack` when given, else the one the recipe's header names (`# stack: S`, as servestack
+    renders it), else the default stack.
+    """
+    engines = _Engines(project, engine, stack)
+    errors = validate_paths(paths, engines, require_digest=require_digest)
+    return Validation(errors, dict(engines.used))
 
 
 def validate_committed(project: Project) -> list[InputError]:
@@ -28,13 +80,13 @@ def validate_committed(project: Project) -> list[InputError]:
     errors: list[InputError] = []
     for fpath in families(project):
         family = load_family(fpath)
-        eng = engine_file(project, family.stack)
-        errors += validate_paths([project.recipes / family.name], eng if eng.exists() else None, require_digest=True)
+        errors += validate_files(project, [project.recipes / family.name], stack=family.stack, require_digest=True).errors
     return errors
 
 
 __all__ = [
-    "EngineSpec", "Family", "InputError", "UNBOUND_IMAGE", "check_rendered", "describe", "engine_file",
-    "image_ref_problem", "load_engine", "load_family", "render_committed", "render_family", "render_recipes",
-    "validate_committed", "validate_paths", "validate_text",
+    "EngineSpec", "Family", "FileComparison", "InputError", "UNBOUND_IMAGE", "Validation", "check_rendered",
+    "closest_set", "committed_sets", "compare_dirs", "describe", "engine_file", "format_comparisons", "image_ref_problem", "load_engine",
+    "load_family", "render_committed", "render_family", "render_recipes", "validate_committed", "validate_files",
+    "validate_paths", "validate_text",
 ]

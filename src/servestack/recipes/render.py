@@ -242,6 +242,11 @@ def families(project: Project) -> list[Path]:
     return sorted((project.recipes / FAMILIES_DIR).glob("*.yaml"))
 
 
+def committed_sets(project: Project) -> list[Path]:
+    """The directories the families render to: recipes/<family>/."""
+    return [project.recipes / load_family(f).name for f in families(project)]
+
+
 def _write_set(files: dict[str, str], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for stale in out_dir.glob("*.yaml"):

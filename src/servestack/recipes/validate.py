@@ -22,23 +22,30 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, Location
 from ..imageref import ImageRef
 from . import schema as S
-from .engine import EngineSpec, load_engine
+from .engine import DYNAMO_VLLM, VLLM_SERVE, EngineSpec, ParserSpec, load_engine
 from .yamlnodes import Node, parse
 
 UNBOUND_IMAGE = "servestack-unbound"
 RENDER_MARK = "# Rendered by servestack"
+_STACK_COMMENT = re.compile(r"^# stack: ([A-Za-z0-9_.-]+)\s*$", re.M)
 _CONC_STRING = re.compile(r"^[0-9]+(x[0-9]+)*$")
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 
 
 image_ref_problem = ImageRef.problem
+
+
+def header_stack(text: str) -> str | None:
+    """The stack a rendered recipe names in its header comment (`# stack: S`), if any."""
+    m = _STACK_COMMENT.search("".join(line + "\n" for line in text.splitlines() if line.startswith("#")))
+    return m.group(1) if m else None
 
 
 def _suggest(key: str, known: Iterable[str]) -> str:
@@ -325,26 +332,64 @@ class _Checker:
             if epn is not None and ep > 0 and tp % ep:
                 self.err(epn, where + (epk,), f"expert parallel size {ep} does not divide tensor parallel size {tp}")
 
-    # -- engine flags -----------------------------------------------------------------------
-    def flags(self, args: Node | None, where: tuple[str, ...]) -> None:
+    # -- engine flags ---------------------------------------------------------------------------
+    def flags(self, args: Node | None, where: tuple[str, ...], parser_name: str) -> None:
+        """Every key of an engine argument mapping is a flag of the command srt-slurm starts, with a value it takes."""
         if self.engine is None or args is None or not args.is_map:
             return
-        known = self.engine.flag_names()
+        parser = self.engine.parser(parser_name)
+        if parser is None:
+            self.err(args, where, f"{self.engine.source or 'the engine description'} does not describe {parser_name!r}, "
+                                  f"the command srt-slurm starts here: regenerate it with servestack.recipes.engine "
+                                  f"where that command is installed", at_key=True)
+            return
         for key, child in args.value.items():
-            if self.engine.has_flag(key):
+            spec = parser.lookup(key)
+            if spec is None:
+                self.err(child, where + (key,),
+                         f"--{key} is not a flag of {parser.command} ({self._versions(parser)})"
+                         + _suggest(key, parser.flag_names()).replace("'", "").replace("mean ", "mean --"),
+                         at_key=True)
                 continue
-            self.err(child, where + (key,),
-                     f"--{key} is not a flag of {self.engine.engine} {self.engine.version}" + _suggest(key, known).replace("'", "").replace("mean ", "mean --"),
-                     at_key=True)
+            if self.placeholder(child):
+                continue
+            problem = spec.problem(child.value, flag=True)
+            if problem:
+                self.err(child, where + (key,), f"{problem}; allowed: {spec.allowed()}")
+
+    def _versions(self, parser: ParserSpec) -> str:
+        own = f"{parser.name} {parser.version}, " if parser.version else ""
+        return f"{own}{self.engine.engine} {self.engine.version}"
 
     def env(self, envs: Node | None, where: tuple[str, ...]) -> None:
+        """VLLM_* names must exist; any variable the engine reads must have a value it accepts."""
         if self.engine is None or envs is None or not envs.is_map:
             return
         for name, child in envs.value.items():
-            if name.startswith("VLLM_") and name not in self.engine.environment:
-                self.err(child, where + (name,),
-                         f"{name} is not an environment variable of {self.engine.engine} {self.engine.version}"
-                         + _suggest(name, self.engine.environment), at_key=True)
+            spec = self.engine.environment.get(name)
+            if spec is None:
+                if name.startswith("VLLM_"):
+                    self.err(child, where + (name,),
+                             f"{name} is not an environment variable of {self.engine.engine} {self.engine.version}"
+                             + _suggest(name, self.engine.environment), at_key=True)
+                continue
+            if self.placeholder(child):
+                continue
+            problem = spec.problem(child.value, flag=False)
+            if problem:
+                self.err(child, where + (name,), f"{problem}; allowed: {spec.allowed()}")
+
+
+def worker_command(frontend_type: Any) -> str:
+    """Which command srt-slurm starts a vLLM worker with: vLLM's own server behind a vLLM frontend,
+    Dynamo's worker (`python -m dynamo.vllm`) otherwise (srt-slurm's default frontend is Dynamo)."""
+    return VLLM_SERVE if frontend_type == "vllm" else DYNAMO_VLLM
+
+
+def _frontend_type(root: Node) -> Any:
+    fe = root.get("frontend")
+    t = fe.get("type") if fe is not None and fe.is_map else None
+    return t.value if t is not None else "dynamo"
 
 
 def _merge(base: Node, over: Node) -> Node:
@@ -397,7 +442,6 @@ def _semantic(c: _Checker, root: Node) -> None:
     res = root.get("resources")
     gpn_node = res.get("gpus_per_node") if res is not None else None
     gpn = gpn_node.value if gpn_node is not None and _is_int(gpn_node.value) and gpn_node.value > 0 else 4
-    bench = root.get("benchmark")
     if root.get("schema") is not None and root.get("schema").value == 2:
         eng = root.get("engine")
         top_type = eng.value if eng is not None and isinstance(eng.value, str) else (
@@ -425,9 +469,9 @@ def _semantic(c: _Checker, root: Node) -> None:
                 etype = r_eng.value if isinstance(r_eng.value, str) else (r_eng.get("type").value if r_eng.is_map and r_eng.get("type") else None)
             c.parallel(etype or "", role.get("args"), per, p + ("args",), role)
             if etype == "vllm":
-                c.flags(role.get("args"), p + ("args",))
+                c.flags(role.get("args"), p + ("args",), worker_command(_frontend_type(root)))
                 c.env(role.get("env"), p + ("env",))
-        if etype_is_vllm(top_type):
+        if top_type == "vllm":
             c.env(root.get("environment"), ("environment",))
         return
 
@@ -462,16 +506,11 @@ def _semantic(c: _Checker, root: Node) -> None:
             c.parallel(btype, args, per, ("backend", cfg_key, mode), args)
         if btype == "vllm":
             for mode in ("prefill", "decode", "aggregated"):
-                c.flags(cfg.get(mode), ("backend", cfg_key, mode))
+                c.flags(cfg.get(mode), ("backend", cfg_key, mode), worker_command(_frontend_type(root)))
     if btype == "vllm" and backend is not None and backend.is_map:
         for env_key in ("prefill_environment", "decode_environment", "aggregated_environment"):
             c.env(backend.get(env_key), ("backend", env_key))
         c.env(root.get("environment"), ("environment",))
-    del bench
-
-
-def etype_is_vllm(t: Any) -> bool:
-    return t == "vllm"
 
 
 def _binding(c: _Checker, root: Node, header: str) -> None:
@@ -551,8 +590,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
         spec = S.TOP_V2 if v2 else S.TOP_V1
         c.walk(root, spec, ())
         c.required(root, S.REQUIRED_V2 if v2 else S.REQUIRED_V1)
-        if not c.errors or True:
-            _semantic(c, root)
+        _semantic(c, root)
         recipe = root
     if require_digest and recipe.is_map:
         _binding(c, recipe, header)
@@ -565,10 +603,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
     return out
 
 
-def _resolve_engine(engine: EngineSpec | Path | str | None) -> EngineSpec | None:
-    if engine is None or isinstance(engine, EngineSpec):
-        return engine
-    return load_engine(engine)
+EngineChoice = Callable[[Path, str], EngineSpec]
 
 
 def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
@@ -582,15 +617,16 @@ def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
     return out
 
 
-def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | None = None, *,
+def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | EngineChoice | None = None, *,
                    require_digest: bool | None = None) -> list[InputError]:
     """Validate recipe files (directories are searched for *.yaml/*.yml). Returns every error found.
 
-    `engine` is an EngineSpec or the path of a pins/<stack>.engine.json; None skips the flag checks.
+    `engine` is an EngineSpec, the path of a pins/<stack>.engine.json, or a function choosing one per
+    file from its path and text (raising InputError when it cannot); None checks no engine flags.
     `require_digest`: True demands an unbound placeholder or a digest in model.container; None (the
     default) demands it of files rendered by servestack only.
     """
-    spec = _resolve_engine(engine)
+    fixed = load_engine(engine) if isinstance(engine, (str, Path)) else engine
     errors: list[InputError] = []
     for f in recipe_files(paths):
         try:
@@ -598,5 +634,12 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
         except OSError as e:
             errors.append(InputError(f, "", f"cannot read: {e}"))
             continue
+        spec = fixed
+        if callable(fixed) and not isinstance(fixed, EngineSpec):
+            try:
+                spec = fixed(f, text)
+            except InputError as e:
+                errors.append(e)
+                continue
         errors.extend(validate_text(text, f, spec, require_digest=require_digest))
     return errors
