@@ -1,0 +1,181 @@
+"""The workflows' jobs run for real on this machine, step by step, as a self-hosted runner runs them.
+
+build.yml's `image` job (dev-cpu leg) runs in a fresh checkout of this commit: bootstrap, the tool
+venv, build + image + smoke, publish with a signing key, then `nox -s outputs`. Its job outputs
+are what gb200.yml gets as inputs, exactly as build.yml's `gb200` job passes them. gb200.yml's
+`pipeline` job then runs in another checkout (a login node has no build records): it pulls and
+verifies the bundle by digest with the public key, runs the dev-cpu pipeline through the srtctl
+runner on this machine's Slurm, publishes the results as another referrer of the digest, and
+writes the report to the step summary. Cancelled mid-run, it leaves nothing in squeue.
+
+The image is the one the rest of the e2e suite builds: `nox -s image` finds it in the registry by
+its input hash and builds nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fixtures.gha_runner import Event, JobResult, Runner
+from servestack import services
+from servestack.imageref import ImageRef
+from servestack.proc import run
+from servestack.runners.driver import recorded_jobs
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / ".github" / "workflows"
+STACK = "dev-cpu"
+RUN_ID = 90210  # github.run_id of the simulated run
+
+
+def _runner_env() -> dict[str, str]:
+    """The environment a runner service has: this machine's, without the test's own virtualenv."""
+    env = dict(os.environ)
+    venv = env.pop("VIRTUAL_ENV", None)
+    own = {str(Path(sys.executable).parent), *([str(Path(venv) / "bin")] if venv else [])}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p not in own)
+    return env
+
+
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
+@pytest.fixture(scope="module")
+def sha() -> str:
+    return run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def runner_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runner")
+
+
+@pytest.fixture(scope="module")
+def keys(runner_root) -> dict[str, str]:
+    key = runner_root / "keys" / "servestack.key"
+    key.parent.mkdir()
+    run([sys.executable, "-m", "servestack", "--project", str(ROOT), "keygen", "--key", str(key)])
+    return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": f"{key}.pub"}
+
+
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    return services.ensure_slurm()
+
+
+def _runner(root: Path, sha: str, keys: dict[str, str], attempt: int = 1) -> Runner:
+    event = Event("push", "refs/heads/main", sha, run_id=RUN_ID, run_attempt=attempt)
+    return Runner(ROOT, root, event, vars=keys, base_env=_runner_env(), log=_log)
+
+
+@pytest.fixture(scope="module")
+def build_job(runner_root, sha, keys) -> JobResult:
+    runner = _runner(runner_root, sha, keys)
+    timer = threading.Timer(3600, runner.cancel)  # a hung step fails the test, it does not hang CI
+    timer.start()
+    try:
+        return runner.run_job(WORKFLOWS / "build.yml", "image", matrix={"stack": STACK})
+    finally:
+        timer.cancel()
+
+
+def _gb200_inputs(build: JobResult) -> dict[str, str]:
+    # What build.yml's `gb200` job hands over (`with: image: ${{ needs.image.outputs.<stack>-image }}`).
+    return {"image": build.outputs[f"{STACK}-image"], "stack": STACK}
+
+
+def test_build_job_publishes_and_outputs_the_digest(build_job):
+    steps = {s.name: s.outcome for s in build_job.steps}
+    assert build_job.result == "success", steps
+    ref = ImageRef.parse(build_job.outputs[f"{STACK}-image"])
+    bundle = build_job.outputs[f"{STACK}-bundle"]
+    assert bundle.startswith(f"{ref.registry}/{ref.repository}@sha256:")
+    assert str(ref) in build_job.summary and "smoke: **PASS**" in build_job.summary
+
+
+def _squeue_in(workspace: Path, env: dict[str, str]) -> list[str]:
+    """Slurm jobs whose working directory is inside `workspace` (other users of this Slurm are not ours)."""
+    out = run(["squeue", "-h", "-o", "%i|%Z"], env=env, check=False).stdout
+    return [line.split("|")[0] for line in out.splitlines() if "|" in line and line.split("|", 1)[1].startswith(str(workspace))]
+
+
+def _run_dir(workspace: Path, attempt: int) -> Path:
+    return workspace / "build" / STACK / "runs" / f"gha-{RUN_ID}-{attempt}"
+
+
+@pytest.fixture(scope="module")
+def cancelled_run(build_job, runner_root, sha, keys, slurm_env):
+    runner = _runner(runner_root, sha, keys, attempt=1)
+    workspace = runner_root / "work" / "gb200-pipeline"
+    seen: list[str] = []
+
+    def a_job_is_queued() -> bool:
+        live = [j.job_id for j in recorded_jobs(_run_dir(workspace, 1))]
+        queued = set(run(["squeue", "-h", "-o", "%i"], env=slurm_env, check=False).stdout.split())
+        seen.extend(j for j in live if j in queued and j not in seen)
+        return bool(seen)
+
+    timer = threading.Timer(1800, runner.cancel)
+    timer.start()
+    try:
+        result = runner.run_job(WORKFLOWS / "gb200.yml", "pipeline", inputs=_gb200_inputs(build_job),
+                                workspace=workspace, cancel_when=a_job_is_queued)
+    finally:
+        timer.cancel()
+    deadline = time.monotonic() + 60  # scancel is asynchronous: give Slurm a moment to drop the job
+    left = _squeue_in(workspace, slurm_env)
+    while left and time.monotonic() < deadline:
+        time.sleep(1)
+        left = _squeue_in(workspace, slurm_env)
+    return {"result": result, "seen": seen, "left": left}
+
+
+def test_cancelling_the_gb200_job_leaves_nothing_in_squeue(cancelled_run):
+    result = cancelled_run["result"]
+    steps = {s.name: s.outcome for s in result.steps}
+    assert cancelled_run["seen"], f"no Slurm job was ever queued: {steps}"
+    assert result.result == "cancelled"
+    assert steps["Pipeline through srtctl"] == "cancelled"
+    assert steps["Cancel what is left on Slurm"] == "success"  # the backstop ran (and found nothing or cancelled it)
+    assert steps["Publish the results as a referrer of the digest"] == "skipped"
+    assert not cancelled_run["left"], f"still in squeue after the cancel: {cancelled_run['left']}"
+
+
+@pytest.fixture(scope="module")
+def gb200_job(build_job, cancelled_run, runner_root, sha, keys):
+    runner = _runner(runner_root, sha, keys, attempt=2)  # "Re-run jobs": a new attempt, a new run id
+    timer = threading.Timer(3600, runner.cancel)
+    timer.start()
+    try:
+        result = runner.run_job(WORKFLOWS / "gb200.yml", "pipeline", inputs=_gb200_inputs(build_job),
+                                workspace=runner_root / "work" / "gb200-pipeline")
+    finally:
+        timer.cancel()
+    return result
+
+
+def test_gb200_job_verifies_runs_publishes_and_summarizes(gb200_job, build_job, runner_root, keys):
+    steps = {s.name: s.outcome for s in gb200_job.steps}
+    assert gb200_job.result == "success", steps
+    assert steps["Cancel what is left on Slurm"] == "skipped"
+    run_dir = _run_dir(runner_root / "work" / "gb200-pipeline", 2)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert {r["stage"] for r in results["stages"]} >= {"accuracy", "throughput"} if "stages" in results else results
+    assert "### run gha-" in gb200_job.summary and "accuracy" in gb200_job.summary.lower()
+    # The results are now a referrer of the same digest: a fresh pull with the trusted key finds them.
+    image = build_job.outputs[f"{STACK}-image"]
+    out = runner_root / "pulled-after"
+    subprocess.run([sys.executable, "-m", "servestack", "--project", str(ROOT), "pull", image, "--key",
+                    keys["SERVESTACK_TRUSTED_KEY_FILE"], "--out", str(out)], check=True, timeout=300)
+    assert list(out.glob(f"runs/gha-{RUN_ID}-2/*/results.json")), sorted(p.name for p in out.rglob("*"))
