@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 import time
@@ -173,3 +174,44 @@ def test_cancel_signals_the_step_then_runs_the_cancelled_steps(tmp_path, obey, m
     signals = mark.read_text().split()
     # Obeyed: SIGINT ends it. Ignored: SIGINT, then SIGTERM, then a kill it cannot see.
     assert signals == (["started", "SIGINT", "backstop"] if obey == "1" else ["started", "SIGINT", "SIGTERM", "backstop"])
+
+
+ORPHAN = """
+on: push
+permissions: {contents: read}
+jobs:
+  j:
+    runs-on: ubuntu-24.04
+    timeout-minutes: 5
+    steps:
+      - run: |
+          setsid sleep 300 & echo "$!" > "$MARK.orphan"
+          env -u RUNNER_TRACKING_ID setsid sleep 300 & echo "$!" > "$MARK.daemon"
+"""
+
+
+def test_orphans_with_the_tracking_id_are_killed_at_the_end_of_the_job(tmp_path):
+    repo, sha = _repo(tmp_path, ORPHAN)
+    mark = tmp_path / "mark"
+    runner = Runner(repo, tmp_path / "runner", Event("push", "refs/heads/main", sha),
+                    base_env={"PATH": "/usr/bin:/bin", "MARK": str(mark)}, log=lambda _m: None)
+    assert runner.run_job(repo / ".github" / "workflows" / "w.yml", "j").result == "success"
+    orphan, daemon = (int(Path(f"{mark}.{n}").read_text()) for n in ("orphan", "daemon"))
+    try:
+        def state(pid: int) -> str:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().split()[2]
+            except OSError:
+                return "gone"
+
+        deadline = time.monotonic() + 5
+        while state(orphan) not in ("gone", "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert state(orphan) in ("gone", "Z")  # killed (a zombie until its parent, init, reaps it)
+        assert state(daemon) not in ("gone", "Z")  # no tracking id: it survives
+    finally:
+        for pid in (orphan, daemon):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass

@@ -171,8 +171,11 @@ def test_gb200_job_verifies_runs_publishes_and_summarizes(gb200_job, build_job, 
     assert steps["Cancel what is left on Slurm"] == "skipped"
     run_dir = _run_dir(runner_root / "work" / "gb200-pipeline", 2)
     results = json.loads((run_dir / "results.json").read_text())
-    assert {r["stage"] for r in results["stages"]} >= {"accuracy", "throughput"} if "stages" in results else results
-    assert "### run gha-" in gb200_job.summary and "accuracy" in gb200_job.summary.lower()
+    stages = {s["stage"]: s for s in results["stages"]}
+    assert results["passed"] and set(stages) == {"accuracy", "throughput"}
+    assert {s["runner"] for s in stages.values()} == {"srtctl"}
+    assert {s["image"] for s in stages.values()} == {build_job.outputs[f"{STACK}-image"]}
+    assert f"### run gha-{RUN_ID}-2" in gb200_job.summary and "# servestack pipeline report" in gb200_job.summary
     # The results are now a referrer of the same digest: a fresh pull with the trusted key finds them.
     image = build_job.outputs[f"{STACK}-image"]
     out = runner_root / "pulled-after"

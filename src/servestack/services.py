@@ -99,6 +99,9 @@ def _spawn_detached(argv: Sequence[str], log_path: Path, user: str | None = None
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: no controlling terminal, survives our exit/Ctrl-C
             close_fds=True,
+            # A GitHub runner kills, at the end of each job, every process whose environment has the
+            # job's RUNNER_TRACKING_ID: a shared daemon must not carry it, or each job restarts it.
+            env={k: v for k, v in os.environ.items() if k != "RUNNER_TRACKING_ID"},
             user=user,
             group=pwd.getpwnam(user).pw_gid if user else None,
             extra_groups=[] if user else None,

@@ -61,7 +61,8 @@ def summary(project: Project, stack: str, run_id: str | None = None) -> str:
     lines.append(f"- bundle: `{outputs.get(f'{stack}-bundle', 'not published')}`")
     if run_id:
         run_dir = project.artifacts(stack) / "runs" / run_id
-        reports = sorted(run_dir.glob("*/report.md"))
+        # The run's own report (pipeline) covers every stage; a single-stage session writes only its stage's.
+        reports = [run_dir / "report.md"] if (run_dir / "report.md").exists() else sorted(run_dir.glob("*/report.md"))
         lines += ["", f"### run {run_id}", ""]
         if not reports:
             lines.append(f"no stage report under {run_dir.relative_to(project.root)}")
