@@ -30,7 +30,15 @@ from servestack.imageref import ImageRef
 from servestack.proc import run
 from servestack.runners.driver import recorded_jobs
 
-pytestmark = pytest.mark.e2e
+def _missing_commands() -> set[str]:
+    from servestack.cli import COMMANDS
+
+    return {"keygen", "publish", "pull"} - set(COMMANDS)
+
+
+# publish, pull and keygen come with issue 11; until they are on this branch the workflows cannot run.
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(bool(_missing_commands()),
+                                                  reason=f"servestack has no {sorted(_missing_commands())} yet")]
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / ".github" / "workflows"
