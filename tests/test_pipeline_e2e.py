@@ -3,9 +3,11 @@ real one-node Slurm, through the `servestack` command line.
 
   - slurm runner: accuracy (GSM8K, 50 questions) then throughput (three concurrency points),
     gates, results.json, report.md, two PNG plots, and the time spent inside the clients;
-  - srtctl runner (tests/srtctl_standin.py, a real Slurm job running the image by digest):
-    Ctrl-C mid-sweep leaves no job of ours in squeue and keeps the finished point; the rerun
-    does not redo it and completes;
+  - srtctl runner, the GB200 chain for real: srtctl (srt-slurm 0.3.0) -> sbatch -> srun
+    --container-image (pyxis) -> enroot import of the image by digest, built from the vendored
+    sources (skipped, with the reason, where they are missing); Ctrl-C mid-sweep leaves no job of
+    ours in squeue and keeps the finished point; the rerun does not redo it and completes, with
+    results read from srt-slurm's own files;
   - a gate that cannot be met (baseline far above anything a CPU does) plus an operator's scancel
     mid-sweep: the job is retried for its remaining points, every point is measured exactly once,
     and the verdict names the recipe, the point and the numbers.
@@ -157,34 +159,43 @@ def test_slurm_pipeline_reports_plots_and_client_time(slurm_run):
 
 
 @pytest.fixture(scope="module")
-def srtctl_run(image_ref, slurm_env):
+def cluster_node(slurm_env):
+    from servestack import cluster
+
+    try:
+        return cluster.ensure_cluster(ROOT)
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
+
+
+@pytest.fixture(scope="module")
+def srtctl_run(image_ref, slurm_env, cluster_node):
     """Ctrl-C once the first throughput point has a result, then the same command again."""
     run_id = f"e2e-srtctl-{uuid.uuid4().hex[:8]}"
     run_dir = ROOT / "build" / STACK / "runs" / run_id
     argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id)
-    env = {**os.environ, "SERVESTACK_SRTCTL": f"{sys.executable} {ROOT / 'tests' / 'srtctl_standin.py'}",
-           "STANDIN_PROMPTS_MULT": "4"}
     t0 = time.monotonic()
-    first = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs = run_dir / "throughput" / "agg" / ".jobs" / "srtctl-outputs"
     done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
-                     900, first, "the first throughput point")
+                     1500, first, "the first throughput point")
     interrupted_job = done[0].parents[2].name
     assert interrupted_job in _squeue_ids(slurm_env)
     first.send_signal(signal.SIGINT)
     out1, _ = first.communicate(timeout=120)
     left = _wait_gone({interrupted_job}, slurm_env)
-    containers = run(["docker", "ps", "-q", "--filter", f"name=srtctl-{interrupted_job}"], check=False).stdout.strip()
     kept = run_dir / "throughput" / "agg" / "1.json"
     kept_stat = kept.stat() if kept.exists() else None
+    wall1 = time.monotonic() - t0
     t1 = time.monotonic()
-    second = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1200)
+    second = subprocess.run(argv, capture_output=True, text=True, timeout=1500)
     wall2 = time.monotonic() - t1
     yield {"first_rc": first.returncode, "first_out": out1, "interrupted_job": interrupted_job, "left": left,
-           "containers": containers, "kept": kept, "kept_stat": kept_stat, "second": second, "dir": run_dir,
-           "wall_total": time.monotonic() - t0, "wall_rerun": wall2,
+           "kept": kept, "kept_stat": kept_stat, "second": second, "dir": run_dir,
+           "wall_first": wall1, "wall_rerun": wall2,
            "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
            else None}
+    print(f"srtctl pipeline: first run (to Ctrl-C) {wall1:.0f} s, rerun {wall2:.0f} s")
     if not os.environ.get("SERVESTACK_KEEP_E2E"):
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -193,7 +204,6 @@ def test_ctrl_c_leaves_no_job_of_ours(srtctl_run):
     assert srtctl_run["first_rc"] == 130, srtctl_run["first_out"]
     assert "interrupted" in srtctl_run["first_out"]
     assert not srtctl_run["left"], f"still in squeue after Ctrl-C: {srtctl_run['left']}"
-    assert not srtctl_run["containers"], "the job's container outlived the cancel"
     assert srtctl_run["kept_stat"] is not None, "the point finished before Ctrl-C was not collected"
 
 
@@ -204,18 +214,21 @@ def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slur
     stages = {s["stage"]: s for s in results["stages"]}
     acc, tput = stages["accuracy"], stages["throughput"]
     assert acc["runner"] == "srtctl" and acc["jobs"][0]["skipped"]  # finished before the Ctrl-C
-    assert acc["accuracy"][0]["n"] == 50 and acc["accuracy"][0]["errors"] == 0
+    assert acc["accuracy"][0]["n"] == 50
     [job] = tput["jobs"]
     assert [a["points"] for a in job["attempts"]] == [["4", "16"]] and job["attempts"][0]["state"] == "COMPLETED"
     assert srtctl_run["kept"].stat().st_mtime_ns == srtctl_run["kept_stat"].st_mtime_ns  # not redone
     assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]
     assert all(p["completed"] == p["requested"] and p["failed"] == 0 for p in tput["throughput"])
-    assert tput["timing"]["measured_points"] == ["agg/4", "agg/16"]
-    # srt-slurm's own layout, bound to the digest.
+    # srt-slurm's own layout and batch script: the recipe bound to the digest, pyxis pulling it.
     out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
     config = (out / "config.yaml").read_text()
-    assert results["stages"][0]["image"] in config and "- 4\n" in config and "- 16\n" in config
+    digest = results["stages"][0]["image"].split("@", 1)[1]
+    assert f"#servestack/{STACK}@{digest}" in config and "- 4\n" in config and "- 16\n" in config
+    assert "srtctl.cli.do_sweep" in (out / "sbatch_script.sh").read_text()
     assert (out / "logs" / "sa-bench_isl_128_osl_32" / "results_concurrency_16_gpus_1.json").exists()
+    acc_out = next((srtctl_run["dir"] / "accuracy" / "agg-acc" / ".jobs" / "srtctl-outputs").iterdir())
+    assert (acc_out / "logs" / "accuracy" / "gsm8k_run1.json").exists()
     assert (srtctl_run["dir"] / "throughput" / "pareto.png").read_bytes().startswith(PNG)
     assert not (set(_job_ids(tput)) & _squeue_ids(slurm_env))
 

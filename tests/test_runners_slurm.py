@@ -19,7 +19,9 @@ from servestack.clients import CLIENTS_DIR
 from servestack.proc import run
 from servestack.runners.base import JobSpec, JobState, Mount
 from servestack.runners.driver import RetryPolicy, run_job
-from servestack.runners.slurm import SlurmConfig, SlurmRunner, format_time_limit, render_batch_script
+from servestack.errors import ServestackError
+from servestack.runners.slurm import (SlurmConfig, SlurmRunner, choose_container, format_time_limit,
+                                      render_batch_script)
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 
@@ -33,7 +35,7 @@ def image_spec(tmp_path):
 
 
 def test_docker_batch_script(tmp_path):
-    s = render_batch_script(image_spec(tmp_path), SlurmConfig(partition="batch", account="acct"))
+    s = render_batch_script(image_spec(tmp_path), SlurmConfig(partition="batch", account="acct", container="docker"))
     assert "#SBATCH --time=01:30:00" in s and "#SBATCH --partition=batch" in s and "#SBATCH --gres=gpu:4" in s
     assert ("docker run --rm --name \"servestack-${SLURM_JOB_ID}\" --shm-size 2g --gpus all "
             f"-v {tmp_path}/agg:/results") in s
@@ -47,6 +49,29 @@ def test_pyxis_batch_script(tmp_path):
     assert "--container-image=127.0.0.1:5000#servestack/dev-cpu@sha256:" in s
     assert f"--container-mounts={tmp_path}/agg:/results,/srv/model:/model:ro" in s
     assert "--container-env=HF_HUB_OFFLINE" in s and "docker" not in s
+
+
+PYXIS_HELP = "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"
+
+
+def test_preflight_takes_pyxis_when_the_cluster_has_it_and_names_what_is_missing():
+    assert choose_container("auto", srun_help=PYXIS_HELP, enroot_version="4.1.2\n", docker=False) == "pyxis"
+    assert choose_container("auto", srun_help="--ntasks", enroot_version=None, docker=True) == "docker"
+    assert choose_container("docker", srun_help=PYXIS_HELP, enroot_version="4.1.2", docker=True) == "docker"
+    with pytest.raises(ServestackError, match="enroot 3.1.0 is older than 3.4.0"):
+        choose_container("auto", srun_help=PYXIS_HELP, enroot_version="3.1.0", docker=True)
+    with pytest.raises(ServestackError, match="`enroot` is not on PATH"):
+        choose_container("auto", srun_help=PYXIS_HELP, enroot_version=None, docker=True)
+    with pytest.raises(ServestackError, match="pyxis is not in this cluster's plugstack.conf"):
+        choose_container("pyxis", srun_help="--ntasks", enroot_version="4.1.2", docker=True)
+    with pytest.raises(ServestackError, match="srun has no --container-image .* `docker` is not on PATH"):
+        choose_container("auto", srun_help="--ntasks", enroot_version=None, docker=False)
+
+
+def test_pyxis_pulls_from_the_registry_the_nodes_use(tmp_path):
+    s = render_batch_script(image_spec(tmp_path), SlurmConfig(container="pyxis",
+                                                              registry_map={"127.0.0.1:5000": "127.0.0.1:5001"}))
+    assert "--container-image=127.0.0.1:5001#servestack/dev-cpu@sha256:" in s
 
 
 def test_small_helpers():

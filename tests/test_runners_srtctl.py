@@ -1,19 +1,23 @@
-"""The srtctl runner: recipe binding, srtctl's --json output, and a real Slurm job via the stand-in."""
+"""The srtctl runner: recipe binding, srtctl's --json output and result layout, and (e2e) real
+srtctl from the vendored srt-slurm tree submitting to this machine's Slurm."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from servestack.runners.base import JobSpec
-from servestack.runners.srtctl import SrtctlRunner, bind_recipe, parse_apply_output
+from servestack.errors import ServestackError
+from servestack.runners.base import JobHandle, JobSpec
+from servestack.runners.slurm import pull_reference
+from servestack.runners.srtctl import (GSM8K_IN_CONTAINER, SrtctlRunner, bind_recipe, parse_apply_output,
+                                       results_in)
 
-STANDIN = Path(__file__).parent / "srtctl_standin.py"
-IMAGE = "127.0.0.1:5000/servestack/qwen35-gb200@sha256:" + "cd" * 32
+ROOT = Path(__file__).resolve().parents[1]
+DIGEST = "sha256:" + "cd" * 32
+IMAGE = f"127.0.0.1:5000/servestack/qwen35-gb200@{DIGEST}"
 
 RECIPE = {
     "name": "agg", "model": {"path": "qwen3.5", "container": "old", "precision": "fp8"},
@@ -24,10 +28,21 @@ RECIPE = {
 }
 
 
-def test_bind_recipe_sets_digest_and_remaining_points():
-    bound = bind_recipe(RECIPE, IMAGE, ("16", "64"), "benchmark.concurrencies")
+def test_bind_recipe_sets_digest_model_dir_data_and_remaining_points(tmp_path):
+    bound = bind_recipe(RECIPE, IMAGE, ("16", "64"), "benchmark.concurrencies", model_dir=tmp_path / "m",
+                        gsm8k=tmp_path / "g")
     assert bound["model"]["container"] == IMAGE and bound["benchmark"]["concurrencies"] == [16, 64]
-    assert RECIPE["benchmark"]["concurrencies"] == "4x16x64"  # the original is untouched
+    assert bound["model"]["path"] == str(tmp_path / "m")
+    assert bound["container_mounts"] == {str(tmp_path / "g"): GSM8K_IN_CONTAINER}
+    assert bound["environment"]["TMPDIR"] == GSM8K_IN_CONTAINER
+    assert RECIPE["benchmark"]["concurrencies"] == "4x16x64" and RECIPE["model"]["path"] == "qwen3.5"
+
+
+def test_pull_reference_is_enroots_form_on_the_registry_the_nodes_use():
+    assert pull_reference(IMAGE) == f"127.0.0.1:5000#servestack/qwen35-gb200@{DIGEST}"
+    assert pull_reference(IMAGE, {"127.0.0.1:5000": "127.0.0.1:5001"}) == f"127.0.0.1:5001#servestack/qwen35-gb200@{DIGEST}"
+    with pytest.raises(ServestackError):
+        pull_reference("127.0.0.1:5000/servestack/dev-cpu:latest")  # never by tag
 
 
 def test_parse_apply_output_reads_json_lines():
@@ -35,36 +50,44 @@ def test_parse_apply_output_reads_json_lines():
     assert parse_apply_output(out) == [{"status": "submitted", "slurm_job_id": "42", "output_dir": "/o/42"}]
 
 
-def test_standin_refuses_what_it_cannot_run_with_srtctls_error_contract(tmp_path):
-    """srtctl's --json error line and exit 1; the runner turns it into a readable error."""
-    from servestack.errors import ServestackError
+def test_results_are_read_from_srt_slurms_own_layout(tmp_path):
+    logs = tmp_path / "42" / "logs"
+    (logs / "sa-bench_isl_128_osl_32").mkdir(parents=True)
+    (logs / "accuracy").mkdir()
+    for c in (1, 16):
+        (logs / "sa-bench_isl_128_osl_32" / f"results_concurrency_{c}_gpus_1.json").write_text("{}")
+    (logs / "accuracy" / "gsm8k_run1.json").write_text(json.dumps({"accuracy": 0.0, "num_questions": 50}))
+    (logs / "benchmark-rollup.json").write_text("{}")  # not a point
+    found = results_in(tmp_path / "42")
+    assert sorted(found) == ["1", "16", "repeat-0"]
+    assert found["repeat-0"].name == "gsm8k_run1.json"
+    spec = JobSpec(name="throughput-agg", points=("1", "4"), out_dir=tmp_path / "out", command=())
+    SrtctlRunner().collect(JobHandle("srtctl", "42", spec, output_dir=tmp_path / "42"))
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["1.json"]  # only this job's points
 
+
+# ----------------------------------------------------------------------------- the real srtctl
+
+
+@pytest.fixture(scope="module")
+def node():
+    from servestack import cluster
+
+    try:
+        return cluster.ensure_cluster(ROOT)
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(str(e))
+
+
+@pytest.mark.e2e
+def test_real_srtctl_refuses_a_bad_recipe_with_its_json_error_contract(tmp_path, node):
+    bad = json.loads(json.dumps(RECIPE))
+    bad["benchmark"]["concurrencies"] = "4x-1"
     recipe = tmp_path / "agg.yaml"
-    recipe.write_text(yaml.safe_dump({**RECIPE, "model": {**RECIPE["model"], "container": "not-a-digest"}}))
-    proc = subprocess.run([sys.executable, str(STANDIN), "apply", "-f", str(recipe), "-o", str(tmp_path / "o"),
-                           "--json", "-y"], capture_output=True, text=True)
-    assert proc.returncode == 1
-    [record] = parse_apply_output(proc.stdout)
-    assert record["status"] == "error" and "not an image by digest" in record["error"]
-    spec = JobSpec(name="throughput-agg", points=("4",), out_dir=tmp_path / "out", command=(), image=None,
-                   recipe_file=recipe, recipe_name="agg", extra={"points_field": "benchmark.concurrencies"})
-    runner = SrtctlRunner(executable=[sys.executable, str(STANDIN)], output_base=tmp_path / "o")
-    with pytest.raises(ServestackError, match="not an image by digest"):
+    recipe.write_text(yaml.safe_dump(bad))
+    spec = JobSpec(name="throughput-agg", points=("4",), out_dir=tmp_path / "out", command=(), image=IMAGE,
+                   recipe_file=recipe, recipe_name="agg")
+    runner = SrtctlRunner(executable=node.srtctl.argv(), output_base=tmp_path / "o", env=node.env)
+    with pytest.raises(ServestackError, match=r"srtctl apply -f .*agg\.\d+\.yaml failed \(exit 1\)"):
         runner.submit(spec)
-
-
-def test_standin_plans_a_real_vllm_job_from_the_dev_cpu_recipe():
-    """The stand-in's job for recipes/dev-cpu/agg.yaml bound to a digest (the e2e suite runs it)."""
-    sys.path.insert(0, str(STANDIN.parent))
-    import srtctl_standin
-
-    root = Path(__file__).resolve().parents[1]
-    recipe = bind_recipe(yaml.safe_load((root / "recipes" / "dev-cpu" / "agg.yaml").read_text()),
-                         "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32, ("4", "16"),
-                         "benchmark.concurrencies")
-    job = srtctl_standin.plan_job(recipe, srtctl_standin.DEFAULT_CLUSTER)
-    assert job["server"][:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-    assert job["model"] == "/opt/servestack/models/servestack/tiny-qwen3" and job["served_model_name"] == "tiny-qwen3"
-    assert "--enforce-eager" in job["server"] and job["benchmark"]["concurrencies"] == [4, 16] and job["gpus"] == 1
-    script = srtctl_standin.batch_script(recipe, Path("/o"), job, srtctl_standin.DEFAULT_CLUSTER, Path("/d.py"))
-    assert f"{job['image']} python3 /opt/srtctl-driver.py" in script and "#SBATCH --exclusive" in script
+    assert not list((tmp_path / "o").iterdir())  # nothing submitted

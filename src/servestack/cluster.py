@@ -33,10 +33,10 @@ from .errors import ServestackError
 from .fsutil import atomic_write_text
 from .proc import run
 from .project import Project, state_home
+from .runners.slurm import ENROOT_MIN_VERSION, parse_enroot_version
 
 VENDOR_ENV = "SERVESTACK_VENDOR"
 PYTHON312_ENV = "SERVESTACK_PYTHON312"
-ENROOT_MIN_VERSION = (3, 4, 0)  # pyxis 0.2x needs enroot >= 3.4
 # Bump when a build step below changes: the cache key includes it.
 _STEPS_VERSION = "1"
 
@@ -246,7 +246,192 @@ def ensure_srtctl(root: Path | None = None, *, partition: str = "main", account:
     return Srtctl(home / "venv" / "bin" / "srtctl", tree, config, env)
 
 
+# --------------------------------------------------------------------------- enroot
+
+
+@dataclass(frozen=True)
+class Enroot:
+    """An enroot install: its command, version and the directories it keeps images in."""
+
+    prefix: Path
+    version: tuple[int, ...]
+
+    @property
+    def binary(self) -> Path:
+        return self.prefix / "bin" / "enroot"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.prefix / "bin"
+
+
+def enroot_settings(state: Path) -> dict[str, str]:
+    """enroot.conf for this node.
+
+    - ENROOT_ALLOW_HTTP: the test registry is plain HTTP on loopback (production: HTTPS).
+    - ENROOT_LOGIN_SHELL no: Debian's /etc/profile resets PATH and drops the image's /opt/venv/bin.
+    - ENROOT_SQUASH_OPTIONS: no compression. The squashfs stays on this node's disk, cached by
+      digest (see the importer); compressing 1-2 GB of layers again costs minutes on 2 cores.
+    - ENROOT_CACHE_PATH keeps downloaded layers by digest, so a new image re-downloads only the
+      layers that changed.
+    """
+    return {
+        "ENROOT_RUNTIME_PATH": str(state / "runtime"),
+        "ENROOT_CACHE_PATH": str(state / "cache"),
+        "ENROOT_DATA_PATH": str(state / "data"),
+        "ENROOT_TEMP_PATH": str(state / "tmp"),
+        "ENROOT_ALLOW_HTTP": "yes",
+        "ENROOT_LOGIN_SHELL": "no",
+        "ENROOT_SQUASH_OPTIONS": "-noI -noD -noF -noX -no-xattrs",
+        "ENROOT_MOUNT_HOME": "no",
+        "ENROOT_REMAP_ROOT": "no",
+        "ENROOT_ROOTFS_WRITABLE": "yes",
+    }
+
+
+def _build_enroot(archive: Path):
+    def build(home: Path) -> None:
+        tree = _unpack(archive, home / "src")
+        # The archive's git submodules are empty: glibc instead of musl, Debian's makeself (the
+        # version enroot pins) and the system's kernel headers.
+        makeself = shutil.which("makeself") or shutil.which("makeself.sh")
+        if not makeself:
+            raise ClusterToolsMissing("`makeself` is not installed (enroot's build needs it); run .ci/bootstrap")
+        (tree / "deps" / "makeself").mkdir(parents=True, exist_ok=True)
+        shutil.copy2(makeself, tree / "deps" / "makeself" / "makeself.sh")
+        (tree / "deps" / "linux-headers").mkdir(parents=True, exist_ok=True)
+        (tree / "deps" / "linux-headers" / ".stamp").touch()
+        run(["make", "-C", str(tree), "FORCE_GLIBC=1", f"prefix={home / 'prefix'}", "install"], timeout=900)
+        shutil.rmtree(tree.parent)
+
+    return build
+
+
+def ensure_enroot(root: Path | None = None) -> Enroot:
+    """enroot built from the vendored snapshot (a few seconds once), configured for this node."""
+    archive = vendor_archive("enroot", root)
+    home = _built("enroot", _cache_key(archive), _build_enroot(archive))
+    prefix = home / "prefix"
+    state = state_home() / "enroot"
+    for sub in ("runtime", "cache", "data", "tmp"):
+        (state / sub).mkdir(parents=True, exist_ok=True)
+    conf = prefix / "etc" / "enroot" / "enroot.conf"
+    wanted = "".join(f"{k} {v}\n" for k, v in enroot_settings(state).items())
+    if not conf.exists() or conf.read_text() != wanted:
+        atomic_write_text(conf, wanted)
+    out = run([str(prefix / "bin" / "enroot"), "version"], timeout=30).stdout.strip()
+    return Enroot(prefix, parse_enroot_version(out))
+
+
+# --------------------------------------------------------------------------- pyxis
+
+
+IMPORTER = """#!/bin/bash
+# pyxis importer (written by servestack.cluster): `get URI` imports the image once per digest
+# into a squashfs under CACHE and prints its path; later jobs reuse it. Images are referenced by
+# digest everywhere past the build, so the digest in the URI is the cache key.
+set -euo pipefail
+export PATH=@ENROOT_BIN@:$PATH
+cache=@CACHE@
+case "$1" in
+    get)
+        uri=$2
+        digest=${uri##*@}
+        [[ $digest == sha256:* && ${#digest} -eq 71 ]] || { echo "pyxis importer: $uri is not an image by digest" >&2; exit 1; }
+        out=$cache/${digest#sha256:}.sqsh
+        mkdir -p "$cache"
+        if [[ ! -e $out ]]; then
+            exec 9>"$out.lock"
+            flock 9
+            if [[ ! -e $out ]]; then
+                tmp=$out.$$.tmp
+                trap 'rm -f "$tmp"' EXIT
+                enroot import --output "$tmp" "docker://$uri" >&2
+                mv "$tmp" "$out"
+            fi
+        fi
+        echo "$out"
+        ;;
+    release) ;;
+    *) echo "pyxis importer: unknown command $1" >&2; exit 1 ;;
+esac
+"""
+
+
+@dataclass(frozen=True)
+class Pyxis:
+    plugin: Path
+    plugstack_line: str
+    image_cache: Path
+
+
+def image_cache_dir() -> Path:
+    """Squashfs images by digest, shared by every job on this node (and kept between CI runs)."""
+    return state_home() / "enroot" / "images"
+
+
+def _build_pyxis(archive: Path):
+    def build(home: Path) -> None:
+        tree = _unpack(archive, home / "src")
+        run(["make", "-C", str(tree)], timeout=600)
+        shutil.copy2(tree / "spank_pyxis.so", home / "spank_pyxis.so")
+        shutil.rmtree(tree.parent)
+
+    return build
+
+
+def ensure_pyxis(root: Path | None = None, enroot: Enroot | None = None) -> Pyxis:
+    """pyxis built against this machine's libslurm (4 s once), with an importer that caches by digest.
+
+    Returns the plugstack.conf line; `services.ensure_slurm` includes it.
+    """
+    enroot = enroot or ensure_enroot(root)
+    archive = vendor_archive("pyxis", root)
+    home = _built("pyxis", _cache_key(archive), _build_pyxis(archive))
+    importer = home / "importer.sh"
+    cache = image_cache_dir()
+    text = IMPORTER.replace("@ENROOT_BIN@", str(enroot.bin_dir)).replace("@CACHE@", str(cache))
+    if not importer.exists() or importer.read_text() != text:
+        _executable(importer, text)
+    line = (f"required {home / 'spank_pyxis.so'} runtime_path={state_home() / 'enroot' / 'pyxis'} "
+            f"importer={importer} use_squashfuse=1 container_scope=job")
+    return Pyxis(home / "spank_pyxis.so", line, cache)
+
+
+# --------------------------------------------------------------------------- the whole chain
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The one-node GB200-shaped cluster: Slurm with pyxis, enroot, and srtctl."""
+
+    slurm_env: dict[str, str]
+    enroot: Enroot
+    pyxis: Pyxis
+    srtctl: Srtctl
+
+    @property
+    def env(self) -> dict[str, str]:
+        """For sbatch/srun/srtctl: the job inherits it, and pyxis finds `enroot` on its PATH."""
+        path = os.pathsep.join([str(self.enroot.bin_dir), self.srtctl.env["PATH"]])
+        return {**self.slurm_env, **self.srtctl.env, "PATH": path}
+
+
+def ensure_cluster(root: Path | None = None, model_paths: dict[str, str] | None = None) -> Cluster:
+    """enroot, pyxis in Slurm's plugstack, Slurm itself and srtctl; each reused when in place."""
+    from . import services
+
+    enroot = ensure_enroot(root)
+    pyxis = ensure_pyxis(root, enroot)
+    slurm_env = services.ensure_slurm()
+    conf = Path(slurm_env["SLURM_CONF"]).parent / "plugstack.conf.d" / "pyxis.conf"
+    if not conf.exists() or conf.read_text() != pyxis.plugstack_line + "\n":
+        # Read by srun and each job step when they start: no daemon restart needed.
+        atomic_write_text(conf, pyxis.plugstack_line + "\n")
+    return Cluster(slurm_env, enroot, pyxis, ensure_srtctl(root, model_paths=model_paths))
+
+
 __all__ = [
-    "ClusterToolsMissing", "ENROOT_MIN_VERSION", "PYTHON312_ENV", "Srtctl", "VENDOR_ENV", "ensure_srtctl",
+    "Cluster", "ClusterToolsMissing", "ensure_cluster", "ENROOT_MIN_VERSION", "Enroot", "Pyxis", "ensure_enroot", "ensure_pyxis", "PYTHON312_ENV", "Srtctl", "VENDOR_ENV", "ensure_srtctl",
     "find_python312", "srtslurm_config", "vendor_archive", "vendor_dir",
 ]

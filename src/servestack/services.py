@@ -383,6 +383,9 @@ def _slurm_conf(node: str, hardware: str) -> str:
             f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / 'slurmd.pid'}",
+            # SPANK plugins (pyxis) are added by servestack.cluster as files in plugstack.conf.d,
+            # so adding one never changes slurm.conf (and never restarts the daemons).
+            f"PlugStackConfig={d / 'plugstack.conf'}",
             f"SlurmctldLogFile={d / 'slurmctld.log'}",
             f"SlurmdLogFile={d / 'slurmd.log'}",
             "SlurmctldDebug=info",
@@ -452,8 +455,11 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
     with _lock("slurm"):
         if up_to_date():
             return env
-        for sub in ("state", "spool"):
+        for sub in ("state", "spool", "plugstack.conf.d"):
             (d / sub).mkdir(parents=True, exist_ok=True)
+        plugstack = f"include {d / 'plugstack.conf.d'}/*.conf\n"
+        if not (d / "plugstack.conf").exists() or (d / "plugstack.conf").read_text() != plugstack:
+            atomic_write_text(d / "plugstack.conf", plugstack)
         changed = not conf.exists() or conf.read_text() != wanted
         if changed:
             atomic_write_text(conf, wanted)

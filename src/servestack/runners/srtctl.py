@@ -1,25 +1,32 @@
-"""srtctl runner: hands a bound srt-slurm recipe to `srtctl apply` and reads srt-slurm's own results.
+"""srtctl runner: hands a bound srt-slurm recipe to real `srtctl apply` and reads srt-slurm's own results.
 
-srtctl's contract (srt-slurm src/srtctl/cli/submit.py, docs/cli.md, docs/monitoring.md):
-  - `srtctl apply -f <recipe.yaml> -o <output base> --json -y` submits with sbatch and, with
-    --json, prints one JSON line per submission on stdout:
-      {"status": "submitted", "slurm_job_id": "123", "job_name": ..., "output_dir": "<base>/123",
-       "metadata_path": "<base>/123/123.json", "config_path": ..., "tags": ...}
-    (errors: {"status": "error", "error": "..."} and exit 1). Without --json it prints
-    "Job <id> submitted!" and "Logs: <base>/<id>/logs".
+srtctl's contract (srt-slurm 0.3.0 src/srtctl/cli/submit.py, docs/cli.md):
+  - `srtctl apply -f <recipe.yaml> -o <output base> --json -y` submits with sbatch and prints one
+    JSON line per submission: {"status": "submitted", "slurm_job_id": "123", "output_dir":
+    "<base>/123", ...} (errors: {"status": "error", "error": "..."} and exit 1).
   - `<output_dir>/` holds config.yaml, sbatch_script.sh, <job_id>.json and logs/; sa-bench writes
-    `logs/sa-bench_isl_<ISL>_osl_<OSL>/results_concurrency_<C>_gpus_<G>[_ctx_<P>_gen_<D>].json`
-    (vLLM benchmark_serving keys); the gsm8k benchmark saves {accuracy, num_questions, ...}.
-The job itself is a Slurm job, so state/cancel go through squeue/sacct/scancel.
+    `logs/sa-bench_isl_<ISL>_osl_<OSL>/results_concurrency_<C>_gpus_<G>[...].json` (vLLM
+    benchmark_serving keys); the gsm8k benchmark (vLLM backend) saves
+    `logs/accuracy/gsm8k_run<N>.json` ({accuracy, num_questions, invalid_rate, latency, ...}).
+The job itself is a Slurm job, so state and cancel go through squeue/sacct/scancel.
 
-Binding: the recipe is copied with `model.container` set to the image digest and, for throughput,
-`benchmark.concurrencies` narrowed to the remaining points (so a retry redoes only those).
+Binding (a copy of the recipe; the original stays untouched):
+  - `model.container`: the image by digest, in enroot's `registry#repository@sha256:...` form,
+    on the registry the nodes pull from (`registry_map`, e.g. the loopback registry -> the same
+    storage behind token auth);
+  - `model.path`: the host model directory when the job has one (srtctl mounts it at /model);
+  - throughput: `benchmark.concurrencies` narrowed to the remaining points, so a retry redoes
+    only those;
+  - accuracy: GSM8K from the project (srt-slurm's gsm8k_eval.py reads train/test.jsonl from its
+    temporary directory before it would download them): a per-job copy is mounted and TMPDIR
+    points at it, so no job needs the network.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -31,19 +38,27 @@ from ..fsutil import atomic_write_bytes, atomic_write_text
 from ..proc import run
 from ..stages.results import find_srt_results
 from .base import JobHandle, JobSpec, JobState, PollingWait
-from .slurm import scancel, slurm_state
+from .slurm import pull_reference, scancel, slurm_state
 
 log = logging.getLogger("servestack.runners.srtctl")
 
+GSM8K_IN_CONTAINER = "/srtctl-gsm8k"
 
-def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ...], points_field: str | None) -> dict:
+
+def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ...], points_field: str | None,
+                *, model_dir: Path | None = None, gsm8k: Path | None = None) -> dict:
     bound = json.loads(json.dumps(recipe))  # deep copy of plain YAML data
     if image:
         bound.setdefault("model", {})["container"] = image
+    if model_dir is not None:
+        bound.setdefault("model", {})["path"] = str(model_dir)
     if points_field:
         section, _, key = points_field.partition(".")
         target = bound.setdefault(section, {})
         target[key] = [int(p) if p.isdigit() else p for p in points]
+    if gsm8k is not None:
+        bound.setdefault("container_mounts", {})[str(gsm8k)] = GSM8K_IN_CONTAINER
+        bound.setdefault("environment", {})["TMPDIR"] = GSM8K_IN_CONTAINER
     return bound
 
 
@@ -59,29 +74,60 @@ def parse_apply_output(stdout: str) -> list[dict[str, Any]]:
     return records
 
 
+def results_in(output_dir: Path) -> dict[str, Path]:
+    """srt-slurm's result files under `<output_dir>/logs`, by point name: the concurrency for
+    sa-bench, `repeat-<i>` for gsm8k_run<i+1>.json."""
+    logs = output_dir / "logs"
+    found: dict[str, Path] = {str(c): path for c, (path, _g) in find_srt_results(logs).items()}
+    for path in sorted((logs / "accuracy").glob("gsm8k_run*.json")) if logs.is_dir() else []:
+        index = path.stem[len("gsm8k_run"):]
+        if index.isdigit():
+            found.setdefault(f"repeat-{int(index) - 1}", path)
+    return found
+
+
 class SrtctlRunner(PollingWait):
     name = "srtctl"
 
     def __init__(self, executable: str | list[str] = "srtctl", output_base: Path | None = None,
-                 env: dict[str, str] | None = None, poll_seconds: float = 2.0):
+                 env: dict[str, str] | None = None, poll_seconds: float = 2.0,
+                 registry_map: dict[str, str] | None = None):
         self.executable = [executable] if isinstance(executable, str) else list(executable)
         self.output_base = output_base
         self.env = env
         self.poll_seconds = poll_seconds
+        self.registry_map = dict(registry_map or {})
         self._unknown_since: dict[str, float] = {}
+
+    def _gsm8k_copy(self, job: JobSpec) -> Path | None:
+        data = job.extra.get("gsm8k_dir")
+        if not data:
+            return None
+        # Writable (gsm8k_eval.py may write there; TMPDIR must be writable) and per job.
+        copy = job.jobs_dir / "gsm8k"
+        if not (copy / "test.jsonl").exists():
+            tmp = job.jobs_dir / ".gsm8k.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(Path(str(data)), tmp)
+            tmp.rename(copy)
+        return copy.resolve()
 
     def submit(self, job: JobSpec) -> JobHandle:
         if job.recipe_file is None:
             raise ServestackError(f"{job.name}: the srtctl runner needs the job's srt-slurm recipe")
         recipe = yaml.safe_load(Path(job.recipe_file).read_text()) or {}
-        bound = bind_recipe(recipe, job.image, job.points, job.extra.get("points_field"))  # type: ignore[arg-type]
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
+        image = pull_reference(job.image, self.registry_map) if job.image else None
+        model_dir = job.extra.get("model_dir")
+        bound = bind_recipe(recipe, image, job.points, job.extra.get("points_field"),  # type: ignore[arg-type]
+                            model_dir=Path(str(model_dir)).resolve() if model_dir else None,
+                            gsm8k=self._gsm8k_copy(job))
         bound_file = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.yaml"
         atomic_write_text(bound_file, yaml.safe_dump(bound, sort_keys=False))
-        base = self.output_base or (job.jobs_dir / "srtctl-outputs")
+        base = (self.output_base or (job.jobs_dir / "srtctl-outputs")).resolve()
         base.mkdir(parents=True, exist_ok=True)
         proc = run([*self.executable, "apply", "-f", str(bound_file), "-o", str(base), "--json", "-y"],
-                   env=self.env, check=False)
+                   env=self.env, check=False, timeout=600)
         records = parse_apply_output(proc.stdout or "")
         submitted = [r for r in records if r.get("status") == "submitted"]
         if proc.returncode != 0 or not submitted:
@@ -89,7 +135,10 @@ class SrtctlRunner(PollingWait):
             raise ServestackError(f"srtctl apply -f {bound_file} failed (exit {proc.returncode})"
                                   + (f": {errors}" if errors else f":\n{(proc.stdout or '')[-2000:]}"))
         rec = submitted[0]
-        return JobHandle(self.name, str(rec["slurm_job_id"]), job, output_dir=Path(rec["output_dir"]))
+        job_id = str(rec["slurm_job_id"])
+        output_dir = Path(rec.get("output_dir") or base / job_id)
+        log.info("srtctl submitted %s as Slurm job %s (outputs in %s)", bound_file.name, job_id, output_dir)
+        return JobHandle(self.name, job_id, job, output_dir=output_dir)
 
     def state(self, handle: JobHandle) -> JobState:
         st = slurm_state(handle.job_id, env=self.env)
@@ -104,21 +153,7 @@ class SrtctlRunner(PollingWait):
         scancel(handle.job_id, env=self.env)
 
     def _results(self, handle: JobHandle) -> dict[str, Path]:
-        """srt-slurm result files of this job, by point name."""
-        if handle.output_dir is None:
-            return {}
-        logs = handle.output_dir / "logs"
-        found: dict[str, Path] = {str(c): path for c, (path, _g) in find_srt_results(logs).items()}
-        for path in sorted(logs.glob("**/*.json")) if logs.is_dir() else []:
-            if path.name.startswith("results_concurrency_"):
-                continue
-            try:
-                data = json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError):
-                continue
-            if isinstance(data, dict) and "accuracy" in data and "num_questions" in data:
-                found.setdefault("repeat-0", path)
-        return found
+        return results_in(handle.output_dir) if handle.output_dir is not None else {}
 
     def collect(self, handle: JobHandle) -> Path:
         """Copy srt-slurm's result files to `<out_dir>/<point>.json` (atomically); keep the originals."""

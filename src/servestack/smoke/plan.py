@@ -49,6 +49,11 @@ STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
     ("nixl", ("nixl", "nixl-cu12", "nixl-cu13")),
     ("flashinfer", ("flashinfer-python",)),
     ("flashinfer.gdn_prefill", ("flashinfer-python",)),
+    # What srt-slurm's benchmark clients import (sa-bench, gsm8k_eval.py): a job never installs them.
+    *((m, (d,)) for m, d in (("pandas", "pandas"), ("datasets", "datasets"), ("jinja2", "jinja2"),
+                             ("aiohttp", "aiohttp"), ("numpy", "numpy"), ("PIL", "pillow"), ("tqdm", "tqdm"),
+                             ("transformers", "transformers"), ("huggingface_hub", "huggingface-hub"),
+                             ("requests", "requests"))),
 ]
 
 # Container environment for serving: no telemetry, no hub.

@@ -39,6 +39,7 @@ from typing import Any
 
 from .. import yamlfile
 from ..runners.base import JobState
+from ..runners.slurm import CONTAINER_MODES
 from .gates import GateConfig
 
 STAGES = ("accuracy", "throughput")
@@ -75,7 +76,7 @@ def parse_duration(value: Any) -> int:
 class SlurmSettings:
     partition: str | None = None
     account: str | None = None
-    container: str = "docker"
+    container: str = "auto"  # pyxis when the cluster has it, else docker (runners.slurm.preflight)
     extra_sbatch: tuple[str, ...] = ()
     local_cluster: bool = False  # start this machine's one-node Slurm (services.ensure_slurm)
 
@@ -199,9 +200,9 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
         raise doc.error(("runner", "kind"), f"{kind!r} is not one of {', '.join(RUNNER_KINDS)}")
     s = _expect_map(doc, ("runner", "slurm"), r.get("slurm"),
                     {"partition", "account", "container", "extra_sbatch", "local_cluster"})
-    container = s.get("container", "docker")
-    if container not in ("docker", "pyxis"):
-        raise doc.error(("runner", "slurm", "container"), f"{container!r} is not docker or pyxis")
+    container = s.get("container", "auto")
+    if container not in CONTAINER_MODES:
+        raise doc.error(("runner", "slurm", "container"), f"{container!r} is not one of {', '.join(CONTAINER_MODES)}")
     extra = s.get("extra_sbatch") or []
     if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
         raise doc.error(("runner", "slurm", "extra_sbatch"), "expected a list of sbatch options")

@@ -68,6 +68,21 @@ def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
 SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
 
 
+def _root(pipeline: Pipeline) -> Path:
+    return Project.find(Path(pipeline.file).parent).root
+
+
+def _local_cluster(pipeline: Pipeline) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """This machine as a GB200-shaped node: real srtctl, pyxis and enroot, built on demand; the
+    nodes pull the image by digest with token auth, as from a production registry. Returns the
+    environment for Slurm/srtctl, the registry map for image references and the srtctl command."""
+    from .. import cluster, pullregistry, services
+
+    node = cluster.ensure_cluster(_root(pipeline))
+    local = services.ensure_registry()
+    return node.env, {local: pullregistry.ensure_pull_registry(local)}, node.srtctl.argv()
+
+
 def make_runner(pipeline: Pipeline) -> Runner:
     kind = pipeline.runner.kind
     poll = pipeline.retry.poll_seconds
@@ -76,6 +91,7 @@ def make_runner(pipeline: Pipeline) -> Runner:
 
         return LocalRunner(poll_seconds=poll)
     env = None
+    registry_map: dict[str, str] = {}
     if pipeline.runner.slurm.local_cluster:
         from .. import services
 
@@ -84,16 +100,21 @@ def make_runner(pipeline: Pipeline) -> Runner:
         from ..runners.slurm import SlurmConfig, SlurmRunner
 
         s = pipeline.runner.slurm
+        if s.local_cluster and s.container != "docker":
+            env, registry_map, _ = _local_cluster(pipeline)
         return SlurmRunner(SlurmConfig(partition=s.partition, account=s.account, container=s.container,
-                                       extra_sbatch=s.extra_sbatch, poll_seconds=poll, env=env))
+                                       extra_sbatch=s.extra_sbatch, poll_seconds=poll, env=env,
+                                       registry_map=registry_map))
     from ..runners.srtctl import SrtctlRunner
 
     executable = list(pipeline.runner.srtctl.executable)
+    if pipeline.runner.slurm.local_cluster:
+        env, registry_map, executable = _local_cluster(pipeline)
     override = os.environ.get(SRTCTL_ENV, "").strip()
     if override:
         executable = shlex.split(override)
-    return SrtctlRunner(executable=executable,
-                        output_base=pipeline.runner.srtctl.output_dir, env=env, poll_seconds=poll)
+    return SrtctlRunner(executable=executable, output_base=pipeline.runner.srtctl.output_dir, env=env,
+                        poll_seconds=poll, registry_map=registry_map)
 
 
 def _recipe(project: Project, pipeline: Pipeline, name: str) -> RecipeView:
@@ -157,11 +178,22 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
         else:
             points = tuple(f"repeat-{i}" for i in range(stage.gsm8k.repeats))
         if kind == "srtctl":
+            extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
+            if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
+                # srtctl mounts a host model directory at /model: the pipeline's, else the model
+                # the stack's build wrote.
+                host = pipeline.model_dir or project.artifacts(pipeline.stack) / "model"
+                if not host.is_dir():
+                    raise InputError(pipeline.file, "model_dir", f"{host} is not a directory "
+                                     f"(`nox -s build -- --stack {pipeline.stack}` writes the stack's model)")
+                extra["model_dir"] = str(host)
+            if stage.name == "accuracy":
+                extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
             spec = JobSpec(
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
                 time_limit_s=stage.time_limit_s,
                 gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
-                extra={"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None},
+                extra=extra,
             )
             planned.append(_Planned(name, recipe, spec, points, gpus))
             continue
