@@ -319,15 +319,36 @@ def ensure_enroot(root: Path | None = None) -> Enroot:
     wanted = "".join(f"{k} {v}\n" for k, v in enroot_settings(state).items())
     if not conf.exists() or conf.read_text() != wanted:
         atomic_write_text(conf, wanted)
+    for tool in sorted((prefix / "bin").iterdir()):  # enroot and its helpers (enroot-nsenter, ...)
+        _install_command(tool)
     out = run([str(prefix / "bin" / "enroot"), "version"], timeout=30).stdout.strip()
     return Enroot(prefix, parse_enroot_version(out))
+
+
+SYSTEM_BIN = Path("/usr/local/bin")
+
+
+def _install_command(binary: Path) -> None:
+    """Put `binary` on the system PATH, as a package would: pyxis runs `enroot start` (and enroot
+    its helpers) from slurmstepd, whose PATH is slurmd's, not the job's. Only a link of ours is
+    ever replaced."""
+    link = SYSTEM_BIN / binary.name
+    if link.is_symlink() and Path(os.readlink(link)) == binary:
+        return
+    if link.exists() and not (link.is_symlink() and str(os.readlink(link)).startswith(str(state_home()))):
+        raise ClusterToolsMissing(f"{link} exists and is not servestack's; remove it (enroot is installed "
+                                  f"under {state_home() / 'cluster'} and linked there)")
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(binary)
+    tmp.replace(link)
 
 
 # --------------------------------------------------------------------------- pyxis
 
 
 IMPORTER = """#!/bin/bash
-# pyxis importer (written by servestack.cluster): `get URI` imports the image once per digest
+# pyxis importer (written by servestack.cluster): `get docker://URI` imports the image once per digest
 # into a squashfs under CACHE and prints its path; later jobs reuse it. Images are referenced by
 # digest everywhere past the build, so the digest in the URI is the cache key.
 set -euo pipefail
@@ -346,7 +367,7 @@ case "$1" in
             if [[ ! -e $out ]]; then
                 tmp=$out.$$.tmp
                 trap 'rm -f "$tmp"' EXIT
-                enroot import --output "$tmp" "docker://$uri" >&2
+                enroot import --output "$tmp" "$uri" >&2
                 mv "$tmp" "$out"
             fi
         fi
@@ -393,7 +414,10 @@ def ensure_pyxis(root: Path | None = None, enroot: Enroot | None = None) -> Pyxi
     text = IMPORTER.replace("@ENROOT_BIN@", str(enroot.bin_dir)).replace("@CACHE@", str(cache))
     if not importer.exists() or importer.read_text() != text:
         _executable(importer, text)
-    line = (f"required {home / 'spank_pyxis.so'} runtime_path={state_home() / 'enroot' / 'pyxis'} "
+    runtime = state_home() / "enroot" / "pyxis"
+    for d in (runtime, cache):
+        d.mkdir(parents=True, exist_ok=True)  # pyxis creates <runtime>/<uid> only, not its parents
+    line = (f"required {home / 'spank_pyxis.so'} runtime_path={runtime} "
             f"importer={importer} use_squashfuse=1 container_scope=job")
     return Pyxis(home / "spank_pyxis.so", line, cache)
 
