@@ -3,10 +3,14 @@
 build.yml's `image` job (dev-cpu leg) runs in a fresh checkout of this commit: bootstrap, the tool
 venv, build + image + smoke, publish with a signing key, then `nox -s outputs`. Its job outputs
 are what gb200.yml gets as inputs, exactly as build.yml's `gb200` job passes them. gb200.yml's
-`pipeline` job then runs in another checkout (a login node has no build records): it pulls and
-verifies the bundle by digest with the public key, runs the dev-cpu pipeline through the srtctl
-runner on this machine's Slurm, publishes the results as another referrer of the digest, and
-writes the report to the step summary. Cancelled mid-run, it leaves nothing in squeue.
+`pipeline` job then pulls and verifies the bundle by digest with the public key, runs the dev-cpu
+pipeline through the srtctl runner (real srtctl, pyxis and enroot on this machine's Slurm),
+publishes the results as another referrer of the digest with the pulled records, and writes the
+report to the step summary. Cancelled mid-run, it leaves nothing in squeue.
+
+Both jobs use one workspace, as one machine registered with both label sets would: srtctl mounts
+the model from the host, and on dev-cpu that is the directory `nox -s build` writes (on a GB200
+cluster it is the weights' path the qwen35-gb200 pipeline names).
 
 The image is the one the rest of the e2e suite builds: `nox -s image` finds it in the registry by
 its input hash and builds nothing.
@@ -48,7 +52,10 @@ RUN_ID = 90210  # github.run_id of the simulated run
 
 def _runner_env() -> dict[str, str]:
     """The environment a runner service has: this machine's, without the test's own virtualenv."""
-    env = dict(os.environ)
+    from servestack import cluster
+
+    # Where this machine keeps the sources of its cluster tools (a real login node has the tools).
+    env = {cluster.VENDOR_ENV: str(cluster.vendor_dir(ROOT)), **os.environ}
     venv = env.pop("VIRTUAL_ENV", None)
     own = {str(Path(sys.executable).parent), *([str(Path(venv) / "bin")] if venv else [])}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p not in own)
@@ -93,9 +100,13 @@ def build_job(runner_root, sha, keys) -> JobResult:
     timer = threading.Timer(3600, runner.cancel)  # a hung step fails the test, it does not hang CI
     timer.start()
     try:
-        return runner.run_job(WORKFLOWS / "build.yml", "image", matrix={"stack": STACK})
+        return runner.run_job(WORKFLOWS / "build.yml", "image", matrix={"stack": STACK}, workspace=_workspace(runner_root))
     finally:
         timer.cancel()
+
+
+def _workspace(runner_root: Path) -> Path:
+    return runner_root / "work" / "servestack"
 
 
 def _gb200_inputs(build: JobResult) -> dict[str, str]:
@@ -112,10 +123,11 @@ def test_build_job_publishes_and_outputs_the_digest(build_job):
     assert str(ref) in build_job.summary and "smoke: **PASS**" in build_job.summary
 
 
-def _squeue_in(workspace: Path, env: dict[str, str]) -> list[str]:
-    """Slurm jobs whose working directory is inside `workspace` (other users of this Slurm are not ours)."""
+def _squeue_ours(workspace: Path, seen: list[str], env: dict[str, str]) -> list[str]:
+    """Jobs in squeue that are ours: seen live, or working inside `workspace` (others share this Slurm)."""
     out = run(["squeue", "-h", "-o", "%i|%Z"], env=env, check=False).stdout
-    return [line.split("|")[0] for line in out.splitlines() if "|" in line and line.split("|", 1)[1].startswith(str(workspace))]
+    rows = [line.split("|", 1) for line in out.splitlines() if "|" in line]
+    return [i for i, wd in rows if i in seen or wd.startswith(str(workspace))]
 
 
 def _run_dir(workspace: Path, attempt: int) -> Path:
@@ -125,7 +137,7 @@ def _run_dir(workspace: Path, attempt: int) -> Path:
 @pytest.fixture(scope="module")
 def cancelled_run(build_job, runner_root, sha, keys, slurm_env):
     runner = _runner(runner_root, sha, keys, attempt=1)
-    workspace = runner_root / "work" / "gb200-pipeline"
+    workspace = _workspace(runner_root)
     seen: list[str] = []
 
     def a_job_is_queued() -> bool:
@@ -142,10 +154,10 @@ def cancelled_run(build_job, runner_root, sha, keys, slurm_env):
     finally:
         timer.cancel()
     deadline = time.monotonic() + 60  # scancel is asynchronous: give Slurm a moment to drop the job
-    left = _squeue_in(workspace, slurm_env)
+    left = _squeue_ours(workspace, seen, slurm_env)
     while left and time.monotonic() < deadline:
         time.sleep(1)
-        left = _squeue_in(workspace, slurm_env)
+        left = _squeue_ours(workspace, seen, slurm_env)
     return {"result": result, "seen": seen, "left": left}
 
 
@@ -167,7 +179,7 @@ def gb200_job(build_job, cancelled_run, runner_root, sha, keys):
     timer.start()
     try:
         result = runner.run_job(WORKFLOWS / "gb200.yml", "pipeline", inputs=_gb200_inputs(build_job),
-                                workspace=runner_root / "work" / "gb200-pipeline")
+                                workspace=_workspace(runner_root))
     finally:
         timer.cancel()
     return result
@@ -177,7 +189,7 @@ def test_gb200_job_verifies_runs_publishes_and_summarizes(gb200_job, build_job, 
     steps = {s.name: s.outcome for s in gb200_job.steps}
     assert gb200_job.result == "success", steps
     assert steps["Cancel what is left on Slurm"] == "skipped"
-    run_dir = _run_dir(runner_root / "work" / "gb200-pipeline", 2)
+    run_dir = _run_dir(_workspace(runner_root), 2)
     results = json.loads((run_dir / "results.json").read_text())
     stages = {s["stage"]: s for s in results["stages"]}
     assert results["passed"] and set(stages) == {"accuracy", "throughput"}
