@@ -1,4 +1,15 @@
-"""YAML documents that remember where each value came from, so errors can name line and column."""
+"""YAML documents that remember where each value came from, so errors can name line and column.
+
+The one YAML reader of the project. Two views of the same parse:
+
+    parse(text, file) -> Node       a tree whose every value keeps its line and column (and its
+                                    key's), for walkers that check as they go (recipes);
+    load(file) -> Document          plain data plus a table of positions by key path, for typed
+                                    models that validate the plain data (stacks, pipelines).
+
+A duplicate mapping key is an error (pyyaml would keep the last one silently); anchors and merge
+keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +22,83 @@ import yaml
 from .errors import InputError, Location
 
 PathKey = tuple[str | int, ...]
+
+
+@dataclass
+class Node:
+    value: Any  # dict[str, Node] | list[Node] | scalar
+    line: int  # 1-based
+    column: int  # 1-based
+    key_line: int | None = None  # where the key naming this value is
+    key_column: int | None = None
+    tag: str = ""
+    key: Any = None  # the key as YAML typed it (an int stays an int in plain()); the tree indexes by str(key)
+
+    @property
+    def is_map(self) -> bool:
+        return isinstance(self.value, dict)
+
+    @property
+    def is_list(self) -> bool:
+        return isinstance(self.value, list)
+
+    def get(self, key: str) -> "Node | None":
+        return self.value.get(key) if isinstance(self.value, dict) else None
+
+    def plain(self) -> Any:
+        """The Python value without positions."""
+        if isinstance(self.value, dict):
+            return {(k if v.key is None else v.key): v.plain() for k, v in self.value.items()}
+        if isinstance(self.value, list):
+            return [v.plain() for v in self.value]
+        return self.value
+
+
+class _Constructor(yaml.constructor.SafeConstructor):
+    pass
+
+
+def _convert(node: yaml.Node, file: Path | str) -> Node:
+    line, col = node.start_mark.line + 1, node.start_mark.column + 1
+    if isinstance(node, yaml.MappingNode):
+        out: dict[str, Node] = {}
+        c = _Constructor()
+        c.flatten_mapping(node)
+        for knode, vnode in node.value:
+            typed = c.construct_object(knode, deep=True)
+            kline, kcol = knode.start_mark.line + 1, knode.start_mark.column + 1
+            key = typed if isinstance(typed, str) else str(typed)
+            if key in out:
+                raise InputError(Location(file, kline, kcol), key, "duplicate key")
+            child = _convert(vnode, file)
+            child.key_line, child.key_column = kline, kcol
+            child.key = typed
+            out[key] = child
+        return Node(out, line, col, tag=node.tag)
+    if isinstance(node, yaml.SequenceNode):
+        return Node([_convert(n, file) for n in node.value], line, col, tag=node.tag)
+    value = _Constructor().construct_object(node, deep=True)
+    return Node(value, line, col, tag=node.tag)
+
+
+def _compose(text: str, file: Path | str) -> Node | None:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        loc = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file)
+        raise InputError(loc, "", f"not valid YAML: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise InputError(file, "", f"not valid YAML: {e}") from None
+    return _convert(root, file) if root is not None else None
+
+
+def parse(text: str, file: Path | str) -> Node:
+    """Parse one YAML document into positioned nodes; errors name the file and position."""
+    root = _compose(text, str(file))
+    if root is None:
+        raise InputError(Location(str(file), 1, 1), "", "empty YAML document")
+    return root
 
 
 @dataclass(frozen=True)
@@ -31,17 +119,16 @@ class Document:
         return InputError(self.location(path), dotted(path), problem)
 
 
-def _walk(node: yaml.Node, path: PathKey, marks: dict[PathKey, tuple[int, int]]) -> None:
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = (*path, key_node.value)
-            marks[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-            _walk(value_node, child, marks)
-    elif isinstance(node, yaml.SequenceNode):
+def _marks(node: Node, path: PathKey, marks: dict[PathKey, tuple[int, int]]) -> None:
+    if isinstance(node.value, dict):
+        for name, child in node.value.items():
+            key = name if child.key is None else child.key
+            marks[(*path, key)] = (child.key_line or child.line, child.key_column or child.column)
+            _marks(child, (*path, key), marks)
+    elif isinstance(node.value, list):
         for index, item in enumerate(node.value):
-            child = (*path, index)
-            marks[child] = (item.start_mark.line + 1, item.start_mark.column + 1)
-            _walk(item, child, marks)
+            marks[(*path, index)] = (item.line, item.column)
+            _marks(item, (*path, index), marks)
 
 
 def load(file: Path) -> Document:
@@ -50,17 +137,20 @@ def load(file: Path) -> Document:
         text = file.read_text()
     except FileNotFoundError:
         raise InputError(file, "", "file not found") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file)
-        raise InputError(where, "", f"not valid YAML: {exc.problem}") from None
+    root = _compose(text, file)
     marks: dict[PathKey, tuple[int, int]] = {(): (1, 1)}
-    if node is not None:
-        _walk(node, (), marks)
-    return Document(file, data, marks)
+    if root is not None:
+        _marks(root, (), marks)
+    return Document(file, root.plain() if root is not None else None, marks)
+
+
+def load_nodes(file: Path | str) -> Node:
+    file = Path(file)
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise InputError(file, "", "file not found") from None
+    return parse(text, file)
 
 
 def dotted(path: PathKey) -> str:

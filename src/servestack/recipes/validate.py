@@ -30,7 +30,7 @@ from ..errors import InputError, Location
 from ..imageref import ImageRef
 from . import schema as S
 from .engine import DYNAMO_VLLM, VLLM_SERVE, EngineSpec, ParserSpec, load_engine
-from .yamlnodes import Node, parse
+from ..yamlfile import Node, parse
 
 UNBOUND_IMAGE = "servestack-unbound"
 RENDER_MARK = "# Rendered by servestack"

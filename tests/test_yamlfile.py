@@ -1,0 +1,40 @@
+"""The one YAML reader: positions, typed keys, duplicate keys, anchors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servestack import yamlfile
+from servestack.errors import InputError
+
+
+def test_document_and_nodes_are_one_parse(tmp_path: Path):
+    f = tmp_path / "doc.yaml"
+    f.write_text("base: &b\n  x: 1\ngate:\n  baselines: {agg: {1: 100.0}}\nitems:\n  - <<: *b\n    y: [a, b]\n")
+    doc = yamlfile.load(f)
+    assert doc.data == {"base": {"x": 1}, "gate": {"baselines": {"agg": {1: 100.0}}}, "items": [{"x": 1, "y": ["a", "b"]}]}
+    assert str(doc.location(("gate", "baselines", "agg", 1))) == f"{f}:4:{len('  baselines: {agg: {') + 1}"
+    assert str(doc.location(("items", 0, "y"))) == f"{f}:7:5"
+    assert str(doc.location(("items", 0, "nope"))) == f"{f}:6:5"  # the nearest known parent
+    root = yamlfile.load_nodes(f)
+    assert root.plain() == doc.data
+    y = root.get("items").value[0].get("y")
+    assert (y.line, y.column, y.key_line, y.key_column) == (7, 8, 7, 5)
+
+
+def test_duplicate_keys_and_bad_yaml_are_errors_at_their_position(tmp_path: Path):
+    f = tmp_path / "dup.yaml"
+    f.write_text("stack: a\nstack: b\n")
+    with pytest.raises(InputError) as info:
+        yamlfile.load(f)
+    assert (info.value.location.line, info.value.location.column, info.value.field) == (2, 1, "stack")
+    f.write_text("a: [1\n")
+    with pytest.raises(InputError, match="not valid YAML") as info:
+        yamlfile.load(f)
+    assert info.value.location.line is not None
+    f.write_text("")
+    assert yamlfile.load(f).data is None
+    with pytest.raises(InputError, match="empty"):
+        yamlfile.load_nodes(f)
