@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cache, overlay, wheels
+from . import cache, overlay, pairing, wheels
 from .errors import InputError, NetworkError, ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
 from .project import Project
@@ -146,6 +146,8 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     if stack.name != stack_name:
         raise InputError(stack_file, "name", f"is {stack.name!r}, but the file is named for {stack_name!r}")
     platforms = {platform: pypi.resolve(stack, stack_file, platform) for platform in stack.platforms}
+    for platform, resolved_wheels in platforms.items():
+        pairing.check_locked(stack, stack_file, platform, resolved_wheels)
     first = platforms[stack.platforms[0]]
     by_name = {normalize(w.name): w for w in first}
     missing = [p.name for p in stack.packages if normalize(p.name) not in by_name]
