@@ -99,6 +99,12 @@ def build(project: Project, stack: str) -> Path:
             pending.setdefault(pr["package"], []).append(
                 overlay.Overlay(pr["repo"], pr["number"], project.root / pr["patch"]["path"], pr["patch"]["sha256"])
             )
+    # Local patches go on top of the package's PRs (they are written against the wheel as shipped
+    # plus its overlays, if any).
+    for local in document.get("local_patches", []):
+        pending.setdefault(local["package"], []).append(
+            overlay.Overlay(local["package"], None, project.root / local["file"], local["sha256"])
+        )
     for package, patches in sorted(pending.items()):
         wheel = by_package[package]
         result = overlay.apply_overlays(paths[wheel["filename"]], patches, out / "overlays", epoch)

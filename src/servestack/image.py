@@ -133,7 +133,7 @@ def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: 
     stack_json = canonical_json({
         "lock_sha256": record["lock_sha256"],
         "lock": record["lock"],
-        "overlays": {o["package"]: {"version": o["wheel"]["version"], "prs": [f"{p['repo']}#{p['number']}" for p in o["prs"]],
+        "overlays": {o["package"]: {"version": o["wheel"]["version"], "prs": [p["name"] for p in o["prs"]],
                                     "files": {t[len(site) + 1:] if t.startswith(site) else t: h
                                               for t, h in sorted(overlay_files.items())}}
                      for o in record["overlays"]},

@@ -139,6 +139,29 @@ def _resolve_prs(
     return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches
 
 
+def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dict[str, Any]]:
+    """Each local patch hashed, with what it touches (overlays are Python-only: build refuses native files)."""
+    entries = []
+    for index, package in enumerate(stack.packages):
+        for patch_index, patch in enumerate(package.patches):
+            path = project.patches / patch.file
+            if not path.is_file():
+                raise InputError(stack_file, f"packages[{index}].patches[{patch_index}].file",
+                                 f"{_relative(project, path)} does not exist (a local patch lives in pins/patches/)")
+            diff = path.read_text()
+            if not overlay.touched_files(diff):
+                raise InputError(path, "diff", "changes no file (expected a unified diff in the wheel's paths)")
+            entries.append({
+                "package": normalize(package.name),
+                "file": _relative(project, path),
+                "sha256": sha256_file(path),
+                "reason": patch.reason,
+                "python_only": not overlay.diff_native_files(diff),
+                "native_files": overlay.diff_native_files(diff),
+            })
+    return sorted(entries, key=lambda e: (e["package"], e["file"]))
+
+
 def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> dict[str, Any]:
     """Resolve a stack into its lock document (nothing is written)."""
     stack_file = project.stack_file(stack_name)
@@ -154,6 +177,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     if missing:
         raise ServestackError(f"{stack_file}: packages {missing} did not resolve to any wheel")
     prs, commits, patches = _resolve_prs(project, stack, stack_file, by_name, github or GitHub())
+    local_patches = _local_patches(project, stack, stack_file)
     base = _resolve_base(stack)
     uploads = [w.upload_time for ws in platforms.values() for w in ws if w.upload_time]
     epoch = max(uploads) if uploads else base.get("debian", {}).get("release_date", 0)
@@ -175,6 +199,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         },
         "platforms": {platform: [w.to_json() for w in ws] for platform, ws in sorted(platforms.items())},
         "pull_requests": prs,
+        **({"local_patches": local_patches} if local_patches else {}),
         "smoke_model": stack.smoke_model.model_dump(exclude_none=True),
     }
     return {"document": document, "patches": patches}
@@ -267,4 +292,17 @@ def check(project: Project, stack_name: str) -> CheckReport:
                     problems.append(
                         f"{where}: {label}.patch: {patch['path']} has sha256 {sha256_file(path)}, the lock says {patch.get('sha256')}"
                     )
+    locked_patches = {e["file"]: e for e in document.get("local_patches", [])}
+    for package in stack.packages:
+        for patch in package.patches:
+            rel = _relative(project, project.patches / patch.file)
+            entry = locked_patches.get(rel)
+            label = f"local_patches[{rel}]"
+            path = project.root / rel
+            if entry is None:
+                problems.append(f"{where}: {label}: entry missing")
+            elif not path.is_file():
+                problems.append(f"{where}: {label}: file {rel} is missing")
+            elif sha256_file(path) != entry.get("sha256"):
+                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.get('sha256')}")
     return CheckReport(problems, warnings)

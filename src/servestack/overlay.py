@@ -271,27 +271,33 @@ class PatchDoesNotApply(OverlayError):
         )
 
 
+def overlay_name(repo: str, number: int | None, patch: Path | str) -> str:
+    """`owner/repo#N` for a PR; `local:<file>` for a local patch (its diff is in the wheel's paths)."""
+    return f"{repo}#{number}" if number is not None else f"local:{Path(patch).name}"
+
+
 @dataclass(frozen=True)
 class Overlay:
-    repo: str  # "vllm-project/vllm"
-    number: int
-    patch: Path  # the PR's diff (pins/patches/...)
+    repo: str  # "vllm-project/vllm"; for a local patch, the package it patches
+    number: int | None  # the PR; None for a local patch (stack `packages[].patches`)
+    patch: Path  # the diff (pins/patches/...)
     sha256: str  # expected sha256 of the patch file (from the lock)
 
     @property
     def name(self) -> str:
-        return f"{self.repo}#{self.number}"
+        return overlay_name(self.repo, self.number, self.patch)
 
 
 @dataclass(frozen=True)
 class AppliedPR:
     repo: str
-    number: int
+    number: int | None
     patch_sha256: str
     added: tuple[str, ...]  # wheel paths
     modified: tuple[str, ...]
     deleted: tuple[str, ...]
     skipped: tuple[str, ...]  # repository paths not in the wheel
+    name: str = ""
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -317,6 +323,7 @@ class OverlayResult:
             "label": self.label,
             "prs": [
                 {
+                    "name": p.name,
                     "repo": p.repo,
                     "number": p.number,
                     "patch_sha256": p.patch_sha256,
@@ -471,6 +478,7 @@ def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str
                 )
             raise _explain_failure(o, proc.stdout or "", sections, to_repo)
     return AppliedPR(
+        name=o.name,
         repo=o.repo,
         number=o.number,
         patch_sha256=o.sha256.lower(),

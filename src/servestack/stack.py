@@ -34,6 +34,14 @@ class PullRequest(_Model):
     title: str | None = None
 
 
+class LocalPatch(_Model):
+    """A Python-only change of our own onto the pinned wheel (a diff in `pins/patches/`, in the
+    wheel's own paths), for what no upstream PR fixes yet; the reason is part of the record."""
+
+    file: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*\.diff$")]
+    reason: Annotated[str, Field(min_length=10)]
+
+
 class GitSource(_Model):
     url: str
     commit: Annotated[str, Field(pattern=SHA1)]
@@ -46,6 +54,7 @@ class Package(_Model):
     git: GitSource | None = None
     index: str | None = None
     prs: list[PullRequest] = []
+    patches: list[LocalPatch] = []
 
     @model_validator(mode="after")
     def _one_source(self) -> "Package":

@@ -16,6 +16,7 @@ The config (JSON, written by servestack.smoke):
     site_packages                   null: the interpreter's purelib; or a directory
     wheels                          [{"name", "version"}] the lock's wheels for this platform
     pull_requests                   the lock's pull_requests
+    local_patches                   the lock's local_patches
     excluded                        the lock's excluded [{"name", "reason"}]
     modules                         module names that must import
     engine                          null, or {"name": "vllm", "flags": {flag: {"value", "sources"}},
@@ -211,7 +212,17 @@ def check_overlays(stack_json: dict | None, site: str) -> tuple[list[dict], dict
     return results, ok_by_package
 
 
+def _overlaid(label: str, package: str, patch_sha256: str, why: str, overlays: dict, overlay_ok: dict[str, bool]) -> dict:
+    if package not in overlays:
+        return check(label, FAIL, f"the lock overlays it onto {package}, but the image has no overlay for {package} ({why})")
+    version = overlays[package].get("version")
+    if not overlay_ok.get(package, False):
+        return check(label, FAIL, f"overlaid onto {package} {version}, but overlaid files do not match ({why})")
+    return check(label, PASS, f"overlaid onto {package} {version} (patch sha256 {patch_sha256[:12]}; {why})")
+
+
 def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool]) -> list[dict]:
+    """Each PR (included, overlaid or unverified) and each local patch (overlaid), as one check."""
     overlays = {normalize(k): v for k, v in ((stack_json or {}).get("overlays") or {}).items()}
     results = []
     for pr in config.get("pull_requests") or []:
@@ -222,16 +233,14 @@ def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool]
         if status == "included":
             results.append(check(label, PASS, f"included upstream in the pinned {package} ({title})"))
         elif status == "overlay":
-            if package not in overlays:
-                results.append(check(label, FAIL, f"the lock overlays it onto {package}, but the image has no overlay for {package} ({title})"))
-            elif not overlay_ok.get(package, False):
-                results.append(check(label, FAIL, f"overlaid onto {package} {overlays[package].get('version')}, but overlaid files do not match ({title})"))
-            else:
-                patch = (pr.get("patch") or {}).get("sha256", "")
-                results.append(check(label, PASS, f"overlaid onto {package} {overlays[package].get('version')} (patch sha256 {patch[:12]}; {title})"))
+            results.append(_overlaid(label, package, (pr.get("patch") or {}).get("sha256", ""), title, overlays, overlay_ok))
         else:
             reason = pr.get("unverified_reason") or "not classified against GitHub"
             results.append(check(label, NOT_RUN, f"unverified: {reason} ({title})"))
+    for patch in config.get("local_patches") or []:
+        package = normalize(patch["package"])
+        label = f"patch:{package}:{os.path.basename(patch['file'])}"
+        results.append(_overlaid(label, package, patch.get("sha256", ""), f"local patch: {patch.get('reason', '')}", overlays, overlay_ok))
     return results
 
 

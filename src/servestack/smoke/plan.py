@@ -184,6 +184,7 @@ def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: s
         "site_packages": None,
         "wheels": [{"name": w["name"], "version": w["version"]} for w in lock.get("platforms", {}).get(platform, [])],
         "pull_requests": lock.get("pull_requests", []),
+        "local_patches": lock.get("local_patches", []),
         "excluded": lock.get("excluded", []),
         "modules": _modules(lock, platform),
         "engine": {"name": engine, **usage} if engine and usage else None,
