@@ -108,8 +108,8 @@ def check(stack: Stack, stack_file: Path, resolved: Mapping[str, Resolved], plat
                     problems.append(InputError(
                         stack_file, _field(stack, normalize(dist.name)),
                         f"{dist.name} {dist.version} does not pair with {owner.name} {owner.version}, whose "
-                        f"`{pairing.extra}` extra pins {pin} (platform {platform}); pin {dist.name} to a version "
-                        f"{requirement.specifier} allows, or {owner.name} to one that supports {dist.name} {dist.version}",
+                        f"`{pairing.extra}` extra pins {pin} (platform {platform}); pin {dist.name} to a version that "
+                        f"`{requirement.specifier}` allows, or {owner.name} to one that supports {dist.name} {dist.version}",
                     ))
     if len(problems) == 1:
         raise problems[0]

