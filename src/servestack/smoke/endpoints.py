@@ -1,0 +1,181 @@
+"""The serving checks, as a table: each is a named function of the `Target` it probes.
+
+The aggregated shape (vLLM's own OpenAI server) and the disaggregated one (Dynamo's frontend
+with a prefill and a decode worker) share the endpoint checks; each adds its own evidence: vLLM's
+/metrics for the first, the KV cache moving over NIXL for the second.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .records import FAIL, PASS
+
+
+@dataclass
+class Target:
+    """What the checks talk to; `metrics` collects what they measure for smoke.json."""
+
+    base: str  # http://127.0.0.1:<published port>
+    model: str
+    http: Any  # a requests.Session that never goes through a proxy
+    timeout: float
+    metrics: dict[str, Any] = field(default_factory=dict)
+    logs: dict[str, Callable[[], str]] = field(default_factory=dict)  # role -> its whole log so far
+    kv_wait_s: float = 30.0  # vLLM logs KV transfer stats once per stats interval (10 s)
+
+
+def usage_problem(usage: dict[str, Any] | None) -> str | None:
+    if not isinstance(usage, dict):
+        return "no usage in the response"
+    p, c, t = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
+    if not all(isinstance(x, int) for x in (p, c, t)):
+        return f"usage counts missing: {usage}"
+    if c <= 0:
+        return f"completion_tokens is {c}"
+    if p <= 0:
+        return f"prompt_tokens is {p}"
+    if t != p + c:
+        return f"total_tokens {t} != prompt_tokens {p} + completion_tokens {c}"
+    return None
+
+
+def check_health(t: Target) -> tuple[str, str]:
+    r = t.http.get(t.base + "/health", timeout=t.timeout)
+    return (PASS, "200") if r.status_code == 200 else (FAIL, f"HTTP {r.status_code}: {r.text[:300]}")
+
+
+def check_models(t: Target) -> tuple[str, str]:
+    r = t.http.get(t.base + "/v1/models", timeout=t.timeout)
+    if r.status_code != 200:
+        return FAIL, f"HTTP {r.status_code}: {r.text[:300]}"
+    ids = [m.get("id") for m in r.json().get("data", [])]
+    return (PASS, f"serves {ids}") if t.model in ids else (FAIL, f"serves {ids}, not {t.model!r}")
+
+
+def check_completions(t: Target) -> tuple[str, str]:
+    r = t.http.post(t.base + "/v1/completions", timeout=t.timeout, json={
+        "model": t.model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+    })
+    if r.status_code != 200:
+        return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
+    body = r.json()
+    text = (body.get("choices") or [{}])[0].get("text")
+    problem = usage_problem(body.get("usage"))
+    if not isinstance(text, str):
+        problem = f"no text in choices: {body.get('choices')}"
+    if problem:
+        return FAIL, problem
+    t.metrics["completion_usage"] = body["usage"]
+    return PASS, f"usage {body['usage']}; text {text[:60]!r}"
+
+
+def check_chat(t: Target) -> tuple[str, str]:
+    r = t.http.post(t.base + "/v1/chat/completions", timeout=t.timeout, json={
+        "model": t.model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
+        "temperature": 0, "ignore_eos": True,
+    })
+    if r.status_code != 200:
+        return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
+    body = r.json()
+    message = ((body.get("choices") or [{}])[0].get("message") or {})
+    problem = usage_problem(body.get("usage"))
+    if problem is None and not isinstance(message.get("content"), str):
+        problem = f"no message content: {message}"
+    if problem:
+        return FAIL, problem
+    t.metrics["chat_usage"] = body["usage"]
+    return PASS, f"usage {body['usage']}; content {message['content'][:60]!r}"
+
+
+def check_stream(t: Target) -> tuple[str, str]:
+    t0 = time.monotonic()
+    first = None
+    chunks = 0
+    with t.http.post(t.base + "/v1/completions", timeout=t.timeout, stream=True, json={
+        "model": t.model, "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+        "stream": True,
+    }) as r:
+        if r.status_code != 200:
+            return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
+        for line in r.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            piece = json.loads(data)
+            if any(c.get("text") for c in piece.get("choices", [])):
+                chunks += 1
+                if first is None:
+                    first = time.monotonic() - t0
+    total = time.monotonic() - t0
+    if first is None:
+        return FAIL, "the stream carried no token"
+    t.metrics["first_token_latency_s"] = round(first, 4)
+    t.metrics["stream_total_s"] = round(total, 4)
+    return PASS, f"first token after {first * 1000:.0f} ms; {chunks} chunks in {total:.2f} s"
+
+
+def check_vllm_metrics(t: Target) -> tuple[str, str]:
+    r = t.http.get(t.base + "/metrics", timeout=t.timeout)
+    if r.status_code != 200:
+        return FAIL, f"HTTP {r.status_code}: {r.text[:300]}"
+    families = sorted({line.split("{")[0].split(" ")[0] for line in r.text.splitlines() if line.startswith("vllm:")})
+    if not families:
+        return FAIL, f"no vllm: metrics in /metrics ({len(r.text)} bytes, starts {r.text[:120]!r})"
+    generated = [float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+                 if line.startswith("vllm:generation_tokens_total")]
+    extra = f"; vllm:generation_tokens_total {sum(generated):.0f}" if generated else ""
+    return PASS, f"{len(families)} vllm: metric families{extra}"
+
+
+# vLLM's NixlConnector stats, logged by the worker that pulled the KV blocks once per interval.
+_KV_LINE = re.compile(r"KV Transfer metrics: (.*)$", re.M)
+
+
+def kv_transfers(log: str) -> dict[str, int]:
+    """Successful and failed NIXL transfers in a worker's log (summed over its stats intervals)."""
+    totals = {"successful": 0, "failed": 0}
+    for fields in _KV_LINE.findall(log):
+        values = dict(re.findall(r"([A-Za-z][\w ()/]*?)=([\d.]+)", fields))
+        totals["successful"] += int(float(values.get("Num successful transfers", 0)))
+        totals["failed"] += int(float(values.get("Num failed transfers", 0)))
+    return totals
+
+
+def check_kv_transfer(t: Target) -> tuple[str, str]:
+    """The decode worker pulled the prefill worker's KV blocks over NIXL for the requests sent."""
+    requests_sent = sum(1 for k in ("completion_usage", "chat_usage", "first_token_latency_s") if k in t.metrics)
+    deadline = time.monotonic() + t.kv_wait_s
+    while True:
+        counts = kv_transfers(t.logs["decode"]())
+        if counts["successful"] >= max(requests_sent, 1) or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    t.metrics["kv_transfers"] = counts["successful"]
+    t.metrics["kv_transfers_failed"] = counts["failed"]
+    prefill = kv_transfers(t.logs["prefill"]())["successful"]
+    detail = (f"the decode worker logged {counts['successful']} successful NIXL transfer(s) and {counts['failed']} "
+              f"failed for {requests_sent} request(s) through the frontend (prefill worker: {prefill})")
+    if counts["failed"] or counts["successful"] < max(requests_sent, 1):
+        return FAIL, detail
+    return PASS, detail
+
+
+ServingCheck = tuple[str, Callable[[Target], tuple[str, str]]]
+
+ENDPOINT_CHECKS: tuple[ServingCheck, ...] = (
+    ("health", check_health),
+    ("models", check_models),
+    ("completions", check_completions),
+    ("chat", check_chat),
+    ("stream", check_stream),
+)
+AGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("metrics", check_vllm_metrics))
+DISAGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("kv-transfer", check_kv_transfer))
