@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import cache, overlay, pairing, wheels
+from . import cache, diffs, pairing, wheels
 from .errors import InputError, NetworkError, ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
 from .project import Project
@@ -132,8 +132,8 @@ def _resolve_prs(
                 entry["patch"] = {
                     "path": _relative(project, path),
                     "sha256": sha256_bytes(diff.encode()),
-                    "python_only": not overlay.diff_native_files(diff),
-                    "native_files": overlay.diff_native_files(diff),
+                    "python_only": not diffs.diff_native_files(diff),
+                    "native_files": diffs.diff_native_files(diff),
                 }
             entries.append(entry)
     return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches
