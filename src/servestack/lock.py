@@ -149,15 +149,15 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
                 raise InputError(stack_file, f"packages[{index}].patches[{patch_index}].file",
                                  f"{_relative(project, path)} does not exist (a local patch lives in pins/patches/)")
             diff = path.read_text()
-            if not overlay.touched_files(diff):
+            if not diffs.touched_files(diff):
                 raise InputError(path, "diff", "changes no file (expected a unified diff in the wheel's paths)")
             entries.append({
                 "package": normalize(package.name),
                 "file": _relative(project, path),
                 "sha256": sha256_file(path),
                 "reason": patch.reason,
-                "python_only": not overlay.diff_native_files(diff),
-                "native_files": overlay.diff_native_files(diff),
+                "python_only": not diffs.diff_native_files(diff),
+                "native_files": diffs.diff_native_files(diff),
             })
     return sorted(entries, key=lambda e: (e["package"], e["file"]))
 
