@@ -41,7 +41,7 @@ def build(session: nox.Session) -> None:
 
 @nox.session
 def image(session: nox.Session) -> None:
-    """Build the image reproducibly with BuildKit and push it: build/<stack>/image.json."""
+    """Write the image's layers, push what the registry lacks, check pins/<stack>.image.json: build/<stack>/image.json."""
     _servestack(session, "image")
 
 
@@ -96,6 +96,13 @@ def lint(session: nox.Session) -> None:
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.yml"))
     session.run("actionlint", "-shellcheck", "shellcheck", "-config-file", ".github/actionlint.yaml",
                 *(session.posargs or workflows))
+
+
+@nox.session
+def benchmark(session: nox.Session) -> None:
+    """The image build measured side by side: naive Dockerfile, cold, cold again, no-op, one change (benchmarks/)."""
+    _install(session)
+    session.run("python", "benchmarks/build.py", *session.posargs)
 
 
 @nox.session

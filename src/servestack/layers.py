@@ -127,8 +127,13 @@ class Blob:
                 "uncompressed": self.uncompressed}
 
 
+def _root() -> Path:
+    """Layer blobs live apart from downloaded inputs: they can be dropped and made again."""
+    return cache_home() / "layers"
+
+
 def _index(key: str) -> Path:
-    return cache_home() / "layers" / "keys" / f"{key}.json"
+    return _root() / "keys" / f"{key}.json"
 
 
 def cached(key: str) -> Blob | None:
@@ -137,30 +142,50 @@ def cached(key: str) -> Blob | None:
         data = json.loads(_index(key).read_text())
     except (OSError, ValueError):
         return None
-    path = blob_path(data["digest"].split(":", 1)[1], BLOB_NAME)
+    path = blob_path(data["digest"].split(":", 1)[1], BLOB_NAME, _root())
     return Blob(path=path, **data) if path.exists() else None
 
 
 class _Sink:
-    """A write-only stream that hashes and counts what passes through it on its way to `out`."""
+    """A write-only stream that hashes and counts what passes through it on its way to `out`.
+
+    Small writes (tar headers, small files) are gathered into 1 MB chunks first: the compressor
+    and the hash then see few large calls instead of a call per 512-byte header.
+    """
+
+    CHUNK = 1 << 20
 
     def __init__(self, out, on_write: Callable[[int], None] | None = None):
         self.out, self.on_write = out, on_write
         self.sha256 = hashlib.sha256()
         self.count = 0
+        self._buffer = bytearray()
 
-    def write(self, data: bytes) -> int:
+    def write(self, data) -> int:
+        n = len(data)
+        self.count += n
+        if n >= self.CHUNK and not self._buffer:
+            self._emit(data)
+        else:
+            self._buffer += data
+            if len(self._buffer) >= self.CHUNK:
+                self._emit(bytes(self._buffer))
+                self._buffer.clear()
+        return n
+
+    def _emit(self, data) -> None:
         self.sha256.update(data)
-        self.count += len(data)
-        if self.out is not None:
-            self.out.write(data)
+        self.out.write(data)
         if self.on_write:
             self.on_write(len(data))
-        return len(data)
+
+    def tell(self) -> int:
+        return self.count
 
     def flush(self) -> None:
-        if self.out is not None:
-            self.out.flush()
+        if self._buffer:
+            self._emit(bytes(self._buffer))
+            self._buffer.clear()
 
 
 def _tarinfo(e: Entry, epoch: int) -> tarfile.TarInfo:
@@ -177,7 +202,8 @@ def _tarinfo(e: Entry, epoch: int) -> tarfile.TarInfo:
 
 def write_tar(entries: list[Entry], out, epoch: int) -> None:
     """The layer's tar stream into `out` (anything with write())."""
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT, bufsize=1 << 20, copybufsize=1 << 20) as tar:
+    # Not tarfile's stream mode ("w|"): it grows one bytes object per write, quadratic on small files.
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=1 << 20) as tar:
         for e in with_parents(entries):
             info = _tarinfo(e, epoch)
             if e.kind == "file":
@@ -193,18 +219,20 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
     found = cached(key)
     if found:
         return found
-    tmp_dir = cache_home() / "layers" / "tmp"
+    tmp_dir = _root() / "tmp"
     tmp_dir.mkdir(parents=True, exist_ok=True)
     tmp = tmp_dir / f"{key}.{os.getpid()}"
     try:
         with open(tmp, "wb") as raw:
-            packed = _Sink(raw, compressed)
+            packed = _Sink(raw, compressed)  # flushed below, after the compressor
             # threads=-1: one worker per core; multi-threaded zstd output is the same for any count.
             compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
             with compressor.stream_writer(packed, closefd=False, write_size=1 << 20) as zstd_out:
                 plain = _Sink(zstd_out, tarred)
                 feed(plain)
-        path = blob_path(packed.sha256.hexdigest(), BLOB_NAME)
+                plain.flush()
+            packed.flush()
+        path = blob_path(packed.sha256.hexdigest(), BLOB_NAME, _root())
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
     finally:

@@ -23,7 +23,8 @@ def _gb(n: float) -> str:
 
 
 def _duration(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min {seconds % 60:02.0f} s" if seconds >= 120 else f"{seconds:.0f} s"
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes} min {rest:02d} s" if seconds >= 120 else f"{seconds:.0f} s"
 
 
 class Progress:
@@ -39,13 +40,15 @@ class Progress:
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty() if live is None else live
         self.interval = interval if interval is not None else (0.5 if self.live else float(os.environ.get("SERVESTACK_PROGRESS_SECONDS", "15")))
-        self.started = time.monotonic()
+        self.started = self.pacing_from = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, counter: str, n: int) -> None:
         with self._lock:
+            if counter == self.paced_by and not self.counters[counter]:
+                self.pacing_from = time.monotonic()  # the rate counts from the first byte, not from start-up
             self.counters[counter] += n
 
     def set_step(self, text: str) -> None:
@@ -61,8 +64,9 @@ class Progress:
             total = f" of {_gb(self.total)}" if name == self.paced_by and self.total else ""
             parts.append(f"{name} {_gb(value)}{total}")
         paced = counters.get(self.paced_by, 0)
-        if elapsed > 1 and paced:
-            rate = paced / elapsed
+        pacing = time.monotonic() - self.pacing_from
+        if pacing > 1 and paced:
+            rate = paced / pacing
             parts.append(f"{rate / 1e6:.0f} MB/s")
             if self.total and paced < self.total:
                 parts.append(f"~{_duration((self.total - paced) / rate)} left")

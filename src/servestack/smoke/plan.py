@@ -54,6 +54,8 @@ STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
                              ("aiohttp", "aiohttp"), ("numpy", "numpy"), ("PIL", "pillow"), ("tqdm", "tqdm"),
                              ("transformers", "transformers"), ("huggingface_hub", "huggingface-hub"),
                              ("requests", "requests"))),
+    # The CUTLASS DSL (its .pth puts `cutlass` on the path) loads the newest CUDA flavor installed.
+    ("cutlass", ("nvidia-cutlass-dsl",)),
 ]
 
 # `python -m` entry points the stack's serving runs, checked with `--help` (start-up path and parser).
