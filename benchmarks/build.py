@@ -221,6 +221,18 @@ def table(report: dict) -> str:
     return "\n".join(rows)
 
 
+@contextlib.contextmanager
+def measured(report: dict, name: str, project: Project, stack: str) -> Iterator[None]:
+    """One measurement: a failure is recorded in the report and the others still run; saved as it goes."""
+    print(f"benchmark: {name} ...", file=sys.stderr, flush=True)
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+        report[name] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+    atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
+    print(f"benchmark: {name}: {json.dumps(report.get(name))[:400]}", file=sys.stderr, flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stack", default="dev-cpu")
@@ -241,30 +253,33 @@ def main() -> int:
         work = Path(tmp)
         try:
             if not args.skip_naive:
-                with scratch_registry(work) as address:
-                    print("benchmark: naive Dockerfile build ...", file=sys.stderr, flush=True)
+                with scratch_registry(work) as address, measured(report, "naive", project, stack):
                     report["naive"] = naive(project, stack, record, lock_doc, base_tar, work, address)
-            with scratch_registry(work) as address:
+            with scratch_registry(work) as address, measured(report, "cold", project, stack):
                 os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
                 report["cold"] = run_servestack(project, stack, address)
             shutil.rmtree(work / "cold-1")
             with scratch_registry(work) as address:
                 os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-2", main_cache))
-                report["cold_again"] = run_servestack(project, stack, address)
-                report["reproducible"] = report["cold"]["digest"] == report["cold_again"]["digest"]
-                report["noop"] = run_servestack(project, stack, address)
-                previous = image.load_image(project, stack)
+                with measured(report, "cold_again", project, stack):
+                    report["cold_again"] = run_servestack(project, stack, address)
+                digests = {report[k].get("digest") for k in ("cold", "cold_again")}
+                report["reproducible"] = len(digests) == 1 and None not in digests
+                with measured(report, "noop", project, stack):
+                    report["noop"] = run_servestack(project, stack, address)
+                previous = report["noop"] if "error" in report["noop"] else image.load_image(project, stack)
                 for name, change in (("one_package", lambda r: one_package_changed(r, work)),
                                      ("overlay_added", lambda r: vllm_overlay(r, work, project, 1)),
                                      ("overlay_changed", lambda r: vllm_overlay(r, work, project, 2))):
-                    details: dict = {}
-                    rewrite_record(project, stack, lambda r: details.update(change(r)) or details)
-                    started = time.monotonic()
-                    result = image.build_image(project, stack, registry_address=address)
-                    report[name] = {**summary(result, 0, time.monotonic() - started), **details,
-                                    "changed_layers": changed(previous, result)}
-                    previous = result
-            with scratch_registry(work) as address:
+                    with measured(report, name, project, stack):
+                        details: dict = {}
+                        rewrite_record(project, stack, lambda r: details.update(change(r)) or details)
+                        started = time.monotonic()
+                        result = image.build_image(project, stack, registry_address=address)
+                        report[name] = {**summary(result, 0, time.monotonic() - started), **details,
+                                        "changed_layers": changed(previous, result)}
+                        previous = result
+            with scratch_registry(work) as address, measured(report, "limit", project, stack):
                 report["limit"] = physical_limit(record, lock_doc, base_tar, work, project, address)
         finally:
             if saved_env is None:
@@ -273,11 +288,11 @@ def main() -> int:
                 os.environ["SERVESTACK_CACHE"] = saved_env
             build.build(project, stack)  # leave build.json as the lock makes it
     report["load_after"] = os.getloadavg()
-    cold = report["cold"]["seconds"]
+    cold, limit, naive_s = (report.get(k, {}).get("seconds") for k in ("cold", "limit", "naive"))
     report["ratios"] = {
-        "naive_over_cold": round(report["naive"]["seconds"] / cold, 2) if "seconds" in report.get("naive", {}) else None,
-        "cold_over_limit": round(cold / report["limit"]["seconds"], 2),
-        "cold_image_step_over_limit": round(report["cold"]["image_seconds"] / report["limit"]["seconds"], 2),
+        "naive_over_cold": round(naive_s / cold, 2) if naive_s and cold else None,
+        "cold_over_limit": round(cold / limit, 2) if cold and limit else None,
+        "cold_image_step_over_limit": round(report["cold"]["image_seconds"] / limit, 2) if cold and limit else None,
     }
     atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
     print(table(report))

@@ -92,9 +92,13 @@ def run_smoke(
             services.ensure_binfmt_aarch64()
         try:
             t0 = time.monotonic()
+            if echo:
+                echo(f"smoke {stack}: pulling {reference} ...")
             ensure_image(client, reference, platform)
             pulled = True
             metrics["pull_s"] = round(time.monotonic() - t0, 2)
+            if echo:
+                echo(f"smoke {stack}: pulled ({metrics['pull_s']:.0f} s)")
         except ServestackError as e:
             pulled = False
             checks.append(Check("static", "pull", FAIL, str(e)))
@@ -106,6 +110,8 @@ def run_smoke(
             config = probe_config(project, stack, lock, platform, lock_sha256)
             checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
             metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
+            if echo:
+                echo(f"smoke {stack}: static probe done ({metrics['static_probe_s']:.0f} s)")
         if not pulled:
             pass  # serving checks are already recorded as not run
         elif serve:
@@ -116,6 +122,8 @@ def run_smoke(
                                                        ready_timeout=ready_timeout)
             checks += serving
             metrics.update(serve_metrics)
+            if echo and plan.command:
+                echo(f"smoke {stack}: serving probe done ({time.monotonic() - started:.0f} s since start)")
         else:
             checks += _not_run_serving("serving probe disabled (--no-serve)")
     wall = time.monotonic() - started

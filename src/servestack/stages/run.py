@@ -24,6 +24,7 @@ from ..engine import server_argv
 from ..errors import InputError, ServestackError
 from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
+from ..progress import phase
 from ..project import Project
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import RetryPolicy, run_job
@@ -388,7 +389,10 @@ def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: R
     t0 = time.monotonic()
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
     wanted = [s for s in STAGES if s in pipeline.stages and (stages is None or s in stages)]
-    results = [run_stage(project, pipeline_name, s, image_ref, runner, run_id=run_id) for s in wanted]
+    results = []
+    for stage in wanted:
+        with phase(f"pipeline {pipeline_name}", f"stage {stage} ({wanted.index(stage) + 1} of {len(wanted)})"):
+            results.append(run_stage(project, pipeline_name, stage, image_ref, runner, run_id=run_id))
     if results:
         timing = {"runner": results[0].runner, **_sum_timing([r.timing for r in results])}
         _finish_timing(timing, time.monotonic() - t0)
