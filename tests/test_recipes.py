@@ -290,3 +290,16 @@ def test_check_rendered_catches_a_hand_edit(project: Project):
     assert files == ["6xdep2-1xdep8-acc.yaml", "agg.yaml", "stray.yaml"]
     render_committed(project)
     assert check_rendered(project) == []
+
+
+def test_the_stages_read_concurrencies_as_the_validator_does(tmp_path: Path):
+    """One reading of benchmark.concurrencies: what `recipes check` refuses, a stage refuses too."""
+    from servestack.stages.recipe_view import RecipeView
+
+    for bad in ('"64,128"', '"128x64x256"', "[64, 64]"):
+        path = tmp_path / "r.yaml"
+        path.write_text(SWEEP.read_text().replace('"64x128x256x512x1024x2048x3072"', bad))
+        assert [e.field for e in _errors(path.read_text())] == ["benchmark.concurrencies"]
+        with pytest.raises(InputError, match="malformed concurrency list"):
+            RecipeView.load(path).concurrencies
+    assert RecipeView.load(SWEEP).concurrencies == [64, 128, 256, 512, 1024, 2048, 3072]

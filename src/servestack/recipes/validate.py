@@ -42,6 +42,42 @@ _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 image_ref_problem = ImageRef.problem
 
 
+def concurrency_list(value: Any) -> list[int]:
+    """srt-slurm's benchmark.concurrencies ("64x128x256", a list, or one integer) as integers.
+
+    The one reading of the field: the validator and the stages both use it. Raises ValueError
+    naming what is wrong: not positive integers, empty, a duplicate, neither ascending nor descending.
+    """
+    if _is_int(value):
+        values = [value]
+    elif isinstance(value, str):
+        if not _CONC_STRING.match(value):
+            raise ValueError(f"malformed concurrency list {value!r}: expected positive integers joined by 'x', e.g. \"64x128x256\"")
+        values = [int(p) for p in value.split("x")]
+    elif isinstance(value, list):
+        values = []
+        for v in value:
+            if isinstance(v, str) and v.isdigit():
+                values.append(int(v))  # srt-slurm's loader coerces numeric strings
+            elif _is_int(v):
+                values.append(v)
+            else:
+                raise ValueError(f"malformed concurrency list: {v!r} is not an integer")
+    else:
+        raise ValueError(f"malformed concurrency list {value!r}: expected \"64x128x256\" or a list of integers")
+    if not values:
+        raise ValueError("malformed concurrency list: empty")
+    bad = [x for x in values if x <= 0]
+    if bad:
+        raise ValueError(f"malformed concurrency list: {bad[0]} is not a positive integer")
+    dups = sorted({x for x in values if values.count(x) > 1})
+    if dups:
+        raise ValueError(f"malformed concurrency list: {dups[0]} appears more than once")
+    if values != sorted(values) and values != sorted(values, reverse=True):
+        raise ValueError(f"malformed concurrency list: {values} is neither ascending nor descending")
+    return values
+
+
 def header_stack(text: str) -> str | None:
     """The stack a rendered recipe names in its header comment (`# stack: S`), if any."""
     m = _STACK_COMMENT.search("".join(line + "\n" for line in text.splitlines() if line.startswith("#")))
@@ -204,42 +240,13 @@ class _Checker:
 
     # -- concurrencies ----------------------------------------------------------------------
     def concurrencies(self, node: Node, path: tuple[str, ...]) -> None:
-        v = node.value
-        if _is_int(v):
-            values = [v]
-        elif isinstance(v, str):
-            if not _CONC_STRING.match(v):
-                self.err(node, path, f"malformed concurrency list {v!r}: expected positive integers joined by 'x', e.g. \"64x128x256\"")
-                return
-            values = [int(p) for p in v.split("x")]
-        elif isinstance(v, list):
-            values = []
-            for c in v:
-                if self.placeholder(c):
-                    return
-                if isinstance(c.value, str) and c.value.isdigit():
-                    values.append(int(c.value))  # srt-slurm's loader coerces numeric strings
-                    continue
-                if not _is_int(c.value):
-                    self.err(c, path, f"malformed concurrency list: {c.value!r} is not an integer")
-                    return
-                values.append(c.value)
-        else:
-            self.err(node, path, f"malformed concurrency list {v!r}: expected \"64x128x256\" or a list of integers")
+        if node.is_list and any(self.placeholder(c) for c in node.value):
             return
-        if not values:
-            self.err(node, path, "malformed concurrency list: empty")
-            return
-        bad = [x for x in values if x <= 0]
-        if bad:
-            self.err(node, path, f"malformed concurrency list: {bad[0]} is not a positive integer")
-            return
-        dups = sorted({x for x in values if values.count(x) > 1})
-        if dups:
-            self.err(node, path, f"malformed concurrency list: {dups[0]} appears more than once")
-            return
-        if values != sorted(values) and values != sorted(values, reverse=True):
-            self.err(node, path, f"malformed concurrency list: {values} is neither ascending nor descending")
+        try:
+            concurrency_list(node.plain())
+        except ValueError as e:
+            bad = next((c for c in node.value if not _is_int(c.value) and not str(c.value).isdigit()), node) if node.is_list else node
+            self.err(bad, path, str(e))
 
     # -- arithmetic -------------------------------------------------------------------------
     def _int(self, node: Node | None) -> int | None:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from ..errors import InputError
+from ..recipes.validate import concurrency_list
 
 
 def _get(data: Any, *keys: str, default: Any = None) -> Any:
@@ -30,26 +31,13 @@ def _get(data: Any, *keys: str, default: Any = None) -> Any:
 
 
 def parse_concurrencies(value: Any, where: Path) -> list[int]:
+    """benchmark.concurrencies as the recipe validator reads it (none: an empty list)."""
     if value is None:
         return []
-    if isinstance(value, int) and not isinstance(value, bool):
-        items: list[Any] = [value]
-    elif isinstance(value, str):
-        items = [v for v in value.replace(",", "x").split("x") if v.strip()]
-    elif isinstance(value, list):
-        items = value
-    else:
-        raise InputError(where, "benchmark.concurrencies", f"expected a list or '4x8x16', got {value!r}")
-    out = []
-    for v in items:
-        try:
-            n = int(v)
-        except (TypeError, ValueError):
-            raise InputError(where, "benchmark.concurrencies", f"{v!r} is not an integer") from None
-        if n < 1:
-            raise InputError(where, "benchmark.concurrencies", f"{n} must be >= 1")
-        out.append(n)
-    return out
+    try:
+        return concurrency_list(value)
+    except ValueError as e:
+        raise InputError(where, "benchmark.concurrencies", str(e)) from None
 
 
 @dataclass(frozen=True)
