@@ -106,6 +106,30 @@ def benchmark(session: nox.Session) -> None:
 
 
 @nox.session
+def keygen(session: nox.Session) -> None:
+    """Make the ECDSA P-256 key pair publish signs with (`-- --key servestack.key`)."""
+    _servestack(session, "keygen")
+
+
+@nox.session
+def publish(session: nox.Session) -> None:
+    """Push the image's signed bundle as OCI referrers (`-- --key K [--to REG/REPO] [--run ID]`)."""
+    _servestack(session, "publish")
+
+
+@nox.session
+def pull(session: nox.Session) -> None:
+    """Verify a published image's bundle and write its recipes (`-- REF@sha256:... --key PUB --out DIR`)."""
+    _servestack(session, "pull")
+
+
+@nox.session
+def verify(session: nox.Session) -> None:
+    """Rebuild a published image from its signed lock; same digest? (`-- REF@sha256:... --key PUB --rebuild`)."""
+    _servestack(session, "verify")
+
+
+@nox.session
 def tests(session: nox.Session) -> None:
     """The fast tests: no daemon, no image build (a test that asks for one fails)."""
     _install(session, "test")

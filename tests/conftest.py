@@ -13,7 +13,7 @@ from servestack import services  # noqa: E402
 
 
 # The services a fast test may not use: each starts (or relies on) a system daemon.
-DAEMON_SERVICES = ("ensure_dockerd", "ensure_registry", "ensure_munge", "ensure_slurm", "ensure_binfmt_aarch64", "docker_client")
+DAEMON_SERVICES = ("ensure_dockerd", "ensure_registry", "ensure_tls_registry", "ensure_munge", "ensure_slurm", "ensure_binfmt_aarch64", "docker_client")
 
 
 class DaemonInFastTest(AssertionError):

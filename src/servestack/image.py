@@ -295,7 +295,9 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[s
     return base, refs, stats
 
 
-def build_image(project: Project, stack: str, registry_address: str | None = None) -> dict[str, Any]:
+def build_image(project: Project, stack: str, registry_address: str | None = None, *, rebuild: bool = False) -> dict[str, Any]:
+    """Build and push the stack's image; skipped when the registry holds this input hash, unless REBUILD
+    (verify --rebuild must really build to compare digests)."""
     started = time.monotonic()
     out = project.artifacts(stack)
     image_json = out / "image.json"
@@ -310,7 +312,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     platform = record["platform"]
     title = f"image {stack}"
 
-    existing = registry.get_manifest(address, repository, cache_tag)
+    existing = None if rebuild else registry.get_manifest(address, repository, cache_tag)
     if existing is not None:
         digest = "sha256:" + hashlib.sha256(existing[0]).hexdigest()
         held = json.loads(existing[0])

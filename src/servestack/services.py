@@ -225,7 +225,7 @@ def _registry_answers(address: str, timeout: float = 0.5) -> bool:
         return False
 
 
-def _registry_config(address: str, storage: Path) -> str:
+def _registry_config(address: str, storage: Path, http_extra: str = "", extra: str = "") -> str:
     # Plain YAML written by hand: no dependency for five keys. Paths are quoted in JSON style,
     # which is valid YAML.
     return (
@@ -239,9 +239,11 @@ def _registry_config(address: str, storage: Path) -> str:
         "    enabled: true\n"
         "http:\n"
         f"  addr: {json.dumps(address)}\n"
-        "health:\n"
+        + http_extra
+        + "health:\n"
         "  storagedriver:\n"
         "    enabled: false\n"
+        + extra
     )
 
 
@@ -275,6 +277,48 @@ def ensure_registry(address: str = DEFAULT_REGISTRY, timeout: float = 30.0) -> s
             proc=proc,
         )
     return address
+
+
+def _tls_registry_answers(address: str, ca: Path) -> bool:
+    """True when a TLS registry answers GET /v2/ with 401 (it wants the htpasswd login) or 200."""
+    import ssl
+
+    context = ssl.create_default_context(cafile=str(ca))
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    try:
+        with opener.open(f"https://{address}/v2/", timeout=0.5) as resp:
+            return int(resp.status) == 200
+    except urllib.error.HTTPError as e:
+        return e.code == 401
+    except (OSError, ValueError):
+        return False
+
+
+def ensure_tls_registry(address: str, home: Path, *, ca: Path, certificate: Path, key: Path, htpasswd: Path,
+                        timeout: float = 30.0) -> Path:
+    """Debian's docker-registry on ADDRESS behind TLS (CERTIFICATE/KEY, signed by CA) with htpasswd
+    (bcrypt) logins, storage under HOME; what users publish to. Returns its pid file.
+
+    Used by the publish tests: each gets its own, so one can be stopped halfway through a publish.
+    """
+    if _tls_registry_answers(address, ca):
+        return home / "registry.pid"
+    binary = _require("docker-registry")
+    with _lock(f"tls-registry-{address.rpartition(':')[2]}"):
+        if _tls_registry_answers(address, ca):
+            return home / "registry.pid"
+        storage = home / "storage"
+        storage.mkdir(parents=True, exist_ok=True)
+        config = home / "config.yml"
+        tls = (f"  tls:\n    certificate: {json.dumps(str(certificate))}\n    key: {json.dumps(str(key))}\n")
+        auth = f"auth:\n  htpasswd:\n    realm: servestack\n    path: {json.dumps(str(htpasswd))}\n"
+        atomic_write_text(config, _registry_config(address, storage, tls, auth))
+        log_path = home / "registry.log"
+        proc = _spawn_detached([binary, "serve", str(config)], log_path)
+        atomic_write_text(home / "registry.pid", f"{proc.pid}\n")
+        _wait_until(lambda: _tls_registry_answers(address, ca), what=f"docker-registry (TLS) on {address}",
+                    timeout=timeout, log_path=log_path, proc=proc)
+    return home / "registry.pid"
 
 
 # --------------------------------------------------------------------------- munge + slurm

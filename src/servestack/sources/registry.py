@@ -1,33 +1,62 @@
-"""Resolving an image reference to a digest through the OCI distribution HTTP API.
+"""The OCI distribution HTTP API: resolve, read and write manifests and blobs, and referrers.
 
-Anonymous access and the bearer-token flow of the distribution spec (401 with a
-`WWW-Authenticate: Bearer realm=...` challenge) are supported; plain HTTP is used for loopback
-registries, as Docker itself does.
+One client for every registry conversation (the lock resolving a base image, publish and pull):
+
+- credentials the way users keep them: `REGISTRY_AUTH_FILE` (containers' auth.json), then
+  Docker's `config.json` (`$DOCKER_CONFIG`, default ~/.docker); answered to a `Basic` challenge
+  (htpasswd) or exchanged for a token on a `Bearer` challenge. Credentials are never logged and
+  never part of an error message.
+- TLS trusted through Docker's layout: `<certs.d>/<host:port>/ca.crt`, where certs.d is
+  `$SERVESTACK_CERTS_D` (default /etc/docker/certs.d). Loopback registries are tried over HTTPS
+  first and fall back to plain HTTP, as Docker does for 127.0.0.0/8.
+- every operation is retried on connection errors, 429 and 5xx with backoff, then raises
+  NetworkError naming what was being done. Writes are idempotent by digest, so a retry redoes the
+  whole operation.
+- referrers: the OCI 1.1 referrers API when the registry serves it, otherwise the tag-schema
+  fallback (`sha256-<hex>`, an image index of referrers), updated read-modify-write and re-read
+  after a settle delay, so concurrent publishers never lose an entry.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import logging
 import os
+import random
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import requests
 
-from ..errors import ServestackError
+from ..errors import NetworkError, ServestackError
 from . import http
 
+log = logging.getLogger("servestack.registry")
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+OCI_INDEX = "application/vnd.oci.image.index.v1+json"
+OCI_EMPTY = "application/vnd.oci.empty.v1+json"
+EMPTY_JSON = b"{}"
 MANIFEST_TYPES = ", ".join(
     [
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.oci.image.manifest.v1+json",
+        OCI_INDEX,
+        OCI_MANIFEST,
         "application/vnd.docker.distribution.manifest.list.v2+json",
         "application/vnd.docker.distribution.manifest.v2+json",
     ]
 )
 DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+T = TypeVar("T")
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -38,7 +67,7 @@ class Reference:
     digest: str | None
 
     @classmethod
-    def parse(cls, text: str) -> "Reference":
+    def parse(cls, text: str) -> Reference:
         rest, _, digest = text.partition("@")
         if digest and not DIGEST.match(digest):
             raise ValueError(f"{text!r}: digest must be sha256:<64 hex>")
@@ -54,81 +83,80 @@ class Reference:
             raise ValueError(f"{text!r}: {repository!r} is not a valid repository name")
         return cls(registry, repository, tag or (None if digest else "latest"), digest or None)
 
-    @property
-    def base_url(self) -> str:
-        host = self.registry.split(":")[0]
-        scheme = "http" if host in ("localhost",) or host.startswith("127.") else "https"
-        return f"{scheme}://{self.registry}"
-
     def with_digest(self, digest: str) -> str:
         return f"{self.registry}/{self.repository}@{digest}"
 
 
-def _basic_credentials(registry: str) -> str | None:
-    config = Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json"
-    try:
-        auths = json.loads(config.read_text()).get("auths", {})
-    except (OSError, ValueError):
-        return None
-    entry = auths.get(registry) or auths.get(f"https://{registry}")
-    return entry.get("auth") if entry else None
+@dataclass(frozen=True)
+class Descriptor:
+    media_type: str
+    digest: str
+    size: int
+    artifact_type: str | None = None
+    annotations: tuple[tuple[str, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
+        if self.artifact_type:
+            out["artifactType"] = self.artifact_type
+        if self.annotations:
+            out["annotations"] = dict(self.annotations)
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Descriptor:
+        return cls(d["mediaType"], d["digest"], int(d["size"]), d.get("artifactType"),
+                   tuple(sorted((d.get("annotations") or {}).items())))
+
+    @property
+    def annotation(self) -> dict[str, str]:
+        return dict(self.annotations)
 
 
-def _bearer_token(s: requests.Session, challenge: str, registry: str) -> str:
-    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    realm = params.pop("realm", None)
-    if not realm:
-        raise ServestackError(f"registry {registry}: malformed auth challenge {challenge!r}")
-    headers = {}
-    basic = _basic_credentials(registry)
-    if basic:
-        headers["Authorization"] = f"Basic {basic}"
-    response = http.get(s, realm, what=f"token for {registry}", params=params, headers=headers)
-    if response.status_code != 200:
-        raise ServestackError(f"registry {registry}: token request refused (HTTP {response.status_code})")
-    body = response.json()
-    return body.get("token") or body["access_token"]
+# --------------------------------------------------------------------------- credentials and trust
 
 
-def resolve_digest(reference: str, retries: int = 4) -> str:
-    """The digest the registry serves for `reference` (a tag, or a digest that is then checked)."""
-    ref = Reference.parse(reference)
-    s = http.session(retries=retries)
-    url = f"{ref.base_url}/v2/{ref.repository}/manifests/{ref.digest or ref.tag}"
-    headers = {"Accept": MANIFEST_TYPES}
-    what = f"image {reference}"
-    response = http.get(s, url, what=what, headers=headers)
-    if response.status_code == 401:
-        challenge = response.headers.get("WWW-Authenticate", "")
-        if challenge.lower().startswith("bearer"):
-            headers["Authorization"] = f"Bearer {_bearer_token(s, challenge, ref.registry)}"
-        elif (basic := _basic_credentials(ref.registry)) is not None:
-            headers["Authorization"] = f"Basic {basic}"
-        response = http.get(s, url, what=what, headers=headers)
-    if response.status_code == 404:
-        raise ServestackError(f"{what}: not found in {ref.registry} (HTTP 404)")
-    if response.status_code != 200:
-        raise ServestackError(f"{what}: registry {ref.registry} answered HTTP {response.status_code}")
-    digest = "sha256:" + hashlib.sha256(response.content).hexdigest()
-    served = response.headers.get("Docker-Content-Digest")
-    if served and served != digest:
-        raise ServestackError(f"{what}: registry says {served} but the manifest hashes to {digest}")
-    if ref.digest and ref.digest != digest:
-        raise ServestackError(f"{what}: the registry serves {digest} for that digest reference")
-    return digest
+def _auth_files() -> list[Path]:
+    files = []
+    if os.environ.get("REGISTRY_AUTH_FILE"):
+        files.append(Path(os.environ["REGISTRY_AUTH_FILE"]))
+    files.append(Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json")
+    return files
 
 
+def basic_credentials(registry: str) -> str | None:
+    """The base64 `user:password` stored for REGISTRY (auth.json or Docker's config.json), if any."""
+    for path in _auth_files():
+        try:
+            auths = json.loads(path.read_text()).get("auths", {})
+        except (OSError, ValueError, AttributeError):
+            continue
+        entry = auths.get(registry) or auths.get(f"https://{registry}") or {}
+        if entry.get("auth"):
+            return str(entry["auth"])
+        if entry.get("username") and entry.get("password"):
+            return base64.b64encode(f"{entry['username']}:{entry['password']}".encode()).decode()
+    return None
 
 
-# --------------------------------------------------------------------------- pushing (distribution spec)
-# Anonymous only: the loopback registry the project starts, or any registry that takes pushes
-# without credentials. Every upload is verified by the registry against the digest it is sent under.
+def certs_d() -> Path:
+    return Path(os.environ.get("SERVESTACK_CERTS_D", "/etc/docker/certs.d"))
+
+
+def ca_file(registry: str) -> Path | None:
+    path = certs_d() / registry / "ca.crt"
+    return path if path.is_file() else None
+
+
+def _loopback(registry: str) -> bool:
+    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry
+    return host == "localhost" or host.startswith("127.") or host == "[::1]"
 
 
 class _Counting:
     """A file object that reports how many bytes were read from it (upload progress)."""
 
-    def __init__(self, f, on_bytes):
+    def __init__(self, f: Any, on_bytes: Callable[[int], None] | None):
         self.f, self.on_bytes = f, on_bytes
 
     def read(self, n: int = -1) -> bytes:
@@ -138,100 +166,371 @@ class _Counting:
         return data
 
 
-def _base(address: str) -> str:
-    return Reference(address, "x", None, None).base_url
+# --------------------------------------------------------------------------- the client
+
+
+_SCHEMES: dict[tuple[str, str], str] = {}  # (loopback registry, CA) -> the scheme it answered on
+
+
+class RegistryError(ServestackError):
+    """The registry answered, but not what the operation needs (404, 400, a digest mismatch)."""
+
+
+class _Retry(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Client:
+    """One registry, one repository. Operations retry, then raise NetworkError naming what failed."""
+
+    def __init__(self, registry: str, repository: str, *, retries: int = 4, backoff: float = 0.5, timeout: float = 60):
+        self.registry = registry
+        self.repository = repository
+        self.retries = retries
+        self.backoff = backoff
+        self.timeout = timeout
+        self.session = requests.Session()
+        self.session.headers["User-Agent"] = http.USER_AGENT
+        if _loopback(registry):
+            self.session.trust_env = False  # never through an HTTP(S)_PROXY to loopback
+        ca = ca_file(registry)
+        if ca is not None:
+            self.session.verify = str(ca)
+        self._scheme: str | None = None
+        self._authorization: str | None = None
+
+    @classmethod
+    def for_reference(cls, reference: str, **kwargs: Any) -> Client:
+        ref = Reference.parse(reference)
+        return cls(ref.registry, ref.repository, **kwargs)
+
+    # ----------------------------------------------------------------- transport
+
+    @property
+    def base_url(self) -> str:
+        if self._scheme is None:
+            key = (self.registry, str(self.session.verify))
+            self._scheme = _SCHEMES.get(key) or "https"
+            if _loopback(self.registry) and key not in _SCHEMES:
+                try:
+                    self.session.get(f"https://{self.registry}/v2/", timeout=5)
+                    _SCHEMES[key] = "https"
+                except requests.exceptions.SSLError:
+                    self._scheme = _SCHEMES[key] = "http"  # a plain-HTTP loopback registry, as Docker allows
+                except requests.RequestException:
+                    pass  # unreachable: keep https, the operation's retries will report it
+        return f"{self._scheme}://{self.registry}"
+
+    def _url(self, path: str) -> str:
+        return path if path.startswith("http") else f"{self.base_url}/v2/{self.repository}/{path}"
+
+    def _authenticate(self, challenge: str) -> None:
+        basic = basic_credentials(self.registry)
+        scheme = challenge.split(" ", 1)[0].lower()
+        if scheme == "basic":
+            if basic is None:
+                raise RegistryError(f"registry {self.registry} wants a login and no credentials are stored for it "
+                                    f"(REGISTRY_AUTH_FILE or Docker's config.json `auths`)")
+            self._authorization = f"Basic {basic}"
+            return
+        if scheme != "bearer":
+            raise RegistryError(f"registry {self.registry}: unsupported auth challenge {challenge.split(' ', 1)[0]!r}")
+        params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+        realm = params.pop("realm", None)
+        if not realm:
+            raise RegistryError(f"registry {self.registry}: malformed auth challenge")
+        headers = {"Authorization": f"Basic {basic}"} if basic else {}
+        response = http.get(self.session, realm, what=f"token for {self.registry}", params=params, headers=headers)
+        if response.status_code != 200:
+            raise RegistryError(f"registry {self.registry}: token request refused (HTTP {response.status_code})")
+        body = response.json()
+        self._authorization = f"Bearer {body.get('token') or body['access_token']}"
+
+    def _send(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        """One request, authenticating once on a 401; transient failures raise _Retry."""
+        for _ in range(2):
+            headers = dict(kwargs.pop("headers", None) or {})
+            if self._authorization:
+                headers["Authorization"] = self._authorization
+            try:
+                response = self.session.request(method, self._url(path), headers=headers, timeout=self.timeout,
+                                                allow_redirects=method in ("GET", "HEAD"), **kwargs)
+            except requests.exceptions.SSLError as exc:
+                raise RegistryError(f"registry {self.registry}: TLS verification failed ({_short(exc)}); put its CA "
+                                    f"in {certs_d() / self.registry / 'ca.crt'}") from None
+            except requests.RequestException as exc:
+                raise _Retry(f"{type(exc).__name__}: {_short(exc)}") from None
+            kwargs["headers"] = {k: v for k, v in headers.items() if k != "Authorization"}
+            if response.status_code == 401 and "WWW-Authenticate" in response.headers and not self._authorization:
+                self._authenticate(response.headers["WWW-Authenticate"])
+                continue
+            if response.status_code == 401:
+                raise RegistryError(f"registry {self.registry}: credentials refused (HTTP 401)")
+            if response.status_code == 429 or response.status_code >= 500:
+                raise _Retry(f"HTTP {response.status_code}")
+            return response
+        raise RegistryError(f"registry {self.registry}: authentication did not succeed")
+
+    def _with_retries(self, what: str, operation: Callable[[], T]) -> T:
+        delay = self.backoff
+        for attempt in range(self.retries + 1):
+            try:
+                return operation()
+            except _Retry as retry:
+                if attempt == self.retries:
+                    raise NetworkError(f"{what}: could not reach registry {self.registry} after {attempt + 1} "
+                                       f"attempts (last: {retry.reason})") from None
+                log.info("%s: %s; retrying in %.1f s", what, retry.reason, delay)
+                time.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    # ----------------------------------------------------------------- blobs
+
+    def has_blob(self, digest: str) -> bool:
+        return self._with_retries(f"check blob {digest[:19]}", lambda: self._send("HEAD", f"blobs/{digest}").status_code == 200)
+
+    def get_blob(self, digest: str) -> bytes:
+        def get() -> bytes:
+            response = self._send("GET", f"blobs/{digest}")
+            if response.status_code == 404:
+                raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} is missing (HTTP 404)")
+            if response.status_code != 200:
+                raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: HTTP {response.status_code}")
+            return response.content
+
+        data = self._with_retries(f"download blob {digest[:19]}", get)
+        if sha256_digest(data) != digest:
+            raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} does not match its digest "
+                                f"(the registry served content hashing to {sha256_digest(data)})")
+        return data
+
+    def push_blob(self, data: bytes) -> str:
+        """Upload DATA unless the registry has it; returns its digest."""
+        digest = sha256_digest(data)
+        self._upload(digest, lambda: data, len(data))
+        return digest
+
+    def push_blob_file(self, path: Path, digest: str, on_bytes: Callable[[int], None] | None = None) -> None:
+        """Upload a large blob streamed from PATH under DIGEST (the registry checks the bytes)."""
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            def body() -> _Counting:
+                f.seek(0)
+                return _Counting(f, on_bytes)
+
+            self._upload(digest, body, size, check_first=False)
+
+    def _upload(self, digest: str, body: Callable[[], Any], size: int, *, check_first: bool = True) -> None:
+        """Monolithic POST + PUT, retried whole; BODY gives the bytes afresh for each attempt."""
+        def push() -> None:
+            if check_first and self._send("HEAD", f"blobs/{digest}").status_code == 200:
+                return
+            start = self._send("POST", "blobs/uploads/")
+            if start.status_code != 202:
+                raise RegistryError(f"{self.registry}/{self.repository}: upload refused (HTTP {start.status_code}: "
+                                    f"{start.text[:200]})")
+            location = start.headers["Location"]
+            if location.startswith("/"):
+                location = f"{self.base_url}{location}"
+            sep = "&" if "?" in location else "?"
+            done = self._send("PUT", f"{location}{sep}digest={digest}", data=body(),
+                              headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
+            if done.status_code != 201:
+                raise RegistryError(f"{self.registry}/{self.repository}: upload of {digest} refused "
+                                    f"(HTTP {done.status_code}: {done.text[:200]})")
+
+        self._with_retries(f"upload blob {digest[:19]} ({size} bytes)", push)
+
+    def mount_blob(self, digest: str, source_repository: str) -> bool:
+        """Cross-repository mount: the registry links a blob it already holds; no bytes move."""
+        def mount() -> bool:
+            response = self._send("POST", f"blobs/uploads/?mount={digest}&from={source_repository}")
+            return response.status_code == 201  # 202: not mountable, an upload was opened; left to expire
+
+        return self._with_retries(f"mount blob {digest[:19]}", mount)
+
+    def download_blob(self, digest: str, dest: Path) -> None:
+        """Stream a blob to DEST (atomically), checking it hashes to its digest."""
+        def download() -> None:
+            response = self._send("GET", f"blobs/{digest}", stream=True)
+            with response:
+                if response.status_code != 200:
+                    raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: HTTP {response.status_code}")
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(dest.name + f".part{os.getpid()}")
+                h = hashlib.sha256()
+                try:
+                    with open(tmp, "wb") as out:
+                        try:
+                            for chunk in response.iter_content(1 << 20):
+                                h.update(chunk)
+                                out.write(chunk)
+                        except requests.RequestException as exc:
+                            raise _Retry(f"{type(exc).__name__}: {_short(exc)}") from None
+                    if f"sha256:{h.hexdigest()}" != digest:
+                        raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} does not hash to its digest")
+                    os.replace(tmp, dest)
+                finally:
+                    tmp.unlink(missing_ok=True)
+
+        self._with_retries(f"download blob {digest[:19]}", download)
+
+    # ----------------------------------------------------------------- manifests
+
+    def get_manifest(self, ref: str, what: str | None = None) -> tuple[bytes, str] | None:
+        """(bytes, media type) of the manifest at a tag or digest, or None when there is none.
+
+        A digest reference is checked against the bytes served."""
+        def get() -> tuple[bytes, str] | None:
+            response = self._send("GET", f"manifests/{ref}", headers={"Accept": MANIFEST_TYPES})
+            if response.status_code == 404:
+                return None
+            if response.status_code != 200:
+                raise RegistryError(f"{self.registry}/{self.repository}:{ref}: HTTP {response.status_code}")
+            return response.content, response.headers.get("Content-Type", "").split(";")[0]
+
+        found = self._with_retries(what or f"read manifest {self.repository}@{ref[:19]}", get)
+        if found and DIGEST.match(ref) and sha256_digest(found[0]) != ref:
+            raise RegistryError(f"{self.registry}/{self.repository}: manifest {ref} does not match its digest")
+        return found
+
+    def put_manifest(self, ref: str, data: bytes, media_type: str) -> requests.structures.CaseInsensitiveDict:
+        """Store a manifest at a tag or its digest; returns the response headers (OCI-Subject, ...)."""
+        def put() -> requests.structures.CaseInsensitiveDict:
+            response = self._send("PUT", f"manifests/{ref}", data=data, headers={"Content-Type": media_type})
+            if response.status_code != 201:
+                raise RegistryError(f"{self.registry}/{self.repository}: manifest {ref[:19]} refused "
+                                    f"(HTTP {response.status_code}: {response.text[:300]})")
+            served = response.headers.get("Docker-Content-Digest")
+            if served and served != sha256_digest(data):
+                raise RegistryError(f"{self.registry}/{self.repository}: stored the manifest as {served}, "
+                                    f"expected {sha256_digest(data)}")
+            return response.headers
+
+        return self._with_retries(f"write manifest {self.repository}:{ref[:19]}", put)
+
+    def delete_manifest(self, digest: str) -> None:
+        self._with_retries(f"delete manifest {digest[:19]}", lambda: self._send("DELETE", f"manifests/{digest}"))
+
+    # ----------------------------------------------------------------- referrers
+
+    def referrers(self, subject: str) -> tuple[list[Descriptor], str]:
+        """The manifests whose subject is SUBJECT, and where they were found ("api" or "tag")."""
+        def api() -> requests.Response:
+            return self._send("GET", f"referrers/{subject}", headers={"Accept": OCI_INDEX})
+
+        response = self._with_retries(f"list referrers of {subject[:19]}", api)
+        if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(OCI_INDEX):
+            return [Descriptor.from_json(m) for m in response.json().get("manifests", [])], "api"
+        return self._fallback_index(subject)[0], "tag"
+
+    @staticmethod
+    def fallback_tag(subject: str) -> str:
+        return subject.replace(":", "-")
+
+    def _fallback_index(self, subject: str) -> tuple[list[Descriptor], str | None]:
+        found = self.get_manifest(self.fallback_tag(subject))
+        if found is None:
+            return [], None
+        try:
+            manifests = json.loads(found[0]).get("manifests", [])
+            return [Descriptor.from_json(m) for m in manifests], sha256_digest(found[0])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RegistryError(f"{self.registry}/{self.repository}:{self.fallback_tag(subject)}: not a referrers "
+                                f"index ({exc})") from None
+
+    def add_referrer(self, subject: str, referrer: Descriptor, headers: Any, *, settle: float = 0.3,
+                     attempts: int = 12) -> str:
+        """Make REFERRER discoverable from SUBJECT; returns "api" or "tag".
+
+        When the manifest push was answered with `OCI-Subject`, the registry indexes it itself.
+        Otherwise the fallback index is read, extended and written; registries offer no
+        compare-and-swap on tags, so the write is re-read after a short settle delay and redone
+        while another publisher's concurrent write has dropped our entry (theirs is kept too:
+        every round merges what is there)."""
+        if headers.get("OCI-Subject") == subject:
+            return "api"
+        tag = self.fallback_tag(subject)
+        for attempt in range(attempts):
+            entries, before = self._fallback_index(subject)
+            if any(e.digest == referrer.digest for e in entries):
+                if attempt:
+                    return "tag"
+            else:
+                merged = sorted([*entries, referrer], key=lambda e: e.digest)
+                index = json.dumps({"schemaVersion": 2, "mediaType": OCI_INDEX,
+                                    "manifests": [e.to_json() for e in merged]}, sort_keys=True).encode()
+                # Narrow the lost-update window: give up this round if the tag moved since we read it.
+                if self._fallback_index(subject)[1] == before:
+                    self.put_manifest(tag, index, OCI_INDEX)
+            time.sleep(settle + random.uniform(0, settle))
+            if any(e.digest == referrer.digest for e in self._fallback_index(subject)[0]):
+                # Still there after the settle delay: any racing writer read it before writing.
+                return "tag"
+            log.info("referrers index %s lost entry %s to a concurrent write; merging again", tag, referrer.digest[:19])
+        raise RegistryError(f"{self.registry}/{self.repository}:{tag}: could not add {referrer.digest} to the "
+                            f"referrers index after {attempts} rounds of concurrent updates")
+
+
+def _short(exc: Exception) -> str:
+    text = str(exc)
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def resolve_digest(reference: str, retries: int = 4) -> str:
+    """The digest the registry serves for `reference` (a tag, or a digest that is then checked)."""
+    ref = Reference.parse(reference)
+    client = Client(ref.registry, ref.repository, retries=retries)
+    try:
+        found = client.get_manifest(ref.digest or ref.tag or "latest", what=f"image {reference}")
+    except RegistryError as exc:
+        raise ServestackError(f"image {reference}: {exc}") from None
+    if found is None:
+        raise ServestackError(f"image {reference}: not found in {ref.registry} (HTTP 404)")
+    return sha256_digest(found[0])
+
+
+# --------------------------------------------------------------------------- one call, one operation
+# For callers that talk to one registry once per step (the image build): each opens a client.
 
 
 def blob_exists(address: str, repository: str, digest: str) -> bool:
-    response = http.session().head(f"{_base(address)}/v2/{repository}/blobs/{digest}", timeout=30)
-    return response.status_code == 200
+    return Client(address, repository).has_blob(digest)
 
 
 def mount_blob(address: str, repository: str, digest: str, source_repository: str) -> bool:
-    """Cross-repository mount: the registry links a blob it already holds; no bytes move."""
-    response = requests.post(f"{_base(address)}/v2/{repository}/blobs/uploads/",
-                             params={"mount": digest, "from": source_repository}, timeout=60)
-    if response.status_code == 202:  # not mountable: an upload was opened instead; leave it to expire
-        return False
-    return response.status_code == 201
+    return Client(address, repository).mount_blob(digest, source_repository)
 
 
-def push_blob(address: str, repository: str, digest: str, path: Path, on_bytes=None) -> None:
-    """Upload one blob (one monolithic PUT, streamed from `path`)."""
-    base = _base(address)
-    start = requests.post(f"{base}/v2/{repository}/blobs/uploads/", timeout=60)
-    if start.status_code != 202:
-        raise ServestackError(f"registry {address}: cannot start an upload to {repository} (HTTP {start.status_code})")
-    location = start.headers["Location"]
-    if location.startswith("/"):
-        location = base + location
-    with open(path, "rb") as f:
-        response = requests.put(location, params={"digest": digest}, data=_Counting(f, on_bytes), timeout=3600,
-                                headers={"Content-Type": "application/octet-stream",
-                                         "Content-Length": str(path.stat().st_size)})
-    if response.status_code != 201:
-        raise ServestackError(f"registry {address}: upload of {digest} to {repository} refused "
-                              f"(HTTP {response.status_code}: {response.text[:300]})")
+def push_blob(address: str, repository: str, digest: str, path: Path,
+              on_bytes: Callable[[int], None] | None = None) -> None:
+    Client(address, repository).push_blob_file(path, digest, on_bytes)
 
 
 def push_bytes(address: str, repository: str, digest: str, data: bytes) -> None:
-    base = _base(address)
-    start = requests.post(f"{base}/v2/{repository}/blobs/uploads/", timeout=60)
-    location = start.headers.get("Location", "")
-    if start.status_code != 202 or not location:
-        raise ServestackError(f"registry {address}: cannot start an upload to {repository} (HTTP {start.status_code})")
-    location = base + location if location.startswith("/") else location
-    response = requests.put(location, params={"digest": digest}, data=data, timeout=300,
-                            headers={"Content-Type": "application/octet-stream"})
-    if response.status_code != 201:
-        raise ServestackError(f"registry {address}: upload of {digest} refused (HTTP {response.status_code})")
+    if sha256_digest(data) != digest:
+        raise ServestackError(f"push_bytes: the data hashes to {sha256_digest(data)}, not {digest}")
+    Client(address, repository).push_blob(data)
 
 
 def put_manifest(address: str, repository: str, reference: str, data: bytes, media_type: str) -> str:
     """Store a manifest under a tag or digest; returns the digest the registry computed."""
-    response = requests.put(f"{_base(address)}/v2/{repository}/manifests/{reference}", data=data, timeout=60,
-                            headers={"Content-Type": media_type})
-    if response.status_code != 201:
-        raise ServestackError(f"registry {address}: manifest for {repository}:{reference} refused "
-                              f"(HTTP {response.status_code}: {response.text[:300]})")
-    return response.headers.get("Docker-Content-Digest") or "sha256:" + hashlib.sha256(data).hexdigest()
+    headers = Client(address, repository).put_manifest(reference, data, media_type)
+    return headers.get("Docker-Content-Digest") or sha256_digest(data)
 
 
 def get_manifest(address: str, repository: str, reference: str) -> tuple[bytes, str] | None:
     """A manifest's bytes and media type, or None when the registry does not have it."""
-    response = http.get(http.session(), f"{_base(address)}/v2/{repository}/manifests/{reference}",
-                        what=f"{address}/{repository}:{reference}", headers={"Accept": MANIFEST_TYPES})
-    if response.status_code != 200:
-        return None
-    return response.content, response.headers.get("Content-Type", "")
+    return Client(address, repository).get_manifest(reference)
 
 
 def download_blob(address: str, repository: str, digest: str, dest: Path) -> None:
-    """Stream a blob to `dest` (atomically), checking it hashes to its digest."""
-    with http.get(http.session(), f"{_base(address)}/v2/{repository}/blobs/{digest}", what=f"blob {digest}",
-                  stream=True, timeout=600) as response:
-        if response.status_code != 200:
-            raise ServestackError(f"registry {address}: blob {digest} of {repository}: HTTP {response.status_code}")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + f".part{os.getpid()}")
-        h = hashlib.sha256()
-        try:
-            with open(tmp, "wb") as out:
-                for chunk in response.iter_content(1 << 20):
-                    h.update(chunk)
-                    out.write(chunk)
-            if f"sha256:{h.hexdigest()}" != digest:
-                raise ServestackError(f"registry {address}: blob {digest} of {repository} does not hash to its digest")
-            os.replace(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+    Client(address, repository).download_blob(digest, dest)
 
 
 def get_blob(address: str, repository: str, digest: str) -> bytes:
     """A small blob (a config) in memory, checked against its digest."""
-    response = http.get(http.session(), f"{_base(address)}/v2/{repository}/blobs/{digest}", what=f"blob {digest}")
-    if response.status_code != 200:
-        raise ServestackError(f"registry {address}: blob {digest} of {repository}: HTTP {response.status_code}")
-    if "sha256:" + hashlib.sha256(response.content).hexdigest() != digest:
-        raise ServestackError(f"registry {address}: blob {digest} of {repository} does not hash to its digest")
-    return response.content
+    return Client(address, repository).get_blob(digest)

@@ -1,0 +1,157 @@
+"""The publication's parts without a registry: keys, DSSE signatures, the bundle's manifests and
+statement, the smoke gate, reading stack.json out of a layer."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import stat
+
+import pytest
+import zstandard
+from fixtures.tls_registry import tar_layer
+
+from servestack import publish, signing
+from servestack.errors import InputError, ServestackError
+from servestack.fsutil import atomic_write_json
+from servestack.imageref import ImageRefError
+from servestack.project import Project
+from servestack.sources.registry import OCI_MANIFEST, Descriptor
+
+IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
+
+
+@pytest.fixture
+def keys(tmp_path):
+    return signing.keygen(tmp_path / "k.key")
+
+
+def _envelope(keys) -> bytes:
+    document = signing.statement([signing.Subject("a.txt", "00" * 32)], publish.PROVENANCE_V1, {"x": 1})
+    return signing.sign_statement(document, signing.load_signer(keys[0]))
+
+
+def test_keygen_writes_a_private_key_only_its_owner_reads_and_never_overwrites(keys, tmp_path):
+    private, public = keys
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600
+    assert public.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+    with pytest.raises(InputError, match="a key already exists"):
+        signing.keygen(private)
+
+
+def test_a_signed_statement_verifies_with_its_key_only(keys, tmp_path):
+    envelope = _envelope(keys)
+    assert signing.verify_envelope(envelope, signing.load_public_key(keys[1]), "t")["predicate"] == {"x": 1}
+    other = signing.keygen(tmp_path / "other.key")[1]
+    with pytest.raises(signing.SignatureError, match="no signature verifies"):
+        signing.verify_envelope(envelope, signing.load_public_key(other), "t")
+
+
+def test_cosign_style_empty_key_ids_verify_and_a_changed_payload_does_not(keys):
+    envelope = json.loads(_envelope(keys))
+    envelope["signatures"][0]["keyid"] = ""
+    assert signing.verify_envelope(json.dumps(envelope).encode(), signing.load_public_key(keys[1]), "t")
+    payload = json.loads(base64.b64decode(envelope["payload"]))
+    payload["predicate"]["x"] = 2
+    envelope["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
+    with pytest.raises(signing.SignatureError, match="no signature verifies"):
+        signing.verify_envelope(json.dumps(envelope).encode(), signing.load_public_key(keys[1]), "t")
+
+
+def test_an_encrypted_private_key_needs_its_password_and_the_error_shows_no_key_material(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVESTACK_KEY_PASSWORD", "correct horse")
+    private, _ = signing.keygen(tmp_path / "k.key")
+    assert b"ENCRYPTED" in private.read_bytes()
+    assert signing.load_signer(private)
+    monkeypatch.setenv("SERVESTACK_KEY_PASSWORD", "wrong")
+    with pytest.raises(InputError) as error:
+        signing.load_signer(private)
+    assert "not a PEM private key" in str(error.value) and "BEGIN" not in str(error.value)
+
+
+def _files() -> list[publish.BundleFile]:
+    return [publish.BundleFile("pins/dev-cpu.lock", b'{"source_date_epoch": 1700000000}'),
+            publish.BundleFile("recipes/agg.yaml", b"name: agg\n")]
+
+
+def test_the_bundle_manifest_is_an_oci_artifact_whose_digest_depends_only_on_its_inputs():
+    subject = Descriptor(OCI_MANIFEST, "sha256:" + "ab" * 32, 1234)
+    created = publish.created_timestamp({"source_date_epoch": 1700000000})
+    first = publish.publication_manifest(_files(), subject, created)
+    assert first == publish.publication_manifest(_files(), subject, created)
+    manifest = json.loads(first)
+    assert manifest["artifactType"] == publish.PUBLICATION_TYPE
+    assert manifest["config"]["mediaType"] == "application/vnd.oci.empty.v1+json" and manifest["config"]["size"] == 2
+    assert manifest["subject"]["digest"] == subject.digest
+    assert manifest["annotations"]["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
+    assert [(layer["annotations"]["org.opencontainers.image.title"], layer["mediaType"]) for layer in manifest["layers"]] == [
+        ("pins/dev-cpu.lock", "application/json"), ("recipes/agg.yaml", "application/yaml")]
+    changed = [publish.BundleFile("pins/dev-cpu.lock", b"{}"), _files()[1]]
+    assert publish.publication_manifest(changed, subject, created) != first
+
+
+def test_the_statement_signs_the_image_the_bundle_and_every_file():
+    from servestack.imageref import ImageRef
+
+    image = ImageRef.parse(IMAGE)
+    document = publish.provenance("dev-cpu", image, "sha256:" + "cd" * 32, _files(),
+                                  publish.Source("1" * 40, None, False), None, "2023-11-14T22:13:20Z")
+    subjects = {s["name"]: s["digest"]["sha256"] for s in document["subject"]}
+    assert subjects[IMAGE] == "ab" * 32 and subjects["publication"] == "cd" * 32
+    assert set(subjects) == {IMAGE, "publication", "pins/dev-cpu.lock", "recipes/agg.yaml"}
+    assert document["predicateType"] == "https://slsa.dev/provenance/v1"
+    definition = document["predicate"]["buildDefinition"]
+    assert definition["externalParameters"]["repository"]["commit"] == "1" * 40
+    assert {"gitCommit": "1" * 40} in [d["digest"] for d in definition["resolvedDependencies"]]
+
+
+def test_source_never_records_a_remote_url_carrying_credentials(tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "remote", "add", "origin", "https://user:hunter2@example.org/r.git"],
+                   check=True)
+    assert publish.Source.of(tmp_path).url is None
+
+
+def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named(tmp_path):
+    from servestack.imageref import ImageRef
+
+    project = Project(tmp_path)
+    smoke = project.artifacts("dev-cpu") / "smoke.json"
+    with pytest.raises(ServestackError, match="smoke.json: missing; run `nox -s smoke"):
+        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+    atomic_write_json(smoke, {"image": IMAGE, "status": "fail", "checks": [
+        {"probe": "static", "name": "versions", "status": "fail"}, {"probe": "serving", "name": "health", "status": "pass"}]})
+    with pytest.raises(ServestackError, match=r"smoke failed .*\(static/versions\)"):
+        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+    atomic_write_json(smoke, {"image": IMAGE.replace("ab", "ef"), "status": "pass", "checks": []})
+    with pytest.raises(ServestackError, match="run `nox -s smoke` on this digest"):
+        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+
+
+@pytest.mark.parametrize("compress, media_type", [
+    (lambda b: b, "application/vnd.oci.image.layer.v1.tar"),
+    (gzip.compress, "application/vnd.oci.image.layer.v1.tar+gzip"),
+    (lambda b: zstandard.ZstdCompressor().compress(b), "application/vnd.oci.image.layer.v1.tar+zstd"),
+])
+def test_stack_json_is_read_from_a_layer_in_every_compression(compress, media_type):
+    layer = compress(tar_layer({"opt/servestack/stack.json": b'{"lock_sha256": "x"}', "etc/other": b"y"}))
+    assert publish._file_in_layer(layer, media_type, publish.STACK_JSON) == b'{"lock_sha256": "x"}'
+    assert publish._file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
+
+
+def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_path):
+    with pytest.raises(ImageRefError, match="is a tag, not a digest"):
+        publish.pull("127.0.0.1:5000/servestack/dev-cpu:latest", key=keys[1], out=tmp_path / "o", echo=None)
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "mine.txt").write_text("keep")
+    with pytest.raises(InputError, match="not an empty directory"):
+        publish.pull(IMAGE, key=keys[1], out=tmp_path / "used", echo=None)
+    assert (tmp_path / "used" / "mine.txt").read_text() == "keep"
+
+
+@pytest.mark.parametrize("title", ["../etc/passwd", "/abs", "a/../b", ".hidden", "a//b", ""])
+def test_a_bundle_file_title_must_be_a_plain_relative_path(title):
+    assert publish._title_problem(title)

@@ -1,0 +1,322 @@
+"""Publish, pull and verify against a real registry: Debian's docker-registry behind TLS with an
+htpasswd login (no referrers API, so the fallback tag is what is exercised), with the credentials
+in Docker's config.json, cross-checked with oras and cosign from Debian trixie."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from fixtures.tls_registry import TlsRegistry, push_stack_image
+
+from servestack import publish, services, signing, tools
+from servestack.errors import NetworkError, ServestackError
+from servestack.fsutil import atomic_write_json
+from servestack.imageref import ImageRef
+from servestack.project import Project
+from servestack.sources.registry import OCI_MANIFEST, Client
+
+pytestmark = pytest.mark.e2e
+REPO_ROOT = Path(__file__).resolve().parents[1]
+STACK = "dev-cpu"
+
+
+@pytest.fixture(scope="module")
+def tls_registry(tmp_path_factory) -> TlsRegistry:
+    reg = TlsRegistry.create(tmp_path_factory.mktemp("tls-registry"))
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture
+def env(tls_registry, monkeypatch):
+    for name, value in tls_registry.environment().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
+    return tls_registry
+
+
+def make_project(root: Path, image: str) -> Project:
+    """A checkout (a git repository, as users have) with the real pins and recipes, and the records
+    build/image/smoke leave behind for IMAGE."""
+    for name in ("pins", "recipes"):
+        shutil.copytree(REPO_ROOT / name, root / name)
+    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pins"]):
+        subprocess.run(["git", "-C", str(root), *cmd], check=True)
+    project = Project(root)
+    out = project.artifacts(STACK)
+    atomic_write_json(out / "build.json", {"stack": STACK, "lock_sha256": "see the lock"})
+    atomic_write_json(out / "image.json", {"reference": image, "stack": STACK})
+    atomic_write_json(out / "smoke.json", {"image": image, "status": "pass", "checks": []})
+    return project
+
+
+def new_image(reg: TlsRegistry, salt: str = "") -> tuple[str, Client]:
+    repository = f"servestack-test/publish-{uuid.uuid4().hex[:8]}"
+    client = Client(reg.address, repository)
+    digest = push_stack_image(client, (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes(), salt=salt.encode())
+    return f"{reg.address}/{repository}@{digest}", client
+
+
+@pytest.fixture
+def published(env, tmp_path):
+    """An image in the TLS registry, published once with a new key."""
+    image, client = new_image(env)
+    project = make_project(tmp_path / "checkout", image)
+    private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
+    record = publish.publish(project, STACK, key=private, echo=None)
+    return {"image": image, "client": client, "project": project, "key": private, "pub": public, "record": record}
+
+
+def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published, tmp_path):
+    image, record = published["image"], published["record"]
+    assert record["image"] == image and record["referrers"].startswith("fallback tag sha256-")
+    titles = [f["title"] for f in record["files"]]
+    assert {"pins/dev-cpu.lock", "pins/dev-cpu.yaml", "build/build.json", "build/image.json", "build/smoke.json"} <= set(titles)
+    assert any(t.startswith("recipes/") for t in titles)
+
+    out = publish.pull(image, key=published["pub"], out=tmp_path / "pulled", echo=None)
+    recipes = sorted((out / "recipes").glob("*.yaml"))
+    assert recipes
+    for path in recipes:
+        assert yaml.safe_load(path.read_text())["model"]["container"] == image
+    assert (out / "pins" / "dev-cpu.lock").read_bytes() == (REPO_ROOT / "pins" / "dev-cpu.lock").read_bytes()
+    verified = json.loads((out / "publication.json").read_text())
+    assert verified["bundle"] == record["bundle"].split("@")[1]
+
+    # Same inputs, same bundle digest (created comes from the lock's SOURCE_DATE_EPOCH).
+    again = publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    assert again["bundle"] == record["bundle"]
+
+
+def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published, tmp_path):
+    image = ImageRef.parse(published["image"])
+    oras = tools.trixie_tool("oras")
+    # oras reads Docker's config.json; it is told the CA (it does not read certs.d).
+    ca = Path(os.environ["SERVESTACK_CERTS_D"]) / image.registry / "ca.crt"
+    listing = subprocess.run([str(oras), "discover", "--ca-file", str(ca), "--format", "json", str(image)],
+                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert listing.returncode == 0, listing.stderr
+    found = json.loads(listing.stdout)
+    digests = json.dumps(found)
+    assert published["record"]["bundle"].split("@")[1] in digests
+    assert publish.PUBLICATION_TYPE in digests
+
+    client = published["client"]
+    attestation = json.loads(client.get_manifest(published["record"]["attestation"].split("@")[1])[0])
+    envelope = tmp_path / "envelope.json"
+    envelope.write_bytes(client.get_blob(attestation["layers"][0]["digest"]))
+    lock = REPO_ROOT / "pins" / f"{STACK}.lock"  # one of the statement's subjects
+    cosign = tools.trixie_tool("cosign")
+    checked = subprocess.run([str(cosign), "verify-blob-attestation", "--key", str(published["pub"]), "--signature",
+                              str(envelope), "--type", "slsaprovenance1", "--insecure-ignore-tlog", str(lock)],
+                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "Verified OK" in checked.stdout + checked.stderr
+    other_key = signing.keygen(tmp_path / "other.key")[1]
+    refused = subprocess.run([str(cosign), "verify-blob-attestation", "--key", str(other_key), "--signature",
+                              str(envelope), "--type", "slsaprovenance1", "--insecure-ignore-tlog", str(lock)],
+                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert refused.returncode != 0
+
+
+def _blob_file(reg: TlsRegistry, digest: str) -> Path:
+    hexdigest = digest.split(":")[1]
+    return reg.storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"
+
+
+def test_one_changed_byte_in_a_published_file_fails_the_pull(published, env, tmp_path):
+    # A byte changed in a file nobody else shares: the registry's stored copy of one recipe.
+    recipe = next(f for f in published["record"]["files"] if f["title"].startswith("recipes/"))
+    blob = _blob_file(env, recipe["digest"])
+    original = blob.read_bytes()
+    blob.write_bytes(original[:10] + bytes([original[10] ^ 1]) + original[11:])
+    out = tmp_path / "pulled"
+    try:
+        with pytest.raises(ServestackError, match=rf"{recipe['title']}.*does not match its digest"):
+            publish.pull(published["image"], key=published["pub"], out=out, echo=None)
+    finally:
+        blob.write_bytes(original)
+    assert not out.exists()
+
+
+def test_a_bundle_signed_with_another_key_fails_the_pull(published, tmp_path):
+    other = signing.keygen(tmp_path / "other.key")[1]
+    with pytest.raises(ServestackError, match=r"(?s)no publication signed by .*other\.pub.*no signature verifies"):
+        publish.pull(published["image"], key=other, out=tmp_path / "pulled", echo=None)
+    assert not (tmp_path / "pulled").exists()
+
+
+def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
+    """Someone attaches image A's signed publication to image B: pull B names the mismatch."""
+    client = published["client"]
+    other_digest = push_stack_image(client, (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes(), tag="2", salt=b"B")
+    other = ImageRef.parse(f"{ImageRef.parse(published['image']).name}@{other_digest}")
+    manifest, _ = client.get_manifest(other_digest)
+    subject = publish.Descriptor(OCI_MANIFEST, other_digest, len(manifest))
+    for key in ("bundle", "attestation"):
+        moved = json.loads(client.get_manifest(published["record"][key].split("@")[1])[0])
+        moved["subject"] = subject.to_json()
+        data = json.dumps(moved).encode()
+        digest = publish.sha256_digest(data)
+        headers = client.put_manifest(digest, data, OCI_MANIFEST)
+        client.add_referrer(other_digest, publish.Descriptor(OCI_MANIFEST, digest, len(data), moved["artifactType"]),
+                            headers)
+    with pytest.raises(ServestackError, match=rf"signed for {published['image']}, not {other}"):
+        publish.pull(str(other), key=published["pub"], out=tmp_path / "pulled", echo=None)
+
+
+def test_pull_refuses_tags_and_a_missing_bundle(env, tmp_path):
+    image, _ = new_image(env)
+    key = signing.keygen(tmp_path / "k.key")[1]
+    with pytest.raises(ServestackError, match="is a tag, not a digest"):
+        publish.pull(image.split("@")[0] + ":1", key=key, out=tmp_path / "o", echo=None)
+    with pytest.raises(ServestackError, match="no signed publication"):
+        publish.pull(image, key=key, out=tmp_path / "o", echo=None)
+
+
+def test_two_concurrent_publishes_keep_both_referrers(env, tmp_path, monkeypatch):
+    """Both publishers read the empty index before either writes it; the one whose write is lost
+    notices on its re-read and merges."""
+    image, client = new_image(env)
+    projects = []
+    for name in ("a", "b"):
+        project = make_project(tmp_path / name, image)
+        run = project.artifacts(STACK) / "runs" / f"run-{name}" / "accuracy"
+        atomic_write_json(run / "results.json", {"run": name})
+        projects.append((project, f"run-{name}"))
+    key = signing.keygen(tmp_path / "k.key")[0]
+    barrier = threading.Barrier(2, timeout=30)
+    writes: list[str] = []
+    real_put = Client.put_manifest
+
+    def racing_put(self, ref, data, media_type):
+        if ref.startswith("sha256-"):
+            writes.append(ref)
+            if len(writes) <= 2:
+                barrier.wait()  # both have read (and re-checked) the index before either writes
+        return real_put(self, ref, data, media_type)
+
+    monkeypatch.setattr(Client, "put_manifest", racing_put)
+    results: dict[str, dict] = {}
+    errors: list[BaseException] = []
+
+    def run(project, run_id):
+        try:
+            results[run_id] = publish.publish(project, STACK, key=key, run_id=run_id, echo=None)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=p) for p in projects]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    referrers, where = client.referrers(ImageRef.parse(image).digest)
+    listed = {r.digest for r in referrers}
+    assert where == "tag"
+    for record in results.values():
+        assert record["bundle"].split("@")[1] in listed
+        assert record["attestation"].split("@")[1] in listed
+    assert len(writes) > 4  # the lost write was redone (4 entries, 4 writes without any race)
+
+
+def test_registry_stopped_halfway_retries_then_fails_clearly_and_indexes_nothing_missing(env, tmp_path, monkeypatch):
+    image, client = new_image(env)
+    project = make_project(tmp_path / "checkout", image)
+    key = signing.keygen(tmp_path / "k.key")[0]
+    real_push = Client.push_blob
+    pushed: list[int] = []
+
+    def push_then_outage(self, data):
+        pushed.append(len(data))
+        if len(pushed) == 3:
+            env.stop()  # the registry goes away in the middle of the upload
+        return real_push(self, data)
+
+    monkeypatch.setattr(Client, "push_blob", push_then_outage)
+    real_init = Client.__init__
+    monkeypatch.setattr(Client, "__init__", _fast_retries(real_init))
+    try:
+        with pytest.raises(NetworkError, match=r"upload blob .*could not reach registry .* after 4 attempts"):
+            publish.publish(project, STACK, key=key, echo=None)
+    finally:
+        env.start()
+    monkeypatch.setattr(Client, "push_blob", real_push)
+    monkeypatch.setattr(Client, "__init__", real_init)
+    subject = ImageRef.parse(image).digest
+    referrers, _ = client.referrers(subject)
+    for referrer in referrers:  # whatever is indexed is complete
+        manifest = json.loads(client.get_manifest(referrer.digest)[0])
+        for blob in (manifest["config"], *manifest["layers"]):
+            assert client.has_blob(blob["digest"])
+    assert not (project.artifacts(STACK) / "publish.json").exists()
+    record = publish.publish(project, STACK, key=key, echo=None)  # and a rerun completes
+    assert record["bundle"].split("@")[1] in {r.digest for r in client.referrers(subject)[0]}
+
+
+def _fast_retries(init):
+    def fast(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "retries": 3, "backoff": 0.2})
+    return fast
+
+
+def test_no_password_or_private_key_in_any_log_bundle_layer_or_record(env, tmp_path, registry):
+    """The whole user path through the command line, verbose: copy the image into the TLS registry
+    (skopeo, with the login), publish, pull. Then search everything written for the secrets."""
+    source_repository = f"servestack-test/publish-src-{uuid.uuid4().hex[:8]}"
+    plain = Client(registry, source_repository)
+    digest = push_stack_image(plain, (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes())
+    image = f"{registry}/{source_repository}@{digest}"
+    project = make_project(tmp_path / "checkout", image)
+    keys = tmp_path / "keys"
+    cli_env = {**os.environ, **env.environment(), "SERVESTACK_KEY_PASSWORD": "key-" + env.password[::-1]}
+    logs = []
+
+    def servestack(*args: str) -> None:
+        done = subprocess.run([sys.executable, "-m", "servestack", "-v", "--project", str(project.root), *args],
+                              capture_output=True, text=True, env=cli_env, cwd=tmp_path)
+        logs.append(done.stdout + done.stderr)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    servestack("keygen", "--key", str(keys / "publisher.key"))
+    to = f"{env.address}/servestack-test/published-{uuid.uuid4().hex[:8]}"
+    servestack("publish", "--stack", STACK, "--key", str(keys / "publisher.key"), "--to", to)
+    servestack("pull", f"{to}@{digest}", "--key", str(keys / "publisher.pub"), "--out", str(tmp_path / "pulled"))
+    assert "skopeo copy" in "".join(logs)  # the copy really went through the logged command runner
+
+    from cryptography.hazmat.primitives import serialization
+
+    private = serialization.load_pem_private_key((keys / "publisher.key").read_bytes(),
+                                                 password=cli_env["SERVESTACK_KEY_PASSWORD"].encode())
+    unencrypted = private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()).decode()
+    secrets = {
+        "password": env.password,
+        "basic auth": json.loads((Path(env.environment()["DOCKER_CONFIG"]) / "config.json").read_text())["auths"][env.address]["auth"],
+        "key password": cli_env["SERVESTACK_KEY_PASSWORD"],
+        "private key (PEM body)": "".join(unencrypted.splitlines()[1:-1])[:64],
+        "private key (encrypted file)": "".join((keys / "publisher.key").read_text().splitlines()[1:3]),
+        "private scalar": format(private.private_numbers().private_value, "x"),
+    }
+    searched: list[tuple[str, bytes]] = [("command output", "".join(logs).encode())]
+    for root in (env.storage, env.home / "registry", project.artifacts(STACK), tmp_path / "pulled"):
+        for path in root.rglob("*"):
+            if path.is_file():
+                searched.append((str(path), path.read_bytes()))
+    for path in (services.state_home() / "registry" / registry.rsplit(":", 1)[1]).rglob("*.log"):
+        searched.append((str(path), path.read_bytes()))
+    assert len(searched) > 20
+    for what, secret in secrets.items():
+        needle = secret.encode()
+        leaks = [name for name, data in searched if needle in data]
+        assert not leaks, f"the {what} appears in {leaks}"
