@@ -120,15 +120,15 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
 
     project = Project(tmp_path)
     smoke = project.artifacts("dev-cpu") / "smoke.json"
-    with pytest.raises(ServestackError, match="smoke.json: missing; run `nox -s smoke"):
-        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+    with pytest.raises(ServestackError, match="build/dev-cpu/smoke.json: missing; run the session"):
+        publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
     atomic_write_json(smoke, {"image": IMAGE, "status": "fail", "checks": [
         {"probe": "static", "name": "versions", "status": "fail"}, {"probe": "serving", "name": "health", "status": "pass"}]})
     with pytest.raises(ServestackError, match=r"smoke failed .*\(static/versions\)"):
-        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+        publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
     atomic_write_json(smoke, {"image": IMAGE.replace("ab", "ef"), "status": "pass", "checks": []})
     with pytest.raises(ServestackError, match="run `nox -s smoke` on this digest"):
-        publish.check_smoke(project, "dev-cpu", ImageRef.parse(IMAGE))
+        publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
 
 
 @pytest.mark.parametrize("compress, media_type", [

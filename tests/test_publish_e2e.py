@@ -73,7 +73,8 @@ def published(env, tmp_path):
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
     record = publish.publish(project, STACK, key=private, echo=None)
-    return {"image": image, "client": client, "project": project, "key": private, "pub": public, "record": record}
+    return {"image": image, "client": client, "project": project, "key": private, "pub": public, "record": record,
+            "registry": env}
 
 
 def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published, tmp_path):
@@ -95,6 +96,30 @@ def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published
     # Same inputs, same bundle digest (created comes from the lock's SOURCE_DATE_EPOCH).
     again = publish.publish(published["project"], STACK, key=published["key"], echo=None)
     assert again["bundle"] == record["bundle"]
+
+
+def test_a_cluster_publishes_its_run_for_a_pulled_image_and_pull_then_takes_the_results(published, tmp_path):
+    """What the GB200 job does: pull the build's bundle, run, then publish the run's results with
+    the pulled records from a checkout that never built the image."""
+    image = published["image"]
+    pulled = publish.pull(image, key=published["pub"], out=tmp_path / "bundle", echo=None)
+    cluster = Project(tmp_path / "cluster")
+    for name in ("pins", "recipes"):
+        shutil.copytree(REPO_ROOT / name, cluster.root / name)
+    run = cluster.artifacts(STACK) / "runs" / "gha-1" / "accuracy"
+    atomic_write_json(run / "results.json", {"accuracy": 0.5})
+    (run / "report.md").write_text("# accuracy\n")
+    record = publish.publish(cluster, STACK, key=published["key"], image=image, run_id="gha-1", records_dir=pulled,
+                             echo=None)
+    assert "runs/gha-1/accuracy/results.json" in [f["title"] for f in record["files"]]
+    out = publish.pull(image, key=published["pub"], out=tmp_path / "after", echo=None)
+    assert json.loads((out / "runs/gha-1/accuracy/results.json").read_text()) == {"accuracy": 0.5}
+    first = publish.pull(image, key=published["pub"], out=tmp_path / "first", echo=None,
+                         bundle=published["record"]["bundle_digest"])
+    assert not (first / "runs").exists()
+    with pytest.raises(ServestackError, match="is for .*, not"):  # records for another digest are refused
+        other, _ = new_image(published["registry"])
+        publish.publish(cluster, STACK, key=published["key"], image=other, records_dir=pulled, echo=None)
 
 
 def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published, tmp_path):

@@ -290,6 +290,9 @@ def _count(items) -> dict:
 
 
 def _publish_args(p: argparse.ArgumentParser) -> None:
+    _image_arg(p)
+    p.add_argument("--records", type=Path, help="a directory `pull` wrote for this digest: its lock and build/image/"
+                                               "smoke records are published (default: this checkout's)")
     p.add_argument("--to", help="REGISTRY/REPOSITORY to copy the image to (by digest) and publish there")
     p.add_argument("--run", dest="run_id", help="include build/<stack>/runs/<RUN>/ results, reports and plots")
     p.add_argument("--key", type=Path, default=Path("servestack.key"), help="ECDSA P-256 private key (servestack keygen)")
@@ -299,7 +302,8 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
 def _publish(args: argparse.Namespace, project: Project) -> int:
     from . import publish
 
-    publish.publish(project, args.stack, key=args.key, to=args.to, run_id=args.run_id, echo=_say)
+    publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
+                    records_dir=args.records, echo=_say)
     return 0
 
 
@@ -307,13 +311,14 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex> (tags are refused)")
     p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
     p.add_argument("--out", type=Path, help="a new or empty directory (default: ./servestack-<digest prefix>)")
+    p.add_argument("--bundle", help="sha256:... of one publication (default: the verified one signing the most files)")
 
 
 @command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
 def _pull(args: argparse.Namespace, project: Project) -> int:
     from . import publish
 
-    publish.pull(args.reference, key=args.key, out=args.out, echo=_say)
+    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, echo=_say)
     return 0
 
 

@@ -88,9 +88,37 @@ def created_timestamp(lock_doc: dict[str, Any]) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(lock_doc["source_date_epoch"])))
 
 
-def check_smoke(project: Project, stack: str, image: ImageRef) -> None:
-    smoke = project.read_artifact(stack, "smoke.json", made_by="smoke")
-    where = f"build/{stack}/smoke.json"
+@dataclass(frozen=True)
+class Records:
+    """Where the lock, the stack file and the build/image/smoke records come from: this checkout, or
+    a directory `pull` wrote (a cluster publishing its run for an image it did not build)."""
+
+    lock: Path
+    stack_file: Path
+    steps: Path  # holds build.json, image.json, smoke.json
+    shown: str  # how errors name `steps`
+
+    @classmethod
+    def of_project(cls, project: Project, stack: str) -> Records:
+        return cls(project.lock_file(stack), project.stack_file(stack), project.artifacts(stack), f"build/{stack}")
+
+    @classmethod
+    def pulled(cls, directory: Path, stack: str) -> Records:
+        return cls(directory / "pins" / f"{stack}.lock", directory / "pins" / f"{stack}.yaml", directory / "build",
+                   str(directory / "build"))
+
+    def read(self, name: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.steps / name).read_text())
+        except FileNotFoundError:
+            raise PublishError(f"{self.shown}/{name}: missing; run the session that makes it first") from None
+        except ValueError as exc:
+            raise PublishError(f"{self.shown}/{name}: not valid JSON ({exc})") from None
+
+
+def check_smoke(records: Records, image: ImageRef) -> None:
+    smoke = records.read("smoke.json")
+    where = f"{records.shown}/smoke.json"
     if smoke.get("image") != str(image):
         raise PublishError(f"{where} is for {smoke.get('image')}, not {image}: run `nox -s smoke` on this digest first")
     if smoke.get("status") != "pass":
@@ -99,20 +127,20 @@ def check_smoke(project: Project, stack: str, image: ImageRef) -> None:
                            f"only an image that passed smoke is published")
 
 
-def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path) -> list[BundleFile]:
+def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path,
+                 records: Records | None = None) -> list[BundleFile]:
     """Every file of the bundle, sorted by title; the recipes are rendered now, bound to IMAGE, and validated."""
     from . import recipes
 
+    records = records or Records.of_project(project, stack)
     files = [
-        BundleFile(f"pins/{stack}.lock", project.lock_file(stack).read_bytes()),
-        BundleFile(f"pins/{stack}.yaml", project.stack_file(stack).read_bytes()),
+        BundleFile(f"pins/{stack}.lock", records.lock.read_bytes()),
+        BundleFile(f"pins/{stack}.yaml", records.stack_file.read_bytes()),
     ]
     for name in ("build.json", "image.json", "smoke.json"):
-        path = project.artifacts(stack) / name
-        if not path.exists():
-            raise PublishError(f"build/{stack}/{name}: missing; run the session that makes it first")
-        files.append(BundleFile(f"build/{name}", path.read_bytes()))
-    rendered = recipes.render_recipes(project, stack, str(image), out_dir=scratch / "recipes")
+        records.read(name)  # present and JSON
+        files.append(BundleFile(f"build/{name}", (records.steps / name).read_bytes()))
+    rendered = recipes.render_recipes(project, stack, str(image), records.lock, out_dir=scratch / "recipes")
     engine = recipes.engine_file(project, stack)
     problems = recipes.validate_paths(rendered, engine if engine.exists() else None, require_digest=True)
     if problems:
@@ -249,26 +277,30 @@ def copy_image(source: ImageRef, to: str) -> ImageRef:
     return target
 
 
-def publish(project: Project, stack: str, *, key: Path, to: str | None = None, run_id: str | None = None,
+def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
+            run_id: str | None = None, records_dir: Path | None = None,
             echo: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Push the signed bundle as referrers of the stack's image; writes build/<stack>/publish.json."""
-    started = time.monotonic()
-    from .image import load_image
+    """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
 
-    source_image = ImageRef.parse(load_image(project, stack)["reference"])
-    check_smoke(project, stack, source_image)
+    The image is IMAGE, or the one build/<stack>/image.json records. Its lock and step records come
+    from this checkout, or from RECORDS_DIR, a directory `pull` wrote for the same digest (a cluster
+    adding its run's results to an image it did not build)."""
+    started = time.monotonic()
+    records = Records.pulled(records_dir, stack) if records_dir else Records.of_project(project, stack)
+    source_image = ImageRef.parse(image or records.read("image.json").get("reference"))
+    check_smoke(records, source_image)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
-    image = copy_image(source_image, to) if to else source_image
-    lock_doc = project.read_json(project.lock_file(stack), f"run `nox -s lock -- --stack {stack}` first")
+    target = copy_image(source_image, to) if to else source_image
+    lock_doc = project.read_json(records.lock, f"run `nox -s lock -- --stack {stack}` first")
     created = created_timestamp(lock_doc)
     with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
-        files = bundle_files(project, stack, image, run_id, Path(scratch))
-    client = _client(image)
-    subject, _ = _subject(client, image)
+        files = bundle_files(project, stack, target, run_id, Path(scratch), records)
+    client = _client(target)
+    subject, _ = _subject(client, target)
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
     envelope = signing.sign_statement(
-        provenance(stack, image, bundle_digest, files, Source.of(project.root), run_id, created), signer)
+        provenance(stack, target, bundle_digest, files, Source.of(project.root), run_id, created), signer)
     attestation = attestation_manifest(envelope, subject, bundle_digest, created)
     attestation_digest = sha256_digest(attestation)
 
@@ -278,16 +310,17 @@ def publish(project: Project, stack: str, *, key: Path, to: str | None = None, r
         client.push_blob(blob)
     bundle_headers = client.put_manifest(bundle_digest, manifest, OCI_MANIFEST)
     attestation_headers = client.put_manifest(attestation_digest, attestation, OCI_MANIFEST)
-    how = client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest), PUBLICATION_TYPE,
+    how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest), PUBLICATION_TYPE,
                                                        ((CREATED, created),)), bundle_headers)
-    client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation), ATTESTATION_TYPE,
+    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation), ATTESTATION_TYPE,
                                                  ((BUNDLE_ANNOTATION, bundle_digest), (CREATED, created))),
                         attestation_headers)
     record = {
-        "image": str(image),
-        "bundle": f"{image.name}@{bundle_digest}",
-        "attestation": f"{image.name}@{attestation_digest}",
-        "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(image.digest)}",
+        "image": str(target),
+        "bundle": f"{target.name}@{bundle_digest}",
+        "bundle_digest": bundle_digest,
+        "attestation": f"{target.name}@{attestation_digest}",
+        "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(target.digest)}",
         "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
         "bundle_size": len(manifest) + sum(len(f.data) for f in files),
         "run": run_id,
@@ -295,7 +328,7 @@ def publish(project: Project, stack: str, *, key: Path, to: str | None = None, r
     }
     atomic_write_json(project.artifacts(stack) / "publish.json", record)
     if echo:
-        echo(f"publish {stack}: {image}\n  bundle      {record['bundle']} ({len(files)} files, "
+        echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
              f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
              f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
     return record
@@ -325,8 +358,11 @@ class Publication:
         return self.statement["predicate"]["buildDefinition"]["externalParameters"]["repository"]
 
 
-def fetch_publication(reference: str, key: Path) -> Publication:
-    """Find the image's bundle, verify its signature with KEY and every file against the statement."""
+def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> Publication:
+    """Find the image's bundle, verify its signature with KEY and every file against the statement.
+
+    An image can have several publications (the build's, then each cluster run's results); they
+    share the lock's timestamp, so without BUNDLE (a digest) the one signing the most files is taken."""
     image = ImageRef.parse(reference)
     public_key = signing.load_public_key(key)
     client = _client(image)
@@ -339,7 +375,7 @@ def fetch_publication(reference: str, key: Path) -> Publication:
     if not attestations:
         raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
     problems, verified = [], []
-    for descriptor in sorted(attestations, key=lambda d: (d.annotation.get(CREATED, ""), d.digest), reverse=True):
+    for descriptor in attestations:
         what = f"attestation {descriptor.digest}"
         try:
             manifest = _referrer_manifest(client, descriptor.digest, image, what)
@@ -350,7 +386,12 @@ def fetch_publication(reference: str, key: Path) -> Publication:
             problems.append(str(exc))
     if not verified:
         raise PublishError(f"{image}: no publication signed by {key}:\n  " + "\n  ".join(problems))
-    descriptor, manifest, statement = verified[0]  # the newest that verifies
+    if bundle:
+        verified = [v for v in verified if v[1].get("annotations", {}).get(BUNDLE_ANNOTATION) == bundle]
+        if not verified:
+            raise PublishError(f"{image}: no attestation signed by {key} names bundle {bundle}")
+    verified.sort(key=lambda v: (-len(v[2].get("subject", [])), v[0].digest))
+    descriptor, manifest, statement = verified[0]
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
     if subjects.get(str(image)) != image.hex:
         signed_for = [n for n in subjects if "@sha256:" in n]
@@ -444,7 +485,7 @@ def _default_out(image: ImageRef) -> Path:
     return Path.cwd() / f"servestack-{image.hex[:12]}"
 
 
-def pull(reference: str, *, key: Path, out: Path | None = None,
+def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
          echo: Callable[[str], None] | None = print) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any error)."""
     started = time.monotonic()
@@ -452,7 +493,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None,
     out = (out or _default_out(image)).absolute()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
-    publication = fetch_publication(reference, key)
+    publication = fetch_publication(reference, key, bundle)
     checked = check_image_agrees(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
