@@ -40,11 +40,7 @@ def step_outputs(project: Project, stack: str) -> dict[str, str]:
         outputs[f"{stack}-image"] = str(ImageRef.parse(str(image["reference"])))
     publication = _record(project, stack, "publish.json")
     if publication is not None:
-        bundle = publication.get("bundle_digest") or publication.get("bundle")
-        if isinstance(bundle, dict):
-            bundle = bundle.get("digest")
-        if bundle:
-            outputs[f"{stack}-bundle"] = str(bundle)
+        outputs[f"{stack}-bundle"] = str(publication["bundle_digest"])
     return outputs
 
 
