@@ -11,16 +11,18 @@ import subprocess
 import sys
 import threading
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
 import yaml
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
-from servestack import publish, services, signing, tools
+from servestack import cluster, publish, services, signing, tools
 from servestack.errors import NetworkError, ServestackError
 from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRef
+from servestack.proc import run
 from servestack.project import Project
 from servestack.sources.registry import OCI_MANIFEST, Client
 
@@ -92,10 +94,29 @@ def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published
     assert (out / "pins" / "dev-cpu.lock").read_bytes() == (REPO_ROOT / "pins" / "dev-cpu.lock").read_bytes()
     verified = json.loads((out / "publication.json").read_text())
     assert verified["bundle"] == record["bundle"].split("@")[1]
+    _srtctl_accepts(recipes)
 
     # Same inputs, same bundle digest (created comes from the lock's SOURCE_DATE_EPOCH).
     again = publish.publish(published["project"], STACK, key=published["key"], echo=None)
     assert again["bundle"] == record["bundle"]
+
+
+def _srtctl_accepts(recipes: list[Path]) -> None:
+    """The real srtctl (from the vendored srt-slurm) plans each pulled recipe: `srtctl dry-run -f`."""
+    try:
+        srtctl = cluster.ensure_srtctl(REPO_ROOT)
+    except cluster.ClusterToolsMissing as missing:
+        warnings.warn(f"srtctl dry-run not checked: {missing}", stacklevel=2)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def dry_run(recipe: Path) -> str:
+        done = run(srtctl.argv("dry-run", "-f", str(recipe)), env=srtctl.env, check=False, timeout=300)
+        return "" if done.returncode == 0 and "DRY-RUN" in done.stdout else f"{recipe}: {done.stdout[-1500:]}"
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        failures = [f for f in pool.map(dry_run, recipes) if f]
+    assert not failures, "\n".join(failures)
 
 
 def test_a_cluster_publishes_its_run_for_a_pulled_image_and_pull_then_takes_the_results(published, tmp_path):
