@@ -149,7 +149,7 @@ def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published
     # oras reads Docker's config.json; it is told the CA (it does not read certs.d).
     ca = Path(os.environ["SERVESTACK_CERTS_D"]) / image.registry / "ca.crt"
     listing = subprocess.run([str(oras), "discover", "--ca-file", str(ca), "--format", "json", str(image)],
-                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+                             check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
     assert listing.returncode == 0, listing.stderr
     found = json.loads(listing.stdout)
     digests = json.dumps(found)
@@ -164,13 +164,13 @@ def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published
     cosign = tools.trixie_tool("cosign")
     checked = subprocess.run([str(cosign), "verify-blob-attestation", "--key", str(published["pub"]), "--signature",
                               str(envelope), "--type", "slsaprovenance1", "--insecure-ignore-tlog", str(lock)],
-                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+                             check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "Verified OK" in checked.stdout + checked.stderr
     other_key = signing.keygen(tmp_path / "other.key")[1]
     refused = subprocess.run([str(cosign), "verify-blob-attestation", "--key", str(other_key), "--signature",
                               str(envelope), "--type", "slsaprovenance1", "--insecure-ignore-tlog", str(lock)],
-                             capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+                             check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
     assert refused.returncode != 0
 
 
@@ -330,7 +330,7 @@ def test_no_password_or_private_key_in_any_log_bundle_layer_or_record(env, tmp_p
 
     def servestack(*args: str) -> None:
         done = subprocess.run([sys.executable, "-m", "servestack", "-v", "--project", str(project.root), *args],
-                              capture_output=True, text=True, env=cli_env, cwd=tmp_path)
+                              check=False, capture_output=True, text=True, env=cli_env, cwd=tmp_path)
         logs.append(done.stdout + done.stderr)
         assert done.returncode == 0, done.stdout + done.stderr
 
