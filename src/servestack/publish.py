@@ -467,7 +467,7 @@ def check_image_agrees(publication: Publication) -> list[str]:
 
 
 def _file_in_layer(blob: bytes, media_type: str, path: str) -> bytes | None:
-    if media_type.endswith("+zstd") or media_type.endswith(".zstd"):
+    if media_type.endswith(("+zstd", ".zstd")):
         import zstandard
 
         blob = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)).read()
