@@ -86,7 +86,7 @@ def test_the_lock_records_wheels_the_debian_release_and_the_stack_hash(tmp_path,
     document = lock.load_lock(project, "tiny")
     (wheel,) = document["platforms"]["linux/amd64"]
     assert wheel["name"] == "tinyserve" and wheel["index"] == "local"
-    assert wheel["url"].startswith(world["index"])
+    assert "url" not in wheel and wheel["size"] == world["pkg"].wheel.stat().st_size  # portable: index name + file
     assert wheel["sha256"] == __import__("hashlib").sha256(world["pkg"].wheel.read_bytes()).hexdigest()
     assert len(document["base"]["debian"]["release_sha256"]) == 64
     assert document["packages"]["tinyserve"]["commit"] == world["pkg"].base[:9]
@@ -139,7 +139,7 @@ def test_an_unreachable_github_records_prs_as_unverified(tmp_path, world):
     lock.lock(project, "tiny", GitHub(api=closed, token="", retries=0))
     assert pr_entries(project)[2]["status"] == "unverified"
     report = lock.check(project, "tiny")
-    assert report.ok and any("not verified" in w for w in report.warnings)
+    assert report.ok and any("unverified" in w for w in report.warnings)
 
 
 def test_check_passes_on_a_fresh_lock_and_names_an_edited_patch(tmp_path, world):

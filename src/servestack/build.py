@@ -16,11 +16,12 @@ from typing import Any
 import shutil
 import tempfile
 
-from . import cache, lock, overlay, tinymodel, wheels as wheelfiles
+from . import cache, indexes, lock, overlay, tinymodel, wheels as wheelfiles
 from .errors import ServestackError
 from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from .project import Project
-from .stack import normalize
+from .sources import pypi
+from .stack import load_stack, normalize
 
 log = logging.getLogger("servestack.build")
 
@@ -64,10 +65,31 @@ def _platform(document: dict[str, Any], stack: str) -> str:
     return platforms[0]
 
 
-def _fetch_all(wheels: list[dict[str, Any]]) -> dict[str, Path]:
+def fetch_wheels(project: Project, stack_name: str, document: dict[str, Any], platform: str) -> dict[str, Path]:
+    """Every locked wheel of `platform`, verified, from the cache or its index: filename -> path.
+
+    The lock names each wheel's index; where that index is comes from this machine's
+    configuration (servestack.indexes). Only files not yet cached are looked up, so a warm cache
+    builds offline.
+    """
+    wheels = document["platforms"][platform]
+    missing = [w for w in wheels if not cache.blob_path(w["sha256"], w["filename"]).exists()]
+    urls: dict[str, str] = {}
+    origins: dict[str, str] = {}
+    if missing:
+        stack_file = project.stack_file(stack_name)
+        defaults = {i.name: i.url for i in load_stack(stack_file).indexes}
+        for name in sorted({w["index"] for w in missing}):
+            location = indexes.locate(name, defaults, where=str(stack_file))
+            these = [w for w in missing if w["index"] == name]
+            urls.update(pypi.wheel_urls(location, these, platform, document["python"]))
+            origins.update({w["filename"]: location.describe() for w in these})
+
+    def one(w: dict[str, Any]) -> Path:
+        return cache.fetch(urls.get(w["filename"], ""), w["sha256"], w["filename"], origin=origins.get(w["filename"], ""))
+
     with ThreadPoolExecutor(max_workers=4) as pool:
-        paths = pool.map(lambda w: cache.fetch(w["url"], w["sha256"], w["filename"]), wheels)
-        return {w["filename"]: p for w, p in zip(wheels, paths)}
+        return {w["filename"]: p for w, p in zip(wheels, pool.map(one, wheels))}
 
 
 def _containers_hash(project: Project) -> str:
@@ -75,7 +97,8 @@ def _containers_hash(project: Project) -> str:
     return sha256_bytes(canonical_json({p.relative_to(project.containers).as_posix(): sha256_file(p) for p in files}).encode())
 
 
-def build(project: Project, stack: str) -> Path:
+def build(project: Project, stack: str, *, allow_unverified: bool = False) -> Path:
+    """Fetch, verify and overlay the lock's inputs; refuses unverified PRs unless `allow_unverified`."""
     out = project.artifacts(stack)
     record_path = out / "build.json"
     record_path.unlink(missing_ok=True)
@@ -85,10 +108,16 @@ def build(project: Project, stack: str) -> Path:
     for warning in report.warnings:
         log.warning("%s", warning)
     document = lock.load_lock(project, stack)
+    unverified = [f"{p['repo']}#{p['number']}" for p in document["pull_requests"] if p["status"] == "unverified"]
+    if unverified and not allow_unverified:
+        raise ServestackError(
+            f"pins/{stack}.lock: PRs {', '.join(unverified)} are unverified (no evidence in the stack file and no "
+            "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
+        )
     platform = _platform(document, stack)
     wheels = document["platforms"][platform]
     epoch = int(document["source_date_epoch"])
-    paths = _fetch_all(wheels)
+    paths = fetch_wheels(project, stack, document, platform)
 
     by_package = {normalize(w["name"]): w for w in wheels}
     overlays_out: list[dict[str, Any]] = []
@@ -145,7 +174,7 @@ def build(project: Project, stack: str) -> Path:
         "source_date_epoch": epoch,
         "inputs": inputs,
         "overlays": overlays_out,
-        "unverified_prs": [f"{p['repo']}#{p['number']}" for p in document["pull_requests"] if p["status"] == "unverified"],
+        "unverified_prs": unverified,
         "model": model,
         "input_hash": sha256_bytes(canonical_json(identity).encode()),
     }

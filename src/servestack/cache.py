@@ -29,8 +29,9 @@ def verify(path: Path, sha256: str, name: str) -> None:
         raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, the lock says {sha256}; delete it and rerun")
 
 
-def fetch(url: str, sha256: str, name: str, root: Path | None = None) -> Path:
-    """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use."""
+def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: str = "") -> Path:
+    """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use.
+    `origin` (e.g. "index 'pypi'") names where it came from in an integrity error."""
     target = blob_path(sha256, name, root)
     if target.exists():
         verify(target, sha256, name)
@@ -52,7 +53,8 @@ def fetch(url: str, sha256: str, name: str, root: Path | None = None) -> Path:
                     out.write(chunk)
         actual = sha256_file(tmp)
         if actual != sha256:
-            raise IntegrityError(f"{name}: {url} has sha256 {actual}, the lock says {sha256}")
+            source = f" from {origin}" if origin else ""
+            raise IntegrityError(f"{name}{source}: {url} has sha256 {actual}, the lock says {sha256}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

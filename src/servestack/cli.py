@@ -32,8 +32,13 @@ def _say(text: str = "") -> None:
 # --------------------------------------------------------------------------- lock
 
 
-@command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock", lambda p: p.add_argument(
-    "--check", action="store_true", help="offline: fail when the lock no longer matches the stack file or patches"))
+def _lock_args(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--check", action="store_true", help="offline: fail when the lock no longer matches the stack file or patches")
+    mode.add_argument("--upgrade", action="store_true", help="move the stack's resolved_at to now, relock, print what changed")
+
+
+@command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock", _lock_args)
 def _lock(args: argparse.Namespace, project: Project) -> int:
     from . import lock
 
@@ -45,7 +50,12 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
             _say(f"error: {problem}")
         _say(f"lock {args.stack}: {'ok' if report.ok else 'out of date'}")
         return 0 if report.ok else 1
-    path = lock.lock(project, args.stack)
+    if args.upgrade:
+        path, changed = lock.upgrade(project, args.stack)
+        for line in changed:
+            _say(f"  {line}")
+    else:
+        path = lock.lock(project, args.stack)
     document = lock.load_lock(project, args.stack)
     wheels = {p: len(ws) for p, ws in document["platforms"].items()}
     statuses: dict[str, int] = {}
@@ -58,18 +68,19 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
 # --------------------------------------------------------------------------- build, image
 
 
-@command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json")
+@command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json", lambda p: p.add_argument(
+    "--allow-unverified", action="store_true", help="build even when the lock has PRs nothing verified"))
 def _build(args: argparse.Namespace, project: Project) -> int:
     from . import build
 
     started = time.monotonic()
-    path = build.build(project, args.stack)
+    path = build.build(project, args.stack, allow_unverified=args.allow_unverified)
     record = build.load_build(project, args.stack)
     overlays = sum(len(o["prs"]) for o in record["overlays"])
     _say(f"build {args.stack}: {len(record['inputs'])} wheels verified, {overlays} PR overlays applied, "
          f"input hash {record['input_hash'][:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
     if record["unverified_prs"]:
-        _say(f"warning: {len(record['unverified_prs'])} PRs not verified against GitHub (re-lock with network): "
+        _say(f"warning: built with {len(record['unverified_prs'])} unverified PRs (--allow-unverified): "
              + ", ".join(record["unverified_prs"]))
     return 0
 

@@ -8,21 +8,26 @@ bytes and a re-lock shows up in review as a readable diff. Resolving talks to th
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+import re
+import zipfile
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from . import cache, diffs, pairing, wheels
-from .errors import InputError, NetworkError, ServestackError
+from .errors import InputError, InputErrors, NetworkError, ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
+from .probe import static as static_probe
 from .project import Project
-from .sources import debian, pypi, registry
+from .sources import debian, gitmirror, pypi, registry
 from .sources.github import GitHub, PullRequestNotFound
+from .sources.gitmirror import GitMirror
 from .stack import PullRequest, Stack, load_stack, normalize
 
 log = logging.getLogger("servestack.lock")
 
-LOCK_VERSION = 1
+LOCK_VERSION = 2
 
 
 def _relative(project: Project, path: Path) -> str:
@@ -53,79 +58,133 @@ def _resolve_base(stack: Stack) -> dict[str, Any]:
     }
 
 
-def _package_commit(wheel: pypi.LockedWheel | None, package) -> str | None:
+def _with_sizes(found: list[pypi.LockedWheel]) -> list[pypi.LockedWheel]:
+    """Every wheel with its size: an index that does not say it gets the file fetched (and verified)."""
+    return [w if w.size is not None else replace(w, size=_pinned_wheel(w).stat().st_size) for w in found]
+
+
+def _pinned_wheel(wheel: pypi.LockedWheel | None) -> Path | None:
+    return cache.fetch(wheel.url, wheel.sha256, wheel.filename, origin=f"index {wheel.index!r}") if wheel else None
+
+
+def _package_commit(path: Path | None, package) -> str | None:
     """The upstream commit the pinned package was built from: the git pin, or what the wheel records."""
     if package.git:
         return package.git.commit
-    return wheels.read_wheel_commit(cache.fetch(wheel.url, wheel.sha256, wheel.filename))
+    return wheels.read_wheel_commit(path) if path else None
 
 
-def _unverified(pr: PullRequest, package: str, reason: str) -> dict[str, Any]:
-    return {
+def _evidence(pr: PullRequest, archive: Path | None) -> list[tuple[int, dict[str, str], str | None, str]]:
+    """Each evidence item checked in the pinned wheel's files: (index, item, problem, where found)."""
+    if not pr.evidence:
+        return []
+    if archive is None:
+        return [(i, e.to_json(), "the package has no pinned wheel to read", "") for i, e in enumerate(pr.evidence)]
+    with zipfile.ZipFile(archive) as zf:
+        names = set(zf.namelist())
+
+        def read(member: str) -> str | None:
+            return zf.read(member).decode("utf-8", "replace") if member in names else None
+
+        results = []
+        for i, item in enumerate(pr.evidence):
+            problem, where = static_probe.evidence_problem(item.to_json(), read, lambda: names)
+            results.append((i, item.to_json(), problem, where))
+        return results
+
+
+class _Histories:
+    """Where each upstream repository's PR history is: its git mirror if configured, else GitHub.
+    A source that cannot be reached is asked once; its PRs then rest on evidence alone."""
+
+    def __init__(self, stack: Stack, github: GitHub):
+        self._stack, self._github = stack, github
+        self._sources: dict[str, GitHub | GitMirror] = {}
+        self.down: dict[str, str] = {}  # repo -> why its history is unavailable
+
+    def source(self, repo: str) -> GitHub | GitMirror | None:
+        if repo in self.down:
+            return None
+        if repo not in self._sources:
+            location = gitmirror.mirror_location(repo, self._stack.mirrors)
+            try:
+                self._sources[repo] = GitMirror(repo, location) if location else self._github
+            except NetworkError as exc:
+                self.fail(repo, exc)
+                return None
+        return self._sources[repo]
+
+    def fail(self, repo: str, exc: Exception) -> None:
+        source = self._sources.get(repo)
+        name = source.api if isinstance(source, GitHub) else "its git mirror"
+        self.down[repo] = f"{repo}'s history ({name}) was unreachable when this lock was made"
+        log.warning("%s", exc)
+        log.warning("%s: PRs rest on their evidence alone", self.down[repo])
+
+
+def _entry(pr: PullRequest, package: str, info) -> dict[str, Any]:
+    entry: dict[str, Any] = {
         "repo": pr.repo,
         "number": pr.number,
         "package": package,
-        "title": pr.title,
-        "merge_commit": pr.merge_commit,
-        "status": "unverified",
-        "unverified_reason": reason,
+        "title": pr.title or (info.title if info else None),
+        "merge_commit": (info.merge_commit if info else None) or pr.merge_commit,
     }
+    if pr.merged:
+        entry["merged"] = pr.merged
+    if info:
+        entry.update(state=info.state, head_sha=info.head_sha, files=list(info.files))
+    return entry
 
 
 def _resolve_prs(
     project: Project, stack: Stack, stack_file: Path, wheels_by_name: dict[str, pypi.LockedWheel], github: GitHub
 ) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
-    """Classify every PR as included upstream or overlay; returns entries, package commits, patches to write."""
+    """Classify every PR: included (by evidence in the pinned wheel and/or ancestry), overlay, or
+    unverified (no evidence, no reachable history); returns entries, package commits, patches to write."""
     entries: list[dict[str, Any]] = []
     commits: dict[str, str | None] = {}
     patches: dict[Path, str] = {}
-    github_down: str | None = None
+    histories = _Histories(stack, github)
+    problems: list[InputError] = []
     for index, package in enumerate(stack.packages):
         if not package.prs:
             continue
         name = normalize(package.name)
-        commits[name] = _package_commit(wheels_by_name.get(name), package)
+        wheel = wheels_by_name.get(name)
+        archive = _pinned_wheel(wheel) if not package.git else None
+        commits[name] = _package_commit(archive, package)
+        pinned = f"the pinned {package.name} {wheel.version} ({wheel.filename})" if wheel else f"the pinned {package.name}"
         for pr_index, pr in enumerate(package.prs):
             field = f"packages[{index}].prs[{pr_index}]"
-            if github_down:
-                entries.append(_unverified(pr, name, github_down))
-                continue
-            try:
-                info = github.pull_request(pr.repo, pr.number)
-            except PullRequestNotFound as exc:
-                raise InputError(stack_file, field, f"{pr.repo}#{pr.number} does not exist ({exc})") from None
-            except NetworkError as exc:
-                github_down = f"GitHub ({github.api}) was unreachable when this lock was made; recorded from the stack file"
-                log.warning("%s", exc)
-                log.warning("GitHub unreachable: PRs are recorded from the stack file, marked unverified")
-                entries.append(_unverified(pr, name, github_down))
-                continue
-            if pr.merge_commit and info.merge_commit and pr.merge_commit != info.merge_commit:
-                raise InputError(
-                    stack_file, f"{field}.merge_commit",
-                    f"{pr.repo}#{pr.number} was merged as {info.merge_commit}, not {pr.merge_commit}",
-                )
-            if not commits[name]:
+            evidence = _evidence(pr, archive)
+            missing = [(i, item, problem) for i, item, problem, _ in evidence if problem]
+            info, ancestor = None, None
+            source = histories.source(pr.repo)
+            if source is not None:
+                try:
+                    info = source.pull_request(pr.repo, pr.number, merge_commit=pr.merge_commit)
+                    if info.merge_commit and commits[name]:
+                        ancestor = source.is_ancestor(pr.repo, info.merge_commit, commits[name])
+                except PullRequestNotFound as exc:
+                    raise InputError(stack_file, field, f"{pr.label} does not exist ({exc})") from None
+                except NetworkError as exc:
+                    histories.fail(pr.repo, exc)
+                    info = None
+            if info and pr.merge_commit and info.merge_commit and pr.merge_commit != info.merge_commit:
+                raise InputError(stack_file, f"{field}.merge_commit",
+                                 f"{pr.label} was merged as {info.merge_commit}, not {pr.merge_commit}")
+            if info and not commits[name]:
                 raise InputError(
                     stack_file, f"packages[{index}].prs",
                     f"the {package.name} wheel records no upstream commit, so its PRs cannot be classified; "
                     "pin the package by `git` (url + commit) instead",
                 )
-            entry: dict[str, Any] = {
-                "repo": pr.repo,
-                "number": pr.number,
-                "package": name,
-                "title": info.title,
-                "state": info.state,
-                "merged": info.merged,
-                "head_sha": info.head_sha,
-                "merge_commit": info.merge_commit,
-                "files": list(info.files),
-            }
-            if info.merge_commit and github.is_ancestor(pr.repo, info.merge_commit, commits[name]):
-                entry["status"] = "included"
-            else:
-                diff = github.diff(pr.repo, pr.number)
+            entry = _entry(pr, name, info)
+            if evidence:
+                entry["evidence"] = [{**item, "found": where} if where else item for _, item, _, where in evidence]
+            if ancestor is False and (missing or not evidence):
+                diff = source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit)
                 path = patch_path(project, pr)
                 patches[path] = diff
                 entry["status"] = "overlay"
@@ -135,7 +194,28 @@ def _resolve_prs(
                     "python_only": not diffs.diff_native_files(diff),
                     "native_files": diffs.diff_native_files(diff),
                 }
+            elif missing:
+                why = "its merge commit is an ancestor of the pinned commit, yet" if ancestor else "and"
+                problems += [
+                    InputError(stack_file, f"{field}.evidence[{i}]",
+                               f"{pr.label} ({pr.title or 'untitled'}): {why} the evidence is missing from {pinned}: {problem}")
+                    for i, _, problem in missing
+                ]
+                continue
+            elif ancestor or evidence:
+                entry["status"] = "included"
+                entry["verified_by"] = (["ancestry"] if ancestor else []) + (["evidence"] if evidence else [])
+                if ancestor is False:
+                    entry["note"] = f"its merge commit is not an ancestor of {commits[name]}: present by evidence (a backport?)"
+            else:
+                entry["status"] = "unverified"
+                entry["unverified_reason"] = (
+                    histories.down.get(pr.repo, "no evidence and no merge commit to check ancestry")
+                    + "; the stack gives no evidence for it"
+                )
             entries.append(entry)
+    if problems:
+        raise InputErrors(problems)
     return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches
 
 
@@ -168,7 +248,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     stack = load_stack(stack_file)
     if stack.name != stack_name:
         raise InputError(stack_file, "name", f"is {stack.name!r}, but the file is named for {stack_name!r}")
-    platforms = {platform: pypi.resolve(stack, stack_file, platform) for platform in stack.platforms}
+    platforms = {platform: _with_sizes(pypi.resolve(stack, stack_file, platform)) for platform in stack.platforms}
     for platform, resolved_wheels in platforms.items():
         pairing.check_locked(stack, stack_file, platform, resolved_wheels)
     first = platforms[stack.platforms[0]]
@@ -185,6 +265,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         "lock_version": LOCK_VERSION,
         "stack": {"name": stack.name, "file": _relative(project, stack_file), "sha256": sha256_file(stack_file)},
         "python": stack.python,
+        "resolved_at": stack.resolved_at,
         "source_date_epoch": epoch,
         "base": base,
         "environment": dict(sorted(stack.environment.items())),
@@ -202,6 +283,8 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         **({"local_patches": local_patches} if local_patches else {}),
         "smoke_model": stack.smoke_model.model_dump(exclude_none=True),
     }
+    if stack.fast_path:
+        document["fast_path"] = stack.fast_path.model_dump(exclude_none=True)
     return {"document": document, "patches": patches}
 
 
@@ -214,6 +297,63 @@ def lock(project: Project, stack_name: str, github: GitHub | None = None) -> Pat
     out = project.lock_file(stack_name)
     atomic_write_json(out, resolved["document"])
     return out
+
+
+# --------------------------------------------------------------------------- upgrading
+
+
+def _set_resolved_at(text: str, moment: str) -> str:
+    """The stack file's text with `resolved_at` set to `moment` (added after `python:` if absent)."""
+    line = f'resolved_at: "{moment}"'
+    if re.search(r"^resolved_at:.*$", text, re.M):
+        return re.sub(r"^resolved_at:.*$", line, text, count=1, flags=re.M)
+    if not re.search(r"^python:.*$", text, re.M):
+        raise ServestackError("the stack file has no top-level `python:` line to put `resolved_at` after")
+    return re.sub(r"^(python:.*)$", rf"\1\n{line}", text, count=1, flags=re.M)
+
+
+def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """What a relock changed, in words: versions, PRs now included upstream, overlays that can go."""
+    if old is None:
+        return ["no previous lock"]
+    lines = []
+    if old.get("resolved_at") != new.get("resolved_at"):
+        lines.append(f"resolved at {new.get('resolved_at')} (was {old.get('resolved_at')})")
+    for platform in sorted(set(old.get("platforms", {})) | set(new.get("platforms", {}))):
+        before = {w["name"]: w["version"] for w in old.get("platforms", {}).get(platform, [])}
+        after = {w["name"]: w["version"] for w in new.get("platforms", {}).get(platform, [])}
+        for name in sorted(set(before) | set(after)):
+            if name not in after:
+                lines.append(f"{platform}: {name} {before[name]} removed")
+            elif name not in before:
+                lines.append(f"{platform}: {name} {after[name]} added")
+            elif before[name] != after[name]:
+                lines.append(f"{platform}: {name} {before[name]} -> {after[name]}")
+    was = {(e["repo"], e["number"]): e for e in old.get("pull_requests", [])}
+    for entry in new.get("pull_requests", []):
+        prior = was.get((entry["repo"], entry["number"]))
+        label = f"{entry['repo']}#{entry['number']}"
+        if prior and prior["status"] == "overlay" and entry["status"] == "included":
+            lines.append(f"{label}: now included upstream; its overlay {prior['patch']['path']} can go")
+        elif prior is None or prior["status"] != entry["status"]:
+            lines.append(f"{label}: {prior['status'] if prior else 'new'} -> {entry['status']}")
+    return lines or ["nothing changed"]
+
+
+def upgrade(project: Project, stack_name: str, github: GitHub | None = None, now: datetime | None = None) -> tuple[Path, list[str]]:
+    """Move the stack's resolution date to `now`, relock, and say what changed; on failure the stack
+    file and the lock are left as they were."""
+    stack_file = project.stack_file(stack_name)
+    text = stack_file.read_text()
+    old = load_lock(project, stack_name) if project.lock_file(stack_name).exists() else None
+    moment = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    atomic_write_text(stack_file, _set_resolved_at(text, moment))
+    try:
+        path = lock(project, stack_name, github)
+    except BaseException:
+        atomic_write_text(stack_file, text)
+        raise
+    return path, changes(old, load_lock(project, stack_name))
 
 
 # --------------------------------------------------------------------------- checking
@@ -254,6 +394,8 @@ def check(project: Project, stack_name: str) -> CheckReport:
             f"{where}: stack.sha256: {_relative(project, stack_file)} changed since the lock "
             f"(lock has {recorded}, file has {actual}); run `nox -s lock -- --stack {stack_name}`"
         )
+    if document.get("lock_version") != LOCK_VERSION:
+        problems.append(f"{where}: lock_version: is {document.get('lock_version')}, this servestack writes {LOCK_VERSION}; re-lock")
     for key in ("python", "source_date_epoch", "base", "packages", "platforms", "pull_requests"):
         if key not in document:
             problems.append(f"{where}: {key}: entry missing")
@@ -266,10 +408,15 @@ def check(project: Project, stack_name: str) -> CheckReport:
         for package in stack.packages:
             if normalize(package.name) not in names:
                 problems.append(f"{where}: platforms.{platform}: no wheel for package {package.name}")
+        known_indexes = {"pypi"} | {i.name for i in stack.indexes}
         for i, wheel in enumerate(wheels_here):
-            for key in ("url", "sha256", "filename", "version"):
+            for key in ("sha256", "filename", "version", "index"):
                 if not wheel.get(key):
                     problems.append(f"{where}: platforms.{platform}[{i}].{key}: entry missing")
+            if "url" in wheel:
+                problems.append(f"{where}: platforms.{platform}[{i}].url: a lock names the index, never a URL; re-lock")
+            if wheel.get("index") and wheel["index"] not in known_indexes:
+                problems.append(f"{where}: platforms.{platform}[{i}].index: {wheel['index']!r} is not an index of the stack")
     for package in stack.packages:
         if normalize(package.name) not in document.get("packages", {}):
             problems.append(f"{where}: packages.{normalize(package.name)}: entry missing")
@@ -282,7 +429,7 @@ def check(project: Project, stack_name: str) -> CheckReport:
                 problems.append(f"{where}: {label}: entry missing")
                 continue
             if entry["status"] == "unverified":
-                warnings.append(f"{where}: {label}: not verified against GitHub ({entry.get('unverified_reason', '')[:120]})")
+                warnings.append(f"{where}: {label}: unverified ({entry.get('unverified_reason', '')[:160]})")
             if entry["status"] == "overlay":
                 patch = entry.get("patch") or {}
                 path = project.root / patch.get("path", "")

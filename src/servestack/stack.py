@@ -25,6 +25,43 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class Evidence(_Model):
+    """A fact a PR's merge introduced, checked in the package's files (see probe/static.py's
+    `evidence_problem`, which both `lock` and the static probe use). Exactly one kind:
+
+    - `file` with `contains` (a string) or `pattern` (a regular expression) in that file;
+    - `attribute`: `package.module:name` (or `:Class.name`), defined in that module's source;
+    - `flag`: an engine flag (`--gdn-prefill-backend`), declared in the package's sources;
+    - `env`: a `VLLM_*` variable, registered in the package's sources.
+    """
+
+    file: str | None = None
+    contains: str | None = None
+    pattern: str | None = None
+    attribute: Annotated[str | None, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")] = None
+    flag: Annotated[str | None, Field(pattern=r"^--[a-z0-9][a-z0-9-]*$")] = None
+    env: Annotated[str | None, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> "Evidence":
+        kinds = [k for k in ("file", "attribute", "flag", "env") if getattr(self, k) is not None]
+        if len(kinds) != 1:
+            raise ValueError("give exactly one of `file` (with `contains` or `pattern`), `attribute`, `flag` or `env`")
+        if self.file is not None and (self.contains is None) == (self.pattern is None):
+            raise ValueError("`file` needs exactly one of `contains` (a string) or `pattern` (a regular expression)")
+        if self.file is None and (self.contains is not None or self.pattern is not None):
+            raise ValueError("`contains` and `pattern` go with `file`")
+        if self.pattern is not None:
+            try:
+                re.compile(self.pattern)
+            except re.error as exc:
+                raise ValueError(f"`pattern` is not a regular expression: {exc}") from None
+        return self
+
+    def to_json(self) -> dict[str, str]:
+        return self.model_dump(exclude_none=True)
+
+
 class PullRequest(_Model):
     """An upstream PR the package must contain, as shipped or as an overlay."""
 
@@ -32,6 +69,12 @@ class PullRequest(_Model):
     number: Annotated[int, Field(gt=0)]
     merge_commit: Annotated[str | None, Field(pattern=SHA1)] = None
     title: str | None = None
+    merged: str | None = None  # the day it was merged (YYYY-MM-DD), for the reader
+    evidence: list[Evidence] = []
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo}#{self.number}"
 
 
 class LocalPatch(_Model):
@@ -71,17 +114,11 @@ class Package(_Model):
 
 
 class Index(_Model):
-    """An extra package index (a PEP 503 simple URL) or a flat directory of wheels (find-links)."""
+    """A package index, by name. Where it is, is configuration (servestack.indexes.locate): the
+    environment or uv's configuration, else `url`, a default location (a PEP 503 simple URL)."""
 
-    name: str
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     url: str | None = None
-    find_links: str | None = None
-
-    @model_validator(mode="after")
-    def _one_location(self) -> "Index":
-        if (self.url is None) == (self.find_links is None):
-            raise ValueError("give exactly one of `url` (a simple index) or `find_links` (a wheel directory)")
-        return self
 
 
 class Exclusion(_Model):
@@ -123,12 +160,34 @@ class SmokeModel(_Model):
         return self
 
 
+class GdnPrefill(_Model):
+    """Which GDN prefill backend vLLM's own resolver must choose on the target device."""
+
+    device_capability: Annotated[str, Field(pattern=r"^\d+\.\d+$")]
+    head_k_dim: Annotated[int, Field(gt=0)]
+    backend: Literal["flashinfer", "triton", "cutedsl"]
+
+
+class FastPath(_Model):
+    """What the image must have for the stack's fast path; the static probe proves each inside the image."""
+
+    torch_cuda_major: Annotated[int | None, Field(gt=0)] = None  # minimum major of torch.version.cuda
+    packages: list[str] = []  # distributions that must be installed (e.g. the cu13 CUTLASS DSL libraries)
+    gdn_prefill: GdnPrefill | None = None
+
+
 class Stack(_Model):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     platforms: Annotated[list[Literal["linux/amd64", "linux/arm64"]], Field(min_length=1)]
     python: Annotated[str, Field(pattern=r"^3\.\d+$")]
+    # Dependencies resolve as of this moment (uv's --exclude-newer): a relock months later gives
+    # the same files. `lock --upgrade` moves it.
+    resolved_at: Annotated[str | None, Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")] = None
     base: BaseImage
     indexes: list[Index] = []
+    # Git mirrors of upstream repositories ("owner/name": path or URL), for PR history without GitHub.
+    mirrors: dict[str, str] = {}
+    fast_path: FastPath | None = None
     packages: Annotated[list[Package], Field(min_length=1)]
     exclude: list[Exclusion] = []
     environment: dict[str, str] = {}
@@ -144,7 +203,7 @@ class Stack(_Model):
 
     @model_validator(mode="after")
     def _indexes_exist(self) -> "Stack":
-        known = {i.name for i in self.indexes}
+        known = {i.name for i in self.indexes} | {"pypi"}
         for package in self.packages:
             if package.index is not None and package.index not in known:
                 raise ValueError(

@@ -390,7 +390,7 @@ COMMIT_SOURCES: dict[str, list[tuple[str, Callable[[str], str | None]]]] = {
         ("vllm/_version.py", _scm_version_commit),  # setuptools-scm
         ("vllm/commit_id.py", _assigned_hex("__commit__")),  # vLLM <= 0.5
     ],
-    "flashinfer_python": [("flashinfer/_build_meta.py", _assigned_hex("__git_version__"))],
+    "flashinfer_python": [("flashinfer/_build_meta.py", _assigned_hex("__git_commit__", "__git_version__"))],
     "torch": [("torch/version.py", _assigned_hex("git_version"))],
 }
 

@@ -15,8 +15,9 @@ The config (JSON, written by servestack.smoke):
     stack_json                      path of stack.json in the image (/opt/servestack/stack.json)
     site_packages                   null: the interpreter's purelib; or a directory
     wheels                          [{"name", "version"}] the lock's wheels for this platform
-    pull_requests                   the lock's pull_requests
+    pull_requests                   the lock's pull_requests (evidence re-checked against installed files)
     local_patches                   the lock's local_patches
+    fast_path                       null, or the lock's fast_path (torch CUDA, packages, GDN prefill backend)
     excluded                        the lock's excluded [{"name", "reason"}]
     modules                         module names that must import
     entry_points                    modules whose `python -m MODULE --help` must print a usage
@@ -222,8 +223,8 @@ def _overlaid(label: str, package: str, patch_sha256: str, why: str, overlays: d
     return check(label, PASS, f"overlaid onto {package} {version} (patch sha256 {patch_sha256[:12]}; {why})")
 
 
-def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool]) -> list[dict]:
-    """Each PR (included, overlaid or unverified) and each local patch (overlaid), as one check."""
+def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool], site: str) -> list[dict]:
+    """Each PR (included, overlaid or unverified, its evidence re-checked) and each local patch (overlaid), as one check."""
     overlays = {normalize(k): v for k, v in ((stack_json or {}).get("overlays") or {}).items()}
     results = []
     for pr in config.get("pull_requests") or []:
@@ -231,8 +232,15 @@ def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool]
         title = pr.get("title") or ""
         package = normalize(pr.get("package") or "")
         status = pr.get("status")
+        if pr.get("evidence") and status in ("included", "overlay"):
+            ok, detail = check_evidence(pr, site)
+            if not ok:
+                results.append(check(label, FAIL, f"{status} per the lock, but {detail} ({title})"))
+                continue
+            title = f"{title}; {detail}"
         if status == "included":
-            results.append(check(label, PASS, f"included upstream in the pinned {package} ({title})"))
+            how = "+".join(pr.get("verified_by") or []) or "the lock"
+            results.append(check(label, PASS, f"included upstream in the pinned {package}, verified by {how} ({title})"))
         elif status == "overlay":
             results.append(_overlaid(label, package, (pr.get("patch") or {}).get("sha256", ""), title, overlays, overlay_ok))
         else:
@@ -243,6 +251,211 @@ def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool]
         label = f"patch:{package}:{os.path.basename(patch['file'])}"
         results.append(_overlaid(label, package, patch.get("sha256", ""), f"local patch: {patch.get('reason', '')}", overlays, overlay_ok))
     return results
+
+
+# --------------------------------------------------------------------------- PR evidence
+#
+# One owner for "does this evidence hold in these files": `servestack lock` calls
+# `evidence_problem` on the pinned wheel's archive (zipfile members), this probe on the files the
+# image has installed (the distribution's RECORD). Text only: nothing is imported.
+
+
+def _definition(name: str) -> str:
+    return rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{re.escape(name)}\b|^[ \t]*{re.escape(name)}[ \t]*(?::[^=\n]*)?="
+
+
+def _find(read, paths, pattern: str) -> str | None:
+    """The first `path:line` among `paths` whose text matches `pattern`."""
+    rx = re.compile(pattern, re.M)
+    for path in paths:
+        text = read(path)
+        if text is None:
+            continue
+        m = rx.search(text)
+        if m:
+            return f"{path}:{text.count(chr(10), 0, m.start()) + 1}"
+    return None
+
+
+def evidence_label(item: dict) -> str:
+    if "file" in item:
+        what = f"contains {item['contains']!r}" if "contains" in item else f"matches /{item['pattern']}/"
+        return f"{item['file']} {what}"
+    kind = next(k for k in ("attribute", "flag", "env") if k in item)
+    return f"{kind} {item[kind]}"
+
+
+def evidence_problem(item: dict, read, names) -> tuple[str | None, str]:
+    """(problem or None, where it was found). `read(path)` gives a package file's text or None;
+    `names()` lists the package's file paths."""
+    if "file" in item:
+        text = read(item["file"])
+        if text is None:
+            return f"{item['file']} is not in the package", ""
+        pattern = re.escape(item["contains"]) if "contains" in item else item["pattern"]
+        where = _find(read, [item["file"]], pattern)
+        return (None, where) if where else (f"{evidence_label(item)}: not found", "")
+    sources = sorted(n for n in names() if n.endswith(".py"))
+    if "attribute" in item:
+        module, attribute = item["attribute"].split(":")
+        base = module.replace(".", "/")
+        paths = [p for p in (f"{base}.py", f"{base}/__init__.py") if p in set(sources)]
+        if not paths:
+            return f"module {module} is not in the package", ""
+        text = "\n".join(read(p) or "" for p in paths)
+        offset = 0
+        for part in attribute.split("."):  # Class.method: the method is defined after its class
+            m = re.compile(_definition(part), re.M).search(text, offset)
+            if not m:
+                return f"{module} defines no {attribute}", ""
+            offset = m.end()
+        return None, paths[0]
+    if "flag" in item:
+        dest = item["flag"][2:].replace("-", "_")
+        pattern = rf"""["']{re.escape(item['flag'])}["']|dest=["']{dest}["']|^[ \t]+{dest}[ \t]*:"""
+        where = _find(read, sources, pattern)
+        return (None, where) if where else (f"no source declares the flag {item['flag']}", "")
+    where = _find(read, sources, rf"""["']{re.escape(item['env'])}["']""")
+    return (None, where) if where else (f"no source registers the variable {item['env']}", "")
+
+
+def _installed_files(site: str, package: str):
+    """read/names over the files one installed distribution's RECORD lists."""
+    found = installed_distributions(site).get(normalize(package)) or []
+    files = sorted({str(f).replace(os.sep, "/") for f in (found[0].files or [])}) if len(found) == 1 else []
+
+    def read(path):
+        if path not in files:
+            return None
+        try:
+            with open(os.path.join(site, path), encoding="utf-8", errors="replace") as f:
+                return f.read()
+        except OSError:
+            return None
+
+    return read, (lambda: files)
+
+
+def check_evidence(pr: dict, site: str) -> tuple[bool, str]:
+    """Re-check a PR's evidence against the installed files: (all present, detail)."""
+    read, names = _installed_files(site, pr.get("package") or "")
+    found, missing = [], []
+    for item in pr.get("evidence") or []:
+        problem, where = evidence_problem(item, read, names)
+        (missing if problem else found).append(problem or f"{evidence_label(item)} ({where})")
+    if missing:
+        return False, "evidence missing in the image: " + "; ".join(missing)
+    return True, "evidence in the image: " + "; ".join(found)
+
+
+# --------------------------------------------------------------------------- the stack's fast path
+#
+# The lock's `fast_path` says what the image needs for its fast path. torch's CUDA and the
+# installed distributions are read from files; the GDN prefill backend is what vLLM's own resolver
+# answers for a simulated device (its platform object swapped for one reporting that capability),
+# in a child process like every import.
+
+GDN_RESOLVER_MODULES = ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",)
+
+
+def torch_cuda(site: str) -> tuple[str | None, str]:
+    """torch.version.cuda as torch/version.py records it (None for a CPU build), and the file read."""
+    path = os.path.join(site, "torch", "version.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None, f"{path} is missing"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*(?:['\"]([^'\"]+)['\"]|None)", text, re.M)
+    return (m.group(1) if m else None), path
+
+
+def check_fast_path_files(config: dict, site: str) -> list[dict]:
+    fast = config.get("fast_path") or {}
+    results = []
+    minimum = fast.get("torch_cuda_major")
+    if minimum:
+        cuda, where = torch_cuda(site)
+        major = int(cuda.split(".")[0]) if cuda and cuda.split(".")[0].isdigit() else 0
+        status = PASS if major >= minimum else FAIL
+        results.append(check("fast-path:torch-cuda", status,
+                             f"torch is built for CUDA {cuda or 'none (a CPU build)'} ({where}); the stack needs CUDA >= {minimum}"))
+    if fast.get("packages"):
+        dists = installed_distributions(site)
+        for name in fast["packages"]:
+            found = dists.get(normalize(name)) or []
+            status = PASS if found else FAIL
+            detail = f"{name} {found[0].version} is installed" if found else f"{name} is not installed; the stack's fast path needs it"
+            results.append(check(f"fast-path:package:{normalize(name)}", status, detail))
+    return results
+
+
+def section_fast_path(config: dict) -> list[dict]:
+    """Ask vLLM's GDN prefill backend resolver what it picks on the stack's target device."""
+    import importlib
+    import types
+
+    spec = (config.get("fast_path") or {}).get("gdn_prefill")
+    if not spec:
+        return []
+    label = "fast-path:gdn-prefill"
+    major, minor = (int(x) for x in spec["device_capability"].split("."))
+    try:
+        from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+        try:
+            from vllm.platforms.cuda import CudaPlatformBase as Base
+            platform_from = "vLLM's CUDA platform"
+        except BaseException as e:  # noqa: BLE001 - without a CUDA driver (libcuda) it cannot load
+            import torch
+
+            class Base(Platform):  # type: ignore[no-redef]
+                @classmethod
+                def get_cuda_runtime_major(cls) -> int:
+                    # CudaPlatformBase's rule: the major of torch.version.cuda, 0 if undetermined.
+                    major = (torch.version.cuda or "0").split(".", 1)[0]
+                    return int(major) if major.isdigit() else 0
+
+            platform_from = f"vLLM's platform interface + torch.version.cuda ({type(e).__name__} loading vllm.platforms.cuda here)"
+        module = None
+        for name in GDN_RESOLVER_MODULES:
+            try:
+                module = importlib.import_module(name)
+                break
+            except ModuleNotFoundError:
+                continue
+    except BaseException as e:  # noqa: BLE001
+        text = f"{type(e).__name__}: {e}"
+        status, detail = _classify_import_error(text, {normalize(x["name"]) for x in config.get("excluded") or []})
+        return [check(label, status, f"cannot load vLLM's platform or GDN layer: {detail}")]
+    resolver = getattr(module, "_resolve_gdn_prefill_backend", None) if module else None
+    if resolver is None:
+        return [check(label, FAIL, f"the installed vLLM has no GDN prefill backend resolver (looked in {', '.join(GDN_RESOLVER_MODULES)})")]
+
+    class SimulatedDevice(Base):  # type: ignore[misc, valid-type]
+        """vLLM's CUDA platform, reporting the target's compute capability instead of asking NVML."""
+
+        _enum = PlatformEnum.CUDA
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(major=major, minor=minor)
+
+    text_config = types.SimpleNamespace(linear_key_head_dim=spec["head_k_dim"])
+    vllm_config = types.SimpleNamespace(additional_config={}, model_config=types.SimpleNamespace(hf_text_config=text_config))
+    saved = module.current_platform
+    module.current_platform = SimulatedDevice()
+    try:
+        requested, chosen = resolver(vllm_config)
+        runtime = SimulatedDevice.get_cuda_runtime_major()
+    except BaseException as e:  # noqa: BLE001
+        return [check(label, FAIL, f"vLLM's GDN prefill resolver failed on the simulated device: {type(e).__name__}: {e}")]
+    finally:
+        module.current_platform = saved
+    status = PASS if chosen == spec["backend"] else FAIL
+    return [check(label, status,
+                  f"{module.__name__}._resolve_gdn_prefill_backend on a simulated SM{major}{minor} device (head_k_dim "
+                  f"{spec['head_k_dim']}, CUDA runtime major {runtime}, requested {requested!r}; {platform_from}) "
+                  f"chooses {chosen}; the stack requires {spec['backend']}")]
 
 
 # --------------------------------------------------------------------------- excluded dependencies
@@ -525,7 +738,7 @@ def _closure_choices(fn) -> list | None:
     return None
 
 
-SECTIONS = {"imports": section_imports, "engine": section_engine}
+SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path}
 
 
 def run_section(config_path: str, config: dict, section: str) -> list[dict]:
@@ -533,7 +746,7 @@ def run_section(config_path: str, config: dict, section: str) -> list[dict]:
     fd, out = tempfile.mkstemp(prefix=f"probe-{section}-", suffix=".json")
     os.close(fd)
     env = dict(os.environ)
-    if section == "engine":
+    if section in ("engine", "fast_path"):
         # The CUDA build cannot infer a device without a GPU; the parser itself is device-free.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     timeout = float(config.get("section_timeout") or 1800)
@@ -574,8 +787,9 @@ def probe(config_path: str, config: dict) -> dict:
     checks.extend(check_versions(config, stack_json, site))
     overlay_checks, overlay_ok = check_overlays(stack_json, site)
     checks.extend(overlay_checks)
-    checks.extend(check_prs(config, stack_json, overlay_ok))
+    checks.extend(check_prs(config, stack_json, overlay_ok, site))
     checks.extend(check_excluded(config, site))
+    checks.extend(check_fast_path_files(config, site))
     if config.get("model_dir"):
         checks.append(check_model(config["model_dir"]))
     if config.get("modules"):
@@ -583,6 +797,8 @@ def probe(config_path: str, config: dict) -> dict:
     if config.get("engine"):
         checks.extend(run_section(config_path, config, "engine"))
     checks.extend(check_entry_points(config))
+    if (config.get("fast_path") or {}).get("gdn_prefill"):
+        checks.extend(run_section(config_path, config, "fast_path"))
     return {
         "probe": "static",
         "stack": config.get("stack"),

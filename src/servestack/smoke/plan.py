@@ -195,6 +195,7 @@ def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: s
         "pull_requests": lock.get("pull_requests", []),
         "local_patches": lock.get("local_patches", []),
         "excluded": lock.get("excluded", []),
+        "fast_path": lock.get("fast_path"),
         "modules": _modules(lock, platform),
         "entry_points": _modules(lock, platform, STACK_ENTRY_POINTS),
         "engine": {"name": engine, **usage} if engine and usage else None,

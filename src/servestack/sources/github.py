@@ -48,7 +48,8 @@ class GitHub:
             raise ServestackError(f"{what}: HTTP {response.status_code} from {self.api}: {response.text[:300]}")
         return response
 
-    def pull_request(self, repo: str, number: int) -> PullRequestInfo:
+    def pull_request(self, repo: str, number: int, merge_commit: str | None = None) -> PullRequestInfo:
+        """The PR as GitHub knows it (`merge_commit` is what the stack says; GitHub's own answer wins)."""
         what = f"{repo}#{number}"
         pr = self._get(f"/repos/{repo}/pulls/{number}", what).json()
         files: list[str] = []
@@ -69,7 +70,7 @@ class GitHub:
             files=tuple(sorted(files)),
         )
 
-    def diff(self, repo: str, number: int) -> str:
+    def diff(self, repo: str, number: int, merge_commit: str | None = None) -> str:
         response = self._get(
             f"/repos/{repo}/pulls/{number}", f"{repo}#{number} diff", headers={"Accept": "application/vnd.github.diff"}
         )

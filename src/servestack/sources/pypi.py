@@ -21,6 +21,7 @@ from packaging.utils import parse_wheel_filename
 
 from .. import proc
 from ..errors import InputError, NetworkError, ServestackError
+from ..indexes import DEFAULT_INDEX, IndexLocation, locate
 from ..stack import Stack
 
 # Oldest glibc the image's base satisfies; manylinux wheels up to it are acceptable.
@@ -33,7 +34,7 @@ class LockedWheel:
     name: str
     version: str
     filename: str
-    url: str
+    url: str  # where it was found when locking; never written: the lock names the index
     sha256: str
     size: int | None
     upload_time: int | None
@@ -44,11 +45,17 @@ class LockedWheel:
             "name": self.name,
             "version": self.version,
             "filename": self.filename,
-            "url": self.url,
             "sha256": self.sha256,
             "size": self.size,
             "index": self.index,
         }
+
+
+def index_locations(stack: Stack, stack_file: Path) -> list[IndexLocation]:
+    """The stack's indexes where this machine's configuration puts them, the default index first."""
+    defaults = {i.name: i.url for i in stack.indexes}
+    names = [DEFAULT_INDEX] + [i.name for i in stack.indexes if i.name != DEFAULT_INDEX]
+    return [locate(name, defaults, where=str(stack_file)) for name in names]
 
 
 def target_tags(platform: str, python: str) -> list[tags.Tag]:
@@ -109,8 +116,17 @@ def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
             "--python-version", stack.python,
             "--no-header", "--quiet",
         ]
-        for index in stack.indexes:
-            argv += ["--find-links", index.find_links] if index.find_links else ["--extra-index-url", index.url]
+        if stack.resolved_at:
+            argv += ["--exclude-newer", stack.resolved_at]
+            # A package pinned to a version on a named index is fixed by that pin; such indexes
+            # (PyTorch's, a local directory) often publish no upload times, which the cutoff needs.
+            for package in stack.packages:
+                if package.index and package.index != DEFAULT_INDEX:
+                    argv += ["--exclude-newer-package", f"{package.name}=false"]  # no cutoff for it
+        locations = index_locations(stack, stack_file)
+        for location in locations:
+            argv += location.uv_args(only=False)
+        # Our arguments say where every index is; uv's own files must not add another.
         result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
         if result.returncode != 0:
             sentence = _unsatisfiable_sentence(result.stdout)
@@ -120,10 +136,12 @@ def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
                 raise NetworkError(f"resolving wheels for {platform}: the package index could not be reached:\n{result.stdout.strip()[-800:]}")
             raise ServestackError(f"resolving wheels for {platform} failed:\n{result.stdout.strip()[-1500:]}")
         pylock = tomllib.loads((work / "pylock.toml").read_text())
-    return _pick_wheels(pylock, stack, stack_file, platform)
+    return _pick_wheels(pylock, stack, stack_file, platform, locations)
 
 
-def _pick_wheels(pylock: dict, stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
+def _pick_wheels(
+    pylock: dict, stack: Stack, stack_file: Path, platform: str, locations: list[IndexLocation]
+) -> list[LockedWheel]:
     ranking = {tag: rank for rank, tag in enumerate(target_tags(platform, stack.python))}
     picked = []
     environment = _marker_environment(platform, stack.python)
@@ -146,6 +164,10 @@ def _pick_wheels(pylock: dict, stack: Stack, stack_file: Path, platform: str) ->
             )
         _, filename, wheel = min(candidates, key=lambda c: (c[0], c[1]))
         upload = wheel.get("upload-time")
+        size = wheel.get("size")
+        local = urlparse(wheel["url"])
+        if size is None and local.scheme == "file":
+            size = Path(unquote(local.path)).stat().st_size
         picked.append(
             LockedWheel(
                 name=package["name"],
@@ -153,9 +175,9 @@ def _pick_wheels(pylock: dict, stack: Stack, stack_file: Path, platform: str) ->
                 filename=filename,
                 url=wheel["url"],
                 sha256=wheel["hashes"]["sha256"],
-                size=wheel.get("size"),
+                size=size,
                 upload_time=int(upload.timestamp()) if isinstance(upload, datetime) else None,
-                index=_index_of(wheel["url"], stack),
+                index=_index_of(wheel["url"], locations),
             )
         )
     return sorted(picked, key=lambda w: w.name)
@@ -174,10 +196,44 @@ def _marker_environment(platform: str, python: str) -> dict[str, str]:
     }
 
 
-def _index_of(url: str, stack: Stack) -> str:
-    for index in stack.indexes:
-        if index.find_links and url.startswith("file://") and unquote(urlparse(url).path).startswith(index.find_links.rstrip("/") + "/"):
-            return index.name
-        if index.url and url.startswith(index.url.rstrip("/").rsplit("/simple", 1)[0]):
-            return index.name
-    return "pypi"
+def _index_of(url: str, locations: list[IndexLocation]) -> str:
+    """The name of the index a resolved wheel came from (the default index when no other owns it)."""
+    return next((loc.name for loc in locations if loc.name != DEFAULT_INDEX and loc.owns(url)), DEFAULT_INDEX)
+
+
+def wheel_urls(location: IndexLocation, wheels: list[dict], platform: str, python: str) -> dict[str, str]:
+    """Where each locked wheel (name, version, filename) is on `location`: filename -> URL.
+
+    A local flat index is a directory; any other index is asked through uv (no dependencies,
+    exact pins, that index only), so uv's own idea of its default index is the only one used.
+    """
+    wanted = {w["filename"]: w for w in wheels}
+    directory = location.directory
+    if directory is not None:
+        found = {f: (directory / f).as_uri() for f in wanted if (directory / f).is_file()}
+    else:
+        with tempfile.TemporaryDirectory(prefix="servestack-fetch-") as tmp:
+            work = Path(tmp)
+            pins = sorted({f"{w['name']}=={w['version']}" for w in wheels})
+            (work / "requirements.in").write_text("".join(p + "\n" for p in pins))
+            argv = [
+                _uv(), "pip", "compile", "requirements.in", "--no-deps",
+                "--format", "pylock.toml", "-o", "pylock.toml",
+                "--python-platform", f"{ARCH[platform]}-manylinux_{GLIBC[0]}_{GLIBC[1]}",
+                "--python-version", python, "--no-header", "--quiet", *location.uv_args(only=True),
+            ]
+            result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
+            if result.returncode != 0:
+                raise NetworkError(f"{location.describe()}: cannot list the locked files:\n{result.stdout.strip()[-800:]}")
+            pylock = tomllib.loads((work / "pylock.toml").read_text())
+        found = {}
+        for package in pylock.get("packages", []):
+            for wheel in package.get("wheels", []):
+                filename = wheel.get("name") or Path(unquote(urlparse(wheel["url"]).path)).name
+                if filename in wanted:
+                    found[filename] = wheel["url"]
+    missing = sorted(set(wanted) - set(found))
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ServestackError(f"{location.describe()} does not have the locked file(s) {shown}")
+    return found

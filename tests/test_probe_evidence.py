@@ -1,0 +1,73 @@
+"""The static probe re-checks each PR's evidence and the stack's fast path against installed files.
+
+The site is made of real wheels installed with pip (see test_smoke's fake site). The GDN backend
+resolver itself is vLLM's and needs vLLM installed: the fast tests cover the file-level checks
+(torch's CUDA, the cu13 CUTLASS DSL) and leave the resolver to the image.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
+
+SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},
+                   {"attribute": "beta_pkg.server:serve"}]
+
+
+def _with_evidence(config: dict) -> dict:
+    prs = [dict(pr, evidence=SERVER_EVIDENCE) if pr["number"] == 3 else pr for pr in config["pull_requests"]]
+    return {**config, "pull_requests": prs}
+
+
+def test_included_prs_are_reported_with_their_evidence_found_in_the_image(fake_site) -> None:  # noqa: F811
+    check = _probe(fake_site["tmp"], _with_evidence(fake_site["config"]))["pr:o/beta#3"]
+    assert check["status"] == "pass"
+    assert "evidence in the image: beta_pkg/server.py contains \"return 'patched'\" (beta_pkg/server.py:2)" in check["detail"]
+    assert "attribute beta_pkg.server:serve (beta_pkg/server.py)" in check["detail"]
+
+
+def test_evidence_missing_in_the_image_fails_the_pr(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    site = tmp_path / "site"
+    shutil.copytree(fake_site["site"], site)
+    (site / "beta_pkg" / "server.py").write_text("def handle():\n    return 'other'\n")
+    config = {**_with_evidence(fake_site["config"]), "site_packages": str(site)}
+    check = _probe(fake_site["tmp"], config)["pr:o/beta#3"]
+    assert check["status"] == "fail"
+    assert "evidence missing in the image" in check["detail"] and "beta_pkg.server defines no serve" in check["detail"]
+
+
+def _site_with_torch(tmp: Path, cuda: str | None, extra: list[Path]) -> Path:
+    spelled = repr(cuda) if cuda else "None"
+    wheel = _wheel(tmp, "torch", "2.13.0", {"torch/__init__.py": "", "torch/version.py":
+                                            f"from typing import Optional\n__version__ = '2.13.0'\ncuda: Optional[str] = {spelled}\n"})
+    site = tmp / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
+                    "--target", str(site), str(wheel), *map(str, extra)], check=True)
+    return site
+
+
+FAST_PATH = {"torch_cuda_major": 13, "packages": ["nvidia-cutlass-dsl-libs-cu13"]}
+
+
+def test_a_cuda_13_torch_and_the_cu13_cutlass_dsl_pass(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    dsl = _wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu13", "4.7.1", {"nvidia_cutlass_dsl/cu13/__init__.py": ""})
+    site = _site_with_torch(tmp_path, "13.0", [dsl])
+    checks = _probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
+                               "wheels": [], "pull_requests": [], "excluded": []})
+    assert checks["fast-path:torch-cuda"]["status"] == "pass" and "CUDA 13.0" in checks["fast-path:torch-cuda"]["detail"]
+    assert checks["fast-path:package:nvidia-cutlass-dsl-libs-cu13"]["status"] == "pass"
+
+
+def test_a_cuda_12_9_twin_is_caught(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    dsl12 = _wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu12", "4.7.1", {"nvidia_cutlass_dsl/cu12/__init__.py": ""})
+    site = _site_with_torch(tmp_path, "12.9", [dsl12])
+    checks = _probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
+                               "wheels": [], "pull_requests": [], "excluded": []})
+    torch = checks["fast-path:torch-cuda"]
+    assert torch["status"] == "fail" and "CUDA 12.9" in torch["detail"] and "needs CUDA >= 13" in torch["detail"]
+    dsl = checks["fast-path:package:nvidia-cutlass-dsl-libs-cu13"]
+    assert dsl["status"] == "fail" and "not installed" in dsl["detail"]
