@@ -223,8 +223,9 @@ def _overlaid(label: str, package: str, patch_sha256: str, why: str, overlays: d
     return check(label, PASS, f"overlaid onto {package} {version} (patch sha256 {patch_sha256[:12]}; {why})")
 
 
-def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool], site: str) -> list[dict]:
+def check_prs(config: dict, stack_json: dict | None, overlay_ok: dict[str, bool], site: str | None = None) -> list[dict]:
     """Each PR (included, overlaid or unverified, its evidence re-checked) and each local patch (overlaid), as one check."""
+    site = site or site_packages(config)
     overlays = {normalize(k): v for k, v in ((stack_json or {}).get("overlays") or {}).items()}
     results = []
     for pr in config.get("pull_requests") or []:
