@@ -71,6 +71,20 @@ def test_kinds_are_read_from_the_converters_not_named():
     assert _option_spec(b) == {"kind": "choice", "choices": ["auto", "bf16"], "case_sensitive": False}
     assert _option_spec(c) == {"kind": "int", "multiple": True}
 
+    @dataclasses.dataclass
+    class Transfer:  # like vLLM's KVTransferConfig behind optional_type(parse_dataclass)
+        kv_role: str = ""
+        kv_connector: str = ""
+
+    def parse_dataclass(text: str, cls=Transfer):
+        return cls(**config(text))
+
+    def optional(text: str):
+        return None if text == "" else parse_dataclass(text)
+
+    d = p.add_argument("--kv", type=optional)
+    assert _option_spec(d) == {"kind": "json-object", "fields": ["kv_connector", "kv_role"]}
+
 
 def test_an_old_description_is_refused_with_the_way_out(tmp_path: Path):
     old = tmp_path / "old.engine.json"
@@ -96,6 +110,8 @@ BAD = [
     ("max-num-batched-tokens: 16384", "max-num-batched-tokens: 1.5", "backend.vllm_config.prefill.max-num-batched-tokens", ["integer"]),
     ("async-scheduling: true", 'async-scheduling: "yes"', "backend.vllm_config.prefill.async-scheduling", ["true or false"]),
     ("async-scheduling: true", "async-scheduling: 1", "backend.vllm_config.prefill.async-scheduling", ["true or false"]),
+    ('"kv_connector": "NixlConnector"', '"kv_conector": "NixlConnector"', "backend.vllm_config.prefill.kv-transfer-config",
+     ["kv_conector", "did you mean 'kv_connector'", "kv_role"]),
     ("stream-interval: 100", "stream-interval: true", "backend.vllm_config.prefill.stream-interval", ["integer"]),
     ("stream-interval: 100", "stream-interval: [1, 2]", "backend.vllm_config.prefill.stream-interval", ["integer"]),
 ]

@@ -25,6 +25,7 @@ parser on a machine without a GPU; `main()` sets it when it is unset.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -79,9 +80,38 @@ def _option_spec(action: Any) -> dict:
             spec["case_sensitive"] = False
     else:
         spec = {"kind": _probe_kind(convert)}
+        fields = _config_fields(convert) if spec["kind"] == "json-object" else None
+        if fields:
+            spec["fields"] = fields
     if action.nargs in ("+", "*") or (isinstance(action.nargs, int) and action.nargs > 1):
         spec["multiple"] = True
     return spec
+
+
+def _config_fields(convert: Callable[[str], Any]) -> list[str] | None:
+    """The top-level keys a config flag's JSON may have: the fields of the dataclass its converter
+    builds (vLLM binds it as a default argument of the converter, e.g. KVTransferConfig)."""
+    import dataclasses
+
+    seen: set[int] = set()
+
+    def find(fn: Any, depth: int) -> list[str] | None:
+        if not callable(fn) or id(fn) in seen or depth > 3:
+            return None
+        seen.add(id(fn))
+        for default in getattr(fn, "__defaults__", None) or ():
+            if isinstance(default, type) and dataclasses.is_dataclass(default):
+                return sorted(f.name for f in dataclasses.fields(default))
+        for cell in getattr(fn, "__closure__", None) or ():  # wrappers such as optional_type(parse_dataclass)
+            try:
+                found = find(cell.cell_contents, depth + 1)
+            except ValueError:  # an empty cell
+                continue
+            if found:
+                return found
+        return None
+
+    return find(convert, 0)
 
 
 def _options(actions: list[Any]) -> dict[str, dict]:
@@ -225,6 +255,7 @@ class ValueSpec:
     case_sensitive: bool = True
     multiple: bool = False  # a flag taking several values (srt-slurm passes a YAML list as `--flag a b`)
     boolean: bool = False  # an integer the engine reads as a boolean (0 = off)
+    fields: tuple[str, ...] = ()  # a JSON object's allowed keys, when the engine's config class says
 
     def allowed(self) -> str:
         """The allowed values, as an error message names them."""
@@ -239,7 +270,7 @@ class ValueSpec:
             "int-human": "an integer (vLLM also reads 16k = 16000, 16K = 16384)",
             "float": "a number",
             "json": "a JSON value",
-            "json-object": "a JSON object",
+            "json-object": "a JSON object" + (f" with keys among {', '.join(self.fields)}" if self.fields else ""),
             "str": "a string",
         }.get(self.kind, self.kind)
 
@@ -291,8 +322,13 @@ class ValueSpec:
             return "a mapping"
         if not self._one(_text(value)):
             if self.kind in ("json", "json-object"):
-                return f"{value!r} is not {self.allowed()}" + _json_error(value)
+                return f"{value!r} is not a JSON {'object' if self.kind == 'json-object' else 'value'}" + _json_error(value)
             return f"{value!r} is not allowed"
+        if self.kind == "json-object" and self.fields:
+            unknown = [k for k in json.loads(_text(value)) if k not in self.fields]
+            if unknown:
+                close = difflib.get_close_matches(unknown[0], self.fields, n=1, cutoff=0.6)
+                return f"unknown key {unknown[0]!r} in the JSON" + (f"; did you mean {close[0]!r}?" if close else "")
         return None
 
 
@@ -357,8 +393,12 @@ def _value_spec(data: Any, path: Path, where: str) -> ValueSpec:
     choices = data.get("choices", [])
     if not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
         raise InputError(path, f"{where}.choices", "expected a list of strings")
+    fields = data.get("fields", [])
+    if not isinstance(fields, list) or not all(isinstance(f, str) for f in fields):
+        raise InputError(path, f"{where}.fields", "expected a list of strings")
     return ValueSpec(kind=data["kind"], choices=tuple(choices), case_sensitive=bool(data.get("case_sensitive", True)),
-                     multiple=bool(data.get("multiple", False)), boolean=bool(data.get("boolean", False)))
+                     multiple=bool(data.get("multiple", False)), boolean=bool(data.get("boolean", False)),
+                     fields=tuple(fields))
 
 
 def load_engine(path: Path | str) -> EngineSpec:
