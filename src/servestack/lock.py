@@ -195,10 +195,10 @@ def _resolve_prs(
                     "native_files": diffs.diff_native_files(diff),
                 }
             elif missing:
-                why = "its merge commit is an ancestor of the pinned commit, yet" if ancestor else "and"
+                why = "its merge commit is an ancestor of the pinned commit, yet " if ancestor else ""
                 problems += [
                     InputError(stack_file, f"{field}.evidence[{i}]",
-                               f"{pr.label} ({pr.title or 'untitled'}): {why} the evidence is missing from {pinned}: {problem}")
+                               f"{pr.label} ({pr.title or 'untitled'}): {why}the evidence is missing from {pinned}: {problem}")
                     for i, _, problem in missing
                 ]
                 continue
