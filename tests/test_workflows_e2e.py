@@ -82,7 +82,7 @@ def keys(runner_root) -> dict[str, str]:
     key = runner_root / "keys" / "servestack.key"
     key.parent.mkdir()
     run([sys.executable, "-m", "servestack", "--project", str(ROOT), "keygen", "--key", str(key)])
-    return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": f"{key}.pub"}
+    return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": str(key.with_suffix(".pub"))}
 
 
 @pytest.fixture(scope="module")
