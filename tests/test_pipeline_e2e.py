@@ -220,6 +220,7 @@ def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slur
     assert srtctl_run["kept"].stat().st_mtime_ns == srtctl_run["kept_stat"].st_mtime_ns  # not redone
     assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]
     assert all(p["completed"] == p["requested"] and p["failed"] == 0 for p in tput["throughput"])
+    assert tput["timing"]["client_seconds"] > 0  # sa-bench's own durations, for the points measured now
     # srt-slurm's own layout and batch script: the recipe bound to the digest, pyxis pulling it.
     out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
     config = (out / "config.yaml").read_text()

@@ -276,13 +276,23 @@ def _read_timing(planned: list[_Planned], since: float) -> tuple[float | None, f
     return client, server, per_point
 
 
+# The client's own wall time, as each kind of result file names it: servestack's clients
+# (client_seconds), vLLM's serving benchmark as srt-slurm's sa-bench runs it (duration) and
+# srt-slurm's gsm8k_eval.py (latency).
+CLIENT_SECONDS_KEYS = ("client_seconds", "duration", "latency")
+
+
 def _reported_client_seconds(f: Path) -> float | None:
-    """`client_seconds` a result file may carry (wall time of the client that wrote it)."""
+    """The wall time of the client that wrote a result file, when the file records it."""
     try:
-        value = json.loads(f.read_text()).get("client_seconds")
-    except (OSError, ValueError, AttributeError):
+        data = json.loads(f.read_text())
+    except (OSError, ValueError):
         return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    for key in CLIENT_SECONDS_KEYS:
+        value = data.get(key) if isinstance(data, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Planned], image_ref: str,
