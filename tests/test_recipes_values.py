@@ -223,3 +223,16 @@ def test_cli_validate_and_check_pass_on_the_committed_sets(capsys):
     out = capsys.readouterr().out
     assert "20 file(s) checked against pins/qwen35-gb200.engine.json" in out and "2 file(s) checked against pins/dev-cpu.engine.json" in out
     assert main(["--project", str(ROOT), "recipes", "check"]) == 0
+
+
+def test_what_is_not_checked_is_said(tmp_path: Path, capsys):
+    sglang = tmp_path / "sglang.yaml"
+    sglang.write_text(
+        "name: s\nmodel: {path: m, container: c, precision: fp8}\n"
+        "resources: {gpu_type: gb200, gpus_per_node: 4, agg_nodes: 1, agg_workers: 1}\n"
+        "backend: {type: sglang, sglang_config: {aggregated: {tp-size: 4, no-such-sglang-flag: 1}}}\n")
+    result = validate_files(Project(ROOT), [sglang, AGG])
+    assert result.errors == []
+    assert result.notes == [f"{sglang}: sglang flags and environment not checked (the engine description describes vllm, not sglang)"]
+    assert main(["--project", str(ROOT), "recipes", "validate", str(sglang)]) == 0
+    assert "note: " in capsys.readouterr().out

@@ -60,6 +60,7 @@ class _Engines:
 class Validation:
     errors: list[InputError]
     engines: dict[Path, Path]  # each recipe file -> the engine description its flags were checked against
+    notes: list[str]  # what was not checked, and why (e.g. an sglang backend against a vLLM description)
 
 
 def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
@@ -71,8 +72,9 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     renders it), else the default stack.
     """
     engines = _Engines(project, engine, stack)
-    errors = validate_paths(paths, engines, require_digest=require_digest)
-    return Validation(errors, dict(engines.used))
+    notes: list[str] = []
+    errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes)
+    return Validation(errors, dict(engines.used), notes)
 
 
 def validate_committed(project: Project) -> list[InputError]:

@@ -100,6 +100,14 @@ class _Checker:
         self.sweep = sweep
         self.errors: list[InputError] = []
         self.variant = ""  # an override variant being checked, named in its errors
+        self.notes: list[str] = []  # what was not checked, and why (never skipped silently)
+
+    def unchecked(self, engine_type: Any) -> None:
+        if self.engine is not None and engine_type != self.engine.engine:
+            note = (f"{self.file}: {engine_type} flags and environment not checked "
+                    f"(the engine description describes {self.engine.engine}, not {engine_type})")
+            if note not in self.notes:
+                self.notes.append(note)
 
     # -- reporting ------------------------------------------------------------------------
     def err(self, node: Node | None, path: tuple[str, ...], problem: str, *, at_key: bool = False) -> None:
@@ -478,6 +486,8 @@ def _semantic(c: _Checker, root: Node) -> None:
             if etype == "vllm":
                 c.flags(role.get("args"), p + ("args",), worker_command(_frontend_type(root)))
                 c.env(role.get("env"), p + ("env",))
+            else:
+                c.unchecked(etype)
         if top_type == "vllm":
             c.env(root.get("environment"), ("environment",))
         return
@@ -514,6 +524,8 @@ def _semantic(c: _Checker, root: Node) -> None:
         if btype == "vllm":
             for mode in ("prefill", "decode", "aggregated"):
                 c.flags(cfg.get(mode), ("backend", cfg_key, mode), worker_command(_frontend_type(root)))
+    if btype != "vllm":
+        c.unchecked(btype)
     if btype == "vllm" and backend is not None and backend.is_map:
         for env_key in ("prefill_environment", "decode_environment", "aggregated_environment"):
             c.env(backend.get(env_key), ("backend", env_key))
@@ -542,7 +554,9 @@ def _binding(c: _Checker, root: Node, header: str) -> None:
         c.err(None, ("lock-sha256",), "a bound recipe must record the stack's lock sha256 in its header ('# lock-sha256: <64 hex>')")
 
 
-def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None, *, require_digest: bool | None = None) -> list[InputError]:
+def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None, *, require_digest: bool | None = None,
+                  notes: list[str] | None = None) -> list[InputError]:
+    """Every problem of one recipe; `notes`, when given, receives what could not be checked and why."""
     file = str(file)
     try:
         root = parse(text, file)
@@ -607,6 +621,8 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
         if str(e) not in seen:
             seen.add(str(e))
             out.append(e)
+    if notes is not None:
+        notes.extend(n for n in c.notes if n not in notes)
     return out
 
 
@@ -625,7 +641,7 @@ def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
 
 
 def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | EngineChoice | None = None, *,
-                   require_digest: bool | None = None) -> list[InputError]:
+                   require_digest: bool | None = None, notes: list[str] | None = None) -> list[InputError]:
     """Validate recipe files (directories are searched for *.yaml/*.yml). Returns every error found.
 
     `engine` is an EngineSpec, the path of a pins/<stack>.engine.json, or a function choosing one per
@@ -648,5 +664,5 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
             except InputError as e:
                 errors.append(e)
                 continue
-        errors.extend(validate_text(text, f, spec, require_digest=require_digest))
+        errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes))
     return errors
