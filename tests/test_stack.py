@@ -86,3 +86,33 @@ def test_an_exclusion_needs_a_written_reason(tmp_path):
     path = write(tmp_path, VALID + "exclude:\n  - name: aisimulate\n    reason: no\n")
     (message,) = errors_of(path)
     assert "exclude[0].reason" in message
+
+
+@pytest.mark.parametrize(
+    "evidence, expected",
+    [
+        ("{file: a.py}", "exactly one of `contains`"),
+        ("{file: a.py, contains: x, pattern: y}", "exactly one of `contains`"),
+        ("{contains: x}", "give exactly one of `file`"),
+        ("{flag: --x, env: VLLM_X}", "give exactly one of `file`"),
+        ("{file: a.py, pattern: '('}", "`pattern` is not a regular expression"),
+        ("{attribute: no_colon}", "attribute"),
+        ("{flag: gdn-prefill-backend}", "flag"),
+    ],
+)
+def test_bad_pr_evidence_names_the_item_and_what_was_expected(tmp_path, evidence, expected):
+    path = write(tmp_path, VALID.replace("        number: 2\n", f"        number: 2\n        evidence:\n          - {evidence}\n"))
+    (message,) = errors_of(path)
+    assert "packages[0].prs[0].evidence[0]" in message and expected in message
+
+
+def test_the_resolution_date_is_an_utc_moment(tmp_path):
+    path = write(tmp_path, VALID.replace('python: "3.11"\n', 'python: "3.11"\nresolved_at: "2026-11-30"\n'))
+    (message,) = errors_of(path)
+    assert "resolved_at" in message
+
+
+def test_a_package_index_must_be_defined(tmp_path):
+    path = write(tmp_path, VALID.replace("    version: 1.0.0\n", "    version: 1.0.0\n    index: pytorch-cpu\n"))
+    (message,) = errors_of(path)
+    assert "names index 'pytorch-cpu'" in message and "['pypi']" in message
