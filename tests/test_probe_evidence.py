@@ -2,18 +2,27 @@
 
 The site is made of real wheels installed with pip (see test_smoke's fake site). The GDN backend
 resolver itself is vLLM's and needs vLLM installed: the fast tests cover the file-level checks
-(torch's CUDA, the cu13 CUTLASS DSL) and leave the resolver to the image.
+(torch's CUDA, the cu13 CUTLASS DSL); the e2e test asks the real resolver in the dev-cpu image.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from servestack import lock, services
+from servestack.fsutil import sha256_file
+from servestack.project import Project
+from servestack.smoke.plan import probe_config
+from servestack.smoke.static import run_static_probe
 from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
 
+ROOT = Path(__file__).resolve().parents[1]
 SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},
                    {"attribute": "beta_pkg.server:serve"}]
 
@@ -71,3 +80,22 @@ def test_a_cuda_12_9_twin_is_caught(fake_site, tmp_path: Path) -> None:  # noqa:
     assert torch["status"] == "fail" and "CUDA 12.9" in torch["detail"] and "needs CUDA >= 13" in torch["detail"]
     dsl = checks["fast-path:package:nvidia-cutlass-dsl-libs-cu13"]
     assert dsl["status"] == "fail" and "not installed" in dsl["detail"]
+
+
+@pytest.mark.e2e
+def test_the_gdn_check_catches_a_torch_without_cuda_13_in_a_real_image() -> None:
+    """dev-cpu's image has vLLM with the real GDN resolver and a CPU torch: asked about an SM100
+    device with qwen35-gb200's fast path, vLLM itself must answer Triton, and the probe must fail."""
+    project = Project(ROOT)
+    if not (ROOT / "build/dev-cpu/image.json").exists():
+        subprocess.run(["nox", "-s", "build", "image"], cwd=ROOT, check=True, timeout=3600)
+    reference = json.loads((ROOT / "build/dev-cpu/image.json").read_text())["reference"]
+    config = probe_config(project, "dev-cpu", lock.load_lock(project, "dev-cpu"), "linux/amd64",
+                          sha256_file(project.lock_file("dev-cpu")))
+    config = {**config, "modules": [], "engine": None, "entry_points": [],
+              "fast_path": lock.load_lock(project, "qwen35-gb200")["fast_path"]}
+    checks = {c.name: c for c in run_static_probe(services.docker_client(), reference, "linux/amd64", config, stack="dev-cpu")}
+    gdn = checks["fast-path:gdn-prefill"]
+    assert gdn.status == "fail" and "chooses triton; the stack requires flashinfer" in gdn.detail
+    assert "simulated SM100 device (head_k_dim 128, CUDA runtime major 0" in gdn.detail
+    assert checks["fast-path:torch-cuda"].status == "fail"
