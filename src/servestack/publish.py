@@ -528,9 +528,11 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
 
 
 VERIFY_REGISTRY = "127.0.0.1:5098"  # its own registry: a rebuild never replaces what others pull
-# Fetched from outside and content-addressed (verified on use): shared with the rebuild. Everything
-# derived from them (installed trees, layers, base blobs, the smoke model) is made again.
-FETCHED_CACHES = ("blobs", "bases", "tools")
+# Shared with the rebuild: what was fetched from outside (content-addressed, verified on use), the
+# Debian base, and the per-wheel installed trees (keyed by the wheel's hash; several GB, which a
+# second copy would not fit beside on a builder). Everything the image is assembled from them (every
+# layer, the base blobs, the config and the manifest) is made again.
+FETCHED_CACHES = ("blobs", "bases", "tools", "installed")
 
 
 @contextlib.contextmanager
