@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import schema as S
+from .validate import concurrency_list
 from ..yamlfile import load_nodes as load
 
 IGNORED: tuple[tuple[str, ...], ...] = (("model", "container"), ("dynamo",), ("identity",))
@@ -67,13 +68,10 @@ def _flag_value(value: Any) -> Any:
 
 
 def _concurrencies(value: Any) -> Any:
-    if isinstance(value, str) and value.replace("x", "").isdigit():
-        return tuple(int(p) for p in value.split("x"))
-    if isinstance(value, list):
-        return tuple(int(v) if isinstance(v, (int, str)) and str(v).isdigit() else v for v in value)
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value,)
-    return value
+    try:
+        return tuple(concurrency_list(value))
+    except ValueError:  # malformed: compared as written (the validator names the problem)
+        return value
 
 
 def _flatten(value: Any, spec: Any, path: tuple[str, ...], out: dict[tuple[str, ...], Any], *, flags: bool = False) -> None:
@@ -91,7 +89,7 @@ def _flatten(value: Any, spec: Any, path: tuple[str, ...], out: dict[tuple[str, 
         if spec == "strmap":
             for k, v in value.items():
                 if v is not None:
-                    out[path + (str(k),)] = str(v).lower() if isinstance(v, bool) else str(v)
+                    out[path + (str(k),)] = str(v)  # srt-slurm's str(): a YAML true is "True", not "true"
             return
         if spec == "backend":
             spec = S.BACKENDS_V1.get(str(value.get("type", "sglang")), {})
