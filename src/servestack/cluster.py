@@ -270,10 +270,10 @@ def enroot_settings(state: Path) -> dict[str, str]:
 
     - ENROOT_ALLOW_HTTP: the test registry is plain HTTP on loopback (production: HTTPS).
     - ENROOT_LOGIN_SHELL no: Debian's /etc/profile resets PATH and drops the image's /opt/venv/bin.
-    - ENROOT_SQUASH_OPTIONS: no compression. The squashfs stays on this node's disk, cached by
-      digest (see the importer); compressing 1-2 GB of layers again costs minutes on 2 cores.
-    - ENROOT_CACHE_PATH keeps downloaded layers by digest, so a new image re-downloads only the
-      layers that changed.
+    - ENROOT_SQUASH_OPTIONS: lz4, fast to write and to read back through squashfuse; the dev-cpu
+      image is 4 GB unpacked, and a shared CI disk does not hold many of those uncompressed.
+    - ENROOT_CACHE_PATH holds the downloaded layers while an import runs; the importer empties
+      it afterwards (the squashfs, cached by digest, is what jobs reuse).
     """
     return {
         "ENROOT_RUNTIME_PATH": str(state / "runtime"),
@@ -282,7 +282,7 @@ def enroot_settings(state: Path) -> dict[str, str]:
         "ENROOT_TEMP_PATH": str(state / "tmp"),
         "ENROOT_ALLOW_HTTP": "yes",
         "ENROOT_LOGIN_SHELL": "no",
-        "ENROOT_SQUASH_OPTIONS": "-noI -noD -noF -noX -no-xattrs",
+        "ENROOT_SQUASH_OPTIONS": "-comp lz4 -no-xattrs",
         "ENROOT_MOUNT_HOME": "no",
         "ENROOT_REMAP_ROOT": "no",
         "ENROOT_ROOTFS_WRITABLE": "yes",
@@ -369,8 +369,13 @@ case "$1" in
                 trap 'rm -f "$tmp"' EXIT
                 enroot import --output "$tmp" "$uri" >&2
                 mv "$tmp" "$out"
+                # Bounded disk: the layers are in the squashfs now, and only the newest
+                # @KEEP@ images stay (a rerun of the same digest reuses its file).
+                rm -rf "${ENROOT_CACHE_PATH:-@LAYERS@}"/* 2>/dev/null || true
+                ls -1t "$cache"/*.sqsh | tail -n +$((@KEEP@ + 1)) | while read -r old; do rm -f "$old" "$old.lock"; done
             fi
         fi
+        touch "$out"
         echo "$out"
         ;;
     release) ;;
@@ -384,6 +389,9 @@ class Pyxis:
     plugin: Path
     plugstack_line: str
     image_cache: Path
+
+
+IMAGES_KEPT = 2
 
 
 def image_cache_dir() -> Path:
@@ -411,7 +419,8 @@ def ensure_pyxis(root: Path | None = None, enroot: Enroot | None = None) -> Pyxi
     home = _built("pyxis", _cache_key(archive), _build_pyxis(archive))
     importer = home / "importer.sh"
     cache = image_cache_dir()
-    text = IMPORTER.replace("@ENROOT_BIN@", str(enroot.bin_dir)).replace("@CACHE@", str(cache))
+    text = (IMPORTER.replace("@ENROOT_BIN@", str(enroot.bin_dir)).replace("@CACHE@", str(cache))
+            .replace("@KEEP@", str(IMAGES_KEPT)).replace("@LAYERS@", str(state_home() / "enroot" / "cache")))
     if not importer.exists() or importer.read_text() != text:
         _executable(importer, text)
     runtime = state_home() / "enroot" / "pyxis"
