@@ -422,6 +422,9 @@ def _slurm_conf(node: str, hardware: str) -> str:
             "SlurmdTimeout=60",
             "InactiveLimit=0",
             "KillWait=10",
+            # Tearing down a pyxis/enroot container (vLLM exiting, squashfuse unmounting) can take
+            # minutes on a loaded 2-core node; past this Slurm drains the node ("Kill task failed").
+            "UnkillableStepTimeout=300",
             "MinJobAge=300",
             f"StateSaveLocation={d / 'state'}",
             f"SlurmdSpoolDir={d / 'spool'}",
