@@ -44,7 +44,7 @@ def test_gb200_description_has_both_worker_commands_with_types():
     # Dynamo's worker: vLLM's engine arguments plus its own, but not the API server's
     assert worker.lookup("disaggregation-mode").kind == "choice" and serve.lookup("disaggregation-mode") is None
     assert serve.lookup("api-server-count") is not None and worker.lookup("api-server-count") is None
-    assert GB200.environment["VLLM_SSM_CONV_STATE_LAYOUT"] == ValueSpec("choice", ("SD", "DS"))
+    assert GB200.environment["VLLM_SSM_CONV_STATE_LAYOUT"] == ValueSpec("choice", ("DS", "SD"))
     # dev-cpu's Dynamo worker starts too (vLLM 0.31.0 and the torchvision local patch): described like GB200's
     assert CPU.parser(DYNAMO_VLLM).lookup("disaggregation-mode").kind == "choice"
     assert CPU.parser(VLLM_SERVE).lookup("dtype").kind == "choice"

@@ -7,7 +7,7 @@ and returns the description committed as `pins/<stack>.engine.json`:
     {"engine": "vllm", "version": "0.31.0",
      "parsers": {"vllm serve":  {"command": "vllm serve", "options": {"--max-num-batched-tokens": {"kind": "int-human"}, ...}},
                  "dynamo.vllm": {"command": "python -m dynamo.vllm", "version": "1.6.1", "options": {...}}},
-     "environment": {"VLLM_SSM_CONV_STATE_LAYOUT": {"kind": "choice", "choices": ["SD", "DS"]}, ...}}
+     "environment": {"VLLM_SSM_CONV_STATE_LAYOUT": {"kind": "choice", "choices": ["DS", "SD"]}, ...}}
 
 Kinds are read from the engine itself, never written by hand: a flag that takes no value is a
 `switch`; a flag with argparse choices is a `choice`; otherwise its argparse type callable, and
@@ -73,7 +73,7 @@ def _option_spec(action: Any) -> dict:
     spec: dict[str, Any] = {}
     convert = action.type if callable(action.type) else str
     if action.choices:
-        choices = [str(c) for c in action.choices]
+        choices = sorted(str(c) for c in action.choices)  # some parsers build them from a set: sorted, so describe() is deterministic
         spec = {"kind": "choice", "choices": choices}
         first = choices[0]
         if first != first.swapcase() and _accepts(convert, first.swapcase()) and str(convert(first.swapcase())) == first:
@@ -198,7 +198,7 @@ def _env_spec(name: str, getter: Callable[[], Any]) -> dict:
     if "choices" in free:
         choices = free["choices"]() if callable(free["choices"]) else free["choices"]
         spec: dict[str, Any] = {"kind": "choice-list" if "list" in getter.__qualname__ or "set" in getter.__qualname__ else "choice",
-                                "choices": [str(c) for c in choices]}
+                                "choices": sorted(str(c) for c in choices)}
         if free.get("case_sensitive") is False:
             spec["case_sensitive"] = False
         return spec
