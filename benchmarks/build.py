@@ -64,6 +64,7 @@ def scratch_registry(root: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+        shutil.rmtree(home, ignore_errors=True)  # a cold image is GBs: disk is shared
 
 
 def fresh_cache(root: Path, name: str, main: Path) -> Path:
@@ -238,6 +239,8 @@ def main() -> int:
     parser.add_argument("--stack", default="dev-cpu")
     parser.add_argument("--project", type=Path, default=HERE.parent)
     parser.add_argument("--skip-naive", action="store_true", help="leave out the naive Dockerfile build (minutes)")
+    parser.add_argument("--naive-from", type=Path, help="with --skip-naive: take the naive result of an earlier "
+                                                          "benchmark.json (reported as such)")
     args = parser.parse_args()
     project = Project(args.project.resolve())
     stack = args.stack
@@ -252,6 +255,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="servestack-bench-", dir=main_cache.parent) as tmp:
         work = Path(tmp)
         try:
+            if args.naive_from:
+                report["naive"] = {**json.loads(args.naive_from.read_text())["naive"], "from_earlier_run": str(args.naive_from)}
             if not args.skip_naive:
                 with scratch_registry(work) as address, measured(report, "naive", project, stack):
                     report["naive"] = naive(project, stack, record, lock_doc, base_tar, work, address)
