@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.e2e
-def test_the_readme_main_job_builds_pushes_and_passes_both_probes():
+def test_the_readme_main_job_builds_pushes_and_passes_every_probe():
     first_block = (ROOT / "README.md").read_text().split("```")[1]
     assert "nox -s build image smoke" in first_block
 
@@ -26,6 +26,11 @@ def test_the_readme_main_job_builds_pushes_and_passes_both_probes():
     assert smoke["status"] == "pass"
     serving = {c["name"]: c["status"] for c in smoke["checks"] if c["probe"] == "serving"}
     assert serving and set(serving.values()) == {"pass"}, serving
+    # The production shape on CPU: Dynamo frontend + prefill + decode, the KV cache moved over NIXL.
+    disagg = {c["name"]: c["status"] for c in smoke["checks"] if c["probe"] == "disagg"}
+    assert disagg and set(disagg.values()) == {"pass"}, disagg
+    assert smoke["metrics"]["disagg"]["kv_transfers"] >= 3  # completion, chat, stream
+    assert "KV transfers over NIXL" in result.stdout + result.stderr
     static = [c for c in smoke["checks"] if c["probe"] == "static"]
     assert static and not [c for c in static if c["status"] == "fail"]
     assert (ROOT / "build/dev-cpu/smoke-junit.xml").exists()

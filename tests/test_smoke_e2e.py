@@ -225,7 +225,7 @@ def test_server_that_never_gets_ready_fails_at_the_deadline_with_its_log(fake_st
     )
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=6, serve_plan_override=plan)
-    by_name = {c.name: c for c in result.checks}
+    by_name = {c.name: c for c in result.checks if c.probe == "serving"}
     ready = by_name["ready"]
     assert ready.status == "fail"
     assert "not ready after 6 s" in ready.detail and "still loading shard 3/7" in ready.detail
@@ -239,9 +239,26 @@ def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
     plan = smoke.ServePlan(["sh", "-c", "echo 'ValueError: no model here' >&2; exit 3"], model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=60, serve_plan_override=plan)
-    ready = {c.name: c for c in result.checks}["ready"]
+    ready = {c.name: c for c in result.checks if c.probe == "serving"}["ready"]
     assert ready.status == "fail" and "exited with 3" in ready.detail and "no model here" in ready.detail
     assert ready.time_s < 30
+
+
+def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_container_goes(fake_stack, client) -> None:
+    """Three containers, the workers in the frontend's network namespace; the prefill worker dies."""
+    env = {"DYN_FILE_KV": smoke.plan.DISCOVERY_DIR}
+    shape = smoke.DisaggPlan((
+        smoke.plan.Role("frontend", ("sh", "-c", "sleep 600"), env),
+        smoke.plan.Role("prefill", ("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), env),
+        smoke.plan.Role("decode", ("sh", "-c", f"touch {smoke.plan.DISCOVERY_DIR}/decode-was-here; sleep 600"), env),
+    ), model="none")
+    result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True, ready_timeout=60,
+                             serve_plan_override=smoke.ServePlan(None, "aggregated not under test"), disagg_override=shape)
+    disagg = {c.name: c for c in result.checks if c.probe == "disagg"}
+    assert disagg["ready"].status == "fail"
+    assert "the prefill exited with 4" in disagg["ready"].detail and "NIXL agent failed" in disagg["ready"].detail
+    assert {c.status for n, c in disagg.items() if n != "ready"} == {"not_run"} and "kv-transfer" in disagg
+    assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
 
 
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])

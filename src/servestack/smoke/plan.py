@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..engine import server_argv
+from ..engine import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
 from ..errors import ServestackError
 from ..proc import run
 from ..project import Project
@@ -213,6 +213,10 @@ class ServePlan:
     gpus: int = 0
     shm_size: str = "2g"
 
+    @property
+    def runnable(self) -> bool:
+        return self.command is not None
+
 
 def detect_gpus() -> tuple[int, str]:
     """(number of NVIDIA GPUs this host can give containers, how we know)."""
@@ -262,3 +266,87 @@ def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
         gpus=gpus,
         shm_size="32g",  # NCCL and the engine's IPC buffers across tensor-parallel ranks
     )
+
+
+# --------------------------------------------------------------------------- the disaggregated shape
+
+# Where the containers share Dynamo's file discovery (a host directory bind-mounted into each).
+DISCOVERY_DIR = "/run/servestack/discovery"
+KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+
+# Dynamo and UCX pick an interface address unless told: every plane stays on loopback, and
+# discovery is a shared directory (no etcd, no NATS).
+DISAGG_ENV = {
+    "DYN_DISCOVERY_BACKEND": "file",
+    "DYN_FILE_KV": DISCOVERY_DIR,
+    "DYN_REQUEST_PLANE": "tcp",
+    "DYN_EVENT_PLANE": "zmq",
+    "DYN_TCP_RPC_HOST": "127.0.0.1",
+    "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+    "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+    "DYN_SYSTEM_HOST": "127.0.0.1",
+    "UCX_TLS": "tcp,self",
+    # What vLLM's NIXL setup asks for, set before NIXL is imported (vLLM can only warn by then).
+    "UCX_RCACHE_MAX_UNRELEASED": "1024",
+    # A worker killed by a signal (a native crash in a transfer) leaves its Python stack in the log.
+    "PYTHONFAULTHANDLER": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+}
+
+
+@dataclass(frozen=True)
+class Role:
+    """One process of the disaggregated shape, in its own container."""
+
+    name: str  # "frontend", "prefill", "decode"
+    command: tuple[str, ...]
+    environment: dict[str, str]
+
+
+@dataclass(frozen=True)
+class DisaggPlan:
+    roles: tuple[Role, ...]  # frontend first: the workers join its network namespace
+    reason: str = ""  # why not, when there are no roles
+    model: str = "smoke"
+    port: int = SERVER_PORT  # the frontend's HTTP port inside the shared namespace
+    shm_size: str = "2g"
+
+    @property
+    def runnable(self) -> bool:
+        return bool(self.roles)
+
+
+def _disagg_roles(lock: dict[str, Any]) -> tuple[Role, ...]:
+    serve = _serve_flags(lock)
+    engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
+    base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in (lock.get("environment") or {})}
+    frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
+        # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
+        "http-host": "0.0.0.0", "http-port": SERVER_PORT,
+    })), base)
+    workers = []
+    # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
+    for index, mode in enumerate(("prefill", "decode")):
+        workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
+            **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
+        })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
+              "VLLM_CPU_OMP_THREADS_BIND": "auto"}))
+    return (frontend, *workers)
+
+
+def disagg_plan(lock: dict[str, Any], platform: str) -> DisaggPlan:
+    """Dynamo's frontend with one prefill and one decode worker, KV over NIXL, when the image has
+    them and the smoke model is one this host can serve on CPU."""
+    name = _served_name(lock)
+    locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
+    missing = [d for d in ("ai-dynamo", "nixl") if d not in locked]
+    if _engine(lock) is None or missing:
+        return DisaggPlan((), f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve", name)
+    host = host_docker_platform()
+    if platform != host:
+        return DisaggPlan((), f"the image is {platform} and this host is {host}: not started under emulation", name)
+    if "make" not in _smoke_model(lock):
+        return DisaggPlan((), "the disaggregated shape is served on CPU with the stack's tiny model; this stack's "
+                              "smoke model needs GPUs (its recipes run the shape on the cluster)", name)
+    return DisaggPlan(_disagg_roles(lock), model=name)

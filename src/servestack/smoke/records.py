@@ -77,6 +77,12 @@ class SmokeResult:
             lines.append(
                 f"  serving  ready in {m['time_to_ready_s']:.1f} s, first token {m.get('first_token_latency_s') or 0:.3f} s"
             )
+        d = m.get("disagg") or {}
+        if d.get("time_to_ready_s") is not None:
+            lines.append(
+                f"  disagg   ready in {d['time_to_ready_s']:.1f} s, first token {d.get('first_token_latency_s') or 0:.3f} s, "
+                f"KV transfers over NIXL {d.get('kv_transfers', 0)} (failed {d.get('kv_transfers_failed', 0)})"
+            )
         for c in self.checks:
             if c.status == FAIL:
                 lines.append(f"  FAIL     {c.probe}/{c.name}: {_first_lines(c.detail, 12)}")

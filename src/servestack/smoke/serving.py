@@ -1,27 +1,48 @@
-"""The serving probe: start the engine's OpenAI server from the image by digest and check its endpoints."""
+"""The serving probes: start the image by digest, wait until it serves, run a table of checks.
+
+- aggregated (`serving`): vLLM's OpenAI server in one container;
+- disaggregated (`disagg`): Dynamo's frontend, a prefill and a decode worker, each in its own
+  container from the same image. The workers join the frontend's network namespace, so every
+  plane (Dynamo's request and event planes, vLLM's NIXL side channel, UCX) stays on that
+  namespace's loopback; only the frontend's HTTP port is published, on the host's 127.0.0.1.
+  Discovery is a directory the three share (no etcd, no NATS).
+
+Every container is removed on every exit path.
+"""
 
 from __future__ import annotations
 
-import json
 import logging
+import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .containers import _container_name, _log_excerpt, _remove
-from .plan import SERVER_PORT, ServePlan
+from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
+from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from .records import FAIL, NOT_RUN, PASS, Check
 
 log = logging.getLogger("servestack.smoke")
 
 DEFAULT_READY_TIMEOUT = 300.0
 
-
-SERVING_CHECKS = ("ready", "health", "models", "completions", "chat", "stream", "metrics")
+SERVING_CHECKS = ("ready", *(name for name, _ in AGGREGATED_CHECKS))
+DISAGG_CHECKS = ("ready", *(name for name, _ in DISAGGREGATED_CHECKS))
 
 
 def _not_run_serving(reason: str) -> list[Check]:
     return [Check("serving", name, NOT_RUN, reason) for name in SERVING_CHECKS]
+
+
+def _not_run_disagg(reason: str) -> list[Check]:
+    return [Check("disagg", name, NOT_RUN, reason) for name in DISAGG_CHECKS]
+
+
+def _failed_to_start(probe: str, names: tuple[str, ...], problem: str, skipped: str, elapsed: float | None = None) -> list[Check]:
+    """`ready` failed with the problem; every later check is not run, saying why."""
+    return [Check(probe, "ready", FAIL, problem, elapsed)] + [Check(probe, n, NOT_RUN, skipped) for n in names[1:]]
 
 
 def _http():
@@ -32,28 +53,53 @@ def _http():
     return session
 
 
-def _usage_problem(usage: dict[str, Any] | None) -> str | None:
-    if not isinstance(usage, dict):
-        return "no usage in the response"
-    p, c, t = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
-    if not all(isinstance(x, int) for x in (p, c, t)):
-        return f"usage counts missing: {usage}"
-    if c <= 0:
-        return f"completion_tokens is {c}"
-    if p <= 0:
-        return f"prompt_tokens is {p}"
-    if t != p + c:
-        return f"total_tokens {t} != prompt_tokens {p} + completion_tokens {c}"
-    return None
+def _run_checks(probe: str, table: tuple[ServingCheck, ...], target: Target) -> list[Check]:
+    checks = []
+    for name, fn in table:
+        start = time.monotonic()
+        try:
+            status, detail = fn(target)
+        except Exception as e:  # noqa: BLE001 - a broken endpoint is a failed check
+            status, detail = FAIL, f"{type(e).__name__}: {e}"
+        checks.append(Check(probe, name, status, detail, round(time.monotonic() - start, 3)))
+    return checks
 
 
-def _timed_check(name: str, fn: Callable[[], tuple[str, str]]) -> Check:
-    start = time.monotonic()
-    try:
-        status, detail = fn()
-    except Exception as e:  # noqa: BLE001 - a broken endpoint is a failed check
-        status, detail = FAIL, f"{type(e).__name__}: {e}"
-    return Check("serving", name, status, detail, round(time.monotonic() - start, 3))
+def _log_reader(container) -> Callable[[], str]:
+    return lambda: container.logs(stdout=True, stderr=True).decode(errors="replace")
+
+
+def _published(container, port: int) -> str:
+    container.reload()
+    bindings = (container.ports or {}).get(f"{port}/tcp") or []
+    return f"http://127.0.0.1:{bindings[0]['HostPort']}" if bindings else ""
+
+
+def _await_ready(http, containers: dict[str, Any], base: Callable[[], str], ready: Callable[[Any, str], bool],
+                 start: float, timeout: float, what: str) -> str | None:
+    """None when `ready(http, base)` holds before the deadline; else why not (with the log of the
+    container that exited, or of every one when time ran out)."""
+    deadline = start + timeout
+    while True:
+        try:
+            url = base()
+            if url and ready(http, url):
+                return None
+        except Exception:  # noqa: BLE001,S110 - not listening yet
+            pass
+        for role, container in containers.items():
+            container.reload()
+            if container.status in ("exited", "dead"):
+                code = container.attrs.get("State", {}).get("ExitCode")
+                return f"the {role} exited with {code} before {what}; {_log_excerpt(container)}"
+        if time.monotonic() > deadline:
+            logs = "\n".join(f"[{role}] {_log_excerpt(c, 15)}" for role, c in containers.items())
+            return f"not ready after {timeout:.0f} s ({what} never held);\n{logs}"
+        time.sleep(1.0)
+
+
+def _health_ok(http, base: str) -> bool:
+    return http.get(base + "/health", timeout=5).status_code == 200
 
 
 def run_serving_probe(
@@ -76,7 +122,6 @@ def run_serving_probe(
         return _not_run_serving(plan.reason), metrics
     name = _container_name(stack, "serve")
     container = None
-    checks: list[Check] = []
     http = _http()
     start = time.monotonic()
     try:
@@ -85,158 +130,107 @@ def run_serving_probe(
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         try:
             container = client.containers.run(
-                reference,
-                plan.command,
-                name=name,
-                detach=True,
-                platform=platform,
+                reference, plan.command, name=name, detach=True, platform=platform,
                 ports={f"{port}/tcp": ("127.0.0.1", None)},
                 # vLLM's engine core allocates its IPC buffers in /dev/shm; docker's default is 64 MiB.
-                shm_size=plan.shm_size,
-                environment=plan.environment,
-                volumes=plan.volumes,
-                **kwargs,
+                shm_size=plan.shm_size, environment=plan.environment, volumes=plan.volumes, **kwargs,
             )
         except docker.errors.APIError as e:
-            return [Check("serving", "ready", FAIL, f"cannot start the server container: {e.explanation or e}")] + [
-                Check("serving", n, NOT_RUN, "the server container did not start") for n in SERVING_CHECKS[1:]
-            ], metrics
+            return _failed_to_start("serving", SERVING_CHECKS, f"cannot start the server container: {e.explanation or e}",
+                                    "the server container did not start"), metrics
         metrics["container"] = name
         log.info("serving probe: %s (deadline %.0f s)", name, ready_timeout)
-
-        # -- readiness
-        deadline = start + ready_timeout
-        ready_problem = None
-        base = ""
-        while True:
-            container.reload()
-            if not base:
-                bindings = (container.ports or {}).get(f"{port}/tcp") or []
-                if bindings:
-                    base = f"http://127.0.0.1:{bindings[0]['HostPort']}"
-            try:
-                if base and http.get(base + "/health", timeout=5).status_code == 200:
-                    break
-            except Exception:  # noqa: BLE001,S110 - not listening yet
-                pass
-            container.reload()
-            if container.status in ("exited", "dead"):
-                code = container.attrs.get("State", {}).get("ExitCode")
-                ready_problem = f"the server exited with {code} before becoming ready; {_log_excerpt(container)}"
-                break
-            if time.monotonic() > deadline:
-                ready_problem = (
-                    f"the server was not ready after {ready_timeout:.0f} s (GET /health never returned 200); "
-                    f"{_log_excerpt(container)}"
-                )
-                break
-            time.sleep(1.0)
-        if ready_problem:
-            checks.append(Check("serving", "ready", FAIL, ready_problem, round(time.monotonic() - start, 3)))
-            checks += [Check("serving", n, NOT_RUN, "the server never became ready") for n in SERVING_CHECKS[1:]]
-            return checks, metrics
+        problem = _await_ready(http, {"server": container}, lambda: _published(container, port), _health_ok,
+                               start, ready_timeout, "GET /health returned 200")
+        if problem:
+            return _failed_to_start("serving", SERVING_CHECKS, problem, "the server never became ready",
+                                    round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
-        checks.append(Check("serving", "ready", PASS, f"GET /health 200 after {ready_s:.1f} s", round(ready_s, 3)))
-
-        model = plan.model
-
-        def health() -> tuple[str, str]:
-            r = http.get(base + "/health", timeout=request_timeout)
-            return (PASS, "200") if r.status_code == 200 else (FAIL, f"HTTP {r.status_code}: {r.text[:300]}")
-
-        def models() -> tuple[str, str]:
-            r = http.get(base + "/v1/models", timeout=request_timeout)
-            if r.status_code != 200:
-                return FAIL, f"HTTP {r.status_code}: {r.text[:300]}"
-            ids = [m.get("id") for m in r.json().get("data", [])]
-            return (PASS, f"serves {ids}") if model in ids else (FAIL, f"serves {ids}, not {model!r}")
-
-        def completions() -> tuple[str, str]:
-            r = http.post(base + "/v1/completions", timeout=request_timeout, json={
-                "model": model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
-            })
-            if r.status_code != 200:
-                return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
-            body = r.json()
-            text = (body.get("choices") or [{}])[0].get("text")
-            problem = _usage_problem(body.get("usage"))
-            if not isinstance(text, str):
-                problem = f"no text in choices: {body.get('choices')}"
-            if problem:
-                return FAIL, problem
-            metrics["completion_usage"] = body["usage"]
-            return PASS, f"usage {body['usage']}; text {text[:60]!r}"
-
-        def chat() -> tuple[str, str]:
-            r = http.post(base + "/v1/chat/completions", timeout=request_timeout, json={
-                "model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8,
-                "temperature": 0, "ignore_eos": True,
-            })
-            if r.status_code != 200:
-                return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
-            body = r.json()
-            message = ((body.get("choices") or [{}])[0].get("message") or {})
-            problem = _usage_problem(body.get("usage"))
-            if problem is None and not isinstance(message.get("content"), str):
-                problem = f"no message content: {message}"
-            if problem:
-                return FAIL, problem
-            metrics["chat_usage"] = body["usage"]
-            return PASS, f"usage {body['usage']}; content {message['content'][:60]!r}"
-
-        def stream() -> tuple[str, str]:
-            t0 = time.monotonic()
-            first = None
-            chunks = 0
-            with http.post(base + "/v1/completions", timeout=request_timeout, stream=True, json={
-                "model": model, "prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "ignore_eos": True,
-                "stream": True,
-            }) as r:
-                if r.status_code != 200:
-                    return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
-                for line in r.iter_lines():
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    piece = json.loads(data)
-                    if any(c.get("text") for c in piece.get("choices", [])):
-                        chunks += 1
-                        if first is None:
-                            first = time.monotonic() - t0
-            total = time.monotonic() - t0
-            if first is None:
-                return FAIL, "the stream carried no token"
-            metrics["first_token_latency_s"] = round(first, 4)
-            metrics["stream_total_s"] = round(total, 4)
-            return PASS, f"first token after {first * 1000:.0f} ms; {chunks} chunks in {total:.2f} s"
-
-        def prometheus() -> tuple[str, str]:
-            r = http.get(base + "/metrics", timeout=request_timeout)
-            if r.status_code != 200:
-                return FAIL, f"HTTP {r.status_code}: {r.text[:300]}"
-            families = sorted({
-                line.split("{")[0].split(" ")[0]
-                for line in r.text.splitlines()
-                if line.startswith("vllm:")
-            })
-            if not families:
-                return FAIL, f"no vllm: metrics in /metrics ({len(r.text)} bytes, starts {r.text[:120]!r})"
-            generated = [
-                float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
-                if line.startswith("vllm:generation_tokens_total")
-            ]
-            extra = f"; vllm:generation_tokens_total {sum(generated):.0f}" if generated else ""
-            return PASS, f"{len(families)} vllm: metric families{extra}"
-
-        for check_name, fn in (("health", health), ("models", models), ("completions", completions), ("chat", chat),
-                               ("stream", stream), ("metrics", prometheus)):
-            checks.append(_timed_check(check_name, fn))
-        return checks, metrics
+        target = Target(_published(container, port), plan.model, http, request_timeout, metrics)
+        return [Check("serving", "ready", PASS, f"GET /health 200 after {ready_s:.1f} s", round(ready_s, 3)),
+                *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
         http.close()
         if container is not None:
             _remove(container)
             metrics["serving_s"] = round(time.monotonic() - start, 2)
+
+
+def _model_listed(model: str) -> Callable[[Any, str], bool]:
+    def listed(http, base: str) -> bool:
+        r = http.get(base + "/v1/models", timeout=5)
+        return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
+
+    return listed
+
+
+def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable[[Any, str], bool]:
+    """The frontend lists the model (the decode worker registered) and has activated its prefill
+    router (the prefill worker registered): before that, requests would be served aggregated."""
+    listed = _model_listed(model)
+
+    def ready(http, base: str) -> bool:
+        return listed(http, base) and "prefill router" in _log_reader(containers["frontend"])().lower()
+
+    return ready
+
+
+def run_disagg_probe(
+    client,
+    reference: str,
+    platform: str,
+    plan: DisaggPlan,
+    *,
+    stack: str = "stack",
+    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    request_timeout: float = 120.0,
+) -> tuple[list[Check], dict[str, Any]]:
+    """Start frontend + prefill + decode, probe through the frontend, require KV moved over NIXL."""
+    import docker.errors
+
+    metrics: dict[str, Any] = {}
+    if not plan.roles:
+        return _not_run_disagg(plan.reason), metrics
+    containers: dict[str, Any] = {}
+    discovery = tempfile.mkdtemp(prefix="servestack-discovery-")
+    http = _http()
+    start = time.monotonic()
+    try:
+        frontend_id = None
+        for role in plan.roles:
+            network: dict[str, Any] = (
+                {"network_mode": f"container:{frontend_id}"} if frontend_id
+                else {"ports": {f"{plan.port}/tcp": ("127.0.0.1", None)}}
+            )
+            try:
+                containers[role.name] = client.containers.run(
+                    reference, list(role.command), name=_container_name(stack, role.name), detach=True,
+                    platform=platform, shm_size=plan.shm_size, environment=role.environment,
+                    volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
+                )
+            except docker.errors.APIError as e:
+                return _failed_to_start("disagg", DISAGG_CHECKS, f"cannot start the {role.name} container: {e.explanation or e}",
+                                        f"the {role.name} container did not start"), metrics
+            frontend_id = frontend_id or containers[role.name].id
+        metrics["containers"] = {role: c.name for role, c in containers.items()}
+        log.info("disaggregated serving probe: %s (deadline %.0f s)", ", ".join(metrics["containers"].values()), ready_timeout)
+        frontend = containers[plan.roles[0].name]
+        problem = _await_ready(http, containers, lambda: _published(frontend, plan.port),
+                               _both_workers_registered(containers, plan.model), start, ready_timeout,
+                               "the frontend listed the model with its prefill router active")
+        if problem:
+            return _failed_to_start("disagg", DISAGG_CHECKS, problem, "the disaggregated shape never became ready",
+                                    round(time.monotonic() - start, 3)), metrics
+        ready_s = time.monotonic() - start
+        metrics["time_to_ready_s"] = round(ready_s, 2)
+        target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics,
+                        logs={role: _log_reader(c) for role, c in containers.items()})
+        return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s", round(ready_s, 3)),
+                *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
+    finally:
+        http.close()
+        for container in reversed(list(containers.values())):
+            _remove(container)
+        shutil.rmtree(discovery, ignore_errors=True)
+        metrics["serving_s"] = round(time.monotonic() - start, 2)
