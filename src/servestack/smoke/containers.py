@@ -69,12 +69,16 @@ _ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b: \S")
 
 
 def _log_excerpt(container, lines: int = 40) -> str:
-    """The distinct `SomeError: message` lines of the whole log (the root cause is usually not in
-    the last lines: vLLM re-raises it from the API server), then the last lines."""
     try:
         text = container.logs(stdout=True, stderr=True).decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - the container may be gone already
         return f"(no log: {e})"
+    return log_excerpt(text, lines)
+
+
+def log_excerpt(text: str, lines: int = 40) -> str:
+    """The distinct `SomeError: message` lines of the whole log (the root cause is usually not in
+    the last lines: vLLM re-raises it from the API server), then the last lines."""
     all_lines = text.rstrip().splitlines()
     errors: list[str] = []
     for line in all_lines:

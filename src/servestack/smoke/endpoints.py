@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from .containers import log_excerpt
 from .records import FAIL, PASS
 
 
@@ -164,7 +165,7 @@ def check_kv_transfer(t: Target) -> tuple[str, str]:
     detail = (f"the decode worker logged {counts['successful']} successful NIXL transfer(s) and {counts['failed']} "
               f"failed for {requests_sent} request(s) through the frontend (prefill worker: {prefill})")
     if counts["failed"] or counts["successful"] < max(requests_sent, 1):
-        return FAIL, detail
+        return FAIL, f"{detail}; decode worker {log_excerpt(t.logs['decode'](), 25)}"
     return PASS, detail
 
 
