@@ -249,6 +249,7 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == {
             "kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
         assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
+        assert argv[argv.index("--dtype") + 1] == "float32"  # not bfloat16: its AMX decode kernel dies after a KV pull
     for role in shape.roles:
         env = role.environment
         assert env["DYN_DISCOVERY_BACKEND"] == "file" and env["UCX_TLS"] == "tcp,self"

@@ -320,6 +320,11 @@ class DisaggPlan:
 def _disagg_roles(lock: dict[str, Any]) -> tuple[Role, ...]:
     serve = _serve_flags(lock)
     engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
+    if "dtype" in engine:
+        # vLLM 0.31's CPU attention takes its AMX kernels for bfloat16 where the CPU has AMX; the
+        # decode worker's first step after a NIXL KV pull then dies on SIGILL (faulthandler:
+        # "Illegal instruction" in cpu_attention_with_kv_cache). float32 takes the AVX-512 kernels.
+        engine["dtype"] = "float32"
     base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in (lock.get("environment") or {})}
     frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
         # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
