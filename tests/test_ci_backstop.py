@@ -14,7 +14,7 @@ from servestack import workflow
 from servestack.errors import ServestackError
 from servestack.project import Project
 from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
-from servestack.runners.driver import cancel_recorded, recorded_jobs, run_job
+from servestack.runners.driver import cancel_recorded, process_started, recorded_jobs, run_job
 
 
 class RecordingRunner(PollingWait):
@@ -52,10 +52,11 @@ def test_a_live_job_is_on_disk_while_it_runs_and_gone_after(tmp_path):
     assert recorded_jobs(tmp_path / "run") == []
 
 
-def _record(run: Path, job_id: str, pid: int) -> Path:
+def _record(run: Path, job_id: str, pid: int, started: int | None = None) -> Path:
     path = run / "accuracy" / "agg-acc" / ".jobs" / "live" / f"fake-{job_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"runner": "fake", "job_id": job_id, "name": "accuracy-agg-acc", "pid": pid}))
+    path.write_text(json.dumps({"runner": "fake", "job_id": job_id, "name": "accuracy-agg-acc", "pid": pid,
+                                "pid_started": started}))
     return path
 
 
@@ -75,12 +76,11 @@ def test_backstop_stops_the_owner_then_cancels_what_is_left(tmp_path):
     run = tmp_path / "run"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    orphan = _record(run, "11", dead.pid)  # its process was killed: nobody will cancel job 11
+    orphan = _record(run, "11", dead.pid, started=1)  # its process was killed: nobody will cancel job 11
     owned = _record(run, "12", 0)
     ready = tmp_path / "ready"
-    # argv carries "servestack", as a real `servestack pipeline` process's does.
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(owned), str(ready), "servestack"])
-    owned.write_text(owned.read_text().replace('"pid": 0', f'"pid": {owner.pid}'))
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, str(owned), str(ready)])
+    _record(run, "12", owner.pid, started=process_started(owner.pid))
     deadline = time.monotonic() + 10
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -90,11 +90,12 @@ def test_backstop_stops_the_owner_then_cancels_what_is_left(tmp_path):
     assert runner.cancelled == ["11"] and not orphan.exists() and recorded_jobs(run) == []
 
 
-def test_backstop_does_not_signal_a_pid_that_is_not_servestack(tmp_path):
+def test_backstop_does_not_signal_a_process_that_reused_a_recorded_pid(tmp_path):
     run = tmp_path / "run"
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        _record(run, "13", other.pid)
+        # The recorded owner started at another time: this pid now belongs to someone else.
+        _record(run, "13", other.pid, started=process_started(other.pid) - 1)
         runner = RecordingRunner()
         assert cancel_recorded(run, lambda kind: runner, grace_s=1) == ["13"]
         assert other.poll() is None  # untouched

@@ -97,7 +97,8 @@ class _Live:
             self.jobs[f"{runner.name}:{handle.job_id}"] = (runner, handle)
         try:
             atomic_write_json(_record_path(runner, handle), {
-                "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid()})
+                "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid(),
+                "pid_started": process_started(os.getpid())})
         except OSError as exc:  # the in-process cancel still works; only the backstop loses this job
             log.warning("could not record live %s job %s: %s", runner.name, handle.job_id, exc)
 
@@ -138,6 +139,7 @@ class RecordedJob:
     job_id: str
     name: str
     pid: int
+    pid_started: int | None = None
 
 
 def recorded_jobs(root: Path) -> list[RecordedJob]:
@@ -146,19 +148,31 @@ def recorded_jobs(root: Path) -> list[RecordedJob]:
     for path in sorted(root.rglob(f"{LIVE_DIR}/*.json")) if root.is_dir() else []:
         try:
             data = json.loads(path.read_text())
+            started = data.get("pid_started")
             found.append(RecordedJob(path, str(data["runner"]), str(data["job_id"]), str(data.get("name", "")),
-                                     int(data.get("pid", 0))))
+                                     int(data.get("pid", 0)), int(started) if started is not None else None))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: unreadable live-job record (%s); skipped", path, exc)
     return found
 
 
-def _servestack_alive(pid: int) -> bool:
-    """`pid` is a running servestack process (not a reused pid of something else)."""
+def process_started(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22); None if it is gone.
+
+    A pid and its start time name one process for good: a pid reused by another process after the
+    recorded owner died has another start time.
+    """
     try:
-        return b"servestack" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return False
+        return None
+    # The command name (field 2) is in parentheses and may hold spaces: count from after it.
+    return int(stat.rpartition(")")[2].split()[19])
+
+
+def _owner_alive(job: RecordedJob) -> bool:
+    """The process that recorded `job` still runs (not a later process that got the same pid)."""
+    return job.pid_started is not None and process_started(job.pid) == job.pid_started
 
 
 def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: float = 10.0) -> list[str]:
@@ -167,15 +181,15 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
     The process that owns them, if it still runs, gets SIGTERM first and `grace_s` to cancel its
     own jobs and stop: otherwise it would read our cancel as someone else's and resubmit.
     """
-    owners = {job.pid for job in recorded_jobs(root)} - {0, os.getpid()}
-    alive = {pid for pid in owners if _servestack_alive(pid)}
+    owners = {job.pid: job for job in recorded_jobs(root) if job.pid not in (0, os.getpid())}
+    alive = {pid for pid, job in owners.items() if _owner_alive(job)}
     for pid in alive:
         log.warning("stopping servestack process %d, which has live jobs under %s", pid, root)
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:
         time.sleep(0.2)
-        alive = {pid for pid in alive if _servestack_alive(pid)}
+        alive = {pid for pid in alive if _owner_alive(owners[pid])}
     cancelled = []
     for job in recorded_jobs(root):  # what the owners did not get to
         runner = runner_for(job.runner)
