@@ -175,3 +175,17 @@ def test_ctrl_c_and_sigterm_cancel_our_jobs(tmp_path, slurm_env, sig):
     while slurm_state(job_id, env=slurm_env) is not JobState.CANCELLED and time.monotonic() < deadline:
         time.sleep(0.5)
     assert slurm_state(job_id, env=slurm_env) is JobState.CANCELLED
+
+
+@pytest.mark.e2e
+def test_preflight_finds_pyxis_and_enroot_on_the_gb200_shaped_node():
+    from servestack import cluster
+    from servestack.runners.slurm import ENROOT_MIN_VERSION, preflight
+
+    try:
+        node = cluster.ensure_cluster(Path(__file__).resolve().parents[1])
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(str(e))
+    assert node.enroot.version >= ENROOT_MIN_VERSION
+    assert preflight(SlurmConfig(env=node.env)) == "pyxis"  # srun has --container-image, enroot is recent
+    assert preflight(SlurmConfig(env=node.env, container="docker")) == "docker"
