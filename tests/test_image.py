@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from servestack import build, image, lock, services
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputErrors, ServestackError
 from servestack.imageplan import load_plan
 from servestack.project import Project
 from servestack.sources.github import GitHub
@@ -230,10 +230,11 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
 def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):
     plan_file = tmp_path / "image.yaml"
     plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("shared_layers:", "shared_layer:"))
-    with pytest.raises(InputError) as info:
+    with pytest.raises(InputErrors) as info:
         load_plan(plan_file)
-    assert str(plan_file) in str(info.value) and "shared_layer" in str(info.value)
-    assert ":18:" in str(info.value) or ":19:" in str(info.value) or ":20:" in str(info.value)
+    (error,) = info.value.errors
+    assert error.location.file == plan_file and error.location.line == 20
+    assert error.field == "layers[2].shared_layer" and "did you mean `shared_layers`?" in error.problem
 
 
 def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):

@@ -8,10 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from . import yamlfile
-from .errors import InputError, InputErrors
 
 SOURCES = ("base", "venv", "packages", "model", "top")
 
@@ -55,11 +54,4 @@ class ImagePlan(_Model):
 
 def load_plan(file: Path) -> ImagePlan:
     """Read and validate the plan; every problem names file, line, column and field."""
-    document = yamlfile.load(file)
-    if not isinstance(document.data, dict):
-        raise InputError(document.location(()), "", "expected a mapping with `layers`, `max_layer_bytes`, `environment`")
-    try:
-        return ImagePlan.model_validate(document.data)
-    except ValidationError as exc:
-        errors = [document.error(tuple(e["loc"]), e["msg"].removeprefix("Value error, ")) for e in exc.errors()]
-        raise (errors[0] if len(errors) == 1 else InputErrors(errors)) from None
+    return yamlfile.load_model(file, ImagePlan, "a mapping with `layers`, `max_layer_bytes`, `environment`")

@@ -7,15 +7,13 @@ environment defaults baked into the image, and the model the smoke stage serves.
 
 from __future__ import annotations
 
-import difflib
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import yamlfile
-from .errors import InputError, InputErrors
 
 SHA1 = r"^[0-9a-f]{40}$"
 PLATFORMS = ("linux/amd64", "linux/arm64")
@@ -221,55 +219,6 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _field_names(model: type[BaseModel], path: tuple[str | int, ...]) -> list[str]:
-    """The field names allowed at `path` (used to suggest a fix for a misspelled key)."""
-    current: Any = model
-    for part in path:
-        if isinstance(part, int) or current is None:
-            continue
-        field = current.model_fields.get(part)
-        if field is None:
-            return []
-        current = _model_in(field.annotation)
-    return sorted(current.model_fields) if current else []
-
-
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    for arg in getattr(annotation, "__args__", ()) or ():
-        found = _model_in(arg)
-        if found:
-            return found
-    return None
-
-
-def _explain(error: dict[str, Any], loc: tuple[str | int, ...]) -> str:
-    kind = error["type"]
-    if kind == "extra_forbidden":
-        allowed = _field_names(Stack, loc[:-1])
-        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
-        hint = f"did you mean `{close[0]}`? " if close else ""
-        return f"unknown field; {hint}expected one of: {', '.join(allowed)}"
-    if kind == "missing":
-        return "required field is missing"
-    message = error["msg"].removeprefix("Value error, ")
-    if kind != "value_error":
-        message += f" (got {error.get('input')!r})"
-    return message
-
-
 def load_stack(file: Path) -> Stack:
     """Read and validate a stack file; every problem is reported with file, line, column and field."""
-    document = yamlfile.load(file)
-    if not isinstance(document.data, dict):
-        raise InputError(document.location(()), "", "expected a mapping of stack fields")
-    try:
-        return Stack.model_validate(document.data)
-    except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            field = yamlfile.dotted(loc) or "(stack)"
-            problems.append(InputError(document.location(loc), field, _explain(error, loc)))
-        raise InputErrors(problems) from None
+    return yamlfile.load_model(file, Stack, "a mapping of stack fields")

@@ -5,7 +5,9 @@ The one YAML reader of the project. Two views of the same parse:
     parse(text, file) -> Node       a tree whose every value keeps its line and column (and its
                                     key's), for walkers that check as they go (recipes);
     load(file) -> Document          plain data plus a table of positions by key path, for typed
-                                    models that validate the plain data (stacks, pipelines).
+                                    models that validate the plain data;
+    load_model(file, Model) -> Model   that validation, every problem at its line and column with
+                                    "did you mean" for a misspelled key (stacks, the image plan).
 
 A duplicate mapping key is an error (pyyaml would keep the last one silently); anchors and merge
 keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
@@ -13,13 +15,17 @@ keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+from pydantic import BaseModel, ValidationError
 
-from .errors import InputError, Location
+from .errors import InputError, InputErrors, Location
+
+M = TypeVar("M", bound=BaseModel)
 
 PathKey = tuple[str | int, ...]
 
@@ -158,3 +164,57 @@ def dotted(path: PathKey) -> str:
     for part in path:
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def load_model(file: Path, model: type[M], expected: str) -> M:
+    """FILE validated as MODEL; all problems at once, each with file:line:col, field and what was
+    expected (EXPECTED says what the whole document should be)."""
+    document = load(file)
+    if not isinstance(document.data, dict):
+        raise InputError(document.location(()), "", f"expected {expected}")
+    try:
+        return model.model_validate(document.data)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            problems.append(InputError(document.location(loc), dotted(loc) or "(document)", _explain(model, error, loc)))
+        raise InputErrors(problems) from None
+
+
+def _field_names(model: type[BaseModel], path: PathKey) -> list[str]:
+    """The field names allowed at `path` (used to suggest a fix for a misspelled key)."""
+    current: Any = model
+    for part in path:
+        if isinstance(part, int) or current is None:
+            continue
+        field = current.model_fields.get(part)
+        if field is None:
+            return []
+        current = _model_in(field.annotation)
+    return sorted(current.model_fields) if current else []
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_in(arg)
+        if found:
+            return found
+    return None
+
+
+def _explain(model: type[BaseModel], error: dict[str, Any], loc: PathKey) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        allowed = _field_names(model, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+        hint = f"did you mean `{close[0]}`? " if close else ""
+        return f"unknown field; {hint}expected one of: {', '.join(allowed)}"
+    if kind == "missing":
+        return "required field is missing"
+    message = error["msg"].removeprefix("Value error, ")
+    if kind != "value_error":
+        message += f" (got {error.get('input')!r})"
+    return message
