@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import pwd
+import re
 import shutil
 import socket
 import subprocess
@@ -507,6 +508,11 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
         plugstack = f"include {d / 'plugstack.conf.d'}/*.conf\n"
         if not (d / "plugstack.conf").exists() or (d / "plugstack.conf").read_text() != plugstack:
             atomic_write_text(d / "plugstack.conf", plugstack)
+        # A `required` SPANK plugin whose runtime directory is gone (a cleared state dir) makes slurmd
+        # refuse to start; the directories are ours to make, so make them before starting it.
+        for drop_in in sorted((d / "plugstack.conf.d").glob("*.conf")):
+            for runtime in re.findall(r"\bruntime_path=(\S+)", drop_in.read_text()):
+                Path(runtime).mkdir(parents=True, exist_ok=True)
         changed = not conf.exists() or conf.read_text() != wanted
         if changed:
             atomic_write_text(conf, wanted)
