@@ -14,11 +14,12 @@ from servestack.proc import run
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_vendor_dir_is_configuration_with_a_default_next_to_the_checkout(tmp_path, monkeypatch):
+def test_vendor_dir_is_configuration_only(tmp_path, monkeypatch):
     monkeypatch.delenv(cluster.VENDOR_ENV, raising=False)
-    assert cluster.vendor_dir(tmp_path / "checkout") == tmp_path / "shared" / "vendor"
+    with pytest.raises(cluster.ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):
+        cluster.vendor_dir()
     monkeypatch.setenv(cluster.VENDOR_ENV, str(tmp_path / "elsewhere"))
-    assert cluster.vendor_dir(tmp_path / "checkout") == tmp_path / "elsewhere"
+    assert cluster.vendor_dir() == tmp_path / "elsewhere"
 
 
 def test_a_missing_snapshot_names_the_directory_and_the_variable(tmp_path, monkeypatch):

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fixtures.gha_runner import Event, JobResult, Runner
+
 from servestack import services
 from servestack.imageref import ImageRef
 from servestack.proc import run
@@ -45,10 +45,9 @@ RUN_ID = 90210  # github.run_id of the simulated run
 
 def _runner_env() -> dict[str, str]:
     """The environment a runner service has: this machine's, without the test's own virtualenv."""
-    from servestack import cluster
-
-    # Where this machine keeps the sources of its cluster tools (a real login node has the tools).
-    env = {cluster.VENDOR_ENV: str(cluster.vendor_dir(ROOT)), **os.environ}
+    # $SERVESTACK_VENDOR, where set, says where this machine keeps its cluster tools' sources (a
+    # real login node has the tools).
+    env = dict(os.environ)
     venv = env.pop("VIRTUAL_ENV", None)
     own = {str(Path(sys.executable).parent), *([str(Path(venv) / "bin")] if venv else [])}
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p not in own)

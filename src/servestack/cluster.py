@@ -7,9 +7,9 @@ tool is in place, and otherwise builds it from the vendored source snapshot.
 
 Sources: `git archive` snapshots of NVIDIA/enroot, NVIDIA/pyxis and NVIDIA/srt-slurm
 (Apache-2.0) are inputs of the test environment, not project code. They are found in the
-directory `$SERVESTACK_VENDOR`, by default `../shared/vendor` next to the checkout; when
-they are missing, `ClusterToolsMissing` says where they were looked for (the cluster e2e
-tests skip on it). Each build lives under `state_home()/cluster/<tool>-<sha256 of the
+directory `$SERVESTACK_VENDOR` (configuration: the project knows no machine's layout; `.ci/run`
+sets it where CI keeps them); when it is unset or they are missing, `ClusterToolsMissing` says
+so (the cluster e2e tests skip on it). Each build lives under `state_home()/cluster/<tool>-<sha256 of the
 archive and of this module's build steps>/`, so a new snapshot or new steps rebuild and an
 unchanged one is reused in milliseconds.
 
@@ -25,14 +25,13 @@ import shutil
 import stat
 import sys
 import tarfile
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ServestackError
 from .fsutil import atomic_write_text
 from .proc import run
-from .project import Project, state_home
+from .project import state_home
 from .runners.slurm import ENROOT_MIN_VERSION, parse_enroot_version
 
 VENDOR_ENV = "SERVESTACK_VENDOR"
@@ -45,17 +44,18 @@ class ClusterToolsMissing(ServestackError):
     """A vendored source (or a tool the chain needs) is not on this machine."""
 
 
-def vendor_dir(root: Path | None = None) -> Path:
-    """$SERVESTACK_VENDOR, else `../shared/vendor` next to the project checkout."""
+def vendor_dir() -> Path:
+    """$SERVESTACK_VENDOR: the directory holding the vendored enroot, pyxis and srt-slurm snapshots."""
     configured = os.environ.get(VENDOR_ENV)
-    if configured:
-        return Path(configured)
-    return (root or Project.find().root).resolve().parent / "shared" / "vendor"
+    if not configured:
+        raise ClusterToolsMissing(f"{VENDOR_ENV} is not set (the directory holding the vendored enroot, pyxis "
+                                  "and srt-slurm snapshots)")
+    return Path(configured)
 
 
-def vendor_archive(tool: str, root: Path | None = None) -> Path:
+def vendor_archive(tool: str) -> Path:
     """The one `<tool>-<commit>.tar.gz` in the vendor directory."""
-    where = vendor_dir(root)
+    where = vendor_dir()
     found = sorted(where.glob(f"{tool}-*.tar.gz"))
     if len(found) != 1:
         what = "no" if not found else f"{len(found)}"
@@ -230,7 +230,7 @@ def ensure_srtctl(root: Path | None = None, *, partition: str = "main", account:
     Also writes its cluster config (srtslurm.yaml) for this machine's Slurm; returns the command
     and the environment to call it with.
     """
-    archive = vendor_archive("srt-slurm", root)
+    archive = vendor_archive("srt-slurm")
     python312 = find_python312()
     home = _built("srtctl", _cache_key(archive, str(python312)), _build_srtctl(archive, python312))
     [tree] = [p for p in (home / "src").iterdir() if p.is_dir()]
@@ -309,7 +309,7 @@ def _build_enroot(archive: Path):
 
 def ensure_enroot(root: Path | None = None) -> Enroot:
     """enroot built from the vendored snapshot (a few seconds once), configured for this node."""
-    archive = vendor_archive("enroot", root)
+    archive = vendor_archive("enroot")
     home = _built("enroot", _cache_key(archive), _build_enroot(archive))
     prefix = home / "prefix"
     state = state_home() / "enroot"
@@ -415,7 +415,7 @@ def ensure_pyxis(root: Path | None = None, enroot: Enroot | None = None) -> Pyxi
     Returns the plugstack.conf line; `services.ensure_slurm` includes it.
     """
     enroot = enroot or ensure_enroot(root)
-    archive = vendor_archive("pyxis", root)
+    archive = vendor_archive("pyxis")
     home = _built("pyxis", _cache_key(archive), _build_pyxis(archive))
     importer = home / "importer.sh"
     cache = image_cache_dir()
