@@ -294,7 +294,7 @@ def test_check_rendered_catches_a_hand_edit(project: Project):
 
 def test_the_stages_read_concurrencies_as_the_validator_does(tmp_path: Path):
     """One reading of benchmark.concurrencies: what `recipes check` refuses, a stage refuses too."""
-    from servestack.stages.recipe_view import RecipeView
+    from servestack.recipes.read import RecipeView
 
     for bad in ('"64,128"', '"128x64x256"', "[64, 64]"):
         path = tmp_path / "r.yaml"
@@ -303,3 +303,19 @@ def test_the_stages_read_concurrencies_as_the_validator_does(tmp_path: Path):
         with pytest.raises(InputError, match="malformed concurrency list"):
             RecipeView.load(path).concurrencies
     assert RecipeView.load(SWEEP).concurrencies == [64, 128, 256, 512, 1024, 2048, 3072]
+
+
+def test_the_one_recipe_reader_names_file_line_and_field(tmp_path: Path):
+    """Stages, smoke and the srtctl runner read recipes through recipes.read: errors carry positions."""
+    from servestack.recipes.read import RecipeView, engine_settings, load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text("name: r\nbackend:\n  type: vllm\n  vllm_config:\n    aggregated: [1, 2]\n")
+    with pytest.raises(InputError) as caught:
+        RecipeView.load(path)
+    assert str(caught.value).startswith(f"{path}:5:5: backend.vllm_config.aggregated: expected a mapping")
+    path.write_text("- not a mapping\n")
+    with pytest.raises(InputError, match=r"r.yaml:1:1: a recipe is a YAML mapping"):
+        load_recipe(path)
+    settings = engine_settings(load_recipe(SWEEP).data)
+    assert settings and all(s.kind in ("flag", "env") and s.where for s in settings)

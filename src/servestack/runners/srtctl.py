@@ -36,6 +36,7 @@ import yaml
 from ..errors import ServestackError
 from ..fsutil import atomic_write_bytes, atomic_write_text
 from ..proc import run
+from ..recipes.read import load_recipe
 from ..stages.results import find_srt_results
 from .base import JobHandle, JobSpec, JobState, PollingWait
 from .slurm import pull_reference, scancel, slurm_state
@@ -115,7 +116,7 @@ class SrtctlRunner(PollingWait):
     def submit(self, job: JobSpec) -> JobHandle:
         if job.recipe_file is None:
             raise ServestackError(f"{job.name}: the srtctl runner needs the job's srt-slurm recipe")
-        recipe = yaml.safe_load(Path(job.recipe_file).read_text()) or {}
+        recipe = load_recipe(job.recipe_file).data
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         image = pull_reference(job.image, self.registry_map) if job.image else None
         model_dir = job.extra.get("model_dir")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -10,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
-from ..errors import ServestackError
 from ..proc import run
 from ..project import Project
+from ..recipes.read import engine_settings, load_recipe
+from ..recipes.validate import recipe_files
 from ..stack import normalize
 from ..tinymodel import VLLM_CPU_ENV
 from .containers import host_docker_platform
@@ -51,74 +51,31 @@ STACK_ENTRY_POINTS: list[tuple[str, tuple[str, ...]]] = [
 SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-_PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
-
-
-def _recipe_value(value: Any) -> Any:
-    """A value the parser can be asked about; None for sweep placeholders (not checkable)."""
-    if isinstance(value, str) and _PLACEHOLDER.search(value):
-        return None
-    return value
-
-
 def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """Every engine flag and VLLM_* variable the stack uses: recipes, the stack's environment, the
     flags the smoke server itself is started with. The recipes are the one owner of which flags a
     stack uses: the stack file holds no second list of them."""
-    flags: dict[str, dict[str, Any]] = {}
-    env: dict[str, dict[str, Any]] = {}
+    tables: dict[str, dict[str, dict[str, Any]]] = {"flag": {}, "env": {}}
 
-    def add(table: dict[str, dict[str, Any]], key: str, value: Any, source: str) -> None:
-        entry = table.setdefault(key, {"value": None, "sources": []})
-        value = _recipe_value(value)
+    def add(kind: str, key: str, value: Any, source: str) -> None:
+        entry = tables[kind].setdefault(key, {"value": None, "sources": []})
         if value is not None and entry["value"] is None:
             entry["value"] = value
         if source not in entry["sources"]:
             entry["sources"].append(source)
 
-    import yaml
-
     recipe_dir = project.recipes / stack
-    for path in sorted(recipe_dir.glob("*.y*ml")) if recipe_dir.is_dir() else []:
+    for path in recipe_files([recipe_dir]) if recipe_dir.is_dir() else []:
         rel = path.relative_to(project.root).as_posix()
-        try:
-            doc = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ServestackError(f"{rel}: not valid YAML ({e})") from None
-
-        def walk(node: Any, where: tuple[str, ...]) -> None:
-            if isinstance(node, dict):
-                for key, value in node.items():
-                    key = str(key)
-                    here = (*where, key)
-                    parent = where[-1] if where else ""
-                    grand = where[-2] if len(where) > 1 else ""
-                    if parent == "vllm_config" and isinstance(value, dict):
-                        for flag, v in value.items():
-                            add(flags, str(flag), v, f"{rel}:{'.'.join(here)}")
-                        continue
-                    if grand == "roles" and key == "args" and isinstance(value, dict):
-                        for flag, v in value.items():
-                            add(flags, str(flag), v, f"{rel}:{'.'.join(here)}")
-                        continue
-                    if (key.endswith("_environment") or key in ("environment", "env")) and isinstance(value, dict):
-                        for name, v in value.items():
-                            if str(name).startswith("VLLM_"):
-                                add(env, str(name), None if v is None else str(v), f"{rel}:{'.'.join(here)}")
-                        continue
-                    walk(value, here)
-            elif isinstance(node, list):
-                for i, item in enumerate(node):
-                    walk(item, (*where, str(i)))
-
-        walk(doc, ())
+        for setting in engine_settings(load_recipe(path).data):
+            add(setting.kind, setting.name, setting.value, f"{rel}:{setting.where}")
     lock_rel = project.lock_file(stack).relative_to(project.root).as_posix()
     for name, value in (lock.get("environment") or {}).items():
         if name.startswith("VLLM_"):
-            add(env, name, value, f"{lock_rel}:environment")
+            add("env", name, value, f"{lock_rel}:environment")
     for flag, value in _serve_flags(lock).items():
-        add(flags, flag, value, "the smoke server")
-    return {"flags": flags, "env": env}
+        add("flag", flag, value, "the smoke server")
+    return {"flags": tables["flag"], "env": tables["env"]}
 
 
 def _engine(lock: dict[str, Any]) -> str | None:

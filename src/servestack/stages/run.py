@@ -30,7 +30,7 @@ from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import RetryPolicy, run_job
 from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
 from .pipeline import RUNNER_KINDS, STAGES, Pipeline, StageSettings, load_pipeline
-from .recipe_view import RecipeView
+from ..recipes.read import RecipeView
 from .results import StageResult, parse_gsm8k_result, parse_vllm_result
 
 log = logging.getLogger("servestack.stages")
