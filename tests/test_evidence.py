@@ -13,7 +13,7 @@ import pytest
 
 from servestack import build, lock
 from servestack.errors import InputErrors, ServestackError
-from servestack.probe.static import evidence_problem
+from servestack.probe.static.evidence import evidence_problem
 from servestack.project import Project
 from servestack.sources.github import GitHub
 from test_lock import DEBIAN_BASE, STACK

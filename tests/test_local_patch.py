@@ -12,7 +12,7 @@ import pytest
 
 from servestack import build, lock
 from servestack.errors import InputError
-from servestack.probe import static as probe
+from servestack.probe.static import evidence as probe
 from servestack.project import Project
 from servestack.sources.github import GitHub
 

@@ -1,4 +1,4 @@
-"""servestack smoke: reference refusal, JUnit rendering, and the static probe script on a fake site."""
+"""servestack smoke: reference refusal, JUnit rendering, and the static probe package on a fake site."""
 
 from __future__ import annotations
 
@@ -153,7 +153,7 @@ def fake_site(tmp_path_factory) -> dict:
 def _probe(tmp: Path, config: dict) -> dict[str, dict]:
     path = tmp / f"config-{len(list(tmp.glob('config-*')))}.json"
     path.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, str(smoke.PROBE_SCRIPT), str(path)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, str(smoke.PROBE_PACKAGE), str(path)], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # stdout is exactly one JSON document

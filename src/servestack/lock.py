@@ -18,7 +18,7 @@ from typing import Any
 from . import cache, diffs, pairing, wheels
 from .errors import InputError, InputErrors, NetworkError, ServestackError
 from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
-from .probe import static as static_probe
+from .probe.static.evidence import evidence_problem
 from .project import Project
 from .sources import debian, gitmirror, pypi, registry
 from .sources.github import GitHub, PullRequestNotFound
@@ -88,7 +88,7 @@ def _evidence(pr: PullRequest, archive: Path | None) -> list[tuple[int, dict[str
 
         results = []
         for i, item in enumerate(pr.evidence):
-            problem, where = static_probe.evidence_problem(item.to_json(), read, lambda: names)
+            problem, where = evidence_problem(item.to_json(), read, lambda: names)
             results.append((i, item.to_json(), problem, where))
         return results
 

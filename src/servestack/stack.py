@@ -24,7 +24,7 @@ class _Model(BaseModel):
 
 
 class Evidence(_Model):
-    """A fact a PR's merge introduced, checked in the package's files (see probe/static.py's
+    """A fact a PR's merge introduced, checked in the package's files (see probe/static/evidence.py's
     `evidence_problem`, which both `lock` and the static probe use). Exactly one kind:
 
     - `file` with `contains` (a string) or `pattern` (a regular expression) in that file;

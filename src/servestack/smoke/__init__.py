@@ -7,7 +7,7 @@
 
 Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
 
-1. static (`servestack/probe/static.py`, stdlib only, bind-mounted read-only and run with the
+1. static (the `servestack/probe/static` package, stdlib only, bind-mounted read-only and run with the
    image's /opt/venv/bin/python, no network): locked versions installed, overlaid files' sha256,
    stack.json's lock is pins/<stack>.lock, each PR included/overlaid/unverified, every engine flag
    and environment variable the stack's recipes (and the stack itself) use is accepted by vLLM's own
@@ -45,7 +45,7 @@ from .junit import render_junit
 from .plan import DisaggPlan, ServePlan, detect_gpus, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
 from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
-from .static import DEFAULT_STATIC_TIMEOUT, PROBE_SCRIPT, run_static_probe
+from .static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
 
 # Opt-in until it is reliable here: on this 2-core CPU machine the decode worker stalls ~30 s on its
 # first NIXL request, its Dynamo file-discovery lease (30 s) expires meanwhile, and the frontend
@@ -156,7 +156,7 @@ __all__ = [
     "FAIL",
     "NOT_RUN",
     "PASS",
-    "PROBE_SCRIPT",
+    "PROBE_PACKAGE",
     "Check",
     "DisaggPlan",
     "ServePlan",

@@ -1,4 +1,4 @@
-"""The static probe, host side: run probe/static.py inside the image (read-only, no network) and read its checks."""
+"""The static probe, host side: run the probe/static package inside the image (read-only, no network) and read its checks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from .containers import _container_name, _log_tail, _remove, host_docker_platfor
 from .plan import VENV_PYTHON
 from .records import FAIL, PASS, Check
 
-PROBE_SCRIPT = Path(__file__).resolve().parents[1] / "probe" / "static.py"
+# A directory run as `python DIR CONFIG.json` (its __main__): copied whole, without bytecode of the host's Python.
+PROBE_PACKAGE = Path(__file__).resolve().parents[1] / "probe" / "static"
 PROBE_MOUNT = "/opt/servestack-probe"
 DEFAULT_STATIC_TIMEOUT = 1800.0  # an arm64 vLLM import under qemu-user takes minutes
 
@@ -46,13 +47,13 @@ def _emulated_arm64_cpus(tmp: Path) -> str:
 def run_static_probe(
     client, reference: str, platform: str, config: dict[str, Any], *, stack: str = "stack", timeout: float = DEFAULT_STATIC_TIMEOUT
 ) -> list[Check]:
-    """Run probe/static.py inside the image (read-only mount, no network) and return its checks."""
+    """Run the probe/static package inside the image (read-only mount, no network) and return its checks."""
     import docker.errors
     import requests
 
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="servestack-probe-") as tmp:
-        shutil.copy2(PROBE_SCRIPT, Path(tmp) / "static.py")
+        shutil.copytree(PROBE_PACKAGE, Path(tmp) / PROBE_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         (Path(tmp) / "config.json").write_text(json.dumps({**config, "section_timeout": timeout}, indent=1))
         os.chmod(tmp, 0o755)
         volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"}}
@@ -62,7 +63,7 @@ def run_static_probe(
         try:
             container = client.containers.run(
                 reference,
-                [VENV_PYTHON, f"{PROBE_MOUNT}/static.py", f"{PROBE_MOUNT}/config.json"],
+                [VENV_PYTHON, f"{PROBE_MOUNT}/{PROBE_PACKAGE.name}", f"{PROBE_MOUNT}/config.json"],
                 name=_container_name(stack, "static"),
                 detach=True,
                 platform=platform,

@@ -1,0 +1,38 @@
+"""The static probe: what is installed in an image, checked against the lock it was built from.
+
+Standalone and stdlib-only: `servestack.smoke` bind-mounts this directory read-only into the image
+and runs it with the image's own interpreter (`/opt/venv/bin/python static CONFIG.json`, see
+__main__), so nothing of servestack needs to be installed there: its modules import each other
+relatively and nothing else of servestack. It also runs on any host Python against a directory of
+installed wheels (`site_packages` in the config), which is how the tests drive it.
+
+The flow (run.py): the file checks against the lock (installed.py: stack.json, versions, overlays,
+excluded dependencies, the smoke model), each pull request's evidence and each local patch
+(evidence.py), the stack's fast path (fast_path.py), then the isolated sections in child
+interpreters: imports and entry points (imports.py), vLLM's parser and environment registry
+(engine.py), vLLM's GDN prefill resolver (fast_path.py). What they share is in report.py.
+
+stdout carries exactly one JSON document: {"probe": "static", "python", "machine", "checks": [...]}
+where each check is {"name", "status": "pass"|"fail"|"not_run", "detail"}. Everything else the
+probed code prints (vLLM logs to stdout) goes to stderr.
+
+The config (JSON, written by servestack.smoke):
+    stack, platform                 for the report
+    expected_lock_sha256            sha256 of pins/<stack>.lock on the host
+    stack_json                      path of stack.json in the image (/opt/servestack/stack.json)
+    site_packages                   null: the interpreter's purelib; or a directory
+    wheels                          [{"name", "version"}] the lock's wheels for this platform
+    pull_requests                   the lock's pull_requests (evidence re-checked against installed files)
+    local_patches                   the lock's local_patches
+    fast_path                       null, or the lock's fast_path (torch CUDA, packages, GDN prefill backend)
+    excluded                        the lock's excluded [{"name", "reason"}]
+    modules                         module names that must import
+    entry_points                    modules whose `python -m MODULE --help` must print a usage
+    engine                          null, or {"name": "vllm", "flags": {flag: {"value", "sources"}},
+                                              "env": {NAME: {"value", "sources"}}}
+    model_dir                       null, or the smoke model directory that must exist
+    section_timeout                 seconds for each isolated section (imports, engine)
+
+Imports and the engine's argument parser run in child processes (a crash or a hang there is a
+failed check, not a lost report).
+"""

@@ -1,0 +1,116 @@
+"""The stack's fast path (GB200): torch's CUDA, the packages it needs, vLLM's GDN prefill backend.
+
+The lock's `fast_path` says what the image needs for its fast path. torch's CUDA and the
+installed distributions are read from files; the GDN prefill backend is what vLLM's own resolver
+answers for a simulated device (its platform object swapped for one reporting that capability),
+in a child process like every import.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .report import FAIL, PASS, check, classify_import_error, installed_distributions, normalize
+
+GDN_RESOLVER_MODULES = ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",)
+
+
+def torch_cuda(site: str) -> tuple[str | None, str]:
+    """torch.version.cuda as torch/version.py records it (None for a CPU build), and the file read."""
+    path = os.path.join(site, "torch", "version.py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return None, f"{path} is missing"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*(?:['\"]([^'\"]+)['\"]|None)", text, re.M)
+    return (m.group(1) if m else None), path
+
+
+def check_fast_path_files(config: dict, site: str) -> list[dict]:
+    fast = config.get("fast_path") or {}
+    results = []
+    minimum = fast.get("torch_cuda_major")
+    if minimum:
+        cuda, where = torch_cuda(site)
+        major = int(cuda.split(".")[0]) if cuda and cuda.split(".")[0].isdigit() else 0
+        status = PASS if major >= minimum else FAIL
+        results.append(check("fast-path:torch-cuda", status,
+                             f"torch is built for CUDA {cuda or 'none (a CPU build)'} ({where}); the stack needs CUDA >= {minimum}"))
+    if fast.get("packages"):
+        dists = installed_distributions(site)
+        for name in fast["packages"]:
+            found = dists.get(normalize(name)) or []
+            status = PASS if found else FAIL
+            detail = f"{name} {found[0].version} is installed" if found else f"{name} is not installed; the stack's fast path needs it"
+            results.append(check(f"fast-path:package:{normalize(name)}", status, detail))
+    return results
+
+
+def section_fast_path(config: dict) -> list[dict]:
+    """Ask vLLM's GDN prefill backend resolver what it picks on the stack's target device."""
+    import importlib
+    import types
+
+    spec = (config.get("fast_path") or {}).get("gdn_prefill")
+    if not spec:
+        return []
+    label = "fast-path:gdn-prefill"
+    major, minor = (int(x) for x in spec["device_capability"].split("."))
+    try:
+        from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
+        try:
+            from vllm.platforms.cuda import CudaPlatformBase as Base
+            platform_from = "vLLM's CUDA platform"
+        except BaseException as e:  # noqa: BLE001 - without a CUDA driver (libcuda) it cannot load
+            import torch
+
+            class Base(Platform):  # type: ignore[no-redef]
+                @classmethod
+                def get_cuda_runtime_major(cls) -> int:
+                    # CudaPlatformBase's rule: the major of torch.version.cuda, 0 if undetermined.
+                    major = (torch.version.cuda or "0").split(".", 1)[0]
+                    return int(major) if major.isdigit() else 0
+
+            platform_from = f"vLLM's platform interface + torch.version.cuda ({type(e).__name__} loading vllm.platforms.cuda here)"
+        module = None
+        for name in GDN_RESOLVER_MODULES:
+            try:
+                module = importlib.import_module(name)
+                break
+            except ModuleNotFoundError:
+                continue
+    except BaseException as e:  # noqa: BLE001
+        text = f"{type(e).__name__}: {e}"
+        status, detail = classify_import_error(text, {normalize(x["name"]) for x in config.get("excluded") or []})
+        return [check(label, status, f"cannot load vLLM's platform or GDN layer: {detail}")]
+    resolver = getattr(module, "_resolve_gdn_prefill_backend", None) if module else None
+    if resolver is None:
+        return [check(label, FAIL, f"the installed vLLM has no GDN prefill backend resolver (looked in {', '.join(GDN_RESOLVER_MODULES)})")]
+
+    class SimulatedDevice(Base):  # type: ignore[misc, valid-type]
+        """vLLM's CUDA platform, reporting the target's compute capability instead of asking NVML."""
+
+        _enum = PlatformEnum.CUDA
+
+        @classmethod
+        def get_device_capability(cls, device_id: int = 0):
+            return DeviceCapability(major=major, minor=minor)
+
+    text_config = types.SimpleNamespace(linear_key_head_dim=spec["head_k_dim"])
+    vllm_config = types.SimpleNamespace(additional_config={}, model_config=types.SimpleNamespace(hf_text_config=text_config))
+    saved = module.current_platform
+    module.current_platform = SimulatedDevice()
+    try:
+        requested, chosen = resolver(vllm_config)
+        runtime = SimulatedDevice.get_cuda_runtime_major()
+    except BaseException as e:  # noqa: BLE001
+        return [check(label, FAIL, f"vLLM's GDN prefill resolver failed on the simulated device: {type(e).__name__}: {e}")]
+    finally:
+        module.current_platform = saved
+    status = PASS if chosen == spec["backend"] else FAIL
+    return [check(label, status,
+                  f"{module.__name__}._resolve_gdn_prefill_backend on a simulated SM{major}{minor} device (head_k_dim "
+                  f"{spec['head_k_dim']}, CUDA runtime major {runtime}, requested {requested!r}; {platform_from}) "
+                  f"chooses {chosen}; the stack requires {spec['backend']}")]
