@@ -138,14 +138,14 @@ def test_committed_pipelines_reference_recipes_that_exist():
     project = Project(ROOT)
     for name in ("dev-cpu", "qwen35-gb200"):
         pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
-        for stage in pipeline.stages.values():
+        for stage in pipeline.stages.defined().values():
             for recipe in stage.recipes:
                 _recipe(project, pipeline, recipe)  # raises when the file is missing
     gb = load_pipeline(project.pipelines / "qwen35-gb200.yaml", project.root)
-    assert len(gb.stages["accuracy"].recipes) == 5 and all(r.endswith("-acc") for r in gb.stages["accuracy"].recipes)
+    assert len(gb.stages.accuracy.recipes) == 5 and all(r.endswith("-acc") for r in gb.stages.accuracy.recipes)
     for suffix in ("-cc4096", "-cc5120"):  # both high-concurrency points, as NVIDIA publishes them
-        assert sum(r.endswith(suffix) for r in gb.stages["throughput"].recipes) == 5
-    assert len(gb.stages["throughput"].recipes) == 15
+        assert sum(r.endswith(suffix) for r in gb.stages.throughput.recipes) == 5
+    assert len(gb.stages.throughput.recipes) == 15
 
 
 def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_path):
@@ -157,9 +157,9 @@ def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_pat
     project = Project(ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
     for stage in ("accuracy", "throughput"):
-        [planned] = plan_stage(project, pipeline, pipeline.stages[stage], IMAGE, tmp_path / stage)
-        job = json.loads((tmp_path / stage / planned.key / ".jobs" / "job.json").read_text())
-        argv = job["server"]["argv"]
+        [planned] = plan_stage(project, pipeline, getattr(pipeline.stages, stage), IMAGE, tmp_path / stage)
+        assert not (tmp_path / stage).exists()  # planning returns the job; running writes it
+        argv = planned.job["server"]["argv"]
         assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
         assert argv[argv.index("--served-model-name") + 1] == "tiny-qwen3"
         assert "--enforce-eager" in argv and argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"

@@ -145,22 +145,21 @@ def _smoke(args: argparse.Namespace, project: Project) -> int:
 
 
 def _stage_args(p: argparse.ArgumentParser) -> None:
+    from .runners.registry import RUNNERS
+
     _image_arg(p)
     p.add_argument("--pipeline", help="pipelines/<name>.yaml (default: the stack's name)")
-    p.add_argument("--runner", choices=["local", "slurm", "srtctl"], help="override the pipeline's runner")
+    p.add_argument("--runner", choices=list(RUNNERS), help="override the pipeline's runner")
     p.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
                                     "image digest and the pipeline file, so a rerun resumes)")
 
 
 def _runner(project: Project, pipeline_name: str, kind: str):
     """The pipeline's runner, of another kind than the file says (the CLI's --runner)."""
-    import dataclasses
-
+    from .runners.registry import make_runner
     from .stages.pipeline import load_pipeline
-    from .stages.run import make_runner
 
-    pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
-    return make_runner(dataclasses.replace(pipeline, runner=dataclasses.replace(pipeline.runner, kind=kind)))
+    return make_runner(load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root), kind)
 
 
 def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError, ValidationInfo
 
 from .errors import InputError, InputErrors, Location
 
@@ -166,18 +166,42 @@ def dotted(path: PathKey) -> str:
     return out
 
 
-def load_model(file: Path, model: type[M], expected: str) -> M:
+class FieldProblem(ValueError):
+    """A validator's complaint about a value below the one it validates (e.g. a model validator
+    that checks one key of a mapping field): the error names PATH, relative to the validated value."""
+
+    def __init__(self, path: PathKey, problem: str):
+        self.path = tuple(path)
+        super().__init__(problem)
+
+
+def relative_to_base(value: Path | str, info: ValidationInfo) -> Path:
+    """A path as the document writes it, made absolute against the `base` directory that
+    `load_model` was given (unchanged when there is none)."""
+    base = (info.context or {}).get("base")
+    return (Path(base) / value).resolve() if base is not None else Path(value)
+
+
+# A path in a document, relative to the `base` given to load_model (e.g. the project root).
+RelativePath = Annotated[Path, AfterValidator(relative_to_base)]
+
+
+def load_model(file: Path, model: type[M], expected: str, *, base: Path | None = None) -> M:
     """FILE validated as MODEL; all problems at once, each with file:line:col, field and what was
-    expected (EXPECTED says what the whole document should be)."""
+    expected (EXPECTED says what the whole document should be). Relative paths (`RelativePath`)
+    are resolved against BASE."""
     document = load(file)
     if not isinstance(document.data, dict):
         raise InputError(document.location(()), "", f"expected {expected}")
     try:
-        return model.model_validate(document.data)
+        return model.model_validate(document.data, context={"base": base})
     except ValidationError as exc:
         problems = []
         for error in exc.errors():
             loc = tuple(p for p in error["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+            cause = (error.get("ctx") or {}).get("error")
+            if isinstance(cause, FieldProblem):
+                loc += cause.path
             problems.append(InputError(document.location(loc), dotted(loc) or "(document)", _explain(model, error, loc)))
         raise InputErrors(problems) from None
 

@@ -1,9 +1,11 @@
-"""Runners: local (docker on this host), slurm (sbatch), srtctl (srt-slurm) behind one interface."""
+"""Runners: local (docker on this host), slurm (sbatch), srtctl (srt-slurm) behind one interface;
+`registry.RUNNERS` is the list of them."""
 
 from .base import RETRYABLE, JobHandle, JobSpec, JobState, Mount, Runner
 from .driver import JobOutcome, RetryPolicy, cancel_on_signals, run_job
+from .registry import RUNNERS, RunnerKind, make_runner
 
 __all__ = [
-    "RETRYABLE", "JobHandle", "JobOutcome", "JobSpec", "JobState", "Mount", "RetryPolicy", "Runner",
-    "cancel_on_signals", "run_job",
+    "RETRYABLE", "RUNNERS", "JobHandle", "JobOutcome", "JobSpec", "JobState", "Mount", "RetryPolicy", "Runner",
+    "RunnerKind", "cancel_on_signals", "make_runner", "run_job",
 ]

@@ -2,8 +2,8 @@
 
 A job has *points* (concurrencies, accuracy repeats); it must leave `<out_dir>/<point>.json` for
 each point it finished, written atomically. The driver (`run_job`) resubmits a job whose end state
-is retryable (PREEMPTED, NODE_FAIL, TIMEOUT, or CANCELLED by someone else) for its remaining
-points only, and a rerun starts from what is already on disk.
+is retryable (`RETRYABLE`, unless the pipeline names others; a job we cancelled ourselves is never
+retried) for its remaining points only, and a rerun starts from what is already on disk.
 
 Two kinds of job:
   - image jobs: `image` is set; `command` runs inside the image (started by digest) with `mounts`;
@@ -37,6 +37,11 @@ class JobState(str, enum.Enum):
     def terminal(self) -> bool:
         return self not in (JobState.PENDING, JobState.RUNNING, JobState.UNKNOWN)
 
+    @property
+    def unfinished_end(self) -> bool:
+        """An end state that leaves points undone: one a retry policy may name."""
+        return self.terminal and self is not JobState.COMPLETED
+
     @classmethod
     def parse(cls, text: str) -> "JobState":
         """Slurm spellings: 'CANCELLED by 0', 'CANCELLED+', 'CONFIGURING', 'COMPLETING', 'OOM'..."""
@@ -59,6 +64,8 @@ class JobState(str, enum.Enum):
             return cls.UNKNOWN
 
 
+# End states a fault causes, not the job itself: retried by default (a pipeline's retry.retry_on
+# may name any other unfinished end, e.g. FAILED).
 RETRYABLE = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.CANCELLED})
 
 

@@ -1,8 +1,8 @@
 """Drive one job to the end: skip finished points, retry what a fault interrupted, cancel on Ctrl-C.
 
 - A point with `<out_dir>/<point>.json` on disk is never redone (resume across reruns).
-- A job ending PREEMPTED, NODE_FAIL, TIMEOUT or CANCELLED (not by us) is resubmitted for its
-  remaining points, up to `RetryPolicy.max_attempts` submissions in all.
+- A job ending in a state of `RetryPolicy.retry_on` (default `base.RETRYABLE`), unless we cancelled
+  it, is resubmitted for its remaining points, up to `RetryPolicy.max_attempts` submissions in all.
 - SIGINT/SIGTERM while a job is live: the job is cancelled (scancel for Slurm) before the
   process exits (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM). A signal that
   arrives while a job is being submitted waits until its id is known, so no job is left behind.

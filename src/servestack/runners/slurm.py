@@ -15,6 +15,9 @@ import shlex
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from ..errors import ServestackError
 from ..fsutil import atomic_write_text
@@ -92,6 +95,18 @@ def preflight(cfg: "SlurmConfig") -> str:
     version = run([enroot, "version"], check=False, timeout=30).stdout if enroot else None
     return choose_container(cfg.container, srun_help=srun_help, enroot_version=version,
                             docker=shutil.which(cfg.docker, path=path) is not None)
+
+
+class SlurmSettings(BaseModel):
+    """The pipeline file's `runner.slurm` (also read by the srtctl runner: `local_cluster`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str | None = None
+    account: str | None = None
+    container: Literal[CONTAINER_MODES] = "auto"  # pyxis when the cluster has it, else docker (preflight)
+    extra_sbatch: tuple[str, ...] = ()
+    local_cluster: bool = False  # start this machine's one-node Slurm (services.ensure_slurm)
 
 
 @dataclass

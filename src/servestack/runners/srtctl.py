@@ -29,21 +29,39 @@ import logging
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
 from ..errors import ServestackError
 from ..fsutil import atomic_write_bytes, atomic_write_text
 from ..proc import run
 from ..recipes.read import load_recipe
-from ..stages.results import find_srt_results
+from ..yamlfile import RelativePath, relative_to_base
 from .base import JobHandle, JobSpec, JobState, PollingWait
 from .slurm import pull_reference, scancel, slurm_state
 
 log = logging.getLogger("servestack.runners.srtctl")
 
 GSM8K_IN_CONTAINER = "/srtctl-gsm8k"
+
+
+def _command(value: Any, info: ValidationInfo) -> tuple[str, ...]:
+    words = [value] if isinstance(value, str) else value
+    if not isinstance(words, list) or not words or not all(isinstance(w, str) and w for w in words):
+        raise ValueError("expected a command (string or list of words)")
+    # ./bin/srtctl: relative to the project, so the pipeline works from any directory
+    return tuple(str(relative_to_base(w, info)) if w.startswith(("./", "../")) else w for w in words)
+
+
+class SrtctlSettings(BaseModel):
+    """The pipeline file's `runner.srtctl`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executable: Annotated[tuple[str, ...], BeforeValidator(_command)] = ("srtctl",)
+    output_dir: RelativePath | None = None  # srtctl's -o (default: next to each job's results)
 
 
 def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ...], points_field: str | None,
@@ -78,6 +96,8 @@ def parse_apply_output(stdout: str) -> list[dict[str, Any]]:
 def results_in(output_dir: Path) -> dict[str, Path]:
     """srt-slurm's result files under `<output_dir>/logs`, by point name: the concurrency for
     sa-bench, `repeat-<i>` for gsm8k_run<i+1>.json."""
+    from ..stages.results import find_srt_results  # not at import: the stages import the runners
+
     logs = output_dir / "logs"
     found: dict[str, Path] = {str(c): path for c, (path, _g) in find_srt_results(logs).items()}
     for path in sorted((logs / "accuracy").glob("gsm8k_run*.json")) if logs.is_dir() else []:

@@ -1,16 +1,20 @@
 """pipelines/<name>.yaml: which recipes each stage runs, on which runner, gated how.
 
+The models below are the file's format: each option is declared once, with its default, and
+`load_pipeline` reports every problem at once with file:line:col, the field and what was expected
+("did you mean" for a misspelled key). An example (every option, with its default where it has one):
+
     stack: dev-cpu
     runner:
-      kind: local                  # local | slurm | srtctl
+      kind: local                  # a name in runners.registry.RUNNERS
       python: python3              # the image's interpreter
-      slurm: {partition: null, account: null, container: docker, extra_sbatch: []}
+      slurm: {partition: null, account: null, container: auto, extra_sbatch: [], local_cluster: false}
       srtctl: {executable: srtctl, output_dir: null}
     retry: {max_attempts: 3, retry_on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
     data_dir: data/gsm8k           # relative to the project root (default: the shipped GSM8K)
-    server: {port: 8000, startup_timeout: 15m}
+    server: {port: 8000, startup_timeout: 15m, extra_flags: {}}
     stages:
       accuracy:
         recipes: [agg-acc]
@@ -26,24 +30,25 @@
         prompts_per_concurrency: 4 # default: recipe benchmark.num_prompts_mult, else 10
         gate: {tolerance: 0.1, baselines: {agg: {1: 100.0}}}
 
-Every error names the file, line and field.
+Each runner's section (`runner.slurm`, `runner.srtctl`) is that runner's own settings model, from
+the registry.
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal, Union
 
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, create_model,
+                      model_validator)
 
 from .. import yamlfile
-from ..runners.base import JobState
-from ..runners.slurm import CONTAINER_MODES
+from ..runners.base import RETRYABLE, JobState
+from ..runners.driver import RetryPolicy
+from ..runners.registry import RUNNERS
 from .gates import GateConfig
-
-STAGES = ("accuracy", "throughput")
-RUNNER_KINDS = ("local", "slurm", "srtctl")
 
 
 def parse_duration(value: Any) -> int:
@@ -72,261 +77,176 @@ def parse_duration(value: Any) -> int:
     raise ValueError(f"{value!r} is not a duration (90, '90s', '30m', '2h', 'HH:MM:SS')")
 
 
-@dataclass(frozen=True)
-class SlurmSettings:
-    partition: str | None = None
-    account: str | None = None
-    container: str = "auto"  # pyxis when the cluster has it, else docker (runners.slurm.preflight)
-    extra_sbatch: tuple[str, ...] = ()
-    local_cluster: bool = False  # start this machine's one-node Slurm (services.ensure_slurm)
+def _retry_state(value: Any) -> JobState:
+    state = JobState.parse(str(value))
+    if not state.unfinished_end:
+        ends = " ".join(s.value for s in JobState if s.unfinished_end)
+        raise ValueError(f"{value!r} is not an end state a job can be retried from ({ends})")
+    return state
 
 
-@dataclass(frozen=True)
-class SrtctlSettings:
-    executable: tuple[str, ...] = ("srtctl",)
-    output_dir: Path | None = None
+def _image_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r}: expected the absolute path of the model directory in the image")
+    return value
 
 
-@dataclass(frozen=True)
-class RunnerSettings:
+Seconds = Annotated[int, BeforeValidator(parse_duration)]  # a duration in the file, seconds here
+Positive = Annotated[int, Field(ge=1)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Name = Annotated[str, Field(min_length=1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RunnerSettings(_Model):
+    """`runner:`; `pipeline_model()` adds `kind` as the registry's names and one section per runner
+    that has settings."""
+
     kind: str = "local"
     python: str = "python3"
-    slurm: SlurmSettings = SlurmSettings()
-    srtctl: SrtctlSettings = SrtctlSettings()
 
 
-@dataclass(frozen=True)
-class RetrySettings:
-    max_attempts: int = 3
-    on: frozenset[JobState] = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL, JobState.TIMEOUT,
-                                         JobState.CANCELLED})
-    poll_seconds: float = 5.0
+class RetrySettings(_Model):
+    max_attempts: Positive = RetryPolicy.max_attempts
+    retry_on: frozenset[Annotated[JobState, BeforeValidator(_retry_state)]] = RETRYABLE
+    poll_seconds: Annotated[float, Field(ge=0.1, le=3600)] = 5.0
+
+    def policy(self) -> RetryPolicy:
+        return RetryPolicy(max_attempts=self.max_attempts, retry_on=self.retry_on)
 
 
-@dataclass(frozen=True)
-class Gsm8kSettings:
-    num_questions: int = 50
-    shots: int = 5
-    repeats: int = 1
-    concurrency: int = 8
-    max_tokens: int = 256
+class ServerSettings(_Model):
+    port: Positive = 8000
+    startup_timeout: Seconds = 900
+    extra_flags: dict[str, Any] = {}  # over the recipe's server flags
 
 
-@dataclass(frozen=True)
-class StageSettings:
-    name: str
-    recipes: tuple[str, ...]
-    time_limit_s: int
-    gate: GateConfig
+class Gsm8kSettings(_Model):
+    num_questions: Positive = 50
+    shots: Annotated[int, Field(ge=0)] = 5
+    repeats: Positive = 1
+    concurrency: Positive = 8
+    max_tokens: Positive = 256
+
+
+class AccuracyGate(_Model):
+    threshold: Fraction  # the minimum mean GSM8K accuracy
+
+    def config(self) -> GateConfig:
+        return GateConfig(accuracy_threshold=self.threshold)
+
+
+class ThroughputGate(_Model):
+    tolerance: Fraction = 0.0
+    baselines: dict[str, dict[Positive, Annotated[float, Field(ge=0.0)]]] = {}  # {recipe: {concurrency: tok/s/GPU}}
+
+    def config(self) -> GateConfig:
+        return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
+
+
+class _Stage(_Model):
+    name: ClassVar[str]
+    recipes: Annotated[tuple[Name, ...], Field(min_length=1)]
+    time_limit: Seconds = 3600
+    gpus: Positive | None = None  # over the recipe-derived GPU count
+
+
+class AccuracyStage(_Stage):
+    name: ClassVar[str] = "accuracy"
+    gate: AccuracyGate
     gsm8k: Gsm8kSettings = Gsm8kSettings()
-    concurrencies: tuple[int, ...] | None = None
-    input_len: int | None = None
-    output_len: int | None = None
-    prompts_per_concurrency: int | None = None
-    min_prompts: int = 1
-    gpus: int | None = None  # override the recipe-derived GPU count
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    file: Path
-    name: str
-    stack: str
-    runner: RunnerSettings
-    retry: RetrySettings
-    stages: dict[str, StageSettings]
-    model_dir: Path | None = None
-    data_dir: Path | None = None
-    server_port: int = 8000
-    server_startup_timeout_s: int = 900
-    extra_server_flags: dict[str, Any] = field(default_factory=dict)
+def _distinct(points: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    if points is not None and len(set(points)) != len(points):
+        raise ValueError("concurrency points repeat")
+    return points
+
+
+class ThroughputStage(_Stage):
+    name: ClassVar[str] = "throughput"
+    gate: ThroughputGate = ThroughputGate()
+    # default: the recipe's benchmark.concurrencies, isl, osl, num_prompts_mult (else 10)
+    concurrencies: Annotated[tuple[Positive, ...] | None, Field(min_length=1), AfterValidator(_distinct)] = None
+    input_len: Positive | None = None
+    output_len: Positive | None = None
+    prompts_per_concurrency: Positive | None = None
+    min_prompts: Positive = 1
+
+    @model_validator(mode="after")
+    def _baselines_for_own_recipes(self) -> "ThroughputStage":
+        for recipe in self.gate.baselines:
+            if recipe not in self.recipes:
+                raise yamlfile.FieldProblem(("gate", "baselines", recipe), "baseline for a recipe this stage "
+                                            f"does not run ({', '.join(self.recipes)})")
+        return self
+
+
+Stage = Union[AccuracyStage, ThroughputStage]
+
+
+class Stages(_Model):
+    accuracy: AccuracyStage | None = None
+    throughput: ThroughputStage | None = None
+
+    @model_validator(mode="after")
+    def _at_least_one(self) -> "Stages":
+        if not self.defined():
+            raise ValueError(f"expected at least one of {', '.join(STAGES)}")
+        return self
+
+    def defined(self) -> dict[str, Stage]:
+        """The stages this pipeline runs, in the order they run."""
+        return {name: getattr(self, name) for name in STAGES if getattr(self, name) is not None}
+
+
+STAGES = tuple(Stages.model_fields)  # the order stages run in
+
+
+class Pipeline(_Model):
+    stack: Name  # pins/<stack>.yaml
+    description: str | None = None
+    runner: RunnerSettings = RunnerSettings()
+    retry: RetrySettings = RetrySettings()
+    model_dir: yamlfile.RelativePath | None = None  # host model dir mounted at /model
+    data_dir: yamlfile.RelativePath | None = None  # GSM8K (default: the shipped copy)
     # srt-slurm's model_paths: recipe model.path alias -> the model directory inside the image
-    model_paths: dict[str, str] = field(default_factory=dict)
+    model_paths: dict[str, Annotated[str, AfterValidator(_image_path)]] = {}
+    server: ServerSettings = ServerSettings()
+    stages: Stages
+    _file: Path = PrivateAttr(default=Path("pipeline.yaml"))
+
+    @property
+    def file(self) -> Path:
+        return self._file
+
+    @property
+    def name(self) -> str:
+        return self._file.stem
 
 
-def _expect_map(doc: yamlfile.Document, path: tuple, value: Any, known: set[str]) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise doc.error(path, f"expected a mapping, got {type(value).__name__}")
-    for k in value:
-        if k not in known:
-            raise doc.error((*path, k), f"unknown field (known: {', '.join(sorted(known))})")
-    return value
+@functools.lru_cache(maxsize=8)
+def _model(runners: tuple[tuple[str, type[BaseModel] | None], ...]) -> type[Pipeline]:
+    sections: dict[str, Any] = {name: (settings, settings()) for name, settings in runners if settings}
+    kinds = tuple(name for name, _ in runners)
+    runner = create_model("RunnerSettings", __base__=RunnerSettings,
+                          kind=(Literal[kinds], "local"), **sections)  # type: ignore[valid-type]
+    return create_model("Pipeline", __base__=Pipeline, runner=(runner, runner()))
 
 
-def _int(doc: yamlfile.Document, path: tuple, value: Any, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(path, f"expected an integer, got {value!r}")
-    if value < minimum:
-        raise doc.error(path, f"must be >= {minimum}, got {value}")
-    return value
-
-
-def _float(doc: yamlfile.Document, path: tuple, value: Any, lo: float | None = None, hi: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise doc.error(path, f"expected a number, got {value!r}")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise doc.error(path, f"must be within [{lo}, {hi}], got {value}")
-    return float(value)
-
-
-def _duration(doc: yamlfile.Document, path: tuple, value: Any) -> int:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise doc.error(path, str(exc)) from None
-
-
-def _str_list(doc: yamlfile.Document, path: tuple, value: Any) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
-        raise doc.error(path, "expected a non-empty list of names")
-    return tuple(value)
+def pipeline_model() -> type[Pipeline]:
+    """The pipeline file's model for the runners registered now."""
+    return _model(tuple((name, kind.settings) for name, kind in RUNNERS.items()))
 
 
 def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
+    """pipelines/<name>.yaml; paths in it are relative to the project root."""
     file = Path(file)
-    doc = yamlfile.load(file)
     root = project_root or file.resolve().parent.parent
-    top = _expect_map(doc, (), doc.data, {"stack", "runner", "retry", "model_dir", "data_dir", "server",
-                                           "stages", "description", "model_paths"})
-    stack = top.get("stack")
-    if not isinstance(stack, str) or not stack:
-        raise doc.error(("stack",), "required: the stack name (pins/<stack>.yaml)")
-
-    r = _expect_map(doc, ("runner",), top.get("runner"), {"kind", "python", "slurm", "srtctl"})
-    kind = r.get("kind", "local")
-    if kind not in RUNNER_KINDS:
-        raise doc.error(("runner", "kind"), f"{kind!r} is not one of {', '.join(RUNNER_KINDS)}")
-    s = _expect_map(doc, ("runner", "slurm"), r.get("slurm"),
-                    {"partition", "account", "container", "extra_sbatch", "local_cluster"})
-    container = s.get("container", "auto")
-    if container not in CONTAINER_MODES:
-        raise doc.error(("runner", "slurm", "container"), f"{container!r} is not one of {', '.join(CONTAINER_MODES)}")
-    extra = s.get("extra_sbatch") or []
-    if not isinstance(extra, list) or not all(isinstance(x, str) for x in extra):
-        raise doc.error(("runner", "slurm", "extra_sbatch"), "expected a list of sbatch options")
-    t = _expect_map(doc, ("runner", "srtctl"), r.get("srtctl"), {"executable", "output_dir"})
-    exe = t.get("executable", "srtctl")
-    if isinstance(exe, str):
-        exe_t: tuple[str, ...] = (exe,)
-    elif isinstance(exe, list) and exe and all(isinstance(x, str) for x in exe):
-        exe_t = tuple(exe)
-    else:
-        raise doc.error(("runner", "srtctl", "executable"), "expected a command (string or list)")
-    exe_t = tuple(str((root / x).resolve()) if x.startswith(("./", "../")) else x for x in exe_t)
-    runner = RunnerSettings(
-        kind=kind, python=str(r.get("python", "python3")),
-        slurm=SlurmSettings(partition=s.get("partition"), account=s.get("account"), container=container,
-                            extra_sbatch=tuple(extra), local_cluster=bool(s.get("local_cluster", False))),
-        srtctl=SrtctlSettings(executable=exe_t,
-                              output_dir=(root / t["output_dir"]) if t.get("output_dir") else None),
-    )
-
-    rt = _expect_map(doc, ("retry",), top.get("retry"), {"max_attempts", "retry_on", "poll_seconds"})
-    on = rt.get("retry_on", ["PREEMPTED", "NODE_FAIL", "TIMEOUT", "CANCELLED"])
-    if not isinstance(on, list):
-        raise doc.error(("retry", "retry_on"), "expected a list of Slurm job states")
-    states = set()
-    for i, name in enumerate(on):
-        st = JobState.parse(str(name))
-        if st in (JobState.UNKNOWN, JobState.PENDING, JobState.RUNNING, JobState.COMPLETED):
-            raise doc.error(("retry", "retry_on", i), f"{name!r} is not a retryable end state "
-                                                "(PREEMPTED NODE_FAIL TIMEOUT CANCELLED FAILED OUT_OF_MEMORY)")
-        states.add(st)
-    retry = RetrySettings(
-        max_attempts=_int(doc, ("retry", "max_attempts"), rt.get("max_attempts", 3), 1),
-        on=frozenset(states),
-        poll_seconds=_float(doc, ("retry", "poll_seconds"), rt.get("poll_seconds", 5.0), 0.1, 3600),
-    )
-
-    srv = _expect_map(doc, ("server",), top.get("server"), {"port", "startup_timeout", "extra_flags"})
-    extra_flags = srv.get("extra_flags") or {}
-    if not isinstance(extra_flags, dict):
-        raise doc.error(("server", "extra_flags"), "expected a mapping of server flags")
-
-    stages_raw = _expect_map(doc, ("stages",), top.get("stages"), set(STAGES))
-    if not stages_raw:
-        raise doc.error(("stages",), f"required: at least one of {', '.join(STAGES)}")
-    stages: dict[str, StageSettings] = {}
-    for name, raw in stages_raw.items():
-        p = ("stages", name)
-        known = {"recipes", "time_limit", "gate", "gpus"}
-        known |= {"gsm8k"} if name == "accuracy" else {"concurrencies", "input_len", "output_len",
-                                                      "prompts_per_concurrency", "min_prompts"}
-        st = _expect_map(doc, p, raw, known)
-        recipes = _str_list(doc, (*p, "recipes"), st.get("recipes"))
-        g = st.get("gate") or {}
-        if name == "accuracy":
-            g = _expect_map(doc, (*p, "gate"), g, {"threshold"})
-            if "threshold" not in g:
-                raise doc.error((*p, "gate", "threshold"), "required: the minimum mean GSM8K accuracy (0..1)")
-            gate = GateConfig(accuracy_threshold=_float(doc, (*p, "gate", "threshold"), g["threshold"], 0.0, 1.0))
-            gs = _expect_map(doc, (*p, "gsm8k"), st.get("gsm8k"),
-                             {"num_questions", "shots", "repeats", "concurrency", "max_tokens"})
-            gsm = Gsm8kSettings(
-                num_questions=_int(doc, (*p, "gsm8k", "num_questions"), gs.get("num_questions", 50), 1),
-                shots=_int(doc, (*p, "gsm8k", "shots"), gs.get("shots", 5), 0),
-                repeats=_int(doc, (*p, "gsm8k", "repeats"), gs.get("repeats", 1), 1),
-                concurrency=_int(doc, (*p, "gsm8k", "concurrency"), gs.get("concurrency", 8), 1),
-                max_tokens=_int(doc, (*p, "gsm8k", "max_tokens"), gs.get("max_tokens", 256), 1),
-            )
-            extra_kw: dict[str, Any] = {"gsm8k": gsm}
-        else:
-            g = _expect_map(doc, (*p, "gate"), g, {"tolerance", "baselines"})
-            tol = _float(doc, (*p, "gate", "tolerance"), g.get("tolerance", 0.0), 0.0, 1.0)
-            baselines: dict[str, dict[int, float]] = {}
-            braw = g.get("baselines") or {}
-            if not isinstance(braw, dict):
-                raise doc.error((*p, "gate", "baselines"), "expected {recipe: {concurrency: tokens/s per GPU}}")
-            for rec, pts in braw.items():
-                bp = (*p, "gate", "baselines", rec)
-                if rec not in recipes:
-                    raise doc.error(bp, f"baseline for a recipe this stage does not run ({', '.join(recipes)})")
-                if not isinstance(pts, dict):
-                    raise doc.error(bp, "expected {concurrency: tokens/s per GPU}")
-                baselines[rec] = {_int(doc, (*bp, c), c, 1): _float(doc, (*bp, c), v, 0.0) for c, v in pts.items()}
-            gate = GateConfig(baselines=baselines, tolerance=tol)
-            concs = st.get("concurrencies")
-            if concs is not None:
-                if not isinstance(concs, list) or not concs:
-                    raise doc.error((*p, "concurrencies"), "expected a non-empty list of integers")
-                concs = tuple(_int(doc, (*p, "concurrencies", i), c, 1) for i, c in enumerate(concs))
-                if len(set(concs)) != len(concs):
-                    raise doc.error((*p, "concurrencies"), "concurrency points repeat")
-            extra_kw = {
-                "concurrencies": concs,
-                "input_len": _int(doc, (*p, "input_len"), st["input_len"], 1) if "input_len" in st else None,
-                "output_len": _int(doc, (*p, "output_len"), st["output_len"], 1) if "output_len" in st else None,
-                "prompts_per_concurrency": (_int(doc, (*p, "prompts_per_concurrency"), st["prompts_per_concurrency"], 1)
-                                            if "prompts_per_concurrency" in st else None),
-                "min_prompts": _int(doc, (*p, "min_prompts"), st.get("min_prompts", 1), 1),
-            }
-        stages[name] = StageSettings(
-            name=name, recipes=recipes,
-            time_limit_s=_duration(doc, (*p, "time_limit"), st.get("time_limit", "1h")),
-            gate=gate, gpus=_int(doc, (*p, "gpus"), st["gpus"], 1) if "gpus" in st else None, **extra_kw,
-        )
-
-    mp = top.get("model_paths") or {}
-    if not isinstance(mp, dict) or not all(isinstance(k, str) and isinstance(v, str) and v.startswith("/")
-                                           for k, v in mp.items()):
-        raise doc.error(("model_paths",), "expected {alias: absolute path of the model directory in the image}")
-    model_paths = dict(mp)
-
-    def path_field(key: str) -> Path | None:
-        v = top.get(key)
-        if v is None:
-            return None
-        if not isinstance(v, str):
-            raise doc.error((key,), "expected a path")
-        return (root / v).resolve()
-
-    return Pipeline(
-        file=file, name=file.stem, stack=stack, runner=runner, retry=retry, stages=stages,
-        model_dir=path_field("model_dir"), data_dir=path_field("data_dir"),
-        server_port=_int(doc, ("server", "port"), srv.get("port", 8000), 1),
-        server_startup_timeout_s=_duration(doc, ("server", "startup_timeout"), srv.get("startup_timeout", 900)),
-        extra_server_flags=dict(extra_flags),
-        model_paths=model_paths,
-    )
+    pipeline = yamlfile.load_model(file, pipeline_model(), "a mapping of pipeline fields (stack, runner, stages)",
+                                   base=root)
+    pipeline._file = file
+    return pipeline

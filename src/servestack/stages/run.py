@@ -12,8 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shlex
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,11 +24,12 @@ from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
 from ..progress import phase
 from ..project import Project
-from ..runners.base import JobSpec, Mount, Runner
-from ..runners.driver import RetryPolicy, run_job
-from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
-from .pipeline import RUNNER_KINDS, STAGES, Pipeline, StageSettings, load_pipeline
 from ..recipes.read import RecipeView
+from ..runners.base import JobSpec, Mount, Runner
+from ..runners.driver import run_job
+from ..runners.registry import RUNNERS, make_runner
+from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
+from .pipeline import STAGES, Pipeline, Stage, load_pipeline
 from .results import StageResult, parse_gsm8k_result, parse_vllm_result
 
 log = logging.getLogger("servestack.stages")
@@ -66,58 +65,6 @@ def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
     return h.hexdigest()[:12]
 
 
-SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
-
-
-def _root(pipeline: Pipeline) -> Path:
-    return Project.find(Path(pipeline.file).parent).root
-
-
-def _local_cluster(pipeline: Pipeline) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """This machine as a GB200-shaped node: real srtctl, pyxis and enroot, built on demand; the
-    nodes pull the image by digest with token auth, as from a production registry. Returns the
-    environment for Slurm/srtctl, the registry map for image references and the srtctl command."""
-    from .. import cluster, pullregistry, services
-
-    node = cluster.ensure_cluster(_root(pipeline))
-    local = services.ensure_registry()
-    return node.env, {local: pullregistry.ensure_pull_registry(local)}, node.srtctl.argv()
-
-
-def make_runner(pipeline: Pipeline) -> Runner:
-    kind = pipeline.runner.kind
-    poll = pipeline.retry.poll_seconds
-    if kind == "local":
-        from ..runners.local import LocalRunner
-
-        return LocalRunner(poll_seconds=poll)
-    env = None
-    registry_map: dict[str, str] = {}
-    if pipeline.runner.slurm.local_cluster:
-        from .. import services
-
-        env = services.ensure_slurm()
-    if kind == "slurm":
-        from ..runners.slurm import SlurmConfig, SlurmRunner
-
-        s = pipeline.runner.slurm
-        if s.local_cluster and s.container != "docker":
-            env, registry_map, _ = _local_cluster(pipeline)
-        return SlurmRunner(SlurmConfig(partition=s.partition, account=s.account, container=s.container,
-                                       extra_sbatch=s.extra_sbatch, poll_seconds=poll, env=env,
-                                       registry_map=registry_map))
-    from ..runners.srtctl import SrtctlRunner
-
-    executable = list(pipeline.runner.srtctl.executable)
-    if pipeline.runner.slurm.local_cluster:
-        env, registry_map, executable = _local_cluster(pipeline)
-    override = os.environ.get(SRTCTL_ENV, "").strip()
-    if override:
-        executable = shlex.split(override)
-    return SrtctlRunner(executable=executable, output_base=pipeline.runner.srtctl.output_dir, env=env,
-                        poll_seconds=poll, registry_map=registry_map)
-
-
 def _recipe(project: Project, pipeline: Pipeline, name: str) -> RecipeView:
     return RecipeView.load(project.recipes / pipeline.stack / f"{name}.yaml")
 
@@ -139,14 +86,14 @@ def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Moun
 
 def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
     python = pipeline.runner.python
-    flags = {**recipe.server_flags, **pipeline.extra_server_flags}
+    flags = {**recipe.server_flags, **pipeline.server.extra_flags}
     for reserved in ("model", "served-model-name", "port", "host"):
         flags.pop(reserved, None)
     argv = server_argv(python, {"model": model, "served-model-name": recipe.served_model_name, "host": "127.0.0.1",
-                                "port": pipeline.server_port, **flags})
+                                "port": pipeline.server.port, **flags})
     return {"argv": argv, "env": recipe.server_env,
-            "health_url": f"http://127.0.0.1:{pipeline.server_port}/health",
-            "startup_timeout": pipeline.server_startup_timeout_s}
+            "health_url": f"http://127.0.0.1:{pipeline.server.port}/health",
+            "startup_timeout": pipeline.server.startup_timeout}
 
 
 @dataclass
@@ -156,15 +103,22 @@ class _Planned:
     spec: JobSpec
     points: tuple[str, ...]
     gpus: int
+    # What run_points reads in the container ({"server", "point", "out_dir"}): `write_job_files`
+    # puts it at job_file before the job runs. None for a job that is the recipe itself.
+    job: dict | None = None
+
+    @property
+    def job_file(self) -> Path:
+        return self.spec.out_dir / ".jobs" / "job.json"  # RESULTS/.jobs/job.json in the container
 
 
-def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image_ref: str,
+def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str,
                stage_dir: Path, runner_kind: str | None = None) -> list[_Planned]:
-    """One job per recipe for `runner_kind` (default: the pipeline's runner); writes the
-    in-container job spec next to the results (srtctl jobs are the recipe itself, bound)."""
+    """One job per recipe for `runner_kind` (default: the pipeline's runner), as data: nothing is
+    written (`write_job_files` does, when the jobs are about to run)."""
     kind = runner_kind or pipeline.runner.kind
     planned = []
-    base_url = f"http://127.0.0.1:{pipeline.server_port}"
+    base_url = f"http://127.0.0.1:{pipeline.server.port}"
     python = pipeline.runner.python
     for name in stage.recipes:
         recipe = _recipe(project, pipeline, name)
@@ -178,7 +132,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
             points = tuple(str(c) for c in concs)
         else:
             points = tuple(f"repeat-{i}" for i in range(stage.gsm8k.repeats))
-        if kind == "srtctl":
+        if RUNNERS[kind].submits_recipes:
             extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
             if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
                 # srtctl mounts a host model directory at /model: the pipeline's, else the model
@@ -192,7 +146,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
                 extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
             spec = JobSpec(
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
-                time_limit_s=stage.time_limit_s,
+                time_limit_s=stage.time_limit,
                 gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
                 extra=extra,
             )
@@ -220,7 +174,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
                          "--result-filename", "{out_name}",
                          "--metadata", f"servestack_recipe={name}", f"servestack_gpus={gpus}"],
                 "prompts_per_point": mult, "min_prompts": stage.min_prompts,
-                "timeout": stage.time_limit_s,
+                "timeout": stage.time_limit,
             }
         else:
             data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
@@ -233,22 +187,27 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: StageSettings, image
                          "--shots", str(g.shots), "--repeats", "1", "--first-repeat", "{index}",
                          "--concurrency", str(g.concurrency), "--max-tokens", str(g.max_tokens),
                          "--out", "{out}"],
-                "timeout": stage.time_limit_s,
+                "timeout": stage.time_limit,
             }
         job = {"server": _server(pipeline, recipe, model), "point": point, "out_dir": RESULTS}
-        spec_host = out_dir / ".jobs" / "job.json"
-        atomic_write_json(spec_host, job)
         spec = JobSpec(
             name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
             command=(python, f"{CONTAINER_DIR}/run_points.py", "--spec", f"{RESULTS}/.jobs/job.json",
                      "--points", "{points}"),
             image=image_ref, mounts=tuple(mounts), env=dict(PYCACHE_ENV),
-            time_limit_s=stage.time_limit_s,
-                gpus=recipe.accelerators if stage.gpus is None else gpus,
+            time_limit_s=stage.time_limit,
+            gpus=recipe.accelerators if stage.gpus is None else gpus,
             recipe_file=recipe.file, recipe_name=name,
         )
-        planned.append(_Planned(name, recipe, spec, points, gpus))
+        planned.append(_Planned(name, recipe, spec, points, gpus, job))
     return planned
+
+
+def write_job_files(planned: list[_Planned]) -> None:
+    """The in-container job specs, next to each job's results (where its command reads them)."""
+    for p in planned:
+        if p.job is not None:
+            atomic_write_json(p.job_file, p.job)
 
 
 def _read_timing(planned: list[_Planned], since: float) -> tuple[float | None, float, dict[str, float]]:
@@ -295,7 +254,7 @@ def _reported_client_seconds(f: Path) -> float | None:
     return None
 
 
-def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Planned], image_ref: str,
+def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], image_ref: str,
                   runner_name: str, stage_dir: Path, jobs: list[dict], since: float = 0.0) -> StageResult:
     result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
                          runner=runner_name, out_dir=stage_dir, jobs=jobs)
@@ -343,9 +302,9 @@ def collect_stage(pipeline: Pipeline, stage: StageSettings, planned: list[_Plann
     }
     if stage.name == "throughput":
         expected = {p.key: [int(x) for x in p.points] for p in planned}
-        verdict = evaluate_throughput(result.throughput, expected, stage.gate)
+        verdict = evaluate_throughput(result.throughput, expected, stage.gate.config())
     else:
-        verdict = evaluate_accuracy(result.accuracy, {p.key: len(p.points) for p in planned}, stage.gate)
+        verdict = evaluate_accuracy(result.accuracy, {p.key: len(p.points) for p in planned}, stage.gate.config())
     for msg in problems:
         from .gates import Failure
 
@@ -368,9 +327,9 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         raise InputError(pipeline_name, "stage", f"{stage!r} is not one of {', '.join(STAGES)}")
     ImageRef.parse(image_ref)
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
-    if stage not in pipeline.stages:
+    settings = pipeline.stages.defined().get(stage)
+    if settings is None:
         raise InputError(pipeline.file, f"stages.{stage}", "this pipeline does not define the stage")
-    settings = pipeline.stages[stage]
     rid = run_id or run_id_for(pipeline, image_ref)
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -378,11 +337,12 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     runner = runner or make_runner(pipeline)
     # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
     planned = plan_stage(project, pipeline, settings, image_ref, stage_dir,
-                         runner.name if runner.name in RUNNER_KINDS else None)
-    policy = RetryPolicy(max_attempts=pipeline.retry.max_attempts, retry_on=pipeline.retry.on)
+                         runner.name if runner.name in RUNNERS else None)
+    write_job_files(planned)
+    policy = pipeline.retry.policy()
     jobs = []
     for p in planned:
-        outcome = run_job(runner, p.spec, policy, timeout_s=settings.time_limit_s + 600)
+        outcome = run_job(runner, p.spec, policy, timeout_s=settings.time_limit + 600)
         jobs.append(outcome.to_dict())
     result = collect_stage(pipeline, settings, planned, image_ref, runner.name, stage_dir, jobs, since=started)
     _finish_timing(result.timing, time.monotonic() - t0)
@@ -398,7 +358,7 @@ def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: R
 
     t0 = time.monotonic()
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
-    wanted = [s for s in STAGES if s in pipeline.stages and (stages is None or s in stages)]
+    wanted = [s for s in pipeline.stages.defined() if stages is None or s in stages]
     results = []
     for stage in wanted:
         with phase(f"pipeline {pipeline_name}", f"stage {stage} ({wanted.index(stage) + 1} of {len(wanted)})"):
@@ -437,5 +397,5 @@ def raise_for_verdict(result: StageResult) -> StageResult:
     return result
 
 
-__all__ = ["StageFailed", "Verdict", "make_runner", "plan_stage", "raise_for_verdict",
-           "run_id_for", "run_pipeline", "run_stage"]
+__all__ = ["StageFailed", "Verdict", "plan_stage", "raise_for_verdict", "run_id_for", "run_pipeline",
+           "run_stage", "write_job_files"]
