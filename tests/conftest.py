@@ -10,10 +10,14 @@ from fixtures.github_server import FakeGitHub, serve  # noqa: E402
 from fixtures.servers import package_index, push_image, serve_directory  # noqa: E402
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
 from servestack import services  # noqa: E402
+from servestack.services import daemons  # noqa: E402
 
 
 # The services a fast test may not use: each starts (or relies on) a system daemon.
 DAEMON_SERVICES = ("ensure_dockerd", "ensure_registry", "ensure_tls_registry", "ensure_munge", "ensure_slurm", "ensure_binfmt_aarch64", "docker_client")
+# The unguarded functions: services.NAME for each of DAEMON_SERVICES, and the one place every daemon
+# is spawned (servestack's services and the cluster's pull registry alike).
+REAL = {**{name: getattr(services, name) for name in DAEMON_SERVICES}, "spawn_detached": daemons.spawn_detached}
 
 
 class DaemonInFastTest(AssertionError):
@@ -44,15 +48,29 @@ def _guard(name: str, real):
     def guarded(*args, **kwargs):
         item = _running["item"]
         if item is not None and not item.get_closest_marker("e2e"):
-            what = f"starts a daemon: {' '.join(map(str, args[0]))}" if name == "_spawn_detached" else f"calls services.{name}"
+            what = f"starts a daemon: {' '.join(map(str, args[0]))}" if name == "spawn_detached" else f"calls services.{name}"
             raise DaemonInFastTest(f"{item.nodeid} {what}: mark it @pytest.mark.e2e")
         return real(*args, **kwargs)
     return guarded
 
 
+def unguarded_references() -> list[str]:
+    """`module.attribute` for every loaded module that still holds one of REAL's functions."""
+    real = {id(fn) for fn in REAL.values()}
+    return sorted(f"{module.__name__}.{attr}" for module in list(sys.modules.values())
+                  for attr, value in list(getattr(module, "__dict__", {}).items())
+                  if id(value) in real)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    for name in (*DAEMON_SERVICES, "_spawn_detached"):
-        setattr(services, name, _guard(name, getattr(services, name)))
+    # Wherever a function lives: the services package re-exports it, sibling modules import it by
+    # name (slurm calls munge's, dockerd's docker_client its own ensure_dockerd). Every module loaded
+    # now is rebound; one imported later takes the guarded function from its (rebound) home.
+    guards = {id(fn): _guard(name, fn) for name, fn in REAL.items()}
+    for module in list(sys.modules.values()):
+        for attr, value in list(getattr(module, "__dict__", {}).items()):
+            if id(value) in guards:
+                setattr(module, attr, guards[id(value)])
 
 
 @pytest.fixture(scope="session")

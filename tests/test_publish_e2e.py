@@ -18,12 +18,12 @@ import pytest
 import yaml
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
-from servestack import cluster, publish, services, signing, tools
+from servestack import cluster, publish, signing, tools
 from servestack.errors import NetworkError, ServestackError
 from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRef
 from servestack.proc import run
-from servestack.project import Project
+from servestack.project import Project, state_home
 from servestack.sources.registry import OCI_MANIFEST, Client
 
 pytestmark = pytest.mark.e2e
@@ -359,7 +359,7 @@ def test_no_password_or_private_key_in_any_log_bundle_layer_or_record(env, tmp_p
         for path in root.rglob("*"):
             if path.is_file():
                 searched.append((str(path), path.read_bytes()))
-    for path in (services.state_home() / "registry" / registry.rsplit(":", 1)[1]).rglob("*.log"):
+    for path in (state_home() / "registry" / registry.rsplit(":", 1)[1]).rglob("*.log"):
         searched.append((str(path), path.read_bytes()))
     assert len(searched) > 20
     for what, secret in secrets.items():

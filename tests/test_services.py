@@ -35,7 +35,7 @@ def _timed(fn, *args):
 def test_dockerd_uses_containerd_snapshotter() -> None:
     services.ensure_dockerd()
     out = run(["docker", "info", "--format", "{{json .DriverStatus}}"]).stdout
-    assert ["driver-type", services.SNAPSHOTTER_DRIVER] in json.loads(out.strip().splitlines()[-1])
+    assert ["driver-type", services.dockerd.SNAPSHOTTER_DRIVER] in json.loads(out.strip().splitlines()[-1])
     assert "buildx" in run(["docker", "buildx", "version"]).stdout
 
 
@@ -156,7 +156,7 @@ def test_slurm_runs_and_cancels_jobs(tmp_path: Path) -> None:
 
 def test_binfmt_aarch64_registered() -> None:
     services.ensure_binfmt_aarch64()
-    entry = (services.BINFMT_DIR / "qemu-aarch64").read_text().splitlines()
+    entry = (services.binfmt.BINFMT_DIR / "qemu-aarch64").read_text().splitlines()
     assert entry[0] == "enabled"
     flags = next(line for line in entry if line.startswith("flags:"))
     assert "F" in flags.split(":", 1)[1], "qemu-aarch64 lacks the fix-binary flag; containers cannot use it"

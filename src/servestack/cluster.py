@@ -83,13 +83,13 @@ def _unpack(archive: Path, dest: Path) -> Path:
 
 def _built(tool: str, key: str, build) -> Path:
     """state_home()/cluster/<tool>-<key>: built once by `build(tmpdir) -> None`, renamed into place."""
-    from .services import _lock
+    from .services.daemons import exclusive
 
     home = state_home() / "cluster"
     final = home / f"{tool}-{key}"
     if (final / ".complete").exists():
         return final
-    with _lock(f"cluster-{tool}"):
+    with exclusive(f"cluster-{tool}"):
         if (final / ".complete").exists():
             return final
         home.mkdir(parents=True, exist_ok=True)

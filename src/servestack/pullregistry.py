@@ -106,17 +106,18 @@ def ensure_pull_registry(source_registry: str, timeout: float = 30.0) -> str:
     `source_registry` must be the loopback registry services.ensure_registry() runs (its storage
     is served); anything else is refused.
     """
-    from . import services
     from .errors import ServestackError
+    from .services.daemons import exclusive, require, spawn_detached, wait_until
+    from .services.registry import registry_answers
 
     storage = state_home() / "registry" / source_registry.rpartition(":")[2] / "storage"
     if not storage.is_dir():
         raise ServestackError(f"{source_registry}: no local storage at {storage}; only the loopback registry "
                               "started by servestack can be served to the cluster")
-    if services._registry_answers(PULL_REGISTRY) and _token_answers():
+    if registry_answers(PULL_REGISTRY) and _token_answers():
         return PULL_REGISTRY
     home = state_home() / "pull-registry"
-    with services._lock("pull-registry"):
+    with exclusive("pull-registry"):
         home.mkdir(parents=True, exist_ok=True)
         key, cert = home / "token.key", home / "token.crt"
         if not cert.exists():
@@ -128,17 +129,17 @@ def ensure_pull_registry(source_registry: str, timeout: float = 30.0) -> str:
             import sys
 
             log = home / "token.log"
-            proc = services._spawn_detached([sys.executable, "-m", "servestack.pullregistry", "serve", "--port",
-                                             str(TOKEN_PORT), "--key", str(key), "--cert", str(cert)], log)
-            services._wait_until(_token_answers, what="the pull registry's token service", timeout=timeout,
-                                 log_path=log, proc=proc)
-        if not services._registry_answers(PULL_REGISTRY):
+            proc = spawn_detached([sys.executable, "-m", "servestack.pullregistry", "serve", "--port",
+                                   str(TOKEN_PORT), "--key", str(key), "--cert", str(cert)], log)
+            wait_until(_token_answers, what="the pull registry's token service", timeout=timeout,
+                       log_path=log, proc=proc)
+        if not registry_answers(PULL_REGISTRY):
             config = home / "config.yml"
             atomic_write_text(config, _registry_conf(storage, cert))
             log = home / "registry.log"
-            proc = services._spawn_detached([services._require("docker-registry"), "serve", str(config)], log)
-            services._wait_until(lambda: services._registry_answers(PULL_REGISTRY),
-                                 what=f"the pull registry on {PULL_REGISTRY}", timeout=timeout, log_path=log, proc=proc)
+            proc = spawn_detached([require("docker-registry"), "serve", str(config)], log)
+            wait_until(lambda: registry_answers(PULL_REGISTRY),
+                       what=f"the pull registry on {PULL_REGISTRY}", timeout=timeout, log_path=log, proc=proc)
     return PULL_REGISTRY
 
 

@@ -1,0 +1,202 @@
+"""A one-node Slurm cluster (slurmctld, slurmd) with this host's real CPUs and memory.
+
+GPUs and Slurm: the generated node is CPU-only. On a GPU machine one would add
+`GresTypes=gpu` to slurm.conf, `Gres=gpu:<N>` to the NodeName line and a `gres.conf` with
+`NodeName=<host> Name=gpu File=/dev/nvidia[0-N]` (or `AutoDetect=nvml`); without device
+files, `Gres=gpu:N` plus `gres.conf` `Name=gpu Count=N` schedules GPUs by count only.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+from ..errors import ServestackError
+from ..fsutil import atomic_write_text
+from ..proc import run
+from ..project import state_home
+from .daemons import exclusive, kill_pidfile, log_tail, pid_alive, require, spawn_detached, wait_until
+from .munge import ensure_munge
+
+
+def _slurm_dir() -> Path:
+    return state_home() / "slurm"
+
+
+def _node_hardware() -> str:
+    """This host's real layout as slurmd sees it: `CPUs=.. Boards=.. ... RealMemory=..`."""
+    out = run([require("slurmd"), "-C"], timeout=10).stdout
+    first = next((line for line in out.splitlines() if line.startswith("NodeName=")), None)
+    if first is None:
+        raise ServestackError(f"`slurmd -C` printed no NodeName line:\n{out}")
+    return " ".join(field for field in first.split() if not field.startswith("NodeName="))
+
+
+def _slurm_conf(node: str, hardware: str) -> str:
+    d = _slurm_dir()
+    fields = dict(f.split("=", 1) for f in hardware.split())
+    cpus = max(int(fields.get("CPUs", "1")), 1)
+    mem = int(fields.get("RealMemory", "1024"))
+    return "\n".join(
+        [
+            "# Written by servestack.services.ensure_slurm; regenerated when it differs.",
+            "ClusterName=servestack",
+            f"SlurmctldHost={node}(127.0.0.1)",
+            # Root runs everything: state lives under root's home, and benchmark jobs need root
+            # (docker). DisableRootJobs is NO by default; say it so nobody has to look it up.
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "DisableRootJobs=NO",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # No cgroup v2 delegation in containers/CI: track jobs by process group.
+            "ProctrackType=proctrack/pgid",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "MpiDefault=none",
+            "SwitchType=switch/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            # Without a default, a job asking no memory gets the whole node and jobs serialise.
+            f"DefMemPerCPU={max(mem // cpus, 1)}",
+            # A node that was down (e.g. machine rebooted) comes back by itself.
+            "ReturnToService=2",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=60",
+            "InactiveLimit=0",
+            "KillWait=10",
+            # Tearing down a pyxis/enroot container (vLLM exiting, squashfuse unmounting) can take
+            # minutes on a loaded 2-core node; past this Slurm drains the node ("Kill task failed").
+            "UnkillableStepTimeout=300",
+            "MinJobAge=300",
+            f"StateSaveLocation={d / 'state'}",
+            f"SlurmdSpoolDir={d / 'spool'}",
+            f"SlurmctldPidFile={d / 'slurmctld.pid'}",
+            f"SlurmdPidFile={d / 'slurmd.pid'}",
+            # SPANK plugins (pyxis) are added by servestack.cluster as files in plugstack.conf.d,
+            # so adding one never changes slurm.conf (and never restarts the daemons).
+            f"PlugStackConfig={d / 'plugstack.conf'}",
+            f"SlurmctldLogFile={d / 'slurmctld.log'}",
+            f"SlurmdLogFile={d / 'slurmd.log'}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            # CPU-only node; see the module docstring for declaring GPUs (GresTypes/Gres).
+            f"NodeName={node} NodeAddr=127.0.0.1 {hardware} State=UNKNOWN",
+            # Benchmark stages can run for hours: no time limit.
+            "PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE DefaultTime=INFINITE State=UP",
+            "",
+        ]
+    )
+
+
+def _node_name() -> str:
+    # slurmd finds its own NodeName line by the short hostname.
+    return socket.gethostname().split(".")[0]
+
+
+def _node_state(env: dict[str, str], node: str) -> str:
+    """The node's state as sinfo reports it ('idle', 'mixed', 'down*', ...), '' if unknown."""
+    try:
+        proc = run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env=env, check=False, timeout=10)
+    except subprocess.TimeoutExpired:
+        return ""
+    if proc.returncode != 0:
+        return ""
+    return proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+
+
+_USABLE_NODE_STATES = ("idle", "mixed", "allocated", "completing")
+
+
+def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
+    """One-node Slurm cluster (munged, slurmctld, slurmd) with this host's real CPUs and memory.
+
+    Returns the environment Slurm clients need (SLURM_CONF); pass it to sbatch/sinfo/scancel.
+    When slurm.conf is unchanged and the node is usable, nothing is touched.
+    """
+    slurmctld, slurmd = require("slurmctld"), require("slurmd")
+    d = _slurm_dir()
+    conf = d / "slurm.conf"
+    env = {"SLURM_CONF": str(conf)}
+    node = _node_name()
+    wanted = _slurm_conf(node, _node_hardware())
+
+    def up_to_date() -> bool:
+        try:
+            same = conf.read_text() == wanted
+        except OSError:
+            return False
+        # sinfo marks a node that stopped answering with a trailing '*': not usable.
+        return (
+            same
+            and pid_alive(d / "slurmctld.pid")
+            and pid_alive(d / "slurmd.pid")
+            and _node_state(env, node) in _USABLE_NODE_STATES
+        )
+
+    if up_to_date():
+        return env
+    ensure_munge()
+    with exclusive("slurm"):
+        if up_to_date():
+            return env
+        for sub in ("state", "spool", "plugstack.conf.d"):
+            (d / sub).mkdir(parents=True, exist_ok=True)
+        plugstack = f"include {d / 'plugstack.conf.d'}/*.conf\n"
+        if not (d / "plugstack.conf").exists() or (d / "plugstack.conf").read_text() != plugstack:
+            atomic_write_text(d / "plugstack.conf", plugstack)
+        # A `required` SPANK plugin whose runtime directory is gone (a cleared state dir) makes slurmd
+        # refuse to start; the directories are ours to make, so make them before starting it.
+        for drop_in in sorted((d / "plugstack.conf.d").glob("*.conf")):
+            for runtime in re.findall(r"\bruntime_path=(\S+)", drop_in.read_text()):
+                Path(runtime).mkdir(parents=True, exist_ok=True)
+        changed = not conf.exists() or conf.read_text() != wanted
+        if changed:
+            atomic_write_text(conf, wanted)
+            # A running daemon keeps its old config: restart both, keeping the saved job state.
+            for name in ("slurmd", "slurmctld"):
+                kill_pidfile(d / f"{name}.pid")
+            wait_until(
+                lambda: not pid_alive(d / "slurmd.pid") and not pid_alive(d / "slurmctld.pid"),
+                what="old Slurm daemons to stop",
+                timeout=20,
+                log_path=d / "slurmctld.log",
+            )
+        if not pid_alive(d / "slurmctld.pid"):
+            # Both daemons fork into the background after start-up (no -D) and write pidfiles.
+            proc = spawn_detached([slurmctld, "-D", "-f", str(conf)], d / "slurmctld.out")
+            wait_until(
+                lambda: "UP" in run(["scontrol", "ping"], env=env, check=False, timeout=10).stdout,
+                what="slurmctld",
+                timeout=timeout,
+                log_path=d / "slurmctld.log",
+                proc=proc,
+            )
+        if not pid_alive(d / "slurmd.pid"):
+            proc = spawn_detached([slurmd, "-D", "-f", str(conf)], d / "slurmd.out")
+            wait_until(
+                lambda: pid_alive(d / "slurmd.pid"),
+                what="slurmd",
+                timeout=timeout,
+                log_path=d / "slurmd.log",
+                proc=proc,
+            )
+        state = ""
+
+        def node_usable() -> bool:
+            nonlocal state
+            state = _node_state(env, node)
+            if state.startswith(("down", "drain")) and not state.endswith("*"):
+                # Registered but held down by an old reason (e.g. "Not responding" from a past
+                # run): we have just started it, so put it back in service.
+                run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, check=False, timeout=10)
+            return state in _USABLE_NODE_STATES
+
+        try:
+            wait_until(node_usable, what=f"Slurm node {node} (idle)", timeout=timeout, log_path=d / "slurmd.log")
+        except ServestackError as e:
+            raise ServestackError(f"{e}\nnode state: {state!r}\n{log_tail(d / 'slurmctld.log', 15)}") from None
+    return env
