@@ -10,7 +10,7 @@ The models below are the file's format: each option is declared once, with its d
       python: python3              # the image's interpreter
       slurm: {partition: null, account: null, container: auto, extra_sbatch: [], local_cluster: false}
       srtctl: {executable: srtctl, output_dir: null}
-    retry: {max_attempts: 3, retry_on: [PREEMPTED, NODE_FAIL, TIMEOUT, CANCELLED], poll_seconds: 5}
+    retry: {max_attempts: 3, poll_seconds: 5}  # retry_on: the end states resubmitted (runners.base.RETRYABLE)
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
     data_dir: data/gsm8k           # relative to the project root (default: the shipped GSM8K)
