@@ -19,7 +19,10 @@ from servestack.clients import CONTAINER_DIR
 from servestack.errors import InputErrors
 from servestack.project import Project
 from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
-from servestack.runners.registry import RUNNERS, RunnerKind, make_runner
+from servestack.runners.local import LocalRunner
+from servestack.runners.registry import RUNNERS, SRTCTL_ENV, RunnerKind, make_runner
+from servestack.runners.slurm import SlurmRunner
+from servestack.runners.srtctl import SrtctlRunner
 from servestack.stages.pipeline import load_pipeline
 from servestack.stages.run import plan_stage
 
@@ -107,6 +110,21 @@ def test_jobs_are_planned_as_the_registry_entry_says(tmp_path, kube, monkeypatch
     [recipe_job] = plan_stage(project, pipeline, stage, IMAGE, tmp_path / "out", "kube-recipes")
     assert recipe_job.spec.command == () and recipe_job.spec.recipe_file.name == "agg.yaml"
     assert recipe_job.job is None and recipe_job.spec.extra["model_dir"] == str(tmp_path / "model")
+
+
+def test_the_pipeline_settings_reach_the_registered_runners(tmp_path, monkeypatch):
+    monkeypatch.delenv(SRTCTL_ENV, raising=False)
+    f = _pipeline(tmp_path, "{kind: slurm, slurm: {partition: gpu, container: pyxis, extra_sbatch: [--exclusive]}, "
+                            "srtctl: {executable: [./srtctl, -v], output_dir: out}}")
+    f.write_text(f.read_text() + "retry: {poll_seconds: 7}\n")
+    pipeline = load_pipeline(f)
+    slurm = make_runner(pipeline)
+    assert isinstance(slurm, SlurmRunner) and slurm.poll_seconds == 7.0
+    assert (slurm.cfg.partition, slurm.cfg.container, slurm.cfg.extra_sbatch) == ("gpu", "pyxis", ("--exclusive",))
+    srtctl = make_runner(pipeline, "srtctl")
+    assert isinstance(srtctl, SrtctlRunner) and srtctl.executable == [str(tmp_path / "srtctl"), "-v"]
+    assert srtctl.output_base == tmp_path / "out" and srtctl.poll_seconds == 7.0
+    assert isinstance(make_runner(pipeline, "local"), LocalRunner)
 
 
 def test_no_second_list_of_runners_and_no_special_case_by_name():

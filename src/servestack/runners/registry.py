@@ -64,9 +64,8 @@ def _slurm(pipeline: Any) -> Runner:
         env = services.ensure_slurm()
         if s.container != "docker":
             env, registry_map, _ = _this_machine(pipeline)
-    return SlurmRunner(SlurmConfig(partition=s.partition, account=s.account, container=s.container,
-                                   extra_sbatch=s.extra_sbatch, poll_seconds=pipeline.retry.poll_seconds,
-                                   env=env, registry_map=registry_map))
+    return SlurmRunner(SlurmConfig(**s.model_dump(), poll_seconds=pipeline.retry.poll_seconds, env=env,
+                                   registry_map=registry_map))
 
 
 def _srtctl(pipeline: Any) -> Runner:

@@ -13,7 +13,6 @@ import logging
 import os
 import shlex
 import time
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -109,13 +108,9 @@ class SlurmSettings(BaseModel):
     local_cluster: bool = False  # start this machine's one-node Slurm (services.ensure_slurm)
 
 
-@dataclass
-class SlurmConfig:
-    partition: str | None = None
-    account: str | None = None
-    container: str = "auto"  # auto (pyxis when the cluster has it, else docker) | docker | pyxis
-    gpus_per_node: int = 0
-    extra_sbatch: tuple[str, ...] = ()
+class SlurmConfig(SlurmSettings):
+    """The runner's configuration: the pipeline's settings, and what the process that runs it adds."""
+
     docker: str = "docker"
     shm_size: str = "2g"  # docker's 64 MB default is too small for vLLM's shared-memory queues
     poll_seconds: float = 2.0
@@ -210,7 +205,7 @@ class SlurmRunner(PollingWait):
         if job.image is not None and cfg.container == "auto":
             # Once per runner, before the first image job: fail early, naming what is missing.
             self._mode = self._mode or preflight(cfg)
-            cfg = replace(cfg, container=self._mode)
+            cfg = cfg.model_copy(update={"container": self._mode})
         atomic_write_text(script, render_batch_script(job, cfg))
         os.chmod(script, 0o755)
         out = run(["sbatch", "--parsable", str(script)], env=self.cfg.env).stdout.strip()
