@@ -7,7 +7,7 @@ The one YAML reader of the project. Two views of the same parse:
     load(file) -> Document          plain data plus a table of positions by key path, for typed
                                     models that validate the plain data;
     load_model(file, Model) -> Model   that validation, every problem at its line and column with
-                                    "did you mean" for a misspelled key (stacks, the image plan).
+                                    "did you mean" for a misspelled key (stacks, the image plan, pipelines).
 
 A duplicate mapping key is an error (pyyaml would keep the last one silently); anchors and merge
 keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
