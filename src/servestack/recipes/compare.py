@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import schema as S
-from .validate import concurrency_list
+from .structure import concurrency_list
 from ..yamlfile import load_nodes as load
 
 IGNORED: tuple[tuple[str, ...], ...] = (("model", "container"), ("dynamo",), ("identity",))

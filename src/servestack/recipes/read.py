@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..yamlfile import Document, load
-from .validate import concurrency_list
+from .structure import concurrency_list
 
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 
