@@ -82,6 +82,44 @@ def test_a_cuda_12_9_twin_is_caught(fake_site, tmp_path: Path) -> None:  # noqa:
     assert dsl["status"] == "fail" and "not installed" in dsl["detail"]
 
 
+# Like nixl: the package imports the build for the CUDA major torch was built with.
+TWIN_LOADER = """import importlib, importlib.util, pathlib, re
+_text = (pathlib.Path(importlib.util.find_spec("torch").origin).parent / "version.py").read_text()
+_pkg = importlib.import_module("twinpick_cu" + re.search(r"cuda[^=]*= '(\\d+)", _text).group(1))
+"""
+
+
+def _twin_probe(tmp: Path, fake_site: dict, cuda: str, builds: list[str]) -> dict:
+    wheels = [_wheel(tmp, "twinpick", "1.4.1", {"twinpick/__init__.py": TWIN_LOADER})]
+    wheels += [_wheel(tmp, f"twinpick_{b}", "1.4.1", {f"twinpick_{b}/__init__.py": "", f"twinpick_{b}/_bindings.py": ""})
+               for b in builds]
+    site = _site_with_torch(tmp, cuda, wheels)
+    fast_path = {"loads": {"twinpick": "twinpick-cu13"}}
+    excluded = [{"name": "twinpick-cu12", "reason": "the CUDA 12 twin"}]
+    return _probe(tmp, {**fake_site["config"], "site_packages": str(site), "fast_path": fast_path, "modules": [],
+                        "wheels": [], "pull_requests": [], "excluded": excluded})["fast-path:loads:twinpick"]
+
+
+def test_a_package_that_loads_its_cu13_build_passes(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    check = _twin_probe(tmp_path, fake_site, "13.0", ["cu13"])
+    assert check["status"] == "pass", check
+    assert "import twinpick loads twinpick-cu13 (twinpick_cu13/__init__.py)" in check["detail"]
+    assert "twinpick (1 files), twinpick-cu13 (1 files); none excluded by the stack" in check["detail"]
+
+
+def test_a_package_that_loads_the_excluded_cuda_12_twin_fails(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    # A CUDA 12.9 torch makes the package pick its cu12 build: installed, it is caught loading it ...
+    check = _twin_probe(tmp_path, fake_site, "12.9", ["cu12", "cu13"])
+    assert check["status"] == "fail" and "loaded files of the excluded twinpick-cu12" in check["detail"], check
+
+
+def test_a_package_that_needs_the_excluded_twin_fails_to_import(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    # ... and excluded (as the image has it), the import fails for want of it: a failure, not "not run".
+    check = _twin_probe(tmp_path, fake_site, "12.9", ["cu13"])
+    assert check["status"] == "fail", check
+    assert "needs the excluded dependency 'twinpick_cu12'" in check["detail"]
+
+
 @pytest.mark.e2e
 def test_the_gdn_check_catches_a_torch_without_cuda_13_in_a_real_image() -> None:
     """dev-cpu's image has vLLM with the real GDN resolver and a CPU torch: asked about an SM100

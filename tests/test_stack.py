@@ -116,3 +116,9 @@ def test_a_package_index_must_be_defined(tmp_path):
     path = write(tmp_path, VALID.replace("    version: 1.0.0\n", "    version: 1.0.0\n    index: pytorch-cpu\n"))
     (message,) = errors_of(path)
     assert "names index 'pytorch-cpu'" in message and "['pypi']" in message
+
+
+def test_a_fast_path_load_names_a_module(tmp_path):
+    path = write(tmp_path, VALID + "fast_path:\n  loads: {nixl-cu13: nixl-cu13}\n")
+    (message,) = errors_of(path)
+    assert "fast_path.loads" in message and "nixl-cu13" in message and "pattern" in message

@@ -171,6 +171,10 @@ class FastPath(_Model):
 
     torch_cuda_major: Annotated[int | None, Field(gt=0)] = None  # minimum major of torch.version.cuda
     packages: list[str] = []  # distributions that must be installed (e.g. the cu13 CUTLASS DSL libraries)
+    # module -> the distribution whose files importing it must load (`nixl: nixl-cu13`): packages that
+    # pick a CUDA build at import time are seen to pick this one, so nothing the stack runs needs a
+    # CUDA 12 twin the stack excludes.
+    loads: dict[Annotated[str, Field(pattern=r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*$")], str] = {}
     gdn_prefill: GdnPrefill | None = None
 
 

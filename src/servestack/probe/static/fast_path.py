@@ -1,4 +1,5 @@
-"""The stack's fast path (GB200): torch's CUDA, the packages it needs, vLLM's GDN prefill backend.
+"""The stack's fast path (GB200): torch's CUDA, the packages it needs, the CUDA builds its packages
+load, vLLM's GDN prefill backend.
 
 The lock's `fast_path` says what the image needs for its fast path. torch's CUDA and the
 installed distributions are read from files; the GDN prefill backend is what vLLM's own resolver
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
-from .report import FAIL, PASS, check, classify_import_error, installed_distributions, normalize
+from .report import FAIL, PASS, check, classify_import_error, installed_distributions, normalize, site_packages
 
 GDN_RESOLVER_MODULES = ("vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn",)
 
@@ -45,6 +47,75 @@ def check_fast_path_files(config: dict, site: str) -> list[dict]:
             status = PASS if found else FAIL
             detail = f"{name} {found[0].version} is installed" if found else f"{name} is not installed; the stack's fast path needs it"
             results.append(check(f"fast-path:package:{normalize(name)}", status, detail))
+    return results
+
+
+# --------------------------------------------------------------------------- what an import loads
+#
+# Packages that pick a CUDA build at import time (nixl -> nixl_cu<N>, the CUTLASS DSL ->
+# _cutlass_ir.cu<N>) are imported, and every file the process then has loaded (modules' files and
+# mapped shared objects) is traced back to the distribution whose RECORD lists it. The stack's
+# `fast_path.loads` names the build each must pick; an excluded distribution's file loaded fails.
+
+
+def _owners(site: str) -> dict[str, str]:
+    """Real path of every file an installed distribution's RECORD lists -> that distribution."""
+    owners: dict[str, str] = {}
+    for name, dists in installed_distributions(site).items():
+        for dist in dists:
+            for f in dist.files or ():
+                owners[os.path.realpath(os.path.join(site, str(f)))] = name
+    return owners
+
+
+def _loaded_files() -> set[str]:
+    paths = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
+            paths.update(line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6)
+    except OSError:  # not Linux: the modules' files alone
+        pass
+    return {os.path.realpath(p) for p in paths if p and p.startswith("/") and os.path.isfile(p)}
+
+
+def section_loads(config: dict) -> list[dict]:
+    import importlib
+
+    loads = (config.get("fast_path") or {}).get("loads") or {}
+    if not loads:
+        return []
+    site = site_packages(config)
+    excluded = {normalize(e["name"]) for e in config.get("excluded") or []}
+    owners = _owners(site)
+    results = []
+    for module, wanted in sorted(loads.items()):
+        label = f"fast-path:loads:{module}"
+        try:
+            importlib.import_module(module)
+        except BaseException as e:  # noqa: BLE001
+            status, detail = classify_import_error(f"{type(e).__name__}: {e}", excluded)
+            if detail.startswith("needs the excluded"):  # needing an excluded twin is what this check catches
+                status = FAIL
+            results.append(check(label, status, f"import {module} failed, so which build it loads is unknown: {detail}"))
+            continue
+        by_dist: dict[str, list[str]] = {}
+        for path in sorted(_loaded_files()):
+            if path in owners:
+                by_dist.setdefault(owners[path], []).append(os.path.relpath(path, site))
+        twins = sorted(d for d in by_dist if d in excluded)
+        native = [p for p in by_dist.get(normalize(wanted), []) if ".so" in os.path.basename(p)]
+        stem = re.sub(r"-?cu\d+$", "", normalize(wanted))  # nixl-cu13 -> nixl: the package and its builds
+        family = sorted(d for d in by_dist if d in excluded or d.startswith(stem))
+        shown = ", ".join(f"{d} ({len(by_dist[d])} files)" for d in family)
+        if twins:
+            results.append(check(label, FAIL, f"import {module} loaded files of the excluded {', '.join(twins)}: {shown}"))
+        elif normalize(wanted) not in by_dist:
+            results.append(check(label, FAIL, f"import {module} loaded nothing of {wanted}; of its family it loaded "
+                                              f"{shown or 'nothing'} ({len(by_dist)} distributions in all)"))
+        else:
+            first = (native or by_dist[normalize(wanted)])[0]
+            results.append(check(label, PASS, f"import {module} loads {wanted} ({first}); of {len(by_dist)} distributions "
+                                              f"with files loaded, {shown}; none excluded by the stack"))
     return results
 
 

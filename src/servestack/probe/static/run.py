@@ -11,7 +11,7 @@ import tempfile
 
 from .engine import section_engine
 from .evidence import check_prs
-from .fast_path import check_fast_path_files, section_fast_path
+from .fast_path import check_fast_path_files, section_fast_path, section_loads
 from .imports import check_entry_points, section_imports
 from .installed import check_excluded, check_lock, check_model, check_overlays, check_versions, load_stack_json
 from .report import FAIL, check, site_packages
@@ -20,7 +20,7 @@ from .report import FAIL, check, site_packages
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # What runs in a child interpreter (vLLM imported): a crash or a hang there is a failed check, not a lost report.
-SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path}
+SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path, "loads": section_loads}
 
 
 def run_section(config_path: str, config: dict, section: str) -> list[dict]:
@@ -76,6 +76,8 @@ def probe(config_path: str, config: dict) -> dict:
     if config.get("engine"):
         checks.extend(run_section(config_path, config, "engine"))
     checks.extend(check_entry_points(config))
+    if (config.get("fast_path") or {}).get("loads"):
+        checks.extend(run_section(config_path, config, "loads"))  # a fresh interpreter: only these imports loaded
     if (config.get("fast_path") or {}).get("gdn_prefill"):
         checks.extend(run_section(config_path, config, "fast_path"))
     return {
