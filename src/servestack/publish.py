@@ -255,7 +255,7 @@ def skopeo_tls_args(side: str, name: str) -> list[str]:
         args.append(f"--{side}-cert-dir={ca.parent}")
     elif registry.Client(host, "x").base_url.startswith("http:"):
         args.append(f"--{side}-tls-verify=false")
-    auth = next((p for p in registry._auth_files() if p.is_file()), None)
+    auth = next((p for p in registry.auth_files() if p.is_file()), None)
     if auth is not None:
         args.append(f"--{side}-authfile={auth}")
     return args

@@ -1,25 +1,14 @@
-"""The OCI distribution HTTP API: resolve, read and write manifests and blobs, and referrers.
+"""The registry client: one registry and repository; transport (scheme, auth, retries), blobs, manifests, referrers.
 
-One client for every registry conversation (the lock resolving a base image, publish and pull):
-
-- credentials the way users keep them: `REGISTRY_AUTH_FILE` (containers' auth.json), then
-  Docker's `config.json` (`$DOCKER_CONFIG`, default ~/.docker); answered to a `Basic` challenge
-  (htpasswd) or exchanged for a token on a `Bearer` challenge. Credentials are never logged and
-  never part of an error message.
-- TLS trusted through Docker's layout: `<certs.d>/<host:port>/ca.crt`, where certs.d is
-  `$SERVESTACK_CERTS_D` (default /etc/docker/certs.d). Loopback registries are tried over HTTPS
-  first and fall back to plain HTTP, as Docker does for 127.0.0.0/8.
-- every operation is retried on connection errors, 429 and 5xx with backoff, then raises
-  NetworkError naming what was being done. Writes are idempotent by digest, so a retry redoes the
-  whole operation.
-- referrers: the OCI 1.1 referrers API when the registry serves it, otherwise the tag-schema
-  fallback (`sha256-<hex>`, an image index of referrers), updated read-modify-write and re-read
-  after a settle delay, so concurrent publishers never lose an entry.
+Every operation is retried on connection errors, 429 and 5xx with backoff, then raises NetworkError
+naming what was being done. Writes are idempotent by digest, so a retry redoes the whole operation.
+Referrers: the OCI 1.1 referrers API when the registry serves it, otherwise the tag-schema fallback
+(`sha256-<hex>`, an image index of referrers), updated read-modify-write and re-read after a settle
+delay, so concurrent publishers never lose an entry.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import logging
@@ -28,129 +17,18 @@ import random
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import requests
 
-from ..errors import NetworkError, ServestackError
-from . import http
+from ...errors import NetworkError, ServestackError
+from .. import http
+from .model import DIGEST, MANIFEST_TYPES, OCI_INDEX, Descriptor, Reference, sha256_digest
+from .trust import basic_credentials, ca_file, certs_d, loopback
 
 log = logging.getLogger("servestack.registry")
-
-OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
-OCI_INDEX = "application/vnd.oci.image.index.v1+json"
-OCI_EMPTY = "application/vnd.oci.empty.v1+json"
-EMPTY_JSON = b"{}"
-MANIFEST_TYPES = ", ".join(
-    [
-        OCI_INDEX,
-        OCI_MANIFEST,
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    ]
-)
-DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 T = TypeVar("T")
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-@dataclass(frozen=True)
-class Reference:
-    registry: str
-    repository: str
-    tag: str | None
-    digest: str | None
-
-    @classmethod
-    def parse(cls, text: str) -> Reference:
-        rest, _, digest = text.partition("@")
-        if digest and not DIGEST.match(digest):
-            raise ValueError(f"{text!r}: digest must be sha256:<64 hex>")
-        first, _, remainder = rest.partition("/")
-        if remainder and ("." in first or ":" in first or first == "localhost"):
-            registry, path = first, remainder
-        else:
-            registry, path = "registry-1.docker.io", rest
-            if "/" not in path:
-                path = f"library/{path}"
-        repository, _, tag = path.partition(":")
-        if not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*", repository):
-            raise ValueError(f"{text!r}: {repository!r} is not a valid repository name")
-        return cls(registry, repository, tag or (None if digest else "latest"), digest or None)
-
-    def with_digest(self, digest: str) -> str:
-        return f"{self.registry}/{self.repository}@{digest}"
-
-
-@dataclass(frozen=True)
-class Descriptor:
-    media_type: str
-    digest: str
-    size: int
-    artifact_type: str | None = None
-    annotations: tuple[tuple[str, str], ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mediaType": self.media_type, "digest": self.digest, "size": self.size}
-        if self.artifact_type:
-            out["artifactType"] = self.artifact_type
-        if self.annotations:
-            out["annotations"] = dict(self.annotations)
-        return out
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Descriptor:
-        return cls(d["mediaType"], d["digest"], int(d["size"]), d.get("artifactType"),
-                   tuple(sorted((d.get("annotations") or {}).items())))
-
-    @property
-    def annotation(self) -> dict[str, str]:
-        return dict(self.annotations)
-
-
-# --------------------------------------------------------------------------- credentials and trust
-
-
-def _auth_files() -> list[Path]:
-    files = []
-    if os.environ.get("REGISTRY_AUTH_FILE"):
-        files.append(Path(os.environ["REGISTRY_AUTH_FILE"]))
-    files.append(Path(os.environ.get("DOCKER_CONFIG", Path.home() / ".docker")) / "config.json")
-    return files
-
-
-def basic_credentials(registry: str) -> str | None:
-    """The base64 `user:password` stored for REGISTRY (auth.json or Docker's config.json), if any."""
-    for path in _auth_files():
-        try:
-            auths = json.loads(path.read_text()).get("auths", {})
-        except (OSError, ValueError, AttributeError):
-            continue
-        entry = auths.get(registry) or auths.get(f"https://{registry}") or {}
-        if entry.get("auth"):
-            return str(entry["auth"])
-        if entry.get("username") and entry.get("password"):
-            return base64.b64encode(f"{entry['username']}:{entry['password']}".encode()).decode()
-    return None
-
-
-def certs_d() -> Path:
-    return Path(os.environ.get("SERVESTACK_CERTS_D", "/etc/docker/certs.d"))
-
-
-def ca_file(registry: str) -> Path | None:
-    path = certs_d() / registry / "ca.crt"
-    return path if path.is_file() else None
-
-
-def _loopback(registry: str) -> bool:
-    host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry
-    return host == "localhost" or host.startswith("127.") or host == "[::1]"
 
 
 class _Counting:
@@ -165,8 +43,6 @@ class _Counting:
             self.on_bytes(len(data))
         return data
 
-
-# --------------------------------------------------------------------------- the client
 
 
 _SCHEMES: dict[tuple[str, str], str] = {}  # (loopback registry, CA) -> the scheme it answered on
@@ -193,7 +69,7 @@ class Client:
         self.timeout = timeout
         self.session = requests.Session()
         self.session.headers["User-Agent"] = http.USER_AGENT
-        if _loopback(registry):
+        if loopback(registry):
             self.session.trust_env = False  # never through an HTTP(S)_PROXY to loopback
         ca = ca_file(registry)
         if ca is not None:
@@ -213,7 +89,7 @@ class Client:
         if self._scheme is None:
             key = (self.registry, str(self.session.verify))
             self._scheme = _SCHEMES.get(key) or "https"
-            if _loopback(self.registry) and key not in _SCHEMES:
+            if loopback(self.registry) and key not in _SCHEMES:
                 try:
                     self.session.get(f"https://{self.registry}/v2/", timeout=5)
                     _SCHEMES[key] = "https"
@@ -478,59 +354,3 @@ class Client:
 def _short(exc: Exception) -> str:
     text = str(exc)
     return text if len(text) < 200 else text[:200] + "..."
-
-
-def resolve_digest(reference: str, retries: int = 4) -> str:
-    """The digest the registry serves for `reference` (a tag, or a digest that is then checked)."""
-    ref = Reference.parse(reference)
-    client = Client(ref.registry, ref.repository, retries=retries)
-    try:
-        found = client.get_manifest(ref.digest or ref.tag or "latest", what=f"image {reference}")
-    except RegistryError as exc:
-        raise ServestackError(f"image {reference}: {exc}") from None
-    if found is None:
-        raise ServestackError(f"image {reference}: not found in {ref.registry} (HTTP 404)")
-    return sha256_digest(found[0])
-
-
-# --------------------------------------------------------------------------- one call, one operation
-# For callers that talk to one registry once per step (the image build): each opens a client.
-
-
-def blob_exists(address: str, repository: str, digest: str) -> bool:
-    return Client(address, repository).has_blob(digest)
-
-
-def mount_blob(address: str, repository: str, digest: str, source_repository: str) -> bool:
-    return Client(address, repository).mount_blob(digest, source_repository)
-
-
-def push_blob(address: str, repository: str, digest: str, path: Path,
-              on_bytes: Callable[[int], None] | None = None) -> None:
-    Client(address, repository).push_blob_file(path, digest, on_bytes)
-
-
-def push_bytes(address: str, repository: str, digest: str, data: bytes) -> None:
-    if sha256_digest(data) != digest:
-        raise ServestackError(f"push_bytes: the data hashes to {sha256_digest(data)}, not {digest}")
-    Client(address, repository).push_blob(data)
-
-
-def put_manifest(address: str, repository: str, reference: str, data: bytes, media_type: str) -> str:
-    """Store a manifest under a tag or digest; returns the digest the registry computed."""
-    headers = Client(address, repository).put_manifest(reference, data, media_type)
-    return headers.get("Docker-Content-Digest") or sha256_digest(data)
-
-
-def get_manifest(address: str, repository: str, reference: str) -> tuple[bytes, str] | None:
-    """A manifest's bytes and media type, or None when the registry does not have it."""
-    return Client(address, repository).get_manifest(reference)
-
-
-def download_blob(address: str, repository: str, digest: str, dest: Path) -> None:
-    Client(address, repository).download_blob(digest, dest)
-
-
-def get_blob(address: str, repository: str, digest: str) -> bytes:
-    """A small blob (a config) in memory, checked against its digest."""
-    return Client(address, repository).get_blob(digest)
