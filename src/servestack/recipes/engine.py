@@ -139,18 +139,6 @@ def _vllm_version() -> str:
     raise RuntimeError("cannot tell the installed vLLM version")
 
 
-def _vllm_parser():
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # older layouts
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
-    try:
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    except ImportError:  # vLLM before the launchers/ move
-        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
-    return make_arg_parser(FlexibleArgumentParser())
-
-
 class _Captured(Exception):
     def __init__(self, parser: Any):
         super().__init__("parser captured")
@@ -230,9 +218,11 @@ def describe() -> dict:
 
     import vllm.envs as envs
 
+    from ..probe.static.engine import vllm_parser  # the probe's own: both read the same parser
+
     with contextlib.redirect_stderr(io.StringIO()):  # some getters warn on odd values
         environment = {name: _env_spec(name, getter) for name, getter in sorted(envs.environment_variables.items())}
-    parsers: dict[str, dict] = {VLLM_SERVE: {"command": "vllm serve", "options": _options(_vllm_parser()._actions)}}
+    parsers: dict[str, dict] = {VLLM_SERVE: {"command": "vllm serve", "options": _options(vllm_parser()[0]._actions)}}
     dynamo = _dynamo_worker_actions()
     if dynamo is not None:
         from importlib import metadata

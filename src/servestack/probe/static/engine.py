@@ -11,7 +11,9 @@ import sys
 from .report import FAIL, GPU_MARKERS, NOT_RUN, PASS, check
 
 
-def _vllm_parser():
+def vllm_parser():
+    """vLLM's server argument parser as `vllm serve` builds it, and where it came from. The one place
+    that knows how: `servestack.recipes.engine` describes the same parser for pins/<stack>.engine.json."""
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
@@ -80,7 +82,7 @@ def section_engine(config: dict) -> list[dict]:
     engine = config.get("engine") or {}
     results = [check_vllm_command()]
     try:
-        parser, where = _vllm_parser()
+        parser, where = vllm_parser()
     except BaseException as e:  # noqa: BLE001
         text = f"{type(e).__name__}: {e}"
         status = NOT_RUN if any(m in text.lower() for m in GPU_MARKERS) else FAIL
