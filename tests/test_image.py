@@ -227,6 +227,34 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
     assert f"shared-{bucket}" in shared and "pkg-tinyserve" not in shared
 
 
+def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, world, isolated_cache):
+    """The pipeline: a package's own layer is written while other trees are made, with the key plan() gives
+    it, so the layer step finds it cached; an overlaid package is left to the plan (its files split)."""
+    from servestack import layers
+
+    project = make_project(tmp_path / "p", world)
+    plan_file = tmp_path / "image.yaml"
+    plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("own_layer_above: 50000000", "own_layer_above: 1"))
+    spec = load_plan(plan_file)
+    record = json.loads(build.build(project, "tinyimg").read_text())
+    record["lock"] = lock.load_lock(project, "tinyimg")
+    epoch = record["source_date_epoch"]
+    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
+
+    overlaid = image.EarlyLayers(record, spec, epoch, None)
+    install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=overlaid.offer)
+    assert overlaid.finish() == {}
+
+    record["overlays"] = []
+    early = image.EarlyLayers(record, spec, epoch, None)
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=early.offer)))
+    written = early.finish()
+    own = [layer for layer in image.plan(record, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
+    assert [layer.name for layer in own] == ["pkg-tinyserve"]
+    key = layers.layer_key(list(own[0].entries), epoch)
+    assert list(written) == [key] and layers.cached(key) is not None
+
+
 def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):
     plan_file = tmp_path / "image.yaml"
     plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("shared_layers:", "shared_layer:"))

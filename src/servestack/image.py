@@ -14,7 +14,9 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import build as build_step
-from . import layers, oci, proc, services
+from . import layers, oci, proc, prune, services
 from .errors import ServestackError
 from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from .imageplan import ImagePlan, load_plan
@@ -83,6 +85,13 @@ def _venv_entries(work: Path, python: str) -> list[layers.Entry]:
     return entries
 
 
+def own_layers(name: str, entries: list[layers.Entry], spec: ImagePlan) -> list[Layer] | None:
+    """A package's own layer(s) when it installs more than `own_layer_above` bytes; None when it shares one."""
+    if sum(e.size for e in entries) > (spec.source("packages").own_layer_above or 0):
+        return _chunks(f"pkg-{name}", entries, spec.max_layer_bytes)
+    return None
+
+
 def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: Path) -> list[Layer]:
     """The layers above the base, from the build record and the installed trees (keyed by wheel sha256).
 
@@ -114,12 +123,12 @@ def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: 
         seen.update(e.path for e in unique)
         packages.append((normalize(item["name"]), unique))
 
-    options = spec.source("packages")
-    shared: list[list[layers.Entry]] = [[] for _ in range(options.shared_layers or 1)]
+    shared: list[list[layers.Entry]] = [[] for _ in range(spec.source("packages").shared_layers or 1)]
     own: list[Layer] = []
     for name, entries in packages:
-        if sum(e.size for e in entries) > (options.own_layer_above or 0):
-            own += _chunks(f"pkg-{name}", entries, spec.max_layer_bytes)
+        mine = own_layers(name, entries, spec)
+        if mine is not None:
+            own += mine
         else:
             shared[int(sha256_bytes(name.encode())[:8], 16) % len(shared)] += entries
     package_layers = [layer for i, bucket in enumerate(shared) if bucket
@@ -226,6 +235,59 @@ def _send_base_blob(base: Base, address: str, repository: str, digest: str) -> N
 # --------------------------------------------------------------------------- build and push
 
 
+class EarlyLayers:
+    """Layers written while the other trees are still being made, so tar and zstd overlap the installs.
+
+    The installs and bytecode leave a core idle whenever fewer trees than cores are left (torch's
+    bytecode alone is the longest job), and the layers could not start before the last tree. Here a
+    package that will have its own layer is written as soon as its tree is ready, as `plan` makes
+    it when no earlier package installed one of its files; the Debian base is compressed first.
+    This is speculation that costs time, never correctness: every layer is found by its key, so if
+    `plan` drops a file from it the key differs and that layer is written again after planning.
+    """
+
+    def __init__(self, record: dict[str, Any], spec: ImagePlan, epoch: int, base: Path | None):
+        self.spec, self.epoch, self.base = spec, epoch, base
+        self.names = {i["sha256"]: normalize(i["name"]) for i in record["inputs"]}
+        self.names = {sha: n for sha, n in self.names.items()
+                      if sha not in {o["base"]["sha256"] for o in record["overlays"]}}  # overlaid: split by plan
+        self.written: dict[str, int] = {}  # layer key -> bytes tarred, for layers this build wrote
+        self._queue: queue.Queue[list[Layer] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="early-layers", daemon=True)
+        self._thread.start()
+
+    def offer(self, sha256: str, tree: Tree) -> None:
+        """A tree is ready: queue its package's own layer(s), if it will have any."""
+        if sha256 in self.names:
+            mine = own_layers(self.names[sha256], list(tree.entries), self.spec)
+            if mine:
+                self._queue.put(mine)
+
+    def _write(self, entries: list[layers.Entry]) -> None:
+        key = layers.layer_key(entries, self.epoch)
+        if layers.cached(key) is None:
+            blob = layers.write_layer(entries, self.epoch, key)
+            self.written[key] = blob.uncompressed
+
+    def _run(self) -> None:
+        try:
+            if self.base is not None:
+                layers.compress_tarball(self.base)
+            while (batch := self._queue.get()) is not None:
+                for layer in batch:
+                    self._write(list(layer.entries))
+        except Exception:  # noqa: BLE001 - speculation only: the layer is written again after planning
+            log.warning("writing layers early failed; they are written after planning", exc_info=True)
+            while self._queue.get() is not None:
+                pass
+
+    def finish(self) -> dict[str, int]:
+        self._queue.put(None)
+        self._thread.join()
+        return self.written
+
+
+
 def _labels(record: dict[str, Any], lock_doc: dict[str, Any]) -> dict[str, str]:
     # Facts about the content only: no input hash (it covers servestack's own code), so a change to a
     # comment in image.py does not change the digest; the registry cache tag carries the input hash.
@@ -259,11 +321,13 @@ def image_record(reference: str, platform: str, manifest: dict[str, Any], names:
 
 
 def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[str, Any], platform: str,
-                  address: str, repository: str) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
-    """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready."""
+                  address: str, repository: str, early: dict[str, int]) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
+    """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready.
+    `early`: the layers this build already wrote while making trees (key -> bytes tarred)."""
     keys = [layers.layer_key(list(layer.entries), epoch) for layer in planned]
     todo = [layer for layer, key in zip(planned, keys) if layers.cached(key) is None]
-    stats = {"layers_built": len(todo), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
+    early = {key: early[key] for key in keys if key in early}
+    stats = {"layers_built": len(todo) + len(early), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
     title = f"image {stack}"
     progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layer.size for layer in todo), paced_by="tarred")
     pushed: list[int] = []
@@ -291,7 +355,8 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[s
         progress.set_step("pushing")
         for job in jobs:
             job.result()
-    stats.update(bytes_tarred=progress.counters["tarred"], layers_pushed=len(pushed), bytes_pushed=sum(pushed))
+    stats.update(bytes_tarred=progress.counters["tarred"] + sum(early.values()), layers_pushed=len(pushed),
+                 bytes_pushed=sum(pushed))
     return base, refs, stats
 
 
@@ -329,18 +394,23 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     python = lock_doc["python"]
     wheels = {item["sha256"]: Path(item["path"]) for item in record["inputs"]}
     wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
-    with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores"):
-        made = install_all(list((path, sha) for sha, path in wheels.items()), python)
+    epoch = int(record["source_date_epoch"])
+    early = EarlyLayers(record, spec, epoch, None if "image" in lock_doc["base"] else debian_base(lock_doc["base"], platform))
+    try:
+        with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores; "
+                          "the large packages' layers written as their trees are ready"):
+            made = install_all(list((path, sha) for sha, path in wheels.items()), python, on_tree=early.offer)
+    finally:
+        written_early = early.finish()
     trees = dict(zip(wheels, made))
     work = out / "generated"
     planned = plan({**record, "lock": lock_doc}, trees, spec, work)
     too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]
     if too_big:
         raise ServestackError(f"layers over {spec.max_layer_bytes} bytes: {too_big}")
-    epoch = int(record["source_date_epoch"])
     print(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
           f"for {platform}", flush=True)
-    base, refs, stats = _write_layers(stack, planned, epoch, lock_doc, platform, address, repository)
+    base, refs, stats = _write_layers(stack, planned, epoch, lock_doc, platform, address, repository, written_early)
     all_refs = base.layers + refs
     environment = {**spec.environment, **lock_doc.get("environment", {})}
     config_doc = oci.config(platform, all_refs, environment, _labels(record, lock_doc), epoch, base.config)
@@ -361,10 +431,24 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     )
     result["expected"] = check_expected(project, stack, served, record["lock_sha256"])
     atomic_write_json(image_json, result)
+    _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])
     print(f"{title}: {result['reference']} ({result['total_size'] / 1e9:.2f} GB in {len(all_refs)} layers; "
           f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
           f"{result['seconds']:.1f} s)", flush=True)
     return result
+
+
+def _prune_caches(title: str, stack: str, trees: list[Path], digests: list[str]) -> None:
+    """Keep the layer and tree caches bounded (prune.py); a failure to prune never fails the build."""
+    try:
+        prune.record_use(stack, trees, digests)
+        pruned = prune.prune()
+    except OSError as exc:
+        log.warning("%s: the caches were not pruned: %s", title, exc)
+        return
+    if pruned.removed:
+        print(f"{title}: cache pruned: {pruned.removed} layer blobs, keys and trees no recent build used "
+              f"({pruned.freed_bytes / 1e9:.2f} GB freed)", flush=True)
 
 
 def load_image(project: Project, stack: str) -> dict[str, Any]:

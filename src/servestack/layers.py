@@ -143,7 +143,11 @@ def cached(key: str) -> Blob | None:
     except (OSError, ValueError):
         return None
     path = blob_path(data["digest"].split(":", 1)[1], BLOB_NAME, _root())
-    return Blob(path=path, **data) if path.exists() else None
+    if not path.exists():
+        return None
+    for used in (_index(key), path.parent):  # last used: cache pruning keeps what builds still use (prune.py)
+        os.utime(used)
+    return Blob(path=path, **data)
 
 
 class _Sink:

@@ -1,20 +1,25 @@
 """Wheels installed on the host into per-wheel trees, as the image's venv holds them.
 
-Each tree is made once per (wheel hash, Python version, bytecode recipe) and cached; the trees
-of a build are made in parallel, one per core. Installing runs no code from the wheel
-(pypa/installer); bytecode is compiled by the host's interpreter of the image's Python version.
+Each tree is made once per (wheel hash, exact version of the compiling interpreter, bytecode recipe)
+and cached; the trees of a build are made in parallel, one per core, and each is handed on as soon
+as it is made (the image step writes its layer while the others are still being made). Installing
+runs no code from the wheel (pypa/installer); bytecode is compiled by the host's interpreter of the
+image's Python version.
 Each tree keeps its entry list (paths, modes, sizes, content hashes) beside it, so a layer's key
 is computed without reading the files again.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
+import subprocess
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,8 +52,33 @@ class Tree:
         return sum(e.size for e in self.entries)
 
 
+@dataclass(frozen=True)
+class Compiler:
+    """The interpreter that compiles a tree's bytecode: `executable` is None when the host has none."""
+
+    executable: str | None
+    version: str  # "3.11.7"; "none" without an interpreter (then the tree ships no bytecode)
+
+
+@functools.lru_cache(maxsize=None)
+def compiler(python: str) -> Compiler:
+    """The host's python<X.Y>, resolved once to the real binary (a pyenv shim costs 0.2 s per call).
+
+    Its exact version is part of each tree's key: the marshal format is fixed within a minor version
+    but the bytes are not (measured: Debian's 3.11.2 and pyenv's 3.11.7 write different pycs for
+    aiohttp/multipart.py, same code objects, other reference flags), so trees made by two patch
+    releases must never share a cache entry.
+    """
+    found = shutil.which(f"python{python}")
+    if found is None:
+        return Compiler(None, "none")
+    out = subprocess.run([found, "-c", "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"],
+                         capture_output=True, text=True, check=True).stdout.split("\n")
+    return Compiler(out[0], out[1])
+
+
 def tree_path(sha256: str, python: str) -> Path:
-    return cache_home() / "installed" / f"{sha256}-py{python}-pyc{BYTECODE}"
+    return cache_home() / "installed" / f"{sha256}-py{compiler(python).version}-pyc{BYTECODE}"
 
 
 def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
@@ -58,6 +88,7 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
     if tree.exists():
         if not listing.exists():  # made by an older servestack: list it once
             save_entries(listing, scan_tree(tree / "root"), tree / "root")
+        os.utime(tree)  # last used: cache pruning keeps what builds still use (prune.py)
         return Tree(tree, tuple(load_entries(listing, tree / "root")), made=False)
     from installer import install
     from installer.destinations import SchemeDictionaryDestination
@@ -100,10 +131,10 @@ def _compile_bytecode(site: Path, python: str) -> None:
     """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it).
 
     Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
-    so the bytes depend only on the sources and the interpreter's minor version; they are compiled by
-    the host's interpreter of the image's Python version (bytecode is the same on every platform).
+    so the bytes depend only on the sources and the interpreter's exact version (part of the tree's
+    key, see `compiler`); bytecode is the same on every platform.
     """
-    interpreter = shutil.which(f"python{python}")
+    interpreter = compiler(python).executable
     if interpreter is None or not site.is_dir():
         log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
         return
@@ -115,10 +146,20 @@ def _compile_bytecode(site: Path, python: str) -> None:
     proc.run([interpreter, "-c", script, str(site), "/" + site_packages(python)], env={"PYTHONHASHSEED": "0"}, timeout=3600)
 
 
-def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None) -> list[Tree]:
-    """Every (wheel, sha256) as a tree, made in parallel (the bytecode compiler is a subprocess per tree)."""
+def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,
+                on_tree: Callable[[str, Tree], None] | None = None) -> list[Tree]:
+    """Every (wheel, sha256) as a tree, made in parallel (the bytecode compiler is a subprocess per tree).
+
+    `on_tree(sha256, tree)` is called as each tree is ready (cached ones first), from this thread.
+    """
     # Largest first, so the long ones (torch) start at once and the pool drains evenly.
     order = sorted(range(len(wheels)), key=lambda i: -wheels[i][0].stat().st_size)
+    made: dict[int, Tree] = {}
     with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        made = dict(zip(order, pool.map(lambda i: installed_tree(wheels[i][0], wheels[i][1], python), order)))
+        futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python): i for i in order}
+        for future in as_completed(futures):
+            i = futures[future]
+            made[i] = future.result()
+            if on_tree:
+                on_tree(wheels[i][1], made[i])
     return [made[i] for i in range(len(wheels))]
