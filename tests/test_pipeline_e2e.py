@@ -8,6 +8,8 @@ real one-node Slurm, through the `servestack` command line.
     sources (skipped, with the reason, where they are missing); Ctrl-C mid-sweep leaves no job of
     ours in squeue and keeps the finished point; the rerun does not redo it and completes, with
     results read from srt-slurm's own files;
+  - the disaggregated recipes (Dynamo frontend + prefill + decode, KV over NIXL), which the
+    pipeline always sends to srtctl: results and gates from srt-slurm's own files;
   - a gate that cannot be met (baseline far above anything a CPU does) plus an operator's scancel
     mid-sweep: the job is retried for its remaining points, every point is measured exactly once,
     and the verdict names the recipe, the point and the numbers.
@@ -40,6 +42,9 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[1]
 STACK = "dev-cpu"
 PNG = b"\x89PNG\r\n\x1a\n"
+# The runner tests run the aggregated recipes; the disaggregated ones (always through srtctl) run
+# once, in their own test below.
+AGGREGATED = "agg-acc,agg"
 
 
 def _cli(*args: str, project: Path = ROOT) -> list[str]:
@@ -105,7 +110,7 @@ def slurm_run(image_ref, slurm_env):
     run_dir = ROOT / "build" / STACK / "runs" / run_id
     t0 = time.monotonic()
     proc = subprocess.run(_cli("pipeline", "--stack", STACK, "--runner", "slurm", "--image", image_ref,
-                               "--run-id", run_id), capture_output=True, text=True, timeout=1200)
+                               "--run-id", run_id, "--recipes", AGGREGATED), capture_output=True, text=True, timeout=1200)
     wall = time.monotonic() - t0
     yield {"proc": proc, "wall": wall, "dir": run_dir, "image": image_ref,
            "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
@@ -173,7 +178,8 @@ def srtctl_run(image_ref, slurm_env, cluster_node):
     """Ctrl-C once the first throughput point has a result, then the same command again."""
     run_id = f"e2e-srtctl-{uuid.uuid4().hex[:8]}"
     run_dir = ROOT / "build" / STACK / "runs" / run_id
-    argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id)
+    argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id,
+                "--recipes", AGGREGATED)
     t0 = time.monotonic()
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs = run_dir / "throughput" / "agg" / ".jobs" / "srtctl-outputs"
@@ -232,6 +238,61 @@ def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slur
     assert (acc_out / "logs" / "accuracy" / "gsm8k_run1.json").exists()
     assert (srtctl_run["dir"] / "throughput" / "pareto.png").read_bytes().startswith(PNG)
     assert not (set(_job_ids(tput)) & _squeue_ids(slurm_env))
+
+
+# ----------------------------------------------------------------------------- disaggregated recipes through srtctl
+
+
+@pytest.fixture(scope="module")
+def disagg_run(image_ref, slurm_env, cluster_node):
+    """The dev-cpu pipeline as the acceptance runs it (its own runner: local), narrowed to the
+    disaggregated recipes, which go to srtctl: Dynamo's frontend, prefill and decode workers."""
+    run_id = f"e2e-disagg-{uuid.uuid4().hex[:8]}"
+    run_dir = ROOT / "build" / STACK / "runs" / run_id
+    t0 = time.monotonic()
+    proc = subprocess.run(_cli("pipeline", "--stack", STACK, "--image", image_ref, "--run-id", run_id,
+                               "--recipes", "disagg-acc,disagg"), capture_output=True, text=True, timeout=2700)
+    wall = time.monotonic() - t0
+    print(f"disaggregated pipeline through srtctl: {wall:.0f} s (load {os.getloadavg()[0]:.1f})")
+    yield {"proc": proc, "dir": run_dir, "wall": wall,
+           "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
+           else None}
+    if not os.environ.get("SERVESTACK_KEEP_E2E"):
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_disaggregated_recipes_run_through_srtctl_with_results_and_gates(disagg_run, slurm_env):
+    proc, results = disagg_run["proc"], disagg_run["results"]
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert "accuracy: PASS" in proc.stdout and "throughput: PASS" in proc.stdout
+    assert results["passed"]
+    stages = {s["stage"]: s for s in results["stages"]}
+    acc, tput = stages["accuracy"], stages["throughput"]
+    assert acc["runner"] == tput["runner"] == "srtctl"  # the pipeline's runner is local: routed by shape
+    [a] = acc["accuracy"]
+    assert a["recipe"] == "disagg-acc" and a["n"] == 50
+    points = {p["concurrency"]: p for p in tput["throughput"]}
+    assert sorted(points) == [1, 4]  # the recipe's own points
+    for p in points.values():
+        assert p["recipe"] == "disagg" and p["completed"] == p["requested"] > 0 and p["failed"] == 0
+        assert p["gpus"] == 2 and p["tokens_per_s_per_gpu"] > 0  # two worker slots on the node
+    for stage in (acc, tput):
+        assert [a["state"] for j in stage["jobs"] for a in j["attempts"]] == ["COMPLETED"]
+    # srt-slurm's own run: etcd and NATS, Dynamo's frontend, one prefill and one decode worker
+    # (dynamo.vllm, NixlConnector with CPU KV buffers), sa-bench's result files.
+    [job] = tput["jobs"]
+    out = disagg_run["dir"] / "throughput" / "disagg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
+    logs = out / "logs"
+    for name in ("infra.out", "vm_frontend_0.out", "vm_prefill_w0.out", "vm_decode_w0.out"):
+        assert (logs / name).exists(), name
+    sweep = next(logs.glob("sweep_*.log")).read_text()
+    for mode in ("prefill", "decode"):
+        assert f"--disaggregation-mode {mode}" in sweep
+    assert "-m dynamo.vllm" in sweep and '"kv_buffer_device": "cpu"' in sweep and "NixlConnector" in sweep
+    assert (logs / "sa-bench_isl_128_osl_32" / "results_concurrency_4_gpus_2.json").exists()
+    acc_out = next((disagg_run["dir"] / "accuracy" / "disagg-acc" / ".jobs" / "srtctl-outputs").iterdir())
+    assert (acc_out / "logs" / "accuracy" / "gsm8k_run1.json").exists()
+    assert not (set(_job_ids(acc)) | set(_job_ids(tput))) & _squeue_ids(slurm_env)
 
 
 # ----------------------------------------------------------------------------- scancel + a gate that cannot be met

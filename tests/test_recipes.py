@@ -58,7 +58,8 @@ def test_committed_recipes_are_valid_and_match_their_render():
     for n in range(4, 9):
         for suffix in ("", "-acc", "-cc4096", "-cc5120"):
             assert f"{n}xdep2-1xdep8{suffix}.yaml" in names
-    assert sorted(p.name for p in (ROOT / "recipes" / "dev-cpu").glob("*.yaml")) == ["agg-acc.yaml", "agg.yaml"]
+    assert sorted(p.name for p in (ROOT / "recipes" / "dev-cpu").glob("*.yaml")) == [
+        "agg-acc.yaml", "agg.yaml", "disagg-acc.yaml", "disagg.yaml"]
 
 
 def test_gb200_recipes_carry_the_published_flags():
@@ -242,7 +243,8 @@ def test_binding_gives_digest_only_references(project: Project):
         assert ":nightly" not in text and UNBOUND_IMAGE not in text
     assert validate_paths(paths, GB200_ENGINE, require_digest=True) == []
     cpu = render_recipes(project, "dev-cpu", DIGEST.replace("qwen35-gb200", "dev-cpu"), LOCK, lock_sha256=LOCK_SHA)
-    assert yaml.safe_load(cpu[0].read_text())["identity"]["frameworks"] == {"vllm": "0.31.0"}
+    # dev-cpu serves through Dynamo too (its disaggregated recipes): both frameworks are its identity.
+    assert yaml.safe_load(cpu[0].read_text())["identity"]["frameworks"] == {"dynamo": "1.6.1", "vllm": "0.31.0"}
 
 
 @pytest.mark.parametrize("ref", ["servestack/qwen35-gb200:latest", "servestack/qwen35-gb200", "repo@sha256:abc", "repo@sha512:" + "a" * 128])
@@ -319,3 +321,23 @@ def test_the_one_recipe_reader_names_file_line_and_field(tmp_path: Path):
         load_recipe(path)
     settings = engine_settings(load_recipe(SWEEP).data)
     assert settings and all(s.kind in ("flag", "env") and s.where for s in settings)
+
+
+def test_dev_cpu_disagg_recipes_serve_the_shape_smoke_proves_on_cpu():
+    """The dev-cpu disaggregated recipes (srtctl starts them) and smoke's disaggregated probe (docker
+    starts it) run the same CPU shape: KV over NixlConnector in host memory, UCX over TCP, float32
+    (bf16 dies with SIGILL on decode after a NIXL pull). A change to one must reach the other."""
+    from servestack.smoke.plan import DISAGG_ENV, KV_TRANSFER_CONFIG
+
+    for name in ("disagg", "disagg-acc"):
+        recipe = yaml.safe_load((ROOT / "recipes" / "dev-cpu" / f"{name}.yaml").read_text())
+        assert recipe["frontend"]["type"] == "dynamo" and recipe["backend"]["connector"] is None
+        res = recipe["resources"]
+        assert (res["prefill_workers"], res["decode_workers"], res["decode_nodes"]) == (1, 1, 0)
+        for mode in ("prefill", "decode"):
+            flags = recipe["backend"]["vllm_config"][mode]
+            assert json.loads(flags["kv-transfer-config"]) == KV_TRANSFER_CONFIG
+            assert flags["dtype"] == "float32"
+            env = recipe["backend"][f"{mode}_environment"]
+            for key in ("UCX_TLS", "UCX_RCACHE_MAX_UNRELEASED", "PYTHONFAULTHANDLER"):
+                assert env[key] == DISAGG_ENV[key], key

@@ -17,7 +17,8 @@ def test_committed_pipelines_load():
     assert dev.stack == "dev-cpu" and dev.runner.kind == "local"
     assert dev.stages.accuracy.gate.threshold == 0.0
     assert dev.stages.accuracy.gsm8k.num_questions == 50
-    assert dev.stages.throughput.concurrencies == (1, 4, 16)
+    assert dev.stages.throughput.concurrencies is None  # each recipe's own points
+    assert dev.stages.throughput.recipes == ("agg", "disagg") and dev.runner.disaggregated == "srtctl"
     assert dev.runner.slurm.local_cluster and dev.runner.slurm.extra_sbatch == ("--exclusive",)
     assert dev.data_dir == ROOT / "data" / "gsm8k" and dev.server.startup_timeout == 600
     gb = load_pipeline(ROOT / "pipelines" / "qwen35-gb200.yaml", ROOT)
@@ -31,6 +32,8 @@ def test_committed_pipelines_load():
      r"p.yaml:5:\d+: stages.accuracy.gate.threshold: Input should be less than or equal to 1 \(got 1.5\)"),
     ("stack: x\nrunner:\n  kind: k8s\nstages:\n  throughput: {recipes: [a]}\n",
      r"p.yaml:3:3: runner.kind: Input should be 'local', 'slurm' or 'srtctl' \(got 'k8s'\)"),
+    ("stack: x\nrunner:\n  disaggregated: slurm\nstages:\n  throughput: {recipes: [a]}\n",
+     r"p.yaml:3:\d+: runner.disaggregated: Input should be 'srtctl' \(got 'slurm'\)"),
     ("stack: x\nstages:\n  throughput:\n    recipes: [a]\n    concurrencies: [1, 0]\n",
      r"p.yaml:5:\d+: stages.throughput.concurrencies\[1\]: Input should be greater than or equal to 1 \(got 0\)"),
     ("stack: x\nstages:\n  throughput:\n    recipes: [a]\n    concurrencies: [4, 4]\n",

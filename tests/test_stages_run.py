@@ -157,7 +157,9 @@ def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_pat
     project = Project(ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
     for stage in ("accuracy", "throughput"):
-        [planned] = plan_stage(project, pipeline, getattr(pipeline.stages, stage), IMAGE, tmp_path / stage)
+        settings = getattr(pipeline.stages, stage)
+        aggregated = settings.model_copy(update={"recipes": settings.recipes[:1]})
+        [planned] = plan_stage(project, pipeline, aggregated, IMAGE, tmp_path / stage)
         assert not (tmp_path / stage).exists()  # planning returns the job; running writes it
         argv = planned.job["server"]["argv"]
         assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
@@ -206,6 +208,69 @@ def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
     (spec,) = runner.submitted
     assert spec.command == () and spec.recipe_file.name == "agg.yaml"
     assert spec.extra["points_field"] == "benchmark.concurrencies"
+
+
+def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
+    """The committed dev-cpu pipeline on its local runner: agg runs as a vLLM server job, disagg
+    (Dynamo frontend + prefill + decode) as the srt-slurm recipe handed to srtctl, model mounted."""
+    from servestack.stages.pipeline import load_pipeline
+    from servestack.stages.run import plan_stage
+
+    project = Project(ROOT)
+    pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root).model_copy(update={"model_dir": tmp_path})
+    assert pipeline.runner.kind == "local" and pipeline.runner.disaggregated == "srtctl"
+    for stage, (agg, disagg) in (("accuracy", ("agg-acc", "disagg-acc")), ("throughput", ("agg", "disagg"))):
+        planned = {p.key: p for p in plan_stage(project, pipeline, getattr(pipeline.stages, stage), IMAGE,
+                                                tmp_path / stage)}
+        assert set(planned) == {agg, disagg}
+        assert planned[agg].runner_kind == "local" and planned[agg].job is not None  # run_points in the image
+        d = planned[disagg]
+        assert d.runner_kind == "srtctl" and d.job is None and d.spec.recipe_file.name == f"{disagg}.yaml"
+        assert d.spec.extra["model_dir"] == str(tmp_path) and d.recipe.shape == "disaggregated"
+        assert d.spec.gpus == 0  # a CPU node: no GPUs requested
+    # Without a runner that can start them, the plan names the recipe and the field to set.
+    bare = pipeline.model_copy(update={"runner": pipeline.runner.model_copy(update={"disaggregated": None})})
+    with pytest.raises(InputError, match=r"runner.disaggregated: .*disagg.yaml is disaggregated; the local runner "
+                                         r"cannot start it \(set runner.disaggregated to one of srtctl\)"):
+        plan_stage(project, bare, bare.stages.throughput, IMAGE, tmp_path / "bare")
+
+
+def test_a_stage_runs_each_recipe_on_its_runner_and_records_which(tmp_path, monkeypatch):
+    """A pipeline whose runner is local with one disaggregated recipe: that job goes to the runner
+    made for runner.disaggregated, the other to the given one; results name both."""
+    import servestack.stages.run as run_mod
+
+    class SrtctlReplay(ReplayRunner):
+        name = "srtctl"
+
+        def submit(self, job):
+            job.out_dir.mkdir(parents=True, exist_ok=True)  # srtctl jobs have no job file beforehand
+            return super().submit(job)
+
+    project = make_project(tmp_path)
+    recipes = project.recipes / "dev-cpu"
+    disagg = yaml.safe_load((recipes / "agg.yaml").read_text())
+    disagg["resources"] = {"gpu_type": "cpu", "gpus_per_node": 2, "prefill_nodes": 1, "decode_nodes": 0,
+                           "prefill_workers": 1, "decode_workers": 1, "gpus_per_prefill": 1, "gpus_per_decode": 1}
+    disagg["frontend"] = {"type": "dynamo"}
+    (recipes / "disagg.yaml").write_text(yaml.safe_dump(disagg))
+    pfile = project.pipelines / "dev-cpu.yaml"
+    text = pfile.read_text()
+    assert "runner: {kind: local}" in text and "  throughput:\n    recipes: [agg]" in text
+    pfile.write_text(text.replace("runner: {kind: local}", "runner: {kind: local, disaggregated: srtctl}")
+                     .replace("  throughput:\n    recipes: [agg]", "  throughput:\n    recipes: [agg, disagg]"))
+    made = []
+    monkeypatch.setattr(run_mod, "make_runner", lambda p, kind=None: made.append(kind) or SrtctlReplay())
+    local = ReplayRunner()
+    result = run_stage(project, "dev-cpu", "throughput", IMAGE, local)
+    assert made == ["srtctl"] and [s.recipe_name for s in local.submitted] == ["agg"]
+    assert result.runner == "replay+srtctl" and [j["runner"] for j in result.jobs] == ["replay", "srtctl"]
+    assert {p.recipe for p in result.throughput} == {"agg", "disagg"} and result.passed
+    # --recipes: only the named ones; a name the pipeline does not run is refused.
+    only = run_pipeline(project, "dev-cpu", IMAGE, ReplayRunner(), recipes=("disagg",))
+    assert [r.stage for r in only] == ["throughput"] and {j["recipe"] for j in only[0].jobs} == {"disagg"}
+    with pytest.raises(InputError, match="runs no recipe named nope"):
+        run_pipeline(project, "dev-cpu", IMAGE, ReplayRunner(), recipes=("nope",))
 
 
 def test_the_shipped_gsm8k_is_checked_against_its_sha256sums(tmp_path):

@@ -114,7 +114,9 @@ def _workspace(runner_root: Path) -> Path:
 
 def _gb200_inputs(build: JobResult) -> dict[str, str]:
     # What build.yml's `gb200` job hands over (`with: image: ${{ needs.image.outputs.<stack>-image }}`).
-    return {"image": build.outputs[f"{STACK}-image"], "stack": STACK}
+    # The aggregated recipes: the disaggregated ones go through srtctl in test_pipeline_e2e (one run
+    # of them per CI, for its time budget).
+    return {"image": build.outputs[f"{STACK}-image"], "stack": STACK, "recipes": "agg-acc,agg"}
 
 
 def test_build_job_publishes_and_outputs_the_digest(build_job):

@@ -150,6 +150,8 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
     p.add_argument("--pipeline", help="pipelines/<name>.yaml (default: the stack's name)")
     p.add_argument("--runner", choices=list(RUNNERS), help="override the pipeline's runner")
+    p.add_argument("--recipes", type=lambda s: tuple(x for x in s.split(",") if x),
+                   help="only these of the pipeline's recipes, comma-separated (e.g. agg-acc,agg)")
     p.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
                                     "image digest and the pipeline file, so a rerun resumes)")
 
@@ -168,7 +170,8 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     name = args.pipeline or args.stack
     runner = _runner(project, name, args.runner) if args.runner else None
     started = time.monotonic()
-    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id)
+    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id,
+                           recipes=args.recipes)
     for result in results:
         _say(format_verdict(result.verdict))
         _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")

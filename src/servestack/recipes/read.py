@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..yamlfile import Document, load
+from .schema import deployment_shape
 from .structure import concurrency_list
 
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
@@ -99,6 +100,11 @@ class RecipeView:
         """GPUs to request from the scheduler: none for a CPU deployment (gpu_type: cpu), which
         still counts as one device when throughput is normalized per GPU."""
         return 0 if self.gpu_type.lower() == "cpu" else self.gpus
+
+    @property
+    def shape(self) -> str:
+        """'aggregated' or 'disaggregated' (prefill and decode workers behind Dynamo's frontend)."""
+        return deployment_shape(self.raw.get("resources"))
 
     @property
     def concurrencies(self) -> list[int]:

@@ -11,6 +11,8 @@ layout. A value is either a leaf type name or a dict of sub-keys. Leaf types:
 
 from __future__ import annotations
 
+from typing import Any
+
 MODEL = {"path": "str", "container": "str", "precision": "str", "stage_dir": "str"}
 
 RESOURCES_V1 = {
@@ -28,6 +30,18 @@ RESOURCES_V1 = {
     "gpus_per_decode": "int",
     "gpus_per_agg": "int",
 }
+
+# A v1 recipe is disaggregated (separate prefill and decode workers behind Dynamo's frontend) when
+# its resources name prefill or decode nodes, as srt-slurm decides it; else aggregated.
+DISAGGREGATED_KEYS = ("prefill_nodes", "decode_nodes")
+
+
+def deployment_shape(resources: Any) -> str:
+    """'disaggregated' or 'aggregated' for a v1 recipe's resources block (a mapping of any values)."""
+    if isinstance(resources, dict) and any(resources.get(k) is not None for k in DISAGGREGATED_KEYS):
+        return "disaggregated"
+    return "aggregated"
+
 
 SLURM = {"account": "str", "partition": "str", "time_limit": "str"}
 

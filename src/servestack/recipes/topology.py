@@ -145,7 +145,7 @@ def check_recipe(c: Checker, root: Node) -> None:
     if res is None or not res.is_map:
         return
     g = res.get
-    disagg = g("prefill_nodes") is not None or g("decode_nodes") is not None
+    disagg = S.deployment_shape({k: g(k) for k in S.DISAGGREGATED_KEYS}) == "disaggregated"
     if disagg:
         pre = fit(c, "prefill", g("prefill_nodes"), g("prefill_workers"), g("gpus_per_prefill"), gpn,
                     (("resources", "prefill_nodes"), ("resources", "prefill_workers"), ("resources", "gpus_per_prefill")))

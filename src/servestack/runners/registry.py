@@ -34,6 +34,9 @@ class RunnerKind:
     # True: a job is the stage's srt-slurm recipe itself, bound to the image and the points left
     # (the runner reads the recipe). False: a job is servestack's run_points command in the image.
     submits_recipes: bool = False
+    # The deployment shapes (recipes.schema.deployment_shape) it can start: one vLLM server per job
+    # ("aggregated"), or also Dynamo's frontend with prefill and decode workers ("disaggregated").
+    shapes: tuple[str, ...] = ("aggregated",)
 
 
 SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
@@ -82,8 +85,14 @@ def _srtctl(pipeline: Any) -> Runner:
 RUNNERS: dict[str, RunnerKind] = {
     "local": RunnerKind(_local),  # docker on this host
     "slurm": RunnerKind(_slurm, settings=SlurmSettings),  # sbatch, the image by docker or pyxis
-    "srtctl": RunnerKind(_srtctl, settings=SrtctlSettings, submits_recipes=True),  # srt-slurm's `srtctl apply`
+    "srtctl": RunnerKind(_srtctl, settings=SrtctlSettings, submits_recipes=True,  # srt-slurm's `srtctl apply`
+                         shapes=("aggregated", "disaggregated")),  # srt-slurm starts etcd, NATS, Dynamo
 }
+
+
+def starting(shape: str) -> tuple[str, ...]:
+    """The runners that can start a recipe of `shape`."""
+    return tuple(name for name, kind in RUNNERS.items() if shape in kind.shapes)
 
 
 def make_runner(pipeline: Any, kind: str | None = None) -> Runner:

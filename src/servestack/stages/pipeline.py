@@ -10,6 +10,7 @@ The models below are the file's format: each option is declared once, with its d
       python: python3              # the image's interpreter
       slurm: {partition: null, account: null, container: auto, extra_sbatch: [], local_cluster: false}
       srtctl: {executable: srtctl, output_dir: null}
+      disaggregated: null          # the runner for disaggregated recipes `kind` cannot start (srtctl)
     retry: {max_attempts: 3, poll_seconds: 5}  # retry_on: the end states resubmitted (runners.base.RETRYABLE)
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
@@ -47,7 +48,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
 from .. import yamlfile
 from ..runners.base import RETRYABLE, JobState
 from ..runners.driver import RetryPolicy
-from ..runners.registry import RUNNERS
+from ..runners.registry import RUNNERS, starting
 from .gates import GateConfig
 
 
@@ -229,17 +230,20 @@ class Pipeline(_Model):
 
 
 @functools.lru_cache(maxsize=8)
-def _model(runners: tuple[tuple[str, type[BaseModel] | None], ...]) -> type[Pipeline]:
+def _model(runners: tuple[tuple[str, type[BaseModel] | None], ...], disaggregated: tuple[str, ...]) -> type[Pipeline]:
     sections: dict[str, Any] = {name: (settings, settings()) for name, settings in runners if settings}
     kinds = tuple(name for name, _ in runners)
     runner = create_model("RunnerSettings", __base__=RunnerSettings,
-                          kind=(Literal[kinds], "local"), **sections)  # type: ignore[valid-type]
+                          kind=(Literal[kinds], "local"),  # type: ignore[valid-type]
+                          # the runner for the disaggregated recipes when `kind` cannot start them
+                          disaggregated=(Literal[disaggregated] | None, None),  # type: ignore[valid-type]
+                          **sections)
     return create_model("Pipeline", __base__=Pipeline, runner=(runner, runner()))
 
 
 def pipeline_model() -> type[Pipeline]:
     """The pipeline file's model for the runners registered now."""
-    return _model(tuple((name, kind.settings) for name, kind in RUNNERS.items()))
+    return _model(tuple((name, kind.settings) for name, kind in RUNNERS.items()), starting("disaggregated"))
 
 
 def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:

@@ -27,7 +27,7 @@ from ..project import Project
 from ..recipes.read import RecipeView
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import run_job
-from ..runners.registry import RUNNERS, make_runner
+from ..runners.registry import RUNNERS, make_runner, starting
 from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
 from .results import StageResult, parse_gsm8k_result, parse_vllm_result
@@ -103,6 +103,7 @@ class _Planned:
     spec: JobSpec
     points: tuple[str, ...]
     gpus: int
+    runner_kind: str  # the runner that starts this recipe's shape (_runner_kind)
     # What run_points reads in the container ({"server", "point", "out_dir"}): `write_job_files`
     # puts it at job_file before the job runs. None for a job that is the recipe itself.
     job: dict | None = None
@@ -112,16 +113,30 @@ class _Planned:
         return self.spec.out_dir / ".jobs" / "job.json"  # RESULTS/.jobs/job.json in the container
 
 
+def _runner_kind(pipeline: Pipeline, kind: str, recipe: RecipeView) -> str:
+    """`kind` when it can start the recipe's shape, else the pipeline's runner for that shape."""
+    if recipe.shape in RUNNERS[kind].shapes:
+        return kind
+    other = pipeline.runner.disaggregated if recipe.shape == "disaggregated" else None
+    if other and recipe.shape in RUNNERS[other].shapes:
+        return other
+    raise InputError(pipeline.file, "runner.disaggregated",
+                     f"{recipe.file} is {recipe.shape}; the {kind} runner cannot start it (set runner.disaggregated "
+                     f"to one of {', '.join(starting(recipe.shape))})")
+
+
 def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str,
                stage_dir: Path, runner_kind: str | None = None) -> list[_Planned]:
-    """One job per recipe for `runner_kind` (default: the pipeline's runner), as data: nothing is
+    """One job per recipe for `runner_kind` (default: the pipeline's runner), or for the pipeline's
+    runner.disaggregated where that runner cannot start the recipe's shape, as data: nothing is
     written (`write_job_files` does, when the jobs are about to run)."""
-    kind = runner_kind or pipeline.runner.kind
+    default_kind = runner_kind or pipeline.runner.kind
     planned = []
     base_url = f"http://127.0.0.1:{pipeline.server.port}"
     python = pipeline.runner.python
     for name in stage.recipes:
         recipe = _recipe(project, pipeline, name)
+        kind = _runner_kind(pipeline, default_kind, recipe)
         out_dir = stage_dir / name
         gpus = stage.gpus or recipe.gpus
         if stage.name == "throughput":
@@ -150,7 +165,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                 gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
                 extra=extra,
             )
-            planned.append(_Planned(name, recipe, spec, points, gpus))
+            planned.append(_Planned(name, recipe, spec, points, gpus, kind))
             continue
         model, mounts = _model_mount(pipeline, recipe)
         pycache = pycache_dir(project, pipeline.stack, image_ref)
@@ -199,7 +214,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             gpus=recipe.accelerators if stage.gpus is None else gpus,
             recipe_file=recipe.file, recipe_name=name,
         )
-        planned.append(_Planned(name, recipe, spec, points, gpus, job))
+        planned.append(_Planned(name, recipe, spec, points, gpus, kind, job))
     return planned
 
 
@@ -313,9 +328,31 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     return result
 
 
+def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, Stage]:
+    """The pipeline's stages narrowed to `recipes` (None: all); a stage left with none is dropped."""
+    defined = pipeline.stages.defined()
+    if recipes is None:
+        return defined
+    known = {r for s in defined.values() for r in s.recipes}
+    unknown = [r for r in recipes if r not in known]
+    if unknown:
+        raise InputError(pipeline.file, "stages", f"runs no recipe named {', '.join(unknown)} "
+                                                  f"(its recipes: {', '.join(sorted(known))})")
+    out = {}
+    for name, settings in defined.items():
+        kept = tuple(r for r in settings.recipes if r in recipes)
+        if kept:
+            out[name] = settings.model_copy(update={"recipes": kept})
+    return out
+
+
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
-              runner: Runner | None = None, *, run_id: str | None = None) -> StageResult:
+              runner: Runner | None = None, *, run_id: str | None = None,
+              recipes: tuple[str, ...] | None = None) -> StageResult:
     """Run one stage (accuracy | throughput) of pipelines/<pipeline_name>.yaml against image_ref.
+
+    `runner` (default: the pipeline's) runs the recipes it can start; disaggregated ones it cannot
+    go to the pipeline's runner.disaggregated. `recipes` narrows the stage to those names.
 
     Writes results.json, report.md and plots under build/<stack>/runs/<run id>/<stage>/ and
     returns the StageResult; `result.passed` tells whether the gates held (callers exit non-zero
@@ -327,24 +364,31 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         raise InputError(pipeline_name, "stage", f"{stage!r} is not one of {', '.join(STAGES)}")
     ImageRef.parse(image_ref)
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
-    settings = pipeline.stages.defined().get(stage)
-    if settings is None:
+    if stage not in pipeline.stages.defined():
         raise InputError(pipeline.file, f"stages.{stage}", "this pipeline does not define the stage")
+    settings = _selected(pipeline, recipes).get(stage)
+    if settings is None:
+        raise InputError(pipeline.file, f"stages.{stage}.recipes", f"runs none of {', '.join(recipes or ())}")
     rid = run_id or run_id_for(pipeline, image_ref)
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.time(), time.monotonic()
     runner = runner or make_runner(pipeline)
     # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
-    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir,
-                         runner.name if runner.name in RUNNERS else None)
+    kind = runner.name if runner.name in RUNNERS else pipeline.runner.kind
+    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir, kind)
     write_job_files(planned)
     policy = pipeline.retry.policy()
+    runners = {kind: runner}
     jobs = []
     for p in planned:
-        outcome = run_job(runner, p.spec, policy, timeout_s=settings.time_limit + 600)
-        jobs.append(outcome.to_dict())
-    result = collect_stage(pipeline, settings, planned, image_ref, runner.name, stage_dir, jobs, since=started)
+        if p.runner_kind not in runners:
+            runners[p.runner_kind] = make_runner(pipeline, p.runner_kind)
+        job_runner = runners[p.runner_kind]
+        outcome = run_job(job_runner, p.spec, policy, timeout_s=settings.time_limit + 600)
+        jobs.append({**outcome.to_dict(), "runner": job_runner.name})
+    used = "+".join(dict.fromkeys(j["runner"] for j in jobs)) or runner.name
+    result = collect_stage(pipeline, settings, planned, image_ref, used, stage_dir, jobs, since=started)
     _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
     log.info("%s", format_verdict(result.verdict))
@@ -352,17 +396,20 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
 
 
 def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: Runner | None = None,
-                 stages: tuple[str, ...] | None = None, *, run_id: str | None = None) -> list[StageResult]:
-    """Every stage the pipeline defines (accuracy, then throughput), then the run-level report."""
+                 stages: tuple[str, ...] | None = None, *, run_id: str | None = None,
+                 recipes: tuple[str, ...] | None = None) -> list[StageResult]:
+    """Every stage the pipeline defines (accuracy, then throughput), then the run-level report;
+    `recipes` narrows the run to those recipes (stages that run none of them are skipped)."""
     from .. import report
 
     t0 = time.monotonic()
     pipeline = load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root)
-    wanted = [s for s in pipeline.stages.defined() if stages is None or s in stages]
+    wanted = [s for s in _selected(pipeline, recipes) if stages is None or s in stages]
     results = []
     for stage in wanted:
         with phase(f"pipeline {pipeline_name}", f"stage {stage} ({wanted.index(stage) + 1} of {len(wanted)})"):
-            results.append(run_stage(project, pipeline_name, stage, image_ref, runner, run_id=run_id))
+            results.append(run_stage(project, pipeline_name, stage, image_ref, runner, run_id=run_id,
+                                     recipes=recipes))
     if results:
         timing = {"runner": results[0].runner, **_sum_timing([r.timing for r in results])}
         _finish_timing(timing, time.monotonic() - t0)
