@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -289,7 +290,11 @@ def test_disaggregated_recipes_run_through_srtctl_with_results_and_gates(disagg_
     for mode in ("prefill", "decode"):
         assert f"--disaggregation-mode {mode}" in sweep
     assert "-m dynamo.vllm" in sweep and '"kv_buffer_device": "cpu"' in sweep and "NixlConnector" in sweep
-    assert (logs / "sa-bench_isl_128_osl_32" / "results_concurrency_4_gpus_2.json").exists()
+    # The KV cache moved: vLLM's NixlConnector on the decode side counts its pulls from prefill.
+    transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)",
+                                            (logs / "vm_decode_w0.out").read_text())]
+    assert transfers and sum(transfers) > 0
+    assert (logs / "sa-bench_isl_128_osl_32" / "results_concurrency_4_gpus_2_ctx_1_gen_1.json").exists()
     acc_out = next((disagg_run["dir"] / "accuracy" / "disagg-acc" / ".jobs" / "srtctl-outputs").iterdir())
     assert (acc_out / "logs" / "accuracy" / "gsm8k_run1.json").exists()
     assert not (set(_job_ids(acc)) | set(_job_ids(tput))) & _squeue_ids(slurm_env)

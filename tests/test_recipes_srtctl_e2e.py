@@ -29,7 +29,7 @@ def srtctl() -> cluster.Srtctl:
 
 
 def test_every_committed_set_is_collected():
-    assert len(COMMITTED) == 22  # 20 qwen35-gb200 + 2 dev-cpu
+    assert len(COMMITTED) == 24  # 20 qwen35-gb200 + 4 dev-cpu (agg, disagg: sweep and -acc)
 
 
 def _dry_run(srtctl: cluster.Srtctl, recipe: Path) -> str:
