@@ -37,6 +37,7 @@ from servestack import build, image, layers, overlay, services, wheels
 from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from servestack.imageplan import load_plan
 from servestack.project import Project, cache_home
+from servestack.services import registry as registry_service
 from servestack.sources import registry
 from servestack.trees import install_all
 
@@ -51,12 +52,12 @@ def scratch_registry(root: Path) -> Iterator[str]:
     address = f"127.0.0.1:{port}"
     home = root / f"registry-{port}"
     (home / "storage").mkdir(parents=True)
-    (home / "config.yml").write_text(services._registry_config(address, home / "storage"))
+    (home / "config.yml").write_text(registry_service._registry_config(address, home / "storage"))
     process = subprocess.Popen([shutil.which("docker-registry") or "docker-registry", "serve", str(home / "config.yml")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while not services._registry_answers(address):
+        while not registry_service.registry_answers(address):
             if time.monotonic() > deadline or process.poll() is not None:
                 raise RuntimeError(f"scratch registry on {address} did not start")
             time.sleep(0.2)
