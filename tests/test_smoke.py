@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
@@ -288,3 +290,57 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
                         kv_wait_s=0)
     status, detail = check_kv_transfer(aggregated)  # served without the KV moving: no evidence, a failure
     assert status == "fail" and "0 successful" in detail
+    partial = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), logs={"decode": lambda: KV_LOG.splitlines()[0],
+                                                                          "prefill": lambda: ""}, kv_wait_s=0)
+    status, detail = check_kv_transfer(partial)  # the KV moved, none failed: the count is reported
+    assert status == "pass" and "1 successful NIXL transfer(s) and 0 failed for 3 request(s)" in detail
+    failed = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0, logs={
+        "decode": lambda: KV_LOG.replace("Num failed transfers=0", "Num failed transfers=1"), "prefill": lambda: ""})
+    assert check_kv_transfer(failed)[0] == "fail"
+
+
+# What Dynamo 1.6.1 logs when a starved decode worker's file-discovery entries expire.
+DROPPED_FRONTEND = ("\x1b[2m2026-12-01T02:50:26.436511Z\x1b[0m \x1b[32m INFO\x1b[0m dynamo_llm::discovery::model: Removed worker "
+                    "set from model model=servestack/tiny-qwen3 namespace=[\"dynamo\",\"backend\"] remaining_sets=0\n")
+DROPPED_DECODE = ("2026-12-01T02:50:26.500108Z ERROR dynamo_runtime::storage::kv::file: FileStore::keep_alive failed opening "
+                  "owned file path=/run/servestack/discovery/v1/mdc/dynamo%2Fbackend%2Fgenerate%2Fcb39 error=No such file\n")
+
+
+def test_a_worker_dropped_from_discovery_fails_saying_why() -> None:
+    from servestack.smoke.endpoints import Target, check_discovery
+
+    quiet = Target("http://127.0.0.1:9", "m", None, 1.0, logs={"frontend": lambda: "Adding worker set to model\n",
+                                                               "decode": lambda: KV_LOG})
+    assert check_discovery(quiet)[0] == "pass"
+    dropped = Target("http://127.0.0.1:9", "m", None, 1.0, logs={"frontend": lambda: DROPPED_FRONTEND,
+                                                                 "decode": lambda: DROPPED_DECODE, "prefill": lambda: ""})
+    status, detail = check_discovery(dropped)
+    assert status == "fail" and "expired" in detail and "404" in detail
+    assert "[frontend] " in detail and "Removed worker set from model" in detail and "\x1b" not in detail
+    assert "[decode] " in detail and "keep_alive failed" in detail and "[prefill]" not in detail
+
+
+def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
+    # Dynamo expires a discovery entry whose mtime is 10 s old; the probe keeps its workers' entries fresh.
+    from servestack.smoke.serving import _hold_leases
+
+    entry = tmp_path / "v1" / "instances" / "dynamo%2Fbackend%2Fgenerate%2F1"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}")
+    temporary = tmp_path / "v1" / "instances" / ".tmp_0123"
+    temporary.write_text("")
+    old = time.time() - 60
+    for path in (entry, temporary):
+        os.utime(path, (old, old))
+    release = _hold_leases(str(tmp_path), every=0.05)
+    try:
+        deadline = time.monotonic() + 10
+        while entry.stat().st_mtime < old + 30 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert entry.stat().st_mtime > time.time() - 5
+        assert temporary.stat().st_mtime == pytest.approx(old)  # Dynamo's half-written files are not its entries
+    finally:
+        release()
+    os.utime(entry, (old, old))
+    time.sleep(0.2)
+    assert entry.stat().st_mtime == pytest.approx(old)  # released: nothing refreshes it any more

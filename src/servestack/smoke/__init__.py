@@ -21,7 +21,8 @@ Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
    for a GPU model, a foreign platform), every serving check is `not_run` with the reason.
 3. disagg: the production shape from the same image: Dynamo's frontend, a prefill and a decode
    worker (vLLM's NixlConnector, KV on CPU), everything on loopback; completions and chat through
-   the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved.
+   the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved;
+   the two workers on disjoint CPUs, and a failure naming it if a worker left Dynamo's discovery.
 
 Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
 """
@@ -47,12 +48,6 @@ from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
 from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
 from .static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
 
-# Opt-in until it is reliable here: on this 2-core CPU machine the decode worker stalls ~30 s on its
-# first NIXL request, its Dynamo file-discovery lease (30 s) expires meanwhile, and the frontend
-# drops the model for good (the later requests get 404).
-DISAGG_OPT_IN = ("the disaggregated probe runs with --disagg (on a 2-core CPU machine the decode worker's "
-                 "discovery lease can expire during its first NIXL request; see the README)")
-
 
 def run_smoke(
     project: Project,
@@ -64,7 +59,6 @@ def run_smoke(
     static_timeout: float = DEFAULT_STATIC_TIMEOUT,
     serve_plan_override: ServePlan | None = None,
     disagg_override: DisaggPlan | None = None,
-    disagg: bool = False,
     echo: Callable[[str], None] | None = print,
 ) -> SmokeResult:
     """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
@@ -128,8 +122,7 @@ def run_smoke(
         elif serve:
             shapes = (
                 ("serving probe", serve_plan_override or serve_plan(lock, platform), run_serving_probe, None),
-                ("disaggregated serving probe", disagg_override or (disagg_plan(lock, platform) if disagg else
-                                                                   DisaggPlan((), DISAGG_OPT_IN)), run_disagg_probe, "disagg"),
+                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform), run_disagg_probe, "disagg"),
             )
             for label, plan, run, key in shapes:
                 if echo:

@@ -5,16 +5,20 @@
   container from the same image. The workers join the frontend's network namespace, so every
   plane (Dynamo's request and event planes, vLLM's NIXL side channel, UCX) stays on that
   namespace's loopback; only the frontend's HTTP port is published, on the host's 127.0.0.1.
-  Discovery is a directory the three share (no etcd, no NATS).
+  Discovery is a directory the three share (no etcd, no NATS); the probe holds its entries'
+  leases while the containers run (see `_hold_leases`).
 
 Every container is removed on every exit path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -176,6 +180,50 @@ def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable
     return ready
 
 
+# Dynamo 1.6.1's file discovery: each process refreshes its entries' mtime every 3.3 s from a
+# thread of its own, and any process deletes entries older than 10 s (fixed, no setting); a
+# deleted worker is dropped by the frontend for good. See _hold_leases.
+LEASE_REFRESH_S = 1.0
+
+
+def _hold_leases(discovery: str, every: float = LEASE_REFRESH_S) -> Callable[[], None]:
+    """Refresh every discovery entry's mtime from this (host) process until the returned stop() is called.
+
+    Why: after prefilling, the prefill worker's engine busy-waits (vLLM's sched_yield loops)
+    until the decode worker pulls its KV blocks. On a loaded 2-core machine that starved the
+    decode worker and the frontend for the 30 s until prefill gave the blocks up: their
+    keep-alive threads sat runnable without CPU for 22-33 s, the prefill worker (not starved)
+    expired the decode worker's entries, and the frontend dropped the model; every later request
+    got 404. The probe owns the containers' lifetimes (a worker that exits fails `ready` or is
+    seen in its checks), so it can hold their leases; the `discovery` check still fails, naming
+    the lines, if an entry is lost anyway.
+    """
+    stop = threading.Event()
+
+    def refresh() -> None:
+        while not stop.wait(every):
+            for folder, _, files in os.walk(discovery):
+                for name in files:
+                    if name.startswith(".tmp_"):  # Dynamo's atomic-write temporaries
+                        continue
+                    with contextlib.suppress(FileNotFoundError):
+                        try:
+                            os.utime(os.path.join(folder, name))
+                        except PermissionError:
+                            log.warning("cannot refresh Dynamo discovery entries in %s (owned by the containers' "
+                                        "user): the workers hold their own leases", discovery)
+                            return
+
+    keeper = threading.Thread(target=refresh, name="servestack-discovery-leases", daemon=True)
+    keeper.start()
+
+    def stop_holding() -> None:
+        stop.set()
+        keeper.join(timeout=5)
+
+    return stop_holding
+
+
 def run_disagg_probe(
     client,
     reference: str,
@@ -196,6 +244,7 @@ def run_disagg_probe(
     discovery = tempfile.mkdtemp(prefix="servestack-discovery-")
     http = _http()
     start = time.monotonic()
+    release_leases = _hold_leases(discovery)
     try:
         frontend_id = None
         for role in plan.roles:
@@ -229,6 +278,7 @@ def run_disagg_probe(
         return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s", round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:
+        release_leases()
         http.close()
         for container in reversed(list(containers.values())):
             _remove(container)
