@@ -258,7 +258,8 @@ def disagg_run(image_ref, slurm_env, cluster_node):
     yield {"proc": proc, "dir": run_dir, "wall": wall,
            "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
            else None}
-    if not os.environ.get("SERVESTACK_KEEP_E2E"):
+    # A failed run keeps srt-slurm's logs (infra, frontend, workers) for whoever reads the failure.
+    if not os.environ.get("SERVESTACK_KEEP_E2E") and proc.returncode == 0:
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
