@@ -115,7 +115,7 @@ def section_loads(config: dict) -> list[dict]:
         else:
             first = (native or by_dist[normalize(wanted)])[0]
             results.append(check(label, PASS, f"import {module} loads {wanted} ({first}); of {len(by_dist)} distributions "
-                                              f"with files loaded, {shown}; none excluded by the stack"))
+                                              f"with files loaded, {shown}; nothing of the excluded {', '.join(sorted(excluded)) or '(none)'}"))
     return results
 
 
