@@ -138,8 +138,8 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
 ])
 def test_stack_json_is_read_from_a_layer_in_every_compression(compress, media_type):
     layer = compress(tar_layer({"opt/servestack/stack.json": b'{"lock_sha256": "x"}', "etc/other": b"y"}))
-    assert publish._file_in_layer(layer, media_type, publish.STACK_JSON) == b'{"lock_sha256": "x"}'
-    assert publish._file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
+    assert publish.fetch.file_in_layer(layer, media_type, publish.STACK_JSON) == b'{"lock_sha256": "x"}'
+    assert publish.fetch.file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
 
 
 def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_path):
@@ -154,4 +154,4 @@ def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_pa
 
 @pytest.mark.parametrize("title", ["../etc/passwd", "/abs", "a/../b", ".hidden", "a//b", ""])
 def test_a_bundle_file_title_must_be_a_plain_relative_path(title):
-    assert publish._title_problem(title)
+    assert publish.bundle.title_problem(title)

@@ -24,7 +24,7 @@ from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRef
 from servestack.proc import run
 from servestack.project import Project, state_home
-from servestack.sources.registry import OCI_MANIFEST, Client
+from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor
 
 pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -207,14 +207,14 @@ def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
     other_digest = push_stack_image(client, (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes(), tag="2", salt=b"B")
     other = ImageRef.parse(f"{ImageRef.parse(published['image']).name}@{other_digest}")
     manifest, _ = client.get_manifest(other_digest)
-    subject = publish.Descriptor(OCI_MANIFEST, other_digest, len(manifest))
+    subject = Descriptor(OCI_MANIFEST, other_digest, len(manifest))
     for key in ("bundle", "attestation"):
         moved = json.loads(client.get_manifest(published["record"][key].split("@")[1])[0])
         moved["subject"] = subject.to_json()
         data = json.dumps(moved).encode()
         digest = publish.sha256_digest(data)
         headers = client.put_manifest(digest, data, OCI_MANIFEST)
-        client.add_referrer(other_digest, publish.Descriptor(OCI_MANIFEST, digest, len(data), moved["artifactType"]),
+        client.add_referrer(other_digest, Descriptor(OCI_MANIFEST, digest, len(data), moved["artifactType"]),
                             headers)
     with pytest.raises(ServestackError, match=rf"signed for {published['image']}, not {other}"):
         publish.pull(str(other), key=published["pub"], out=tmp_path / "pulled", echo=None)

@@ -1,0 +1,159 @@
+"""What a publication is, planned as data: the files (lock, stack file, step records, the recipes bound to the
+digest, a run's results), the bundle and attestation manifests, and where the records come from."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ..errors import InputError, ServestackError
+from ..imageref import ImageRef
+from ..project import Project
+from ..sources import registry
+from ..sources.registry import OCI_EMPTY, OCI_MANIFEST, Descriptor, sha256_digest
+
+PUBLICATION_TYPE = "application/vnd.servestack.publication.v1+json"
+ATTESTATION_TYPE = "application/vnd.servestack.attestation.v1+json"
+DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
+TITLE = "org.opencontainers.image.title"
+CREATED = "org.opencontainers.image.created"
+BUNDLE_ANNOTATION = "io.servestack.publication"
+MEDIA_TYPES = {".json": "application/json", ".lock": "application/json", ".yaml": "application/yaml",
+               ".md": "text/markdown", ".png": "image/png", ".svg": "image/svg+xml", ".xml": "application/xml"}
+RUN_FILES = ("results.json", "report.md")  # plus every plot
+
+
+class PublishError(ServestackError):
+    """A publication that cannot be made, found or trusted; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    title: str  # a relative POSIX path: where pull writes it
+    data: bytes
+
+    @property
+    def digest(self) -> str:
+        return sha256_digest(self.data)
+
+    @property
+    def media_type(self) -> str:
+        return MEDIA_TYPES.get(PurePosixPath(self.title).suffix, "application/octet-stream")
+
+    def descriptor(self) -> dict[str, Any]:
+        return {"mediaType": self.media_type, "digest": self.digest, "size": len(self.data),
+                "annotations": {TITLE: self.title}}
+
+
+def title_problem(title: str) -> str | None:
+    if not title or any(part in ("", ".", "..") or part.startswith(".") for part in title.split("/")):
+        return f"file title {title!r} is not a plain relative path"
+    return None
+
+
+def created_timestamp(lock_doc: dict[str, Any]) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(lock_doc["source_date_epoch"])))
+
+
+@dataclass(frozen=True)
+class Records:
+    """Where the lock, the stack file and the build/image/smoke records come from: this checkout, or
+    a directory `pull` wrote (a cluster publishing its run for an image it did not build)."""
+
+    lock: Path
+    stack_file: Path
+    steps: Path  # holds build.json, image.json, smoke.json
+    shown: str  # how errors name `steps`
+
+    @classmethod
+    def of_project(cls, project: Project, stack: str) -> Records:
+        return cls(project.lock_file(stack), project.stack_file(stack), project.artifacts(stack), f"build/{stack}")
+
+    @classmethod
+    def pulled(cls, directory: Path, stack: str) -> Records:
+        return cls(directory / "pins" / f"{stack}.lock", directory / "pins" / f"{stack}.yaml", directory / "build",
+                   str(directory / "build"))
+
+    def read(self, name: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.steps / name).read_text())
+        except FileNotFoundError:
+            raise PublishError(f"{self.shown}/{name}: missing; run the session that makes it first") from None
+        except ValueError as exc:
+            raise PublishError(f"{self.shown}/{name}: not valid JSON ({exc})") from None
+
+
+def check_smoke(records: Records, image: ImageRef) -> None:
+    smoke = records.read("smoke.json")
+    where = f"{records.shown}/smoke.json"
+    if smoke.get("image") != str(image):
+        raise PublishError(f"{where} is for {smoke.get('image')}, not {image}: run `nox -s smoke` on this digest first")
+    if smoke.get("status") != "pass":
+        failed = [f"{c['probe']}/{c['name']}" for c in smoke.get("checks", []) if c.get("status") == "fail"]
+        raise PublishError(f"{where}: smoke failed for {image} ({', '.join(failed) or 'no passing status'}); "
+                           f"only an image that passed smoke is published")
+
+
+def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path,
+                 records: Records | None = None) -> list[BundleFile]:
+    """Every file of the bundle, sorted by title; the recipes are rendered now, bound to IMAGE, and validated."""
+    from .. import recipes
+
+    records = records or Records.of_project(project, stack)
+    files = [
+        BundleFile(f"pins/{stack}.lock", records.lock.read_bytes()),
+        BundleFile(f"pins/{stack}.yaml", records.stack_file.read_bytes()),
+    ]
+    for name in ("build.json", "image.json", "smoke.json"):
+        records.read(name)  # present and JSON
+        files.append(BundleFile(f"build/{name}", (records.steps / name).read_bytes()))
+    rendered = recipes.render_recipes(project, stack, str(image), records.lock, out_dir=scratch / "recipes")
+    engine = recipes.engine_file(project, stack)
+    problems = recipes.validate_paths(rendered, engine if engine.exists() else None, require_digest=True)
+    if problems:
+        raise PublishError("the bound recipes do not validate:\n" + "\n".join(str(p) for p in problems))
+    files += [BundleFile(f"recipes/{p.name}", p.read_bytes()) for p in rendered]
+    if run_id:
+        run_dir = project.artifacts(stack) / "runs" / run_id
+        if not run_dir.is_dir():
+            raise InputError(run_dir, "--run", "no such run; the run ids are the directories of build/<stack>/runs/")
+        for path in sorted(run_dir.rglob("*")):
+            if path.is_file() and (path.name in RUN_FILES or path.suffix in (".png", ".svg")):
+                files.append(BundleFile(f"runs/{run_id}/{path.relative_to(run_dir).as_posix()}", path.read_bytes()))
+    return sorted(files, key=lambda f: f.title)
+
+
+def publication_manifest(files: list[BundleFile], subject: Descriptor, created: str) -> bytes:
+    return _json_bytes({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": PUBLICATION_TYPE,
+        "config": _empty_descriptor(),
+        "layers": [f.descriptor() for f in files],
+        "subject": subject.to_json(),
+        "annotations": {CREATED: created},
+    })
+
+
+def attestation_manifest(envelope: bytes, subject: Descriptor, bundle_digest: str, created: str) -> bytes:
+    return _json_bytes({
+        "schemaVersion": 2,
+        "mediaType": OCI_MANIFEST,
+        "artifactType": ATTESTATION_TYPE,
+        "config": _empty_descriptor(),
+        "layers": [{"mediaType": DSSE_MEDIA_TYPE, "digest": sha256_digest(envelope), "size": len(envelope),
+                    "annotations": {TITLE: "publication.intoto.json"}}],
+        "subject": subject.to_json(),
+        "annotations": {CREATED: created, BUNDLE_ANNOTATION: bundle_digest},
+    })
+
+
+def _empty_descriptor() -> dict[str, Any]:
+    return {"mediaType": OCI_EMPTY, "digest": sha256_digest(registry.EMPTY_JSON), "size": len(registry.EMPTY_JSON)}
+
+
+def _json_bytes(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()

@@ -1,0 +1,223 @@
+"""`pull`: find the image's publication, verify its signature and every file against the signed statement, check
+the image's own label and stack.json agree with the bundle's lock, and write the files (atomically)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import signing
+from ..errors import InputError, ServestackError
+from ..fsutil import canonical_json, sha256_bytes, sha256_file
+from ..imageref import ImageRef
+from ..sources import registry
+from ..sources.registry import OCI_INDEX, Client
+from .bundle import (
+    ATTESTATION_TYPE,
+    BUNDLE_ANNOTATION,
+    PUBLICATION_TYPE,
+    TITLE,
+    BundleFile,
+    PublishError,
+    title_problem,
+)
+from .push import image_client, image_subject
+
+STACK_JSON = "opt/servestack/stack.json"
+
+
+@dataclass(frozen=True)
+class Publication:
+    image: ImageRef
+    bundle_digest: str
+    attestation_digest: str
+    statement: dict[str, Any]
+    files: tuple[BundleFile, ...]
+    referrers: str  # "api" or "tag"
+
+    def file(self, title: str) -> BundleFile:
+        return next(f for f in self.files if f.title == title)
+
+    @property
+    def stack(self) -> str:
+        return self.statement["predicate"]["buildDefinition"]["externalParameters"]["stack"]
+
+    @property
+    def repository(self) -> dict[str, Any]:
+        return self.statement["predicate"]["buildDefinition"]["externalParameters"]["repository"]
+
+
+def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> Publication:
+    """Find the image's bundle, verify its signature with KEY and every file against the statement.
+
+    An image can have several publications (the build's, then each cluster run's results); they
+    share the lock's timestamp, so without BUNDLE (a digest) the one signing the most files is taken."""
+    image = ImageRef.parse(reference)
+    public_key = signing.load_public_key(key)
+    client = image_client(image)
+    image_subject(client, image)
+    referrers, where = client.referrers(image.digest)
+    found_in = ("the referrers API" if where == "api"
+                else f"the referrers API or the fallback tag {client.fallback_tag(image.digest)}")
+    attestations = [r for r in referrers if r.artifact_type == ATTESTATION_TYPE]
+    bundles = {r.digest for r in referrers if r.artifact_type == PUBLICATION_TYPE}
+    if not attestations:
+        raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
+    problems, verified = [], []
+    for descriptor in attestations:
+        what = f"attestation {descriptor.digest}"
+        try:
+            manifest = _referrer_manifest(client, descriptor.digest, image, what)
+            envelope = client.get_blob(manifest["layers"][0]["digest"])
+            statement = signing.verify_envelope(envelope, public_key, what)
+            verified.append((descriptor, manifest, statement))
+        except (ServestackError, KeyError, IndexError) as exc:
+            problems.append(str(exc))
+    if not verified:
+        raise PublishError(f"{image}: no publication signed by {key}:\n  " + "\n  ".join(problems))
+    if bundle:
+        verified = [v for v in verified if v[1].get("annotations", {}).get(BUNDLE_ANNOTATION) == bundle]
+        if not verified:
+            raise PublishError(f"{image}: no attestation signed by {key} names bundle {bundle}")
+    verified.sort(key=lambda v: (-len(v[2].get("subject", [])), v[0].digest))
+    descriptor, manifest, statement = verified[0]
+    subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
+    if subjects.get(str(image)) != image.hex:
+        signed_for = [n for n in subjects if "@sha256:" in n]
+        raise PublishError(f"attestation {descriptor.digest}: signed for {', '.join(signed_for) or 'another image'}, "
+                           f"not {image}")
+    bundle_digest = manifest.get("annotations", {}).get(BUNDLE_ANNOTATION, "")
+    if subjects.get("publication") != bundle_digest.split(":")[-1]:
+        raise PublishError(f"attestation {descriptor.digest}: names bundle {bundle_digest}, which its statement "
+                           f"does not sign")
+    bundle_bytes = client.get_manifest(bundle_digest) if bundle_digest else None
+    if bundle_bytes is None:
+        raise PublishError(f"{image}: the signed bundle {bundle_digest} is missing from {client.registry}")
+    bundle = json.loads(bundle_bytes[0])
+    if (bundle.get("subject") or {}).get("digest") != image.digest:
+        raise PublishError(f"bundle {bundle_digest}: its subject is {(bundle.get('subject') or {}).get('digest')}, "
+                           f"not {image.digest}")
+    files = []
+    for layer in bundle.get("layers", []):
+        title = (layer.get("annotations") or {}).get(TITLE, "")
+        problem = title_problem(title)
+        if problem:
+            raise PublishError(f"bundle {bundle_digest}: {problem}")
+        if subjects.get(title) != layer["digest"].split(":")[-1]:
+            raise PublishError(f"bundle {bundle_digest}: {title} has digest {layer['digest']}, the signed statement "
+                               f"says sha256:{subjects.get(title, '(not signed)')}")
+        try:
+            data = client.get_blob(layer["digest"])
+        except registry.RegistryError as exc:
+            raise PublishError(f"bundle file {title}: {exc}") from None
+        files.append(BundleFile(title, data))
+    signed_files = set(subjects) - {str(image), "publication"}
+    if signed_files != {f.title for f in files}:
+        missing = sorted(signed_files - {f.title for f in files})
+        raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)}")
+    return Publication(image, bundle_digest, descriptor.digest, statement, tuple(files), where)
+
+
+def _referrer_manifest(client: Client, digest: str, image: ImageRef, what: str) -> dict[str, Any]:
+    found = client.get_manifest(digest)
+    if found is None:
+        raise PublishError(f"{what}: listed as a referrer but missing from {client.registry}")
+    manifest = json.loads(found[0])
+    if (manifest.get("subject") or {}).get("digest") != image.digest:
+        raise PublishError(f"{what}: its subject is {(manifest.get('subject') or {}).get('digest')}, not {image.digest}")
+    return manifest
+
+
+def check_image_agrees(publication: Publication) -> list[str]:
+    """The image's labels and its own stack.json (top layer) against the bundle's lock; returns what was checked."""
+    image = publication.image
+    stack = publication.stack
+    lock = publication.file(f"pins/{stack}.lock")
+    lock_sha256 = sha256_bytes(lock.data)
+    client = image_client(image)
+    _, manifest_bytes = image_subject(client, image)
+    manifest = json.loads(manifest_bytes)
+    if manifest.get("mediaType") == OCI_INDEX or "manifests" in manifest:
+        raise PublishError(f"{image} is a multi-platform index; publish and pull a platform's manifest digest")
+    config = json.loads(client.get_blob(manifest["config"]["digest"]))
+    labels = (config.get("config") or {}).get("Labels") or {}
+    label = labels.get("io.servestack.lock.sha256")
+    if label != lock_sha256:
+        raise PublishError(f"{image}: label io.servestack.lock.sha256 is {label}, the bundle's lock is {lock_sha256}")
+    top = manifest["layers"][-1]
+    stack_json = file_in_layer(client.get_blob(top["digest"]), top["mediaType"], STACK_JSON)
+    if stack_json is None:
+        raise PublishError(f"{image}: its top layer has no /{STACK_JSON}")
+    own = json.loads(stack_json)
+    if own.get("lock_sha256") != lock_sha256 or own.get("lock") != json.loads(lock.data):
+        raise PublishError(f"{image}: /{STACK_JSON} records lock {own.get('lock_sha256')}, the bundle's lock is "
+                           f"{lock_sha256}")
+    return [f"label io.servestack.lock.sha256 = {lock_sha256[:16]}", f"/{STACK_JSON} records the same lock"]
+
+
+def file_in_layer(blob: bytes, media_type: str, path: str) -> bytes | None:
+    if media_type.endswith(("+zstd", ".zstd")):
+        import zstandard
+
+        blob = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)).read()
+    elif media_type.endswith("gzip") or blob[:2] == b"\x1f\x8b":
+        blob = zlib.decompress(blob, 16 + zlib.MAX_WBITS)
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        for member in tar:
+            if member.name.lstrip("./") == path and member.isfile():
+                extracted = tar.extractfile(member)
+                return extracted.read() if extracted else None
+    return None
+
+
+def _default_out(image: ImageRef) -> Path:
+    return Path.cwd() / f"servestack-{image.hex[:12]}"
+
+
+def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
+         echo: Callable[[str], None] | None = print) -> Path:
+    """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any error)."""
+    started = time.monotonic()
+    image = ImageRef.parse(reference)
+    out = (out or _default_out(image)).absolute()
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
+    publication = fetch_publication(reference, key, bundle)
+    checked = check_image_agrees(publication)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+    try:
+        for f in publication.files:
+            target = staging / f.title
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(f.data)
+        (staging / "publication.json").write_text(canonical_json({
+            "image": str(image), "bundle": publication.bundle_digest, "attestation": publication.attestation_digest,
+            "key_sha256": sha256_file(key), "statement": publication.statement,
+        }))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if out.exists():
+            out.rmdir()
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if echo:
+        recipes = [f.title for f in publication.files if f.title.startswith("recipes/")]
+        echo(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
+             f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
+             + "".join(f"  image       {line}\n" for line in checked)
+             + f"  source      commit {publication.repository.get('commit')}"
+             f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"
+             f"  wrote       {out}: {len(recipes)} recipes bound to the digest (srtctl apply -f), lock, records "
+             f"({time.monotonic() - started:.1f} s)")
+    return out

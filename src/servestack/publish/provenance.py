@@ -1,0 +1,57 @@
+"""The signed statement: in-toto v1 over the image, the bundle manifest and every file, with SLSA provenance v1
+naming the checkout it comes from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import proc, signing
+from ..imageref import ImageRef
+from .bundle import BundleFile
+
+PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
+BUILD_TYPE = "urn:servestack:build-type:image-from-lock:v1"
+BUILDER_ID = "urn:servestack:builder:publish"
+
+
+@dataclass(frozen=True)
+class Source:
+    """Which checkout the publication comes from."""
+    commit: str | None
+    url: str | None
+    dirty: bool
+
+    @classmethod
+    def of(cls, root: Path) -> Source:
+        def git(*args: str) -> str | None:
+            done = proc.run(["git", "-C", str(root), *args], check=False)
+            return done.stdout.strip() if done.returncode == 0 else None
+
+        url = git("config", "--get", "remote.origin.url")
+        if url and "@" in url.split("//")[-1].split("/")[0]:
+            url = None  # a URL with credentials in it never goes into a statement
+        return cls(git("rev-parse", "HEAD"), url or None, bool(git("status", "--porcelain", "--untracked-files=no")))
+
+
+def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[BundleFile], source: Source,
+               run_id: str | None, created: str) -> dict[str, Any]:
+    """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance."""
+    lock = next(f for f in files if f.title == f"pins/{stack}.lock")
+    subjects = [signing.Subject(str(image), image.hex), signing.Subject("publication", bundle_digest.split(":")[1])]
+    subjects += [signing.Subject(f.title, f.digest.split(":")[1]) for f in files]
+    dependencies: list[dict[str, Any]] = [{"name": f"pins/{stack}.lock", "digest": {"sha256": lock.digest.split(":")[1]}}]
+    if source.commit:
+        dependencies.insert(0, {"uri": f"git+{source.url or 'local'}@{source.commit}", "digest": {"gitCommit": source.commit}})
+    predicate = {
+        "buildDefinition": {
+            "buildType": BUILD_TYPE,
+            "externalParameters": {"stack": stack, "run": run_id,
+                                   "repository": {"commit": source.commit, "url": source.url, "dirty": source.dirty}},
+            "internalParameters": {},
+            "resolvedDependencies": dependencies,
+        },
+        "runDetails": {"builder": {"id": BUILDER_ID}, "metadata": {"invocationId": bundle_digest, "startedOn": created}},
+    }
+    return signing.statement(subjects, PROVENANCE_V1, predicate)

@@ -1,0 +1,134 @@
+"""`publish`: copy the image if asked (by digest), then push the bundle and its attestation as referrers of the
+image: blobs, then manifests, then the referrers index, so nothing indexed points at something missing."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .. import proc, signing
+from ..errors import InputError
+from ..fsutil import atomic_write_json
+from ..imageref import ImageRef
+from ..project import Project
+from ..sources import registry
+from ..sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
+from .bundle import (
+    ATTESTATION_TYPE,
+    BUNDLE_ANNOTATION,
+    CREATED,
+    PUBLICATION_TYPE,
+    PublishError,
+    Records,
+    attestation_manifest,
+    bundle_files,
+    check_smoke,
+    created_timestamp,
+    publication_manifest,
+)
+from .provenance import Source, provenance
+
+
+def image_client(image: ImageRef) -> Client:
+    return Client.for_reference(str(image))
+
+
+def image_subject(client: Client, image: ImageRef) -> tuple[Descriptor, bytes]:
+    found = client.get_manifest(image.digest)
+    if found is None:
+        raise PublishError(f"{image}: no such manifest in {client.registry}")
+    data, media_type = found
+    media_type = media_type or json.loads(data).get("mediaType", OCI_MANIFEST)
+    return Descriptor(media_type, image.digest, len(data)), data
+
+
+def skopeo_tls_args(side: str, name: str) -> list[str]:
+    """skopeo's trust and credential flags for one side (src/dest) of a copy, from registry's settings."""
+    host = registry.Reference.parse(name + "@sha256:" + "0" * 64).registry
+    args = []
+    ca = registry.ca_file(host)
+    if ca is not None:
+        args.append(f"--{side}-cert-dir={ca.parent}")
+    elif registry.Client(host, "x").base_url.startswith("http:"):
+        args.append(f"--{side}-tls-verify=false")
+    auth = next((p for p in registry.auth_files() if p.is_file()), None)
+    if auth is not None:
+        args.append(f"--{side}-authfile={auth}")
+    return args
+
+
+def copy_image(source: ImageRef, to: str) -> ImageRef:
+    """Copy SOURCE to the repository TO (REGISTRY/REPO) by digest; the digest must not change."""
+    if "@" in to or ImageRef.problem(f"{to}@{source.digest}"):
+        raise InputError("--to", "", f"expected REGISTRY/REPOSITORY without tag or digest, got {to!r}")
+    target = ImageRef.parse(f"{to}@{source.digest}")
+    if target.name == source.name:
+        return source
+    tag = f"servestack-{source.hex[:16]}"  # skopeo copies to a tag; the digest is checked below
+    proc.run(["skopeo", "copy", "--quiet", "--preserve-digests", *skopeo_tls_args("src", source.name),
+              *skopeo_tls_args("dest", to), f"docker://{source}", f"docker://{to}:{tag}"], timeout=3600)
+    served = registry.resolve_digest(f"{to}:{tag}")
+    if served != source.digest:
+        raise PublishError(f"copying {source} to {to} changed its digest to {served}")
+    return target
+
+
+def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
+            run_id: str | None = None, records_dir: Path | None = None,
+            echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
+
+    The image is IMAGE, or the one build/<stack>/image.json records. Its lock and step records come
+    from this checkout, or from RECORDS_DIR, a directory `pull` wrote for the same digest (a cluster
+    adding its run's results to an image it did not build)."""
+    started = time.monotonic()
+    records = Records.pulled(records_dir, stack) if records_dir else Records.of_project(project, stack)
+    source_image = ImageRef.parse(image or records.read("image.json").get("reference"))
+    check_smoke(records, source_image)
+    signer = signing.load_signer(key)  # a bad key fails before anything is pushed
+    target = copy_image(source_image, to) if to else source_image
+    lock_doc = project.read_json(records.lock, f"run `nox -s lock -- --stack {stack}` first")
+    created = created_timestamp(lock_doc)
+    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
+        files = bundle_files(project, stack, target, run_id, Path(scratch), records)
+    client = image_client(target)
+    subject, _ = image_subject(client, target)
+    manifest = publication_manifest(files, subject, created)
+    bundle_digest = sha256_digest(manifest)
+    envelope = signing.sign_statement(
+        provenance(stack, target, bundle_digest, files, Source.of(project.root), run_id, created), signer)
+    attestation = attestation_manifest(envelope, subject, bundle_digest, created)
+    attestation_digest = sha256_digest(attestation)
+
+    # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
+    # whatever fails halfway, nothing is indexed that points at something missing.
+    for blob in (registry.EMPTY_JSON, envelope, *(f.data for f in files)):
+        client.push_blob(blob)
+    bundle_headers = client.put_manifest(bundle_digest, manifest, OCI_MANIFEST)
+    attestation_headers = client.put_manifest(attestation_digest, attestation, OCI_MANIFEST)
+    how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest), PUBLICATION_TYPE,
+                                                       ((CREATED, created),)), bundle_headers)
+    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation), ATTESTATION_TYPE,
+                                                 ((BUNDLE_ANNOTATION, bundle_digest), (CREATED, created))),
+                        attestation_headers)
+    record = {
+        "image": str(target),
+        "bundle": f"{target.name}@{bundle_digest}",
+        "bundle_digest": bundle_digest,
+        "attestation": f"{target.name}@{attestation_digest}",
+        "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(target.digest)}",
+        "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
+        "bundle_size": len(manifest) + sum(len(f.data) for f in files),
+        "run": run_id,
+        "seconds": round(time.monotonic() - started, 2),
+    }
+    atomic_write_json(project.artifacts(stack) / "publish.json", record)
+    if echo:
+        echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
+             f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
+             f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
+    return record

@@ -1,0 +1,83 @@
+"""`verify --rebuild`: rebuild the image from the bundle's lock at the bundle's commit, in a scratch worktree with
+fresh derived caches and its own registry, and compare digests."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from .. import proc
+from ..imageref import ImageRef
+from ..project import Project, cache_home
+from .bundle import PublishError
+from .fetch import fetch_publication
+
+VERIFY_REGISTRY = "127.0.0.1:5098"  # its own registry: a rebuild never replaces what others pull
+# Shared with the rebuild: what was fetched from outside (content-addressed, verified on use), the
+# Debian base, and the per-wheel installed trees (keyed by the wheel's hash; several GB, which a
+# second copy would not fit beside on a builder). Everything the image is assembled from them (every
+# layer, the base blobs, the config and the manifest) is made again.
+FETCHED_CACHES = ("blobs", "bases", "tools", "installed")
+
+
+@contextlib.contextmanager
+def _derived_caches_fresh(cache: Path) -> Iterator[None]:
+    cache.mkdir(parents=True, exist_ok=True)
+    for name in FETCHED_CACHES:
+        if (cache_home() / name).exists():
+            (cache / name).symlink_to(cache_home() / name)
+    previous = os.environ.get("SERVESTACK_CACHE")
+    os.environ["SERVESTACK_CACHE"] = str(cache)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("SERVESTACK_CACHE", None)
+        else:
+            os.environ["SERVESTACK_CACHE"] = previous
+
+
+def verify_rebuild(project: Project, reference: str, *, key: Path,
+                   echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?"""
+    from .. import build, services
+    from .. import image as image_step
+
+    started = time.monotonic()
+    publication = fetch_publication(reference, key)
+    stack = publication.stack
+    commit = publication.repository.get("commit")
+    if not commit:
+        raise PublishError(f"{reference}: its provenance names no repository commit; nothing to rebuild from")
+    if proc.run(["git", "-C", str(project.root), "cat-file", "-e", f"{commit}^{{commit}}"], check=False).returncode:
+        raise PublishError(f"commit {commit} (from the provenance) is not in {project.root}; fetch it first")
+    scratch = Path(tempfile.mkdtemp(prefix="servestack-verify-"))
+    worktree = scratch / "checkout"
+    try:
+        proc.run(["git", "-C", str(project.root), "worktree", "add", "--detach", str(worktree), commit])
+        rebuilt_project = Project(worktree)
+        # The bundle's lock and stack file are what is verified, even when published from a dirty tree.
+        for title in (f"pins/{stack}.lock", f"pins/{stack}.yaml"):
+            (worktree / title).write_bytes(publication.file(title).data)
+        if echo:
+            echo(f"verify {reference}: rebuilding {stack} from its lock at commit {commit[:12]} in {worktree}")
+        with _derived_caches_fresh(scratch / "cache"):
+            build.build(rebuilt_project, stack)
+            result = image_step.build_image(rebuilt_project, stack, rebuild=True,
+                                            registry_address=services.ensure_registry(VERIFY_REGISTRY))
+    finally:
+        proc.run(["git", "-C", str(project.root), "worktree", "remove", "--force", str(worktree)], check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+    rebuilt = ImageRef.parse(result["reference"])
+    record = {"image": str(publication.image), "rebuilt": str(rebuilt), "same": rebuilt.digest == publication.image.digest,
+              "commit": commit, "seconds": round(time.monotonic() - started, 1)}
+    if echo:
+        echo(f"verify {publication.image.digest}: rebuilt {rebuilt.digest} in {record['seconds']:.0f} s: "
+             + ("SAME digest" if record["same"] else "DIFFERENT digest"))
+    return record
