@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.records import write_image_record
 from servestack import workflow
 from servestack.errors import ServestackError
 from servestack.project import Project
@@ -107,7 +108,7 @@ def test_backstop_does_not_signal_a_process_that_reused_a_recorded_pid(tmp_path)
 def _project(tmp_path: Path, stack: str = "dev-cpu") -> Project:
     d = tmp_path / "build" / stack
     d.mkdir(parents=True)
-    (d / "image.json").write_text(json.dumps({"reference": f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}"}))
+    write_image_record(d / "image.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}")
     (d / "smoke.json").write_text(json.dumps({"status": "pass", "counts": {"pass": 30, "fail": 0, "not run": 2}}))
     report = d / "runs" / "gha-1-1" / "accuracy" / "report.md"
     report.parent.mkdir(parents=True)

@@ -42,7 +42,7 @@ def unreachable() -> GitHub:
 
 
 def entries(project: Project) -> dict[int, dict]:
-    return {e["number"]: e for e in lock.load_lock(project, "tiny")["pull_requests"]}
+    return {e["number"]: e for e in lock.load_lock(project, "tiny").to_json()["pull_requests"]}
 
 
 def test_evidence_alone_makes_a_pr_included_without_any_history(tmp_path, world):

@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import requests
 
+from fixtures.records import write_image_record
 from servestack import build, image, lock, services
 from servestack.errors import InputErrors, ServestackError
 from servestack.imageplan import load_plan
@@ -120,8 +122,9 @@ def _delete_from_registry(reference: str) -> None:
 
 
 def _build_and_push(project: Project) -> dict:
+    """The image record as written to image.json."""
     build.build(project, "tinyimg")
-    return image.build_image(project, "tinyimg")
+    return image.build_image(project, "tinyimg").to_json()
 
 
 @pytest.mark.e2e
@@ -165,8 +168,8 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     # A no-op rerun: the registry holds this build's input hash, so nothing is built or pushed.
     started = time.monotonic()
     again = image.build_image(second_project, "tinyimg")
-    assert again["skipped"] and again["bytes_pushed"] == 0
-    assert again["reference"] == second["reference"]
+    assert again.skipped and again.bytes_pushed == 0
+    assert again.reference == second["reference"]
     assert time.monotonic() - started < 2
 
     # The PR changed upstream: a re-lock records its new diff; only the top layer changes.
@@ -186,12 +189,12 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
 
 
 def _planned(project: Project, tmp_path: Path) -> list:
-    record = json.loads(build.build(project, "tinyimg").read_text())
-    record["lock"] = lock.load_lock(project, "tinyimg")
-    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
-    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
+    build.build(project, "tinyimg")
+    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    wheels = {i.sha256: Path(i.path) for i in record.inputs}
+    wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
-    return image.plan(record, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "work")
+    return image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "work")
 
 
 def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_path, world, isolated_cache):
@@ -215,13 +218,13 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
     plan_file = tmp_path / "image.yaml"
     text = (ROOT / "containers" / "image.yaml").read_text()
     plan_file.write_text(text.replace("own_layer_above: 50000000", "own_layer_above: 1"))
-    record = json.loads(build.build(project, "tinyimg").read_text())
-    record["lock"] = lock.load_lock(project, "tinyimg")
-    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
-    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
+    build.build(project, "tinyimg")
+    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    wheels = {i.sha256: Path(i.path) for i in record.inputs}
+    wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
-    own = [layer.name for layer in image.plan(record, trees, load_plan(plan_file), tmp_path / "w1")]
-    shared = [layer.name for layer in image.plan(record, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "w2")]
+    own = [layer.name for layer in image.plan(record, locked, trees, load_plan(plan_file), tmp_path / "w1")]
+    shared = [layer.name for layer in image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "w2")]
     assert "pkg-tinyserve" in own and not any(n.startswith("shared-") for n in own)
     bucket = int(hashlib.sha256(b"tinyserve").hexdigest()[:8], 16) % 8
     assert f"shared-{bucket}" in shared and "pkg-tinyserve" not in shared
@@ -236,20 +239,20 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     plan_file = tmp_path / "image.yaml"
     plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("own_layer_above: 50000000", "own_layer_above: 1"))
     spec = load_plan(plan_file)
-    record = json.loads(build.build(project, "tinyimg").read_text())
-    record["lock"] = lock.load_lock(project, "tinyimg")
-    epoch = record["source_date_epoch"]
-    wheels = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
+    build.build(project, "tinyimg")
+    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    epoch = record.source_date_epoch
+    wheels = {i.sha256: Path(i.path) for i in record.inputs}
 
     overlaid = image.EarlyLayers(record, spec, epoch, None)
     install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=overlaid.offer)
     assert overlaid.finish() == {}
 
-    record["overlays"] = []
+    record = replace(record, overlays=())
     early = image.EarlyLayers(record, spec, epoch, None)
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=early.offer)))
     written = early.finish()
-    own = [layer for layer in image.plan(record, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
+    own = [layer for layer in image.plan(record, locked, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
     assert [layer.name for layer in own] == ["pkg-tinyserve"]
     key = layers.layer_key(list(own[0].entries), epoch)
     assert list(written) == [key] and layers.cached(key) is not None
@@ -269,10 +272,10 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
     project = Project(tmp_path)
     (tmp_path / "pins").mkdir()
     digest = "sha256:" + "a" * 64
-    assert image.check_expected(project, "s", digest, "lock1")["status"] == "none"
-    image.write_expected(project, "s", {"lock_sha256": "lock1", "platforms": ["linux/amd64"],
-                                        "reference": f"127.0.0.1:5000/servestack/s@{digest}"})
-    assert image.check_expected(project, "s", digest, "lock1")["status"] == "reproduced"
-    assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1")["status"] == "different"
-    assert image.check_expected(project, "s", digest, "lock2")["status"] == "stale"
+    assert image.check_expected(project, "s", digest, "lock1").status == "none"
+    image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"127.0.0.1:5000/servestack/s@{digest}",
+                                                          "s", lock_sha256="lock1"))
+    assert image.check_expected(project, "s", digest, "lock1").status == "reproduced"
+    assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1").status == "different"
+    assert image.check_expected(project, "s", digest, "lock2").status == "stale"
     assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]

@@ -11,6 +11,8 @@ from datetime import datetime, timezone
 
 import pytest
 
+from fixtures.records import committed_lock
+from servestack.records.lockfile import LockedPR, LockedWheel, OverlayPatch
 from servestack import build, cache, indexes, lock
 from servestack.cache import IntegrityError
 from servestack.errors import InputError
@@ -56,7 +58,7 @@ def test_build_fetches_by_index_name_and_file_from_wherever_the_index_is(tmp_pat
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE})
     lock.lock(project, "tiny", unreachable())
     document = lock.load_lock(project, "tiny")
-    (wheel,) = document["platforms"]["linux/amd64"]
+    (wheel,) = document.to_json()["platforms"]["linux/amd64"]
     blob = cache.blob_path(wheel["sha256"], wheel["filename"])
 
     # From the stack's default location (the HTTP index), through uv.
@@ -82,10 +84,10 @@ def test_build_fetches_by_index_name_and_file_from_wherever_the_index_is(tmp_pat
 def test_upgrade_moves_the_resolution_date_and_says_what_changed(tmp_path, world):
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE})
     lock.lock(project, "tiny", unreachable())
-    assert lock.load_lock(project, "tiny")["resolved_at"] is None
+    assert lock.load_lock(project, "tiny").resolved_at is None
     _, changed = lock.upgrade(project, "tiny", unreachable(), now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc))
     assert 'resolved_at: "2026-11-30T12:00:00Z"\n' in (project.pins / "tiny.yaml").read_text()
-    assert lock.load_lock(project, "tiny")["resolved_at"] == "2026-11-30T12:00:00Z"
+    assert lock.load_lock(project, "tiny").resolved_at == "2026-11-30T12:00:00Z"
     assert changed == ["resolved at 2026-11-30T12:00:00Z (was None)"]
     assert lock.check(project, "tiny").ok
 
@@ -104,10 +106,16 @@ def test_a_failed_upgrade_leaves_the_stack_file_and_the_lock_as_they_were(tmp_pa
 
 
 def test_changes_name_versions_and_overlays_that_can_go():
-    old = {"resolved_at": "a", "platforms": {"p": [{"name": "x", "version": "1"}, {"name": "gone", "version": "1"}]},
-           "pull_requests": [{"repo": "o/r", "number": 5, "status": "overlay", "patch": {"path": "pins/patches/o__r-5.diff"}}]}
-    new = {"resolved_at": "b", "platforms": {"p": [{"name": "x", "version": "2"}, {"name": "new", "version": "3"}]},
-           "pull_requests": [{"repo": "o/r", "number": 5, "status": "included"}]}
+    def wheel(name: str, version: str) -> LockedWheel:
+        return LockedWheel(name, version, f"{name}-{version}-py3-none-any.whl", "0" * 64, 1, "pypi")
+
+    def pr(status: str, patch: OverlayPatch | None = None) -> LockedPR:
+        return LockedPR("o/r", 5, "x", "t", "c" * 40, status, patch=patch)
+
+    old = committed_lock(resolved_at="a", platforms={"p": (wheel("x", "1"), wheel("gone", "1"))},
+                         pull_requests=(pr("overlay", OverlayPatch("pins/patches/o__r-5.diff", "0" * 64, True, ())),))
+    new = committed_lock(resolved_at="b", platforms={"p": (wheel("x", "2"), wheel("new", "3"))},
+                         pull_requests=(pr("included"),))
     assert lock.changes(old, new) == [
         "resolved at b (was a)", "p: gone 1 removed", "p: new 3 added", "p: x 1 -> 2",
         "o/r#5: now included upstream; its overlay pins/patches/o__r-5.diff can go",

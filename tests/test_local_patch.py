@@ -70,7 +70,7 @@ def github(world) -> GitHub:
 
 def test_the_lock_records_the_patch_by_hash_with_its_reason_and_check_names_an_edit(project, world):
     lock.lock(project, "tinyimg", github(world))
-    (entry,) = lock.load_lock(project, "tinyimg")["local_patches"]
+    (entry,) = lock.load_lock(project, "tinyimg").to_json()["local_patches"]
     assert entry == {
         "package": "tinyserve",
         "file": "pins/patches/tinyserve-launch-negative.diff",
@@ -100,7 +100,7 @@ def test_build_applies_the_patch_after_the_prs_and_the_probe_reports_it(project,
     assert [p["name"] for p in applied["prs"]] == [f"{world['pkg'].repo_name}#2", "local:tinyserve-launch-negative.diff"]
     assert applied["files"]["tinyserve/ops.py"] == hashlib.sha256(PATCHED_OPS.encode()).hexdigest()
 
-    document = lock.load_lock(project, "tinyimg")
+    document = lock.load_lock(project, "tinyimg").to_json()
     config = {"pull_requests": document["pull_requests"], "local_patches": document["local_patches"]}
     stack_json = {"overlays": {"tinyserve": {"version": applied["wheel"]["version"], "files": applied["files"]}}}
     checks = {c["name"]: c for c in probe.check_prs(config, stack_json, {"tinyserve": True})}

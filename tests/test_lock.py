@@ -56,7 +56,7 @@ def github(world) -> GitHub:
 
 
 def pr_entries(project: Project) -> dict[int, dict]:
-    return {e["number"]: e for e in lock.load_lock(project, "tiny")["pull_requests"]}
+    return {e["number"]: e for e in lock.load_lock(project, "tiny").to_json()["pull_requests"]}
 
 
 def test_prs_are_classified_included_or_overlay_by_real_ancestry(tmp_path, world):
@@ -83,7 +83,7 @@ def test_prs_are_classified_included_or_overlay_by_real_ancestry(tmp_path, world
 def test_the_lock_records_wheels_the_debian_release_and_the_stack_hash(tmp_path, world):
     project = make_project(tmp_path, world)
     lock.lock(project, "tiny", github(world))
-    document = lock.load_lock(project, "tiny")
+    document = lock.load_lock(project, "tiny").to_json()
     (wheel,) = document["platforms"]["linux/amd64"]
     assert wheel["name"] == "tinyserve" and wheel["index"] == "local"
     assert "url" not in wheel and wheel["size"] == world["pkg"].wheel.stat().st_size  # portable: index name + file
@@ -98,7 +98,7 @@ def test_the_lock_records_wheels_the_debian_release_and_the_stack_hash(tmp_path,
 def test_a_base_image_is_locked_by_the_digest_the_registry_gives(tmp_path, world, registry_base):
     project = make_project(tmp_path, world, base_image=registry_base["reference"])
     lock.lock(project, "tiny", github(world))
-    assert lock.load_lock(project, "tiny")["base"]["image"]["digest"] == registry_base["digest"]
+    assert lock.load_lock(project, "tiny").base.digest == registry_base["digest"]
 
 
 def test_locking_twice_gives_byte_identical_files(tmp_path, world):

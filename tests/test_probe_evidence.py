@@ -131,7 +131,7 @@ def test_the_gdn_check_catches_a_torch_without_cuda_13_in_a_real_image() -> None
     config = probe_config(project, "dev-cpu", lock.load_lock(project, "dev-cpu"), "linux/amd64",
                           sha256_file(project.lock_file("dev-cpu")))
     config = {**config, "modules": [], "engine": None, "entry_points": [],
-              "fast_path": lock.load_lock(project, "qwen35-gb200")["fast_path"]}
+              "fast_path": lock.load_lock(project, "qwen35-gb200").fast_path}
     checks = {c.name: c for c in run_static_probe(services.docker_client(), reference, "linux/amd64", config, stack="dev-cpu")}
     gdn = checks["fast-path:gdn-prefill"]
     assert gdn.status == "fail" and "chooses triton; the stack requires flashinfer" in gdn.detail

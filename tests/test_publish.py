@@ -12,6 +12,7 @@ import pytest
 import zstandard
 from fixtures.tls_registry import tar_layer
 
+from fixtures.records import committed_lock
 from servestack import publish, signing
 from servestack.errors import InputError, ServestackError
 from servestack.fsutil import atomic_write_json
@@ -77,7 +78,7 @@ def _files() -> list[publish.BundleFile]:
 
 def test_the_bundle_manifest_is_an_oci_artifact_whose_digest_depends_only_on_its_inputs():
     subject = Descriptor(OCI_MANIFEST, "sha256:" + "ab" * 32, 1234)
-    created = publish.created_timestamp({"source_date_epoch": 1700000000})
+    created = publish.created_timestamp(committed_lock(source_date_epoch=1700000000))
     first = publish.publication_manifest(_files(), subject, created)
     assert first == publish.publication_manifest(_files(), subject, created)
     manifest = json.loads(first)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
+from fixtures.records import write_image_record
 from servestack import cluster, publish, signing, tools
 from servestack.errors import NetworkError, ServestackError
 from servestack.fsutil import atomic_write_json
@@ -56,7 +57,7 @@ def make_project(root: Path, image: str) -> Project:
     project = Project(root)
     out = project.artifacts(STACK)
     atomic_write_json(out / "build.json", {"stack": STACK, "lock_sha256": "see the lock"})
-    atomic_write_json(out / "image.json", {"reference": image, "stack": STACK})
+    write_image_record(out / "image.json", image, STACK)
     atomic_write_json(out / "smoke.json", {"image": image, "status": "pass", "checks": []})
     return project
 

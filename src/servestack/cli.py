@@ -57,10 +57,10 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
     else:
         path = lock.lock(project, args.stack)
     document = lock.load_lock(project, args.stack)
-    wheels = {p: len(ws) for p, ws in document["platforms"].items()}
+    wheels = {p: len(ws) for p, ws in document.platforms.items()}
     statuses: dict[str, int] = {}
-    for pr in document["pull_requests"]:
-        statuses[pr["status"]] = statuses.get(pr["status"], 0) + 1
+    for pr in document.pull_requests:
+        statuses[pr.status] = statuses.get(pr.status, 0) + 1
     _say(f"wrote {path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}")
     return 0
 
@@ -76,12 +76,12 @@ def _build(args: argparse.Namespace, project: Project) -> int:
     started = time.monotonic()
     path = build.build(project, args.stack, allow_unverified=args.allow_unverified)
     record = build.load_build(project, args.stack)
-    overlays = sum(len(o["prs"]) for o in record["overlays"])
-    _say(f"build {args.stack}: {len(record['inputs'])} wheels verified, {overlays} PR overlays applied, "
-         f"input hash {record['input_hash'][:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
-    if record["unverified_prs"]:
-        _say(f"warning: built with {len(record['unverified_prs'])} unverified PRs (--allow-unverified): "
-             + ", ".join(record["unverified_prs"]))
+    overlays = sum(len(o.prs) for o in record.overlays)
+    _say(f"build {args.stack}: {len(record.inputs)} wheels verified, {overlays} PR overlays applied, "
+         f"input hash {record.input_hash[:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
+    if record.unverified_prs:
+        _say(f"warning: built with {len(record.unverified_prs)} unverified PRs (--allow-unverified): "
+             + ", ".join(record.unverified_prs))
     return 0
 
 
@@ -96,22 +96,23 @@ def _image(args: argparse.Namespace, project: Project) -> int:
     from . import image
 
     result = image.build_image(project, args.stack)
-    digest = result["reference"].split("@", 1)[1]
+    digest = result.digest
     if args.update_expected:
         path = image.write_expected(project, args.stack, result)
         _say(f"image {args.stack}: expected digest {digest} written to {path.relative_to(project.root)}")
         return 0
-    expected = result["expected"]
+    expected = result.expected
+    assert expected is not None  # build_image always checks
     fix = image.UPDATE_COMMAND.format(stack=args.stack)
     verdicts = {
-        "reproduced": f"reproduced the expected digest of {expected['file']}",
-        "none": f"no expected digest committed ({expected['file']}); record one with `{fix}`",
-        "stale": f"{expected['file']} is for another lock: if the image changed on purpose, run `{fix}` and commit it",
-        "different": f"DIFFERENT from the expected {expected['digest']} of {expected['file']} (same lock): this "
+        "reproduced": f"reproduced the expected digest of {expected.file}",
+        "none": f"no expected digest committed ({expected.file}); record one with `{fix}`",
+        "stale": f"{expected.file} is for another lock: if the image changed on purpose, run `{fix}` and commit it",
+        "different": f"DIFFERENT from the expected {expected.digest} of {expected.file} (same lock): this "
                      f"machine or this code made other bytes; if the change is deliberate, run `{fix}` and commit it",
     }
-    _say(f"image {args.stack}: {digest} {verdicts[expected['status']]}")
-    return 1 if expected["status"] in ("different", "stale") else 0
+    _say(f"image {args.stack}: {digest} {verdicts[expected.status]}")
+    return 1 if expected.status in ("different", "stale") else 0
 
 
 # --------------------------------------------------------------------------- smoke and the measured stages
@@ -126,7 +127,7 @@ def _image_ref(args: argparse.Namespace, project: Project) -> str:
         return args.image
     from .image import load_image
 
-    return load_image(project, args.stack)["reference"]
+    return load_image(project, args.stack).reference
 
 
 def _smoke_args(p: argparse.ArgumentParser) -> None:
@@ -262,7 +263,7 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
             if reference == "last":
                 from .image import load_image
 
-                reference = load_image(project, stack)["reference"]
+                reference = load_image(project, stack).reference
             paths = recipes.render_recipes(project, stack, reference)
         else:
             paths = recipes.render_committed(project)

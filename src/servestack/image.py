@@ -26,10 +26,15 @@ from typing import Any
 from . import build as build_step
 from . import layers, oci, proc, prune, services
 from .errors import ServestackError
-from .fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .imageplan import ImagePlan, load_plan
 from .progress import Progress, phase
+from .lock import load_lock
 from .project import Project, cache_home
+from .records.lockfile import DebianBase, ImageBase, Lock
+from .records.steps import (BuildRecord, ExpectedCheck, ExpectedImage, ImageLayer, ImageRecord, read_expected, read_image,
+                            write_image)
+from .records.steps import write_expected as write_expected_record
 from .sources import registry
 from .stack import normalize
 from .trees import VENV, Tree, install_all, site_packages
@@ -92,36 +97,36 @@ def own_layers(name: str, entries: list[layers.Entry], spec: ImagePlan) -> list[
     return None
 
 
-def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: Path) -> list[Layer]:
-    """The layers above the base, from the build record and the installed trees (keyed by wheel sha256).
+def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePlan, work: Path) -> list[Layer]:
+    """The layers above the base, from the build record, its lock and the installed trees (keyed by wheel sha256).
 
     Every file lands in exactly one layer. Files an overlay changes or adds go to the top layer and
     leave their package's layer, so a changed PR changes only the top layer.
     """
-    python = record["lock"]["python"]
+    python = lock.python
     site = site_packages(python)
-    overlay_by_base = {o["base"]["sha256"]: o for o in record["overlays"]}
+    overlay_by_base = {o.base.sha256: o for o in record.overlays}
     overlay_files: dict[str, str] = {}
     top: list[layers.Entry] = []
     packages: list[tuple[str, list[layers.Entry]]] = []
     seen: set[str] = set()
-    for item in sorted(record["inputs"], key=lambda i: normalize(i["name"])):
-        entries = list(trees[item["sha256"]].entries)
-        applied = overlay_by_base.get(item["sha256"])
+    for item in sorted(record.inputs, key=lambda i: normalize(i.name)):
+        entries = list(trees[item.sha256].entries)
+        applied = overlay_by_base.get(item.sha256)
         if applied:
             old = {e.path: e.sha256 for e in entries}
-            changed = [e for e in trees[applied["wheel"]["sha256"]].entries
+            changed = [e for e in trees[applied.wheel.sha256].entries
                        if ".dist-info/" in e.path or old.get(e.path) != e.sha256]
             top += changed
             overlay_files.update({e.path: e.sha256 for e in changed})
-            kept = {e.path for e in trees[applied["wheel"]["sha256"]].entries} - overlay_files.keys()
+            kept = {e.path for e in trees[applied.wheel.sha256].entries} - overlay_files.keys()
             entries = [e for e in entries if e.path in kept]
         unique = [e for e in entries if e.path not in seen]
         if len(unique) != len(entries):
             log.warning("%s: %d files already installed by another package are kept from the first",
-                        item["name"], len(entries) - len(unique))
+                        item.name, len(entries) - len(unique))
         seen.update(e.path for e in unique)
-        packages.append((normalize(item["name"]), unique))
+        packages.append((normalize(item.name), unique))
 
     shared: list[list[layers.Entry]] = [[] for _ in range(spec.source("packages").shared_layers or 1)]
     own: list[Layer] = []
@@ -135,17 +140,17 @@ def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: 
                       for layer in _chunks(f"shared-{i}", bucket, spec.max_layer_bytes)] + own
 
     model: list[Layer] = []
-    if record.get("model"):
-        model_dir, name = Path(record["model"]["path"]), record["model"]["name"]
+    if record.model:
+        model_dir, name = Path(record.model.path), record.model.name
         model = _chunks("model", [layers.entry_for(p, f"opt/servestack/models/{name}/{p.name}")
                                   for p in sorted(model_dir.iterdir()) if p.is_file()], spec.max_layer_bytes)
     stack_json = canonical_json({
-        "lock_sha256": record["lock_sha256"],
-        "lock": record["lock"],
-        "overlays": {o["package"]: {"version": o["wheel"]["version"], "prs": [p["name"] for p in o["prs"]],
+        "lock_sha256": record.lock_sha256,
+        "lock": lock.to_json(),
+        "overlays": {o.package: {"version": o.wheel.version, "prs": [p["name"] for p in o.prs],
                                     "files": {t[len(site) + 1:] if t.startswith(site) else t: h
                                               for t, h in sorted(overlay_files.items())}}
-                     for o in record["overlays"]},
+                     for o in record.overlays},
     })
     top.append(_generated(work, "stack.json", stack_json.encode(), "opt/servestack/stack.json"))
     by_source = {"venv": [Layer("venv", tuple(_venv_entries(work, python)))], "packages": package_layers,
@@ -156,9 +161,9 @@ def plan(record: dict[str, Any], trees: dict[str, Tree], spec: ImagePlan, work: 
 # --------------------------------------------------------------------------- the base
 
 
-def debian_base(lock_base: dict[str, Any], platform: str) -> Path:
+def debian_base(lock_base: DebianBase, platform: str) -> Path:
     """A Debian rootfs tarball built with mmdebstrap; bit-identical for the same archive state."""
-    spec = lock_base["debian"]
+    spec = lock_base.to_json()["debian"]
     key = sha256_bytes(canonical_json({**spec, "arch": ARCH[platform]}).encode())[:24]
     out = cache_home() / "bases" / f"{spec['suite']}-{ARCH[platform]}-{key}.tar"
     if out.exists():
@@ -193,18 +198,18 @@ class Base:
     source: tuple[str, str] | None = None  # (registry, repository) of a base image
 
 
-def _image_base(base: dict[str, Any], platform: str, address: str) -> Base:
+def _image_base(base: ImageBase, platform: str, address: str) -> Base:
     """A base image by digest: its layers become the image's first layers, unchanged."""
-    ref = registry.Reference.parse(base["reference"])
-    found = registry.get_manifest(ref.registry, ref.repository, base["digest"])
+    ref = registry.Reference.parse(base.reference)
+    found = registry.get_manifest(ref.registry, ref.repository, base.digest)
     if found is None:
-        raise ServestackError(f"base image {base['reference']}@{base['digest']}: not in its registry")
+        raise ServestackError(f"base image {base.reference}@{base.digest}: not in its registry")
     manifest = json.loads(found[0])
     if "manifests" in manifest:  # an index: take this platform's manifest
         arch = oci.PLATFORMS[platform][0]
         digest = next((m["digest"] for m in manifest["manifests"] if (m.get("platform") or {}).get("architecture") == arch), None)
         if digest is None:
-            raise ServestackError(f"base image {base['reference']}: no manifest for {platform}")
+            raise ServestackError(f"base image {base.reference}: no manifest for {platform}")
         manifest = json.loads(registry.get_manifest(ref.registry, ref.repository, digest)[0])
     config = json.loads(registry.get_blob(ref.registry, ref.repository, manifest["config"]["digest"]))
     refs = [oci.LayerRef("base", layer["digest"], diff_id, layer["size"], layer["mediaType"])
@@ -212,10 +217,10 @@ def _image_base(base: dict[str, Any], platform: str, address: str) -> Base:
     return Base(refs, {}, config, (ref.registry, ref.repository))
 
 
-def _base(lock_doc: dict[str, Any], platform: str, address: str, progress: Progress) -> Base:
-    if "image" in lock_doc["base"]:
-        return _image_base(lock_doc["base"]["image"], platform, address)
-    tarball = debian_base(lock_doc["base"], platform)
+def _base(lock: Lock, platform: str, address: str, progress: Progress) -> Base:
+    if isinstance(lock.base, ImageBase):
+        return _image_base(lock.base, platform, address)
+    tarball = debian_base(lock.base, platform)
     blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
     return Base([oci.LayerRef("base", blob.digest, blob.diff_id, blob.size)], {blob.digest: blob.path}, None)
 
@@ -246,11 +251,11 @@ class EarlyLayers:
     `plan` drops a file from it the key differs and that layer is written again after planning.
     """
 
-    def __init__(self, record: dict[str, Any], spec: ImagePlan, epoch: int, base: Path | None):
+    def __init__(self, record: BuildRecord, spec: ImagePlan, epoch: int, base: Path | None):
         self.spec, self.epoch, self.base = spec, epoch, base
-        self.names = {i["sha256"]: normalize(i["name"]) for i in record["inputs"]}
+        self.names = {i.sha256: normalize(i.name) for i in record.inputs}
         self.names = {sha: n for sha, n in self.names.items()
-                      if sha not in {o["base"]["sha256"] for o in record["overlays"]}}  # overlaid: split by plan
+                      if sha not in {o.base.sha256 for o in record.overlays}}  # overlaid: split by plan
         self.written: dict[str, int] = {}  # layer key -> bytes tarred, for layers this build wrote
         self._queue: queue.Queue[list[Layer] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="early-layers", daemon=True)
@@ -288,39 +293,32 @@ class EarlyLayers:
 
 
 
-def _labels(record: dict[str, Any], lock_doc: dict[str, Any]) -> dict[str, str]:
+def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
     # Facts about the content only: no input hash (it covers servestack's own code), so a change to a
     # comment in image.py does not change the digest; the registry cache tag carries the input hash.
-    prs = [f"{p['repo']}#{p['number']}:{p['status']}" for p in lock_doc["pull_requests"]]
+    prs = [f"{p.label}:{p.status}" for p in lock.pull_requests]
     return {
-        "org.opencontainers.image.title": f"servestack/{record['stack']}",
-        "org.opencontainers.image.description": f"servestack stack {record['stack']} built from its lock",
-        "org.opencontainers.image.created": oci.created(record["source_date_epoch"]),
+        "org.opencontainers.image.title": f"servestack/{record.stack}",
+        "org.opencontainers.image.description": f"servestack stack {record.stack} built from its lock",
+        "org.opencontainers.image.created": oci.created(record.source_date_epoch),
         "org.opencontainers.image.licenses": "Apache-2.0",
-        "io.servestack.stack": record["stack"],
-        "io.servestack.lock.sha256": record["lock_sha256"],
+        "io.servestack.stack": record.stack,
+        "io.servestack.lock.sha256": record.lock_sha256,
         "io.servestack.prs": ",".join(prs),
     }
 
 
-def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: dict[str, Any],
-                 **extra: Any) -> dict[str, Any]:
-    layer_list = [{"digest": layer["digest"], "size": layer["size"], "title": name}
-                  for layer, name in zip(manifest["layers"], names)]
-    return {
-        "reference": reference,
-        "stack": record["stack"],
-        "platforms": [platform],
-        "lock_sha256": record["lock_sha256"],
-        "input_hash": record["input_hash"],
-        "total_size": sum(layer["size"] for layer in layer_list) + manifest["config"]["size"],
-        "layers": layer_list,
-        "layer_names": names,
-        **extra,
-    }
+def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: BuildRecord,
+                 **extra: Any) -> ImageRecord:
+    layer_list = tuple(ImageLayer(layer["digest"], layer["size"], name) for layer, name in zip(manifest["layers"], names))
+    return ImageRecord(
+        reference=reference, stack=record.stack, platforms=(platform,), lock_sha256=record.lock_sha256,
+        input_hash=record.input_hash, total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
+        layers=layer_list, layer_names=tuple(names), **extra,
+    )
 
 
-def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[str, Any], platform: str,
+def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, platform: str,
                   address: str, repository: str, early: dict[str, int]) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
     """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready.
     `early`: the layers this build already wrote while making trees (key -> bytes tarred)."""
@@ -343,7 +341,7 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[s
 
     with progress, ThreadPoolExecutor(max_workers=2) as uploads:
         progress.set_step("base")
-        base = _base(lock_doc, platform, address, progress)
+        base = _base(lock, platform, address, progress)
         jobs = [uploads.submit(send, ref.digest, base.paths.get(ref.digest), ref.size, base) for ref in base.layers]
         refs: list[oci.LayerRef] = []
         for index, (layer, key) in enumerate(zip(planned, keys), 1):
@@ -360,7 +358,7 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock_doc: dict[s
     return base, refs, stats
 
 
-def build_image(project: Project, stack: str, registry_address: str | None = None, *, rebuild: bool = False) -> dict[str, Any]:
+def build_image(project: Project, stack: str, registry_address: str | None = None, *, rebuild: bool = False) -> ImageRecord:
     """Build and push the stack's image; skipped when the registry holds this input hash, unless REBUILD
     (verify --rebuild must really build to compare digests)."""
     started = time.monotonic()
@@ -368,13 +366,13 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     image_json = out / "image.json"
     image_json.unlink(missing_ok=True)
     record = build_step.load_build(project, stack)
-    lock_doc = json.loads(project.lock_file(stack).read_text())
-    if record["lock_sha256"] != sha256_file(project.lock_file(stack)):
+    lock = load_lock(project, stack)
+    if record.lock_sha256 != sha256_file(project.lock_file(stack)):
         raise ServestackError(f"build/{stack}/build.json was made from another lock; run `nox -s build` again")
     address = registry_address or services.ensure_registry()
     repository = f"servestack/{stack}"
-    cache_tag = f"in-{record['input_hash'][:32]}"
-    platform = record["platform"]
+    cache_tag = f"in-{record.input_hash[:32]}"
+    platform = record.platform
     title = f"image {stack}"
 
     existing = None if rebuild else registry.get_manifest(address, repository, cache_tag)
@@ -384,18 +382,18 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         names = [h.get("created_by", "").removeprefix("servestack layer ") for h in
                  json.loads(registry.get_blob(address, repository, held["config"]["digest"])).get("history", [])]
         result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, skipped=True,
-                              bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2))
-        result["expected"] = check_expected(project, stack, digest, record["lock_sha256"])
-        atomic_write_json(image_json, result)
-        print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result['reference']}")
+                              bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2),
+                              expected=check_expected(project, stack, digest, record.lock_sha256))
+        write_image(image_json, result)
+        print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
 
     spec = load_plan(project.containers / "image.yaml")
-    python = lock_doc["python"]
-    wheels = {item["sha256"]: Path(item["path"]) for item in record["inputs"]}
-    wheels.update({o["wheel"]["sha256"]: Path(o["path"]) for o in record["overlays"]})
-    epoch = int(record["source_date_epoch"])
-    early = EarlyLayers(record, spec, epoch, None if "image" in lock_doc["base"] else debian_base(lock_doc["base"], platform))
+    python = lock.python
+    wheels = {item.sha256: Path(item.path) for item in record.inputs}
+    wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
+    epoch = record.source_date_epoch
+    early = EarlyLayers(record, spec, epoch, debian_base(lock.base, platform) if isinstance(lock.base, DebianBase) else None)
     try:
         with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores; "
                           "the large packages' layers written as their trees are ready"):
@@ -404,16 +402,16 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         written_early = early.finish()
     trees = dict(zip(wheels, made))
     work = out / "generated"
-    planned = plan({**record, "lock": lock_doc}, trees, spec, work)
+    planned = plan(record, lock, trees, spec, work)
     too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]
     if too_big:
         raise ServestackError(f"layers over {spec.max_layer_bytes} bytes: {too_big}")
     print(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
           f"for {platform}", flush=True)
-    base, refs, stats = _write_layers(stack, planned, epoch, lock_doc, platform, address, repository, written_early)
+    base, refs, stats = _write_layers(stack, planned, epoch, lock, platform, address, repository, written_early)
     all_refs = base.layers + refs
-    environment = {**spec.environment, **lock_doc.get("environment", {})}
-    config_doc = oci.config(platform, all_refs, environment, _labels(record, lock_doc), epoch, base.config)
+    environment = {**spec.environment, **lock.environment}
+    config_doc = oci.config(platform, all_refs, environment, _labels(record, lock), epoch, base.config)
     if not registry.blob_exists(address, repository, config_doc.digest):
         registry.push_bytes(address, repository, config_doc.digest, config_doc.data)
     manifest_doc = oci.manifest(config_doc, all_refs)
@@ -428,13 +426,13 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
                "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
+        expected=check_expected(project, stack, served, record.lock_sha256),
     )
-    result["expected"] = check_expected(project, stack, served, record["lock_sha256"])
-    atomic_write_json(image_json, result)
+    write_image(image_json, result)
     _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])
-    print(f"{title}: {result['reference']} ({result['total_size'] / 1e9:.2f} GB in {len(all_refs)} layers; "
+    print(f"{title}: {result.reference} ({result.total_size / 1e9:.2f} GB in {len(all_refs)} layers; "
           f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
-          f"{result['seconds']:.1f} s)", flush=True)
+          f"{result.seconds:.1f} s)", flush=True)
     return result
 
 
@@ -451,8 +449,9 @@ def _prune_caches(title: str, stack: str, trees: list[Path], digests: list[str])
               f"({pruned.freed_bytes / 1e9:.2f} GB freed)", flush=True)
 
 
-def load_image(project: Project, stack: str) -> dict[str, Any]:
-    return project.read_artifact(stack, "image.json", made_by="image")
+def load_image(project: Project, stack: str) -> ImageRecord:
+    path = project.artifacts(stack) / "image.json"
+    return read_image(path, f"run `nox -s image -- --stack {stack}` first", path.relative_to(project.root))
 
 
 # --------------------------------------------------------------------------- the expected digest
@@ -465,7 +464,7 @@ def expected_file(project: Project, stack: str) -> Path:
 UPDATE_COMMAND = "nox -s build -- --stack {stack} && nox -s image -- --stack {stack} --update-expected"
 
 
-def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) -> dict[str, Any]:
+def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) -> ExpectedCheck:
     """Whether this build reproduced the digest committed beside the lock.
 
     `reproduced`; `different` (same lock, another digest: this machine or this code makes other
@@ -474,22 +473,17 @@ def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) 
     path = expected_file(project, stack)
     shown = path.relative_to(project.root).as_posix()
     if not path.exists():
-        return {"file": shown, "status": "none", "digest": None}
-    committed = project.read_json(path, f"run `{UPDATE_COMMAND.format(stack=stack)}`")
-    if committed.get("lock_sha256") != lock_sha256:
+        return ExpectedCheck(shown, "none", None)
+    committed = read_expected(path, f"run `{UPDATE_COMMAND.format(stack=stack)}`", shown)
+    if committed.lock_sha256 != lock_sha256:
         status = "stale"
     else:
-        status = "reproduced" if committed.get("digest") == digest else "different"
-    return {"file": shown, "status": status, "digest": committed.get("digest")}
+        status = "reproduced" if committed.digest == digest else "different"
+    return ExpectedCheck(shown, status, committed.digest)
 
 
-def write_expected(project: Project, stack: str, result: dict[str, Any]) -> Path:
+def write_expected(project: Project, stack: str, result: ImageRecord) -> Path:
     path = expected_file(project, stack)
-    atomic_write_json(path, {
-        "stack": stack,
-        "lock_sha256": result["lock_sha256"],
-        "platform": result["platforms"][0],
-        "digest": result["reference"].split("@", 1)[1],
-        "update": UPDATE_COMMAND.format(stack=stack),
-    })
+    write_expected_record(path, ExpectedImage(stack, result.lock_sha256, result.platform, result.digest,
+                                              UPDATE_COMMAND.format(stack=stack)))
     return path

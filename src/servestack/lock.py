@@ -17,9 +17,11 @@ from typing import Any
 
 from . import cache, diffs, pairing, wheels
 from .errors import InputError, InputErrors, NetworkError, ServestackError
-from .fsutil import atomic_write_json, atomic_write_text, sha256_bytes, sha256_file
+from .fsutil import atomic_write_text, sha256_bytes, sha256_file
 from .probe.static.evidence import evidence_problem
 from .project import Project
+from .records.fields import Fields
+from .records.lockfile import Lock, read_lock, write_lock
 from .sources import debian, gitmirror, pypi, registry
 from .sources.github import GitHub, PullRequestNotFound
 from .sources.gitmirror import GitMirror
@@ -243,7 +245,7 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
 
 
 def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> dict[str, Any]:
-    """Resolve a stack into its lock document (nothing is written)."""
+    """Resolve a stack into its lock (`lock`) and the PR patches to write (`patches`); nothing is written."""
     stack_file = project.stack_file(stack_name)
     stack = load_stack(stack_file)
     if stack.name != stack_name:
@@ -285,7 +287,8 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     }
     if stack.fast_path:
         document["fast_path"] = stack.fast_path.model_dump(exclude_none=True)
-    return {"document": document, "patches": patches}
+    # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
+    return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
 
 
 def lock(project: Project, stack_name: str, github: GitHub | None = None) -> Path:
@@ -295,7 +298,7 @@ def lock(project: Project, stack_name: str, github: GitHub | None = None) -> Pat
         if not path.exists() or path.read_text() != diff:
             atomic_write_text(path, diff)
     out = project.lock_file(stack_name)
-    atomic_write_json(out, resolved["document"])
+    write_lock(out, resolved["lock"])
     return out
 
 
@@ -312,16 +315,16 @@ def _set_resolved_at(text: str, moment: str) -> str:
     return re.sub(r"^(python:.*)$", rf"\1\n{line}", text, count=1, flags=re.M)
 
 
-def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+def changes(old: Lock | None, new: Lock) -> list[str]:
     """What a relock changed, in words: versions, PRs now included upstream, overlays that can go."""
     if old is None:
         return ["no previous lock"]
     lines = []
-    if old.get("resolved_at") != new.get("resolved_at"):
-        lines.append(f"resolved at {new.get('resolved_at')} (was {old.get('resolved_at')})")
-    for platform in sorted(set(old.get("platforms", {})) | set(new.get("platforms", {}))):
-        before = {w["name"]: w["version"] for w in old.get("platforms", {}).get(platform, [])}
-        after = {w["name"]: w["version"] for w in new.get("platforms", {}).get(platform, [])}
+    if old.resolved_at != new.resolved_at:
+        lines.append(f"resolved at {new.resolved_at} (was {old.resolved_at})")
+    for platform in sorted(set(old.platforms) | set(new.platforms)):
+        before = {w.name: w.version for w in old.wheels(platform)}
+        after = {w.name: w.version for w in new.wheels(platform)}
         for name in sorted(set(before) | set(after)):
             if name not in after:
                 lines.append(f"{platform}: {name} {before[name]} removed")
@@ -329,14 +332,13 @@ def changes(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
                 lines.append(f"{platform}: {name} {after[name]} added")
             elif before[name] != after[name]:
                 lines.append(f"{platform}: {name} {before[name]} -> {after[name]}")
-    was = {(e["repo"], e["number"]): e for e in old.get("pull_requests", [])}
-    for entry in new.get("pull_requests", []):
-        prior = was.get((entry["repo"], entry["number"]))
-        label = f"{entry['repo']}#{entry['number']}"
-        if prior and prior["status"] == "overlay" and entry["status"] == "included":
-            lines.append(f"{label}: now included upstream; its overlay {prior['patch']['path']} can go")
-        elif prior is None or prior["status"] != entry["status"]:
-            lines.append(f"{label}: {prior['status'] if prior else 'new'} -> {entry['status']}")
+    was = {(e.repo, e.number): e for e in old.pull_requests}
+    for entry in new.pull_requests:
+        prior = was.get((entry.repo, entry.number))
+        if prior and prior.status == "overlay" and entry.status == "included" and prior.patch:
+            lines.append(f"{entry.label}: now included upstream; its overlay {prior.patch.path} can go")
+        elif prior is None or prior.status != entry.status:
+            lines.append(f"{entry.label}: {prior.status if prior else 'new'} -> {entry.status}")
     return lines or ["nothing changed"]
 
 
@@ -345,7 +347,10 @@ def upgrade(project: Project, stack_name: str, github: GitHub | None = None, now
     file and the lock are left as they were."""
     stack_file = project.stack_file(stack_name)
     text = stack_file.read_text()
-    old = load_lock(project, stack_name) if project.lock_file(stack_name).exists() else None
+    try:
+        old = load_lock(project, stack_name) if project.lock_file(stack_name).exists() else None
+    except InputError:  # a lock this servestack cannot read (an older format) is replaced, not compared
+        old = None
     moment = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     atomic_write_text(stack_file, _set_resolved_at(text, moment))
     try:
@@ -369,8 +374,10 @@ class CheckReport:
         return not self.problems
 
 
-def load_lock(project: Project, stack_name: str) -> dict[str, Any]:
-    return project.read_json(project.lock_file(stack_name), f"run `nox -s lock -- --stack {stack_name}`")
+def load_lock(project: Project, stack_name: str) -> Lock:
+    path = project.lock_file(stack_name)
+    shown = path.relative_to(project.root) if path.is_relative_to(project.root) else path
+    return read_lock(path, f"run `nox -s lock -- --stack {stack_name}`", shown)
 
 
 def lock_digest(project: Project, stack_name: str) -> str:
@@ -387,40 +394,35 @@ def check(project: Project, stack_name: str) -> CheckReport:
     stack_file = project.stack_file(stack_name)
     stack = load_stack(stack_file)
 
-    recorded = document.get("stack", {}).get("sha256")
+    recorded = document.stack.sha256
     actual = sha256_file(stack_file)
     if recorded != actual:
         problems.append(
             f"{where}: stack.sha256: {_relative(project, stack_file)} changed since the lock "
             f"(lock has {recorded}, file has {actual}); run `nox -s lock -- --stack {stack_name}`"
         )
-    if document.get("lock_version") != LOCK_VERSION:
-        problems.append(f"{where}: lock_version: is {document.get('lock_version')}, this servestack writes {LOCK_VERSION}; re-lock")
-    for key in ("python", "source_date_epoch", "base", "packages", "platforms", "pull_requests"):
-        if key not in document:
-            problems.append(f"{where}: {key}: entry missing")
+    if document.lock_version != LOCK_VERSION:
+        problems.append(f"{where}: lock_version: is {document.lock_version}, this servestack writes {LOCK_VERSION}; re-lock")
     for platform in stack.platforms:
-        wheels_here = document.get("platforms", {}).get(platform)
+        wheels_here = document.wheels(platform)
         if not wheels_here:
             problems.append(f"{where}: platforms.{platform}: entry missing")
             continue
-        names = {normalize(w["name"]) for w in wheels_here}
+        names = {normalize(w.name) for w in wheels_here}
         for package in stack.packages:
             if normalize(package.name) not in names:
                 problems.append(f"{where}: platforms.{platform}: no wheel for package {package.name}")
         known_indexes = {"pypi"} | {i.name for i in stack.indexes}
         for i, wheel in enumerate(wheels_here):
             for key in ("sha256", "filename", "version", "index"):
-                if not wheel.get(key):
+                if not getattr(wheel, key):
                     problems.append(f"{where}: platforms.{platform}[{i}].{key}: entry missing")
-            if "url" in wheel:
-                problems.append(f"{where}: platforms.{platform}[{i}].url: a lock names the index, never a URL; re-lock")
-            if wheel.get("index") and wheel["index"] not in known_indexes:
-                problems.append(f"{where}: platforms.{platform}[{i}].index: {wheel['index']!r} is not an index of the stack")
+            if wheel.index and wheel.index not in known_indexes:
+                problems.append(f"{where}: platforms.{platform}[{i}].index: {wheel.index!r} is not an index of the stack")
     for package in stack.packages:
-        if normalize(package.name) not in document.get("packages", {}):
+        if normalize(package.name) not in document.packages:
             problems.append(f"{where}: packages.{normalize(package.name)}: entry missing")
-    locked_prs = {(e["repo"], e["number"]): e for e in document.get("pull_requests", [])}
+    locked_prs = {(e.repo, e.number): e for e in document.pull_requests}
     for package in stack.packages:
         for pr in package.prs:
             entry = locked_prs.get((pr.repo, pr.number))
@@ -428,18 +430,17 @@ def check(project: Project, stack_name: str) -> CheckReport:
             if entry is None:
                 problems.append(f"{where}: {label}: entry missing")
                 continue
-            if entry["status"] == "unverified":
-                warnings.append(f"{where}: {label}: unverified ({entry.get('unverified_reason', '')[:160]})")
-            if entry["status"] == "overlay":
-                patch = entry.get("patch") or {}
-                path = project.root / patch.get("path", "")
-                if not patch.get("path") or not path.is_file():
-                    problems.append(f"{where}: {label}.patch: file {patch.get('path')} is missing")
-                elif sha256_file(path) != patch.get("sha256"):
+            if entry.status == "unverified":
+                warnings.append(f"{where}: {label}: unverified ({(entry.unverified_reason or '')[:160]})")
+            if entry.status == "overlay" and entry.patch:
+                path = project.root / entry.patch.path
+                if not path.is_file():
+                    problems.append(f"{where}: {label}.patch: file {entry.patch.path} is missing")
+                elif sha256_file(path) != entry.patch.sha256:
                     problems.append(
-                        f"{where}: {label}.patch: {patch['path']} has sha256 {sha256_file(path)}, the lock says {patch.get('sha256')}"
+                        f"{where}: {label}.patch: {entry.patch.path} has sha256 {sha256_file(path)}, the lock says {entry.patch.sha256}"
                     )
-    locked_patches = {e["file"]: e for e in document.get("local_patches", [])}
+    locked_patches = {e.file: e for e in document.local_patches}
     for package in stack.packages:
         for patch in package.patches:
             rel = _relative(project, project.patches / patch.file)
@@ -450,6 +451,6 @@ def check(project: Project, stack_name: str) -> CheckReport:
                 problems.append(f"{where}: {label}: entry missing")
             elif not path.is_file():
                 problems.append(f"{where}: {label}: file {rel} is missing")
-            elif sha256_file(path) != entry.get("sha256"):
-                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.get('sha256')}")
+            elif sha256_file(path) != entry.sha256:
+                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.sha256}")
     return CheckReport(problems, warnings)

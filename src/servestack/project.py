@@ -66,10 +66,6 @@ class Project:
     def artifacts(self, stack: str) -> Path:
         return self.root / "build" / stack
 
-    def read_artifact(self, stack: str, name: str, made_by: str) -> dict[str, Any]:
-        """A step's JSON record, e.g. build.json; a missing one says which session makes it."""
-        return self.read_json(self.artifacts(stack) / name, f"run `nox -s {made_by} -- --stack {stack}` first")
-
     def read_json(self, path: Path, remedy: str) -> dict[str, Any]:
         """A JSON file of this project; a missing or broken one is named with what to run."""
         from .errors import ServestackError

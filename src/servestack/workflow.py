@@ -20,6 +20,7 @@ from typing import Any
 from .errors import ServestackError
 from .imageref import ImageRef
 from .project import Project
+from .records.steps import read_image
 
 _OUTPUT_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -35,9 +36,9 @@ def step_outputs(project: Project, stack: str) -> dict[str, str]:
     A reference that is not by digest is refused here too: no tag ever becomes an output.
     """
     outputs: dict[str, str] = {}
-    image = _record(project, stack, "image.json")
-    if image is not None:
-        outputs[f"{stack}-image"] = str(ImageRef.parse(str(image["reference"])))
+    image = project.artifacts(stack) / "image.json"
+    if image.exists():
+        outputs[f"{stack}-image"] = str(ImageRef.parse(read_image(image, shown=image.relative_to(project.root)).reference))
     publication = _record(project, stack, "publish.json")
     if publication is not None:
         outputs[f"{stack}-bundle"] = str(publication["bundle_digest"])

@@ -12,6 +12,8 @@ from typing import Any
 from ..errors import InputError, ServestackError
 from ..imageref import ImageRef
 from ..project import Project
+from ..records.lockfile import Lock
+from ..records.steps import ImageRecord, read_image
 from ..sources import registry
 from ..sources.registry import OCI_EMPTY, OCI_MANIFEST, Descriptor, sha256_digest
 
@@ -54,8 +56,8 @@ def title_problem(title: str) -> str | None:
     return None
 
 
-def created_timestamp(lock_doc: dict[str, Any]) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(int(lock_doc["source_date_epoch"])))
+def created_timestamp(lock: Lock) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lock.source_date_epoch))
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,9 @@ class Records:
     def pulled(cls, directory: Path, stack: str) -> Records:
         return cls(directory / "pins" / f"{stack}.lock", directory / "pins" / f"{stack}.yaml", directory / "build",
                    str(directory / "build"))
+
+    def image(self) -> ImageRecord:
+        return read_image(self.steps / "image.json", "run the session that makes it first", f"{self.shown}/image.json")
 
     def read(self, name: str) -> dict[str, Any]:
         try:

@@ -15,6 +15,7 @@ from ..errors import InputError
 from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
 from ..project import Project
+from ..records.lockfile import read_lock
 from ..sources import registry
 from ..sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
 from .bundle import (
@@ -87,12 +88,11 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     adding its run's results to an image it did not build)."""
     started = time.monotonic()
     records = Records.pulled(records_dir, stack) if records_dir else Records.of_project(project, stack)
-    source_image = ImageRef.parse(image or records.read("image.json").get("reference"))
+    source_image = ImageRef.parse(image or records.image().reference)
     check_smoke(records, source_image)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
     target = copy_image(source_image, to) if to else source_image
-    lock_doc = project.read_json(records.lock, f"run `nox -s lock -- --stack {stack}` first")
-    created = created_timestamp(lock_doc)
+    created = created_timestamp(read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first"))
     with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
         files = bundle_files(project, stack, target, run_id, Path(scratch), records)
     client = image_client(target)

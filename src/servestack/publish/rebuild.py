@@ -74,7 +74,7 @@ def verify_rebuild(project: Project, reference: str, *, key: Path,
     finally:
         proc.run(["git", "-C", str(project.root), "worktree", "remove", "--force", str(worktree)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
-    rebuilt = ImageRef.parse(result["reference"])
+    rebuilt = ImageRef.parse(result.reference)
     record = {"image": str(publication.image), "rebuilt": str(rebuilt), "same": rebuilt.digest == publication.image.digest,
               "commit": commit, "seconds": round(time.monotonic() - started, 1)}
     if echo:

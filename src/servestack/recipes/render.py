@@ -30,6 +30,7 @@ import yaml
 from ..errors import InputError, Location
 from ..fsutil import atomic_write_text, sha256_file
 from ..project import Project
+from ..records.lockfile import Lock, read_lock
 from .validate import RENDER_MARK, UNBOUND_IMAGE, image_ref_problem
 
 FAMILIES_DIR = "families"
@@ -177,16 +178,13 @@ def dump_recipe(recipe: dict, header: list[str]) -> str:
 
 
 # -- rendering ------------------------------------------------------------------------------------
-def _versions(family: Family, lock: dict, lock_path: str) -> dict[str, str]:
-    packages = lock.get("packages") if isinstance(lock, dict) else None
-    if not isinstance(packages, dict):
-        raise InputError(lock_path, "packages", "the lock has no packages mapping")
+def _versions(family: Family, lock: Lock, lock_path: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for fw, names in family.frameworks.items():
         for name in names:
-            entry = packages.get(name)
-            if isinstance(entry, dict) and isinstance(entry.get("version"), str):
-                out[fw] = entry["version"]
+            entry = lock.packages.get(name)
+            if entry is not None:
+                out[fw] = entry.version
                 break
         else:
             raise InputError(lock_path, f"packages.{names[0]}.version",
@@ -194,7 +192,7 @@ def _versions(family: Family, lock: dict, lock_path: str) -> dict[str, str]:
     return out
 
 
-def render_family(family: Family, image_ref: str | None = None, lock: dict | None = None,
+def render_family(family: Family, image_ref: str | None = None, lock: Lock | None = None,
                   lock_sha256: str | None = None, *, lock_path: str = "lock") -> dict[str, str]:
     """File name -> text for every config x variant of the family (unbound when image_ref is None)."""
     bound = image_ref is not None
@@ -261,24 +259,19 @@ def _write_set(files: dict[str, str], out_dir: Path) -> list[Path]:
     return written
 
 
-def render_recipes(project: Project, stack: str, image_ref: str, lock: dict | Path | None = None, *,
+def render_recipes(project: Project, stack: str, image_ref: str, lock: Lock | Path | None = None, *,
                    lock_sha256: str | None = None, out_dir: Path | None = None) -> list[Path]:
     """Write the stack's recipe set bound to `image_ref` (repo@sha256:<hex>; tags are refused).
 
-    `lock` is the parsed lock (or its path; default pins/<stack>.lock); `lock_sha256` defaults to
+    `lock` is the lock (or its path; default pins/<stack>.lock); `lock_sha256` defaults to
     the sha256 of pins/<stack>.lock. Files go to `out_dir` (default build/<stack>/recipes/).
     Returns the written paths, sorted.
     """
     family = load_family(family_path(project, stack))
     lock_file = project.lock_file(stack)
-    if lock is None or isinstance(lock, (str, Path)):
+    if not isinstance(lock, Lock):
         lock_file = Path(lock) if lock is not None else lock_file
-        try:
-            lock = json.loads(lock_file.read_text())
-        except FileNotFoundError:
-            raise InputError(lock_file, "", "lock file not found: lock the stack first")
-        except json.JSONDecodeError as e:
-            raise InputError(Location(lock_file, e.lineno, e.colno), "", f"not valid JSON: {e.msg}") from e
+        lock = read_lock(lock_file, "lock the stack first")
         if lock_sha256 is None:
             lock_sha256 = sha256_file(lock_file)
     if lock_sha256 is None:

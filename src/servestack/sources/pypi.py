@@ -22,6 +22,7 @@ from packaging.utils import parse_wheel_filename
 from .. import proc
 from ..errors import InputError, NetworkError, ServestackError
 from ..indexes import DEFAULT_INDEX, IndexLocation, locate
+from ..records import lockfile
 from ..stack import Stack
 
 # Oldest glibc the image's base satisfies; manylinux wheels up to it are acceptable.
@@ -201,20 +202,20 @@ def _index_of(url: str, locations: list[IndexLocation]) -> str:
     return next((loc.name for loc in locations if loc.name != DEFAULT_INDEX and loc.owns(url)), DEFAULT_INDEX)
 
 
-def wheel_urls(location: IndexLocation, wheels: list[dict], platform: str, python: str) -> dict[str, str]:
+def wheel_urls(location: IndexLocation, wheels: list[lockfile.LockedWheel], platform: str, python: str) -> dict[str, str]:
     """Where each locked wheel (name, version, filename) is on `location`: filename -> URL.
 
     A local flat index is a directory; any other index is asked through uv (no dependencies,
     exact pins, that index only), so uv's own idea of its default index is the only one used.
     """
-    wanted = {w["filename"]: w for w in wheels}
+    wanted = {w.filename: w for w in wheels}
     directory = location.directory
     if directory is not None:
         found = {f: (directory / f).as_uri() for f in wanted if (directory / f).is_file()}
     else:
         with tempfile.TemporaryDirectory(prefix="servestack-fetch-") as tmp:
             work = Path(tmp)
-            pins = sorted({f"{w['name']}=={w['version']}" for w in wheels})
+            pins = sorted({f"{w.name}=={w.version}" for w in wheels})
             (work / "requirements.in").write_text("".join(p + "\n" for p in pins))
             argv = [
                 _uv(), "pip", "compile", "requirements.in", "--no-deps",

@@ -1,0 +1,305 @@
+"""`pins/<stack>.lock` as a typed record: its one reader (`read_lock`) and one writer (`write_lock`).
+
+`Lock.to_json()` gives back exactly the document `from_json` read (same keys, same optional keys
+left out), so a lock re-written by servestack is byte-identical, and the image, which carries the
+lock as JSON, keeps its digest. Fields whose content another owner defines (a PR's evidence items,
+the stack's fast_path, the smoke model's `make` spec) stay plain JSON here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .fields import Fields, read_record, write_record
+
+PR_STATUSES = ("included", "overlay", "unverified")
+
+
+def _omit_none(document: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in document.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class StackRef:
+    name: str
+    file: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class DebianBase:
+    suite: str
+    packages: tuple[str, ...]
+    release_date: int
+    release_sha256: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"debian": {"suite": self.suite, "packages": list(self.packages), "release_date": self.release_date,
+                           "release_sha256": self.release_sha256}}
+
+
+@dataclass(frozen=True)
+class ImageBase:
+    reference: str
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": {"reference": self.reference, "digest": self.digest}}
+
+
+def _base(f: Fields) -> DebianBase | ImageBase:
+    if f.has("image"):
+        f.only("image")
+        i = f.obj("image")
+        i.only("reference", "digest")
+        return ImageBase(i.str("reference"), i.str("digest"))
+    f.only("debian")
+    d = f.obj("debian")
+    d.only("suite", "packages", "release_date", "release_sha256")
+    return DebianBase(d.str("suite"), d.strs("packages"), d.int("release_date"), d.str("release_sha256"))
+
+
+@dataclass(frozen=True)
+class Excluded:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LockedPackage:
+    version: str
+    requirement: str
+    commit: str | None  # the upstream commit it was built from, when known
+
+
+@dataclass(frozen=True)
+class LockedWheel:
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    size: int | None
+    index: str  # the index's name in the stack file: where it is, is this machine's configuration
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "filename": self.filename, "sha256": self.sha256,
+                "size": self.size, "index": self.index}
+
+
+def _wheel(f: Fields) -> LockedWheel:
+    if f.has("url"):
+        raise f.error("url", "a lock names the index, never a URL; re-lock")
+    f.only("name", "version", "filename", "sha256", "size", "index")
+    return LockedWheel(f.str("name"), f.str("version"), f.str("filename"), f.str("sha256"), f.int_or_none("size", None),
+                       f.str("index"))
+
+
+@dataclass(frozen=True)
+class OverlayPatch:
+    path: str  # relative to the project
+    sha256: str
+    python_only: bool
+    native_files: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "python_only": self.python_only,
+                "native_files": list(self.native_files)}
+
+
+@dataclass(frozen=True)
+class PRHistory:
+    """What the PR's history source (GitHub or a git mirror) said, when it could be asked."""
+    state: str | None
+    head_sha: str | None
+    files: tuple[str, ...]
+
+
+def _evidence_item(f: Fields) -> dict[str, str]:
+    wrong = [key for key, value in f.data.items() if not isinstance(value, str)]
+    if wrong:
+        raise f.error(wrong[0], "expected a string (an evidence item is an object of strings)")
+    return dict(f.data)
+
+
+@dataclass(frozen=True)
+class LockedPR:
+    repo: str
+    number: int
+    package: str
+    title: str | None
+    merge_commit: str | None
+    status: str  # one of PR_STATUSES
+    merged: str | None = None
+    history: PRHistory | None = None
+    evidence: tuple[dict[str, str], ...] = ()  # the stack's evidence items, each with where it was found
+    patch: OverlayPatch | None = None  # status overlay
+    verified_by: tuple[str, ...] = ()  # status included: "ancestry" and/or "evidence"
+    note: str | None = None
+    unverified_reason: str | None = None  # status unverified
+
+    @property
+    def label(self) -> str:
+        return f"{self.repo}#{self.number}"
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {"repo": self.repo, "number": self.number, "package": self.package,
+                                    "title": self.title, "merge_commit": self.merge_commit, "status": self.status}
+        optional = {
+            "merged": self.merged,
+            "evidence": [dict(e) for e in self.evidence] or None,
+            "patch": self.patch.to_json() if self.patch else None,
+            "verified_by": list(self.verified_by) or None,
+            "note": self.note,
+            "unverified_reason": self.unverified_reason,
+        }
+        document.update(_omit_none(optional))
+        if self.history:
+            document.update(state=self.history.state, head_sha=self.history.head_sha, files=list(self.history.files))
+        return document
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "LockedPR":
+        f.only("repo", "number", "package", "title", "merge_commit", "status", "merged", "state", "head_sha", "files",
+               "evidence", "patch", "verified_by", "note", "unverified_reason")
+        status = f.str("status")
+        if status not in PR_STATUSES:
+            raise f.error("status", f"is {status!r}, expected one of {', '.join(PR_STATUSES)}")
+        history = None
+        if f.has("state"):
+            history = PRHistory(f.str_or_none("state"), f.str_or_none("head_sha"), f.strs("files"))
+        patch = None
+        if f.has("patch"):
+            p = f.obj("patch")
+            p.only("path", "sha256", "python_only", "native_files")
+            patch = OverlayPatch(p.str("path"), p.str("sha256"), p.bool("python_only"), p.strs("native_files"))
+        if status == "overlay" and patch is None:
+            raise f.error("patch", "missing (an overlay PR names its patch file)")
+        return cls(
+            repo=f.str("repo"), number=f.int("number"), package=f.str("package"), title=f.str_or_none("title"),
+            merge_commit=f.str_or_none("merge_commit"), status=status, merged=f.str_or_none("merged", None),
+            history=history, evidence=f.items("evidence", _evidence_item, ()),
+            patch=patch, verified_by=f.strs("verified_by", ()), note=f.str_or_none("note", None),
+            unverified_reason=f.str_or_none("unverified_reason", None),
+        )
+
+
+@dataclass(frozen=True)
+class LocalPatch:
+    package: str
+    file: str  # relative to the project (pins/patches/...)
+    sha256: str
+    reason: str
+    python_only: bool
+    native_files: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"package": self.package, "file": self.file, "sha256": self.sha256, "reason": self.reason,
+                "python_only": self.python_only, "native_files": list(self.native_files)}
+
+
+def _local_patch(f: Fields) -> LocalPatch:
+    f.only("package", "file", "sha256", "reason", "python_only", "native_files")
+    return LocalPatch(f.str("package"), f.str("file"), f.str("sha256"), f.str("reason"), f.bool("python_only"),
+                      f.strs("native_files"))
+
+
+@dataclass(frozen=True)
+class SmokeModel:
+    name: str
+    path: str | None = None  # a model directory on the serving host
+    make: dict[str, Any] | None = None  # a tiny model the build makes (tinymodel.TinyModelSpec fields)
+
+    def to_json(self) -> dict[str, Any]:
+        return _omit_none({"name": self.name, "path": self.path, "make": self.make})
+
+
+@dataclass(frozen=True)
+class Lock:
+    lock_version: int
+    stack: StackRef
+    python: str
+    resolved_at: str | None
+    source_date_epoch: int
+    base: DebianBase | ImageBase
+    environment: dict[str, str]
+    excluded: tuple[Excluded, ...]
+    packages: dict[str, LockedPackage]  # normalized name -> what the stack declared
+    platforms: dict[str, tuple[LockedWheel, ...]]
+    pull_requests: tuple[LockedPR, ...]
+    smoke_model: SmokeModel
+    local_patches: tuple[LocalPatch, ...] = ()
+    fast_path: dict[str, Any] | None = None  # stack.FastPath, as the stack file gives it
+    file: Path | str = field(default="", compare=False)  # where it was read from, for messages
+
+    def wheels(self, platform: str) -> tuple[LockedWheel, ...]:
+        return self.platforms.get(platform, ())
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "lock_version": self.lock_version,
+            "stack": {"name": self.stack.name, "file": self.stack.file, "sha256": self.stack.sha256},
+            "python": self.python,
+            "resolved_at": self.resolved_at,
+            "source_date_epoch": self.source_date_epoch,
+            "base": self.base.to_json(),
+            "environment": dict(sorted(self.environment.items())),
+            "excluded": [{"name": e.name, "reason": e.reason} for e in self.excluded],
+            "packages": {name: {"version": p.version, "requirement": p.requirement, "commit": p.commit}
+                         for name, p in self.packages.items()},
+            "platforms": {platform: [w.to_json() for w in ws] for platform, ws in sorted(self.platforms.items())},
+            "pull_requests": [pr.to_json() for pr in self.pull_requests],
+            "smoke_model": self.smoke_model.to_json(),
+        }
+        if self.local_patches:
+            document["local_patches"] = [p.to_json() for p in self.local_patches]
+        if self.fast_path is not None:
+            document["fast_path"] = self.fast_path
+        return document
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "Lock":
+        f.only("lock_version", "stack", "python", "resolved_at", "source_date_epoch", "base", "environment", "excluded",
+               "packages", "platforms", "pull_requests", "local_patches", "smoke_model", "fast_path")
+        stack = f.obj("stack")
+        stack.only("name", "file", "sha256")
+        model = f.obj("smoke_model")
+        model.only("name", "path", "make")
+        if model.has("make"):
+            model.obj("make")  # an object (its fields are the tiny model's spec)
+
+        def package(p: Fields) -> LockedPackage:
+            p.only("version", "requirement", "commit")
+            return LockedPackage(p.str("version"), p.str("requirement"), p.str_or_none("commit"))
+
+        def excluded(e: Fields) -> Excluded:
+            e.only("name", "reason")
+            return Excluded(e.str("name"), e.str("reason"))
+
+        platforms = f.obj("platforms")
+        return cls(
+            lock_version=f.int("lock_version"),
+            stack=StackRef(stack.str("name"), stack.str("file"), stack.str("sha256")),
+            python=f.str("python"),
+            resolved_at=f.str_or_none("resolved_at"),
+            source_date_epoch=f.int("source_date_epoch"),
+            base=_base(f.obj("base")),
+            environment=f.str_map("environment"),
+            excluded=f.items("excluded", excluded),
+            packages=f.entries("packages", package),
+            platforms={name: platforms.items(name, _wheel) for name in platforms.data},
+            pull_requests=f.items("pull_requests", LockedPR.from_json),
+            smoke_model=SmokeModel(model.str("name"), model.str_or_none("path", None), model.json("make", None)),
+            local_patches=f.items("local_patches", _local_patch, ()),
+            fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
+            file=f.file,
+        )
+
+
+def read_lock(path: Path, remedy: str = "", shown: Path | str | None = None) -> Lock:
+    return read_record(path, Lock.from_json, remedy, shown)
+
+
+def write_lock(path: Path, lock: Lock) -> None:
+    write_record(path, lock.to_json())

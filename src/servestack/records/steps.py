@@ -1,0 +1,268 @@
+"""The build and image steps' records as typed values, each with one reader and one writer.
+
+    build/<stack>/build.json   BuildRecord     what `build` fetched, verified and overlaid
+    build/<stack>/image.json   ImageRecord     the image `image` pushed, by digest
+    pins/<stack>.image.json    ExpectedImage   the digest committed for the committed lock
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..imageref import ImageRef
+from .fields import Fields, read_record, write_record
+
+# --------------------------------------------------------------------------- build.json
+
+
+@dataclass(frozen=True)
+class BuildInput:
+    """A verified wheel the image installs (or a metadata-only alias standing for one)."""
+    name: str
+    version: str
+    filename: str
+    sha256: str
+    path: str
+    declared: bool  # the stack file names the package
+    replaced_by: str | None  # the overlaid wheel installed instead
+    alias_of: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document = {"name": self.name, "version": self.version, "filename": self.filename, "sha256": self.sha256,
+                    "path": self.path, "declared": self.declared, "replaced_by": self.replaced_by}
+        return {**document, "alias_of": self.alias_of} if self.alias_of is not None else document
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "BuildInput":
+        f.only("name", "version", "filename", "sha256", "path", "declared", "replaced_by", "alias_of")
+        return cls(f.str("name"), f.str("version"), f.str("filename"), f.str("sha256"), f.str("path"),
+                   f.bool("declared"), f.str_or_none("replaced_by"), f.str_or_none("alias_of", None))
+
+
+@dataclass(frozen=True)
+class WheelFile:
+    filename: str
+    sha256: str
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class BuiltOverlay:
+    """A package's wheel with its PRs and local patches applied (overlay.OverlayResult, as recorded)."""
+    package: str
+    path: str  # the overlaid wheel
+    wheel: WheelFile
+    base: WheelFile
+    label: str
+    prs: tuple[dict[str, Any], ...]  # overlay.AppliedPR as JSON: name, repo, number, patch_sha256, added, ...
+    files: dict[str, str | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"package": self.package, "path": self.path,
+                "wheel": {"filename": self.wheel.filename, "sha256": self.wheel.sha256, "version": self.wheel.version},
+                "base": {"filename": self.base.filename, "sha256": self.base.sha256},
+                "label": self.label, "prs": [dict(p) for p in self.prs], "files": dict(sorted(self.files.items()))}
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "BuiltOverlay":
+        f.only("package", "path", "wheel", "base", "label", "prs", "files")
+        wheel, base = f.obj("wheel"), f.obj("base")
+        wheel.only("filename", "sha256", "version")
+        base.only("filename", "sha256")
+
+        def pr(p: Fields) -> dict[str, Any]:
+            p.str("name"), p.str("patch_sha256")
+            return dict(p.data)
+
+        return cls(f.str("package"), f.str("path"), WheelFile(wheel.str("filename"), wheel.str("sha256"), wheel.str("version")),
+                   WheelFile(base.str("filename"), base.str("sha256")), f.str("label"), f.items("prs", pr),
+                   f.str_map("files", values_may_be_null=True))
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    name: str
+    path: str
+    files: dict[str, str]  # file name -> sha256
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    stack: str
+    platform: str
+    lock_sha256: str
+    source_date_epoch: int
+    inputs: tuple[BuildInput, ...]
+    overlays: tuple[BuiltOverlay, ...]
+    unverified_prs: tuple[str, ...]
+    model: BuiltModel | None
+    input_hash: str  # names the image these inputs (and the code making images) produce
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stack": self.stack, "platform": self.platform, "lock_sha256": self.lock_sha256,
+            "source_date_epoch": self.source_date_epoch, "inputs": [i.to_json() for i in self.inputs],
+            "overlays": [o.to_json() for o in self.overlays], "unverified_prs": list(self.unverified_prs),
+            "model": {"name": self.model.name, "path": self.model.path, "files": dict(sorted(self.model.files.items()))}
+            if self.model else None,
+            "input_hash": self.input_hash,
+        }
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "BuildRecord":
+        f.only("stack", "platform", "lock_sha256", "source_date_epoch", "inputs", "overlays", "unverified_prs", "model",
+               "input_hash")
+        model = f.obj_or_none("model")
+        if model:
+            model.only("name", "path", "files")
+        return cls(f.str("stack"), f.str("platform"), f.str("lock_sha256"), f.int("source_date_epoch"),
+                   f.items("inputs", BuildInput.from_json), f.items("overlays", BuiltOverlay.from_json),
+                   f.strs("unverified_prs"),
+                   BuiltModel(model.str("name"), model.str("path"), model.str_map("files")) if model else None,
+                   f.str("input_hash"))
+
+
+def read_build(path: Path, remedy: str = "", shown: Path | str | None = None) -> BuildRecord:
+    return read_record(path, BuildRecord.from_json, remedy, shown)
+
+
+def write_build(path: Path, record: BuildRecord) -> None:
+    write_record(path, record.to_json())
+
+
+# --------------------------------------------------------------------------- image.json
+
+
+def _reference(f: Fields, key: str) -> str:
+    value = f.str(key)
+    problem = ImageRef.problem(value)
+    if problem:
+        raise f.error(key, problem)
+    return value
+
+
+@dataclass(frozen=True)
+class ImageLayer:
+    digest: str
+    size: int
+    title: str
+
+
+@dataclass(frozen=True)
+class ExpectedCheck:
+    """Whether the build reproduced pins/<stack>.image.json: reproduced, different, stale or none."""
+    file: str
+    status: str
+    digest: str | None
+
+
+@dataclass(frozen=True)
+class ImageRecord:
+    reference: str  # REPO@sha256:<hex>: past the build, images are referenced by digest only
+    stack: str
+    platforms: tuple[str, ...]
+    lock_sha256: str
+    input_hash: str
+    total_size: int
+    layers: tuple[ImageLayer, ...]
+    layer_names: tuple[str, ...]
+    skipped: bool  # the registry already held this input hash: nothing built or pushed
+    seconds: float
+    layers_built: int
+    layers_pushed: int
+    bytes_pushed: int
+    bytes_tarred: int | None = None
+    trees: dict[str, float] | None = None  # per-wheel trees made and cached, with their timings
+    expected: ExpectedCheck | None = None
+
+    @property
+    def digest(self) -> str:
+        return self.reference.split("@", 1)[1]
+
+    @property
+    def platform(self) -> str:
+        return self.platforms[0]
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "reference": self.reference, "stack": self.stack, "platforms": list(self.platforms),
+            "lock_sha256": self.lock_sha256, "input_hash": self.input_hash, "total_size": self.total_size,
+            "layers": [{"digest": layer.digest, "size": layer.size, "title": layer.title} for layer in self.layers],
+            "layer_names": list(self.layer_names), "skipped": self.skipped, "seconds": self.seconds,
+            "layers_built": self.layers_built, "layers_pushed": self.layers_pushed, "bytes_pushed": self.bytes_pushed,
+        }
+        if self.bytes_tarred is not None:
+            document["bytes_tarred"] = self.bytes_tarred
+        if self.trees is not None:
+            document["trees"] = dict(self.trees)
+        if self.expected is not None:
+            document["expected"] = {"file": self.expected.file, "status": self.expected.status,
+                                    "digest": self.expected.digest}
+        return document
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "ImageRecord":
+        f.only("reference", "stack", "platforms", "lock_sha256", "input_hash", "total_size", "layers", "layer_names",
+               "skipped", "seconds", "layers_built", "layers_pushed", "bytes_pushed", "bytes_tarred", "trees", "expected")
+
+        def layer(item: Fields) -> ImageLayer:
+            item.only("digest", "size", "title")
+            return ImageLayer(item.str("digest"), item.int("size"), item.str("title"))
+
+        reference = _reference(f, "reference")  # first: a tag is the mistake worth naming
+        expected = f.obj_or_none("expected")
+        if expected:
+            expected.only("file", "status", "digest")
+        platforms = f.strs("platforms")
+        if not platforms:
+            raise f.error("platforms", "expected the image's platform, found an empty list")
+        trees = f.obj_or_none("trees")
+        return cls(
+            reference=reference, stack=f.str("stack"), platforms=platforms,
+            lock_sha256=f.str("lock_sha256"), input_hash=f.str("input_hash"), total_size=f.int("total_size"),
+            layers=f.items("layers", layer), layer_names=f.strs("layer_names"), skipped=f.bool("skipped"),
+            seconds=f.number("seconds"), layers_built=f.int("layers_built"), layers_pushed=f.int("layers_pushed"),
+            bytes_pushed=f.int("bytes_pushed"), bytes_tarred=f.int_or_none("bytes_tarred", None),
+            trees={k: trees.number(k) for k in trees.data} if trees else None,
+            expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"))
+            if expected else None,
+        )
+
+
+def read_image(path: Path, remedy: str = "", shown: Path | str | None = None) -> ImageRecord:
+    return read_record(path, ImageRecord.from_json, remedy, shown)
+
+
+def write_image(path: Path, record: ImageRecord) -> None:
+    write_record(path, record.to_json())
+
+
+# --------------------------------------------------------------------------- pins/<stack>.image.json
+
+
+@dataclass(frozen=True)
+class ExpectedImage:
+    stack: str
+    lock_sha256: str
+    platform: str
+    digest: str
+    update: str  # the command that regenerates this file
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stack": self.stack, "lock_sha256": self.lock_sha256, "platform": self.platform, "digest": self.digest,
+                "update": self.update}
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "ExpectedImage":
+        f.only("stack", "lock_sha256", "platform", "digest", "update")
+        return cls(f.str("stack"), f.str("lock_sha256"), f.str("platform"), f.str("digest"), f.str("update"))
+
+
+def read_expected(path: Path, remedy: str = "", shown: Path | str | None = None) -> ExpectedImage:
+    return read_record(path, ExpectedImage.from_json, remedy, shown)
+
+
+def write_expected(path: Path, expected: ExpectedImage) -> None:
+    write_record(path, expected.to_json())

