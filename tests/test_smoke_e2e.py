@@ -145,16 +145,25 @@ def fake_stack(client, base_image, tmp_path_factory):
         extra.unlink()
     root = tmp / "project"
     (root / "pins").mkdir(parents=True)
+    def wheel(name: str, version: str) -> dict:
+        return {"name": name, "version": version, "filename": f"{name.replace('-', '_')}-{version}-py3-none-any.whl",
+                "sha256": "e" * 64, "size": 1, "index": "pypi"}
+
     lock = {
         "lock_version": 1,
         "stack": {"name": STACK, "file": f"pins/{STACK}.yaml", "sha256": "0" * 64},
         "python": "3.11",
+        "resolved_at": None,
+        "source_date_epoch": 0,
+        "base": {"debian": {"suite": "bookworm", "packages": [], "release_date": 0, "release_sha256": "d" * 64}},
         "environment": {},
         "excluded": [{"name": "aisimulate", "reason": "stub sdist only"}],
-        "packages": {"alpha": {"version": "1.0.0"}, "beta-pkg": {"version": "2.1"}},
-        "platforms": {"linux/amd64": [{"name": "alpha", "version": "1.0.0"}, {"name": "beta-pkg", "version": "2.1"}]},
+        "packages": {"alpha": {"version": "1.0.0", "requirement": "alpha==1.0.0", "commit": None},
+                     "beta-pkg": {"version": "2.1", "requirement": "beta-pkg==2.1", "commit": None}},
+        "platforms": {"linux/amd64": [wheel("alpha", "1.0.0"), wheel("beta-pkg", "2.1")]},
         "pull_requests": [{"repo": "o/beta", "number": 7, "package": "beta-pkg", "status": "overlay", "title": "fix",
-                           "patch": {"sha256": "f" * 64}}],
+                           "merge_commit": None, "patch": {"path": "pins/patches/o__beta-7.diff", "sha256": "f" * 64,
+                                                           "python_only": True, "native_files": []}}],
         "smoke_model": {"name": "none"},
     }
     atomic_write_json(root / "pins" / f"{STACK}.lock", lock)
