@@ -340,15 +340,18 @@ def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
     old = time.time() - 60
     for path in (entry, temporary):
         os.utime(path, (old, old))
-    release = _hold_leases(str(tmp_path), every=0.05)
+    alive = [True]
+    release = _hold_leases(str(tmp_path), lambda: alive[0], every=0.05)
     try:
         deadline = time.monotonic() + 10
         while entry.stat().st_mtime < old + 30 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert entry.stat().st_mtime > time.time() - 5
         assert temporary.stat().st_mtime == pytest.approx(old)  # Dynamo's half-written files are not its entries
+        alive[0] = False  # a worker's container stopped: its entries must be left to expire
+        time.sleep(0.2)
+        os.utime(entry, (old, old))
+        time.sleep(0.2)
+        assert entry.stat().st_mtime == pytest.approx(old)
     finally:
         release()
-    os.utime(entry, (old, old))
-    time.sleep(0.2)
-    assert entry.stat().st_mtime == pytest.approx(old)  # released: nothing refreshes it any more

@@ -186,22 +186,34 @@ def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable
 LEASE_REFRESH_S = 1.0
 
 
-def _hold_leases(discovery: str, every: float = LEASE_REFRESH_S) -> Callable[[], None]:
-    """Refresh every discovery entry's mtime from this (host) process until the returned stop() is called.
+def _all_running(containers: list[Any]) -> bool:
+    for container in containers:
+        container.reload()
+        if container.status != "running":
+            return False
+    return True
+
+
+def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEASE_REFRESH_S) -> Callable[[], None]:
+    """Refresh every discovery entry's mtime from this (host) process until the returned stop() is
+    called, or until `running()` says a container is gone: from then on Dynamo expires the dead
+    worker's entries as it would on its own, and the frontend drops it (the `discovery` check fails).
 
     Why: after prefilling, the prefill worker's engine busy-waits (vLLM's sched_yield loops)
     until the decode worker pulls its KV blocks. On a loaded 2-core machine that starved the
     decode worker and the frontend for the 30 s until prefill gave the blocks up: their
     keep-alive threads sat runnable without CPU for 22-33 s, the prefill worker (not starved)
     expired the decode worker's entries, and the frontend dropped the model; every later request
-    got 404. The probe owns the containers' lifetimes (a worker that exits fails `ready` or is
-    seen in its checks), so it can hold their leases; the `discovery` check still fails, naming
-    the lines, if an entry is lost anyway.
+    got 404. The probe knows its containers' lifetimes, so it holds their leases only while every
+    one of them runs; the `discovery` check fails, naming the lines, if an entry is lost anyway.
     """
     stop = threading.Event()
 
     def refresh() -> None:
         while not stop.wait(every):
+            if not running():
+                log.warning("a disaggregated container stopped: no longer holding the Dynamo discovery leases")
+                return
             for folder, _, files in os.walk(discovery):
                 for name in files:
                     if name.startswith(".tmp_"):  # Dynamo's atomic-write temporaries
@@ -244,7 +256,7 @@ def run_disagg_probe(
     discovery = tempfile.mkdtemp(prefix="servestack-discovery-")
     http = _http()
     start = time.monotonic()
-    release_leases = _hold_leases(discovery)
+    release_leases = _hold_leases(discovery, lambda: _all_running(list(containers.values())))
     try:
         frontend_id = None
         for role in plan.roles:
