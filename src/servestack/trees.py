@@ -32,7 +32,7 @@ log = logging.getLogger("servestack.trees")
 
 VENV = "opt/venv"
 # Part of the installed trees' cache key: bump when the install or bytecode recipe changes.
-BYTECODE = 1
+BYTECODE = 2
 
 
 def site_packages(python: str) -> str:
@@ -64,10 +64,9 @@ class Compiler:
 def compiler(python: str) -> Compiler:
     """The host's python<X.Y>, resolved once to the real binary (a pyenv shim costs 0.2 s per call).
 
-    Its exact version is part of each tree's key: the marshal format is fixed within a minor version
-    but the bytes are not (measured: Debian's 3.11.2 and pyenv's 3.11.7 write different pycs for
-    aiohttp/multipart.py, same code objects, other reference flags), so trees made by two patch
-    releases must never share a cache entry.
+    Its exact version is part of each tree's key: marshal's bytes (reference flags) depend on the
+    interpreter's state, so trees made by two builds of Python never share a cache entry. (Measured
+    with -S: Debian's 3.11.2 and pyenv's 3.11.7 write the same pycs for the file that differed.)
     """
     found = shutil.which(f"python{python}")
     if found is None:
@@ -143,7 +142,11 @@ def _compile_bytecode(site: Path, python: str) -> None:
         "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
         "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
     )
-    proc.run([interpreter, "-c", script, str(site), "/" + site_packages(python)], env={"PYTHONHASHSEED": "0"}, timeout=3600)
+    # -S: no site import. What `site` imports at start-up (a venv's or pyenv's .pth files) changes the
+    # refcounts marshal decides its reference flags by: measured, aiohttp/multipart.py's pyc differs
+    # between pyenv's python3.11 with its site and the same binary in a venv or with -S.
+    proc.run([interpreter, "-S", "-c", script, str(site), "/" + site_packages(python)],
+             env={"PYTHONHASHSEED": "0", "PYTHONPATH": ""}, timeout=3600)
 
 
 def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,
