@@ -93,12 +93,12 @@ def _image_args(p: argparse.ArgumentParser) -> None:
 @command("image", "write the image's layers, push what the registry lacks, check the expected digest: "
                   "build/<stack>/image.json", _image_args)
 def _image(args: argparse.Namespace, project: Project) -> int:
-    from . import image, lock
+    from . import image
 
     result = image.build_image(project, args.stack)
     digest = result.digest
     if args.update_expected:
-        path = image.write_expected(project, args.stack, result, lock.load_lock(project, args.stack).python)
+        path = image.write_expected(project, args.stack, result)
         _say(f"image {args.stack}: expected digest {digest} written to {path.relative_to(project.root)}")
         return 0
     expected = result.expected
@@ -112,8 +112,6 @@ def _image(args: argparse.Namespace, project: Project) -> int:
                      f"machine or this code made other bytes; if the change is deliberate, run `{fix}` and commit it",
     }
     _say(f"image {args.stack}: {digest} {verdicts[expected.status]}")
-    if expected.cause:
-        _say(f"image {args.stack}: {expected.cause}")
     return 1 if expected.status in ("different", "stale") else 0
 
 

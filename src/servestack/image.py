@@ -37,7 +37,7 @@ from .records.steps import (BuildRecord, ExpectedCheck, ExpectedImage, ImageLaye
 from .records.steps import write_expected as write_expected_record
 from .sources import registry
 from .stack import normalize
-from .trees import VENV, Tree, compiler, install_all, site_packages
+from .trees import VENV, Tree, install_all, site_packages
 
 log = logging.getLogger("servestack.image")
 
@@ -383,7 +383,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                  json.loads(registry.get_blob(address, repository, held["config"]["digest"])).get("history", [])]
         result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, skipped=True,
                               bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2),
-                              expected=check_expected(project, stack, digest, record.lock_sha256, lock.python))
+                              expected=check_expected(project, stack, digest, record.lock_sha256))
         write_image(image_json, result)
         print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
@@ -426,7 +426,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
                "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
-        expected=check_expected(project, stack, served, record.lock_sha256, python),
+        expected=check_expected(project, stack, served, record.lock_sha256),
     )
     write_image(image_json, result)
     _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])
@@ -464,12 +464,11 @@ def expected_file(project: Project, stack: str) -> Path:
 UPDATE_COMMAND = "nox -s build -- --stack {stack} && nox -s image -- --stack {stack} --update-expected"
 
 
-def check_expected(project: Project, stack: str, digest: str, lock_sha256: str, python: str) -> ExpectedCheck:
+def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) -> ExpectedCheck:
     """Whether this build reproduced the digest committed beside the lock.
 
     `reproduced`; `different` (same lock, another digest: this machine or this code makes other
-    bytes; `cause` names another bytecode compiler when that is it); `stale` (the committed digest
-    is for another lock); `none` (nothing committed).
+    bytes); `stale` (the committed digest is for another lock); `none` (nothing committed).
     """
     path = expected_file(project, stack)
     shown = path.relative_to(project.root).as_posix()
@@ -477,18 +476,14 @@ def check_expected(project: Project, stack: str, digest: str, lock_sha256: str, 
         return ExpectedCheck(shown, "none", None)
     committed = read_expected(path, f"run `{UPDATE_COMMAND.format(stack=stack)}`", shown)
     if committed.lock_sha256 != lock_sha256:
-        return ExpectedCheck(shown, "stale", committed.digest)
-    if committed.digest == digest:
-        return ExpectedCheck(shown, "reproduced", committed.digest)
-    here = compiler(python).version
-    cause = None if here == committed.bytecode_compiler else (
-        f"this machine compiles bytecode with CPython {here}, the expected digest was made with "
-        f"CPython {committed.bytecode_compiler}: put that python{python} first on PATH to reproduce it")
-    return ExpectedCheck(shown, "different", committed.digest, cause)
+        status = "stale"
+    else:
+        status = "reproduced" if committed.digest == digest else "different"
+    return ExpectedCheck(shown, status, committed.digest)
 
 
-def write_expected(project: Project, stack: str, result: ImageRecord, python: str) -> Path:
+def write_expected(project: Project, stack: str, result: ImageRecord) -> Path:
     path = expected_file(project, stack)
     write_expected_record(path, ExpectedImage(stack, result.lock_sha256, result.platform, result.digest,
-                                              compiler(python).version, UPDATE_COMMAND.format(stack=stack)))
+                                              UPDATE_COMMAND.format(stack=stack)))
     return path

@@ -156,7 +156,6 @@ class ExpectedCheck:
     file: str
     status: str
     digest: str | None
-    cause: str | None = None  # a known reason for `different`, e.g. another bytecode compiler
 
 
 @dataclass(frozen=True)
@@ -200,7 +199,7 @@ class ImageRecord:
             document["trees"] = dict(self.trees)
         if self.expected is not None:
             document["expected"] = {"file": self.expected.file, "status": self.expected.status,
-                                    "digest": self.expected.digest, "cause": self.expected.cause}
+                                    "digest": self.expected.digest}
         return document
 
     @classmethod
@@ -215,7 +214,7 @@ class ImageRecord:
         reference = _reference(f, "reference")  # first: a tag is the mistake worth naming
         expected = f.obj_or_none("expected")
         if expected:
-            expected.only("file", "status", "digest", "cause")
+            expected.only("file", "status", "digest")
         platforms = f.strs("platforms")
         if not platforms:
             raise f.error("platforms", "expected the image's platform, found an empty list")
@@ -227,8 +226,7 @@ class ImageRecord:
             seconds=f.number("seconds"), layers_built=f.int("layers_built"), layers_pushed=f.int("layers_pushed"),
             bytes_pushed=f.int("bytes_pushed"), bytes_tarred=f.int_or_none("bytes_tarred", None),
             trees={k: trees.number(k) for k in trees.data} if trees else None,
-            expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"),
-                                   expected.str_or_none("cause", None))
+            expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"))
             if expected else None,
         )
 
@@ -250,20 +248,16 @@ class ExpectedImage:
     lock_sha256: str
     platform: str
     digest: str
-    # The exact CPython that compiled the bytecode: patch releases marshal some pycs differently,
-    # so another one makes another digest from the same commit.
-    bytecode_compiler: str
     update: str  # the command that regenerates this file
 
     def to_json(self) -> dict[str, Any]:
         return {"stack": self.stack, "lock_sha256": self.lock_sha256, "platform": self.platform, "digest": self.digest,
-                "bytecode_compiler": self.bytecode_compiler, "update": self.update}
+                "update": self.update}
 
     @classmethod
     def from_json(cls, f: Fields) -> "ExpectedImage":
-        f.only("stack", "lock_sha256", "platform", "digest", "bytecode_compiler", "update")
-        return cls(f.str("stack"), f.str("lock_sha256"), f.str("platform"), f.str("digest"),
-                   f.str("bytecode_compiler"), f.str("update"))
+        f.only("stack", "lock_sha256", "platform", "digest", "update")
+        return cls(f.str("stack"), f.str("lock_sha256"), f.str("platform"), f.str("digest"), f.str("update"))
 
 
 def read_expected(path: Path, remedy: str = "", shown: Path | str | None = None) -> ExpectedImage:
