@@ -36,7 +36,9 @@ from pathlib import Path
 from servestack import build, image, layers, overlay, services, wheels
 from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from servestack.imageplan import load_plan
+from servestack.lock import load_lock
 from servestack.project import Project, cache_home
+from servestack.records.steps import ImageRecord
 from servestack.services import registry as registry_service
 from servestack.sources import registry
 from servestack.trees import install_all
@@ -85,20 +87,20 @@ def run_servestack(project: Project, stack: str, address: str) -> dict:
     return summary(result, built - started, time.monotonic() - built)
 
 
-def summary(result: dict, build_seconds: float, image_seconds: float) -> dict:
+def summary(result: ImageRecord, build_seconds: float, image_seconds: float) -> dict:
     return {
         "seconds": round(build_seconds + image_seconds, 1), "build_seconds": round(build_seconds, 1),
-        "image_seconds": round(image_seconds, 2), "digest": result["reference"].split("@")[1],
-        "layers": len(result["layers"]), "layers_built": result.get("layers_built", 0),
-        "layers_pushed": result["layers_pushed"], "bytes_pushed": result["bytes_pushed"],
-        "total_size": result["total_size"], "trees": result.get("trees"), "skipped": result["skipped"],
+        "image_seconds": round(image_seconds, 2), "digest": result.digest,
+        "layers": len(result.layers), "layers_built": result.layers_built,
+        "layers_pushed": result.layers_pushed, "bytes_pushed": result.bytes_pushed,
+        "total_size": result.total_size, "trees": result.trees, "skipped": result.skipped,
         "changed_layers": [],
     }
 
 
-def changed(before: dict, after: dict) -> list[str]:
-    old = {layer["digest"] for layer in before["layers"]}
-    return [layer["title"] for layer in after["layers"] if layer["digest"] not in old]
+def changed(before: ImageRecord, after: ImageRecord) -> list[str]:
+    old = {layer.digest for layer in before.layers}
+    return [layer.title for layer in after.layers if layer.digest not in old]
 
 
 # --------------------------------------------------------------------------- the naive build
@@ -172,11 +174,14 @@ def vllm_overlay(record: dict, work: Path, project: Project, version: int) -> di
 # --------------------------------------------------------------------------- the physical limit
 
 
-def physical_limit(record: dict, lock_doc: dict, base_tar: Path, work: Path, project: Project, address: str) -> dict:
-    """The same layer trees through tar | zstd -3 -T0 | sha256sum, then the same blobs pushed."""
-    wheel_paths = {i["sha256"]: Path(i["path"]) for i in record["inputs"]}
-    trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], lock_doc["python"])))
-    planned = image.plan({**record, "lock": lock_doc}, trees, load_plan(project.containers / "image.yaml"), work / "gen")
+def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, address: str) -> dict:
+    """The same layer trees (the last build's, overlays included) through tar | zstd -3 -T0 | sha256sum,
+    then the same blobs pushed."""
+    record, locked = build.load_build(project, stack), load_lock(project, stack)
+    wheel_paths = {i.sha256: Path(i.path) for i in record.inputs}
+    wheel_paths.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
+    trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], locked.python)))
+    planned = image.plan(record, locked, trees, load_plan(project.containers / "image.yaml"), work / "gen")
     dirs = []
     for index, layer in enumerate(planned):
         d = work / "limit" / f"{index:02d}"
@@ -188,7 +193,7 @@ def physical_limit(record: dict, lock_doc: dict, base_tar: Path, work: Path, pro
             elif e.kind == "file":
                 os.link(e.source, target)
         dirs.append(d)
-    epoch = record["source_date_epoch"]
+    epoch = record.source_date_epoch
     started = time.monotonic()
     subprocess.run(["bash", "-o", "pipefail", "-c", f"zstd -3 -T0 -q -c {base_tar} | sha256sum >/dev/null"], check=True)
     for d in dirs:
@@ -266,9 +271,9 @@ def main() -> int:
     main_cache = cache_home()
     report: dict = {"stack": stack, "cores": os.cpu_count(), "load_before": os.getloadavg()}
     build.build(project, stack)  # the wheels, downloaded and verified once, outside the timings
-    record = build.load_build(project, stack)
+    record = json.loads((project.artifacts(stack) / "build.json").read_text())  # as written: the changes edit it
     lock_doc = json.loads(project.lock_file(stack).read_text())
-    base_tar = image.debian_base(lock_doc["base"], record["platform"])
+    base_tar = image.debian_base(load_lock(project, stack).base, build.load_build(project, stack).platform)
     services.ensure_dockerd()
     saved_env = os.environ.get("SERVESTACK_CACHE")
     with tempfile.TemporaryDirectory(prefix="servestack-bench-", dir=main_cache.parent) as tmp:
@@ -301,7 +306,7 @@ def main() -> int:
                     report["noop"] = run_servestack(project, stack, address)
                 changes(report, project, stack, work, address)
             with scratch_registry(work) as address, measured(report, "limit", project, stack):
-                report["limit"] = physical_limit(record, lock_doc, base_tar, work, project, address)
+                report["limit"] = physical_limit(project, stack, base_tar, work, address)
         finally:
             if saved_env is None:
                 os.environ.pop("SERVESTACK_CACHE", None)
