@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.records import write_image_record
+from fixtures.records import write_image_record, write_smoke_record
 from servestack import workflow
 from servestack.errors import ServestackError
 from servestack.project import Project
+from servestack.records.smoke import Check
 from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
 from servestack.runners.driver import cancel_recorded, process_started, recorded_jobs, run_job
 
@@ -109,7 +110,9 @@ def _project(tmp_path: Path, stack: str = "dev-cpu") -> Project:
     d = tmp_path / "build" / stack
     d.mkdir(parents=True)
     write_image_record(d / "image.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}")
-    (d / "smoke.json").write_text(json.dumps({"status": "pass", "counts": {"pass": 30, "fail": 0, "not run": 2}}))
+    write_smoke_record(d / "smoke.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}", stack,
+                       tuple(Check("static", f"c{i}", "pass") for i in range(30))
+                       + (Check("serving", "ready", "not_run", "--no-serve"), Check("disagg", "ready", "not_run")))
     report = d / "runs" / "gha-1-1" / "accuracy" / "report.md"
     report.parent.mkdir(parents=True)
     report.write_text("### accuracy: PASS\n")

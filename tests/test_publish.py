@@ -12,12 +12,13 @@ import pytest
 import zstandard
 from fixtures.tls_registry import tar_layer
 
-from fixtures.records import committed_lock
+from fixtures.records import committed_lock, write_smoke_record
 from servestack import publish, signing
 from servestack.errors import InputError, ServestackError
 from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRefError
 from servestack.project import Project
+from servestack.records.smoke import Check
 from servestack.sources.registry import OCI_MANIFEST, Descriptor
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
@@ -123,13 +124,13 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
     smoke = project.artifacts("dev-cpu") / "smoke.json"
     with pytest.raises(ServestackError, match="build/dev-cpu/smoke.json: missing; run the session"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
-    atomic_write_json(smoke, {"image": IMAGE, "status": "fail", "checks": [
-        {"probe": "static", "name": "versions", "status": "fail"}, {"probe": "serving", "name": "health", "status": "pass"}]})
+    write_smoke_record(smoke, IMAGE, checks=(Check("static", "versions", "fail"), Check("serving", "health", "pass")))
     with pytest.raises(ServestackError, match=r"smoke failed .*\(static/versions\)"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
-    atomic_write_json(smoke, {"image": IMAGE.replace("ab", "ef"), "status": "pass", "checks": []})
+    write_smoke_record(smoke, IMAGE.replace("ab", "ef"))
     with pytest.raises(ServestackError, match="run `nox -s smoke` on this digest"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
+    publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE.replace("ab", "ef")))
 
 
 @pytest.mark.parametrize("compress, media_type", [

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
-from fixtures.records import write_image_record
+from fixtures.records import write_image_record, write_smoke_record
 from servestack import cluster, publish, signing, tools
 from servestack.errors import NetworkError, ServestackError
 from servestack.fsutil import atomic_write_json
@@ -58,7 +58,7 @@ def make_project(root: Path, image: str) -> Project:
     out = project.artifacts(STACK)
     atomic_write_json(out / "build.json", {"stack": STACK, "lock_sha256": "see the lock"})
     write_image_record(out / "image.json", image, STACK)
-    atomic_write_json(out / "smoke.json", {"image": image, "status": "pass", "checks": []})
+    write_smoke_record(out / "smoke.json", image, STACK)
     return project
 
 

@@ -92,3 +92,36 @@ def test_the_image_record_refuses_a_tag_and_round_trips(tmp_path):
     path.write_text(text.replace("@sha256:" + "a" * 64, ":latest"))
     with pytest.raises(InputError, match=r"image.json: reference: .* is a tag, not a digest"):
         read_image(path)
+
+
+def test_the_smoke_record_rewrites_smoke_json_byte_identical_and_checks_its_fields(tmp_path):
+    from servestack.fsutil import canonical_json
+    from servestack.records.smoke import read_smoke, write_smoke
+
+    # smoke.json as `smoke` wrote it before the typed record (SmokeResult.to_json: asdict of each check)
+    document = {
+        "stack": "s", "image": "127.0.0.1:5000/servestack/s@sha256:" + "a" * 64, "platform": "linux/amd64",
+        "lock_sha256": "b" * 64, "status": "fail", "counts": {"pass": 1, "fail": 1, "not_run": 1}, "wall_s": 12.34,
+        "metrics": {"pull_s": 1.5, "disagg": {"kv_transfers": 3, "time_to_ready_s": None}},
+        "checks": [{"probe": "static", "name": "lock", "status": "pass", "detail": "ok", "time_s": 0.25},
+                   {"probe": "serving", "name": "ready", "status": "fail", "detail": "timed out", "time_s": 300},
+                   {"probe": "disagg", "name": "ready", "status": "not_run", "detail": "--no-serve", "time_s": None}],
+    }
+    path = tmp_path / "smoke.json"
+    path.write_text(canonical_json(document))
+    record = read_smoke(path)
+    assert record.status == "fail" and [c.name for c in record.failed] == ["ready"] and record.metrics["pull_s"] == 1.5
+    write_smoke(path, record)
+    assert path.read_text() == canonical_json(document)
+    for change, field, expected in [
+        (lambda d: d["checks"][1].update(status="broken"), r"checks\[1\].status", "expected one of pass, fail, not_run"),
+        (lambda d: d.update(status="pass"), "status", "expected 'fail' \\(what the checks say\\)"),
+        (lambda d: d["counts"].update(fail=0), "counts", "expected .* \\(what the checks say\\)"),
+        (lambda d: d.pop("image"), "image", "missing \\(expected a string\\)"),
+        (lambda d: d.update(metrics=[]), "metrics", "expected an object, found a list"),
+    ]:
+        broken = json.loads(canonical_json(document))
+        change(broken)
+        path.write_text(json.dumps(broken))
+        with pytest.raises(InputError, match=rf"smoke.json: {field}: {expected}"):
+            read_smoke(path)

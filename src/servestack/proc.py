@@ -25,6 +25,24 @@ class CommandError(ServestackError):
         super().__init__(f"`{shlex.join(self.argv)}` exited with {returncode}" + (f":\n{tail}" if tail else ""))
 
 
+# Callers catch a command's timeout by this name, so none of them needs subprocess.
+TimeoutExpired = subprocess.TimeoutExpired
+
+
+def _prepare(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str]]:
+    """The argv as strings and the full environment, logging the command with secrets hidden."""
+    args = [os.fspath(a) for a in argv]
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    shown_env = " ".join(
+        f"{k}=***" if any(m in k.upper() for m in _SECRET_ENV_MARKERS) else f"{k}={shlex.quote(v)}"
+        for k, v in (env or {}).items()
+    )
+    log.info("$ %s%s", f"{shown_env} " if shown_env else "", shlex.join(args))
+    return args, full_env
+
+
 def run(
     argv: Sequence[str | os.PathLike[str]],
     *,
@@ -36,15 +54,7 @@ def run(
     timeout: float | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run a command; its environment is the caller's plus `env`. Secrets are never logged."""
-    args = [os.fspath(a) for a in argv]
-    full_env = dict(os.environ)
-    if env:
-        full_env.update(env)
-    shown_env = " ".join(
-        f"{k}=***" if any(m in k.upper() for m in _SECRET_ENV_MARKERS) else f"{k}={shlex.quote(v)}"
-        for k, v in (env or {}).items()
-    )
-    log.info("$ %s%s", f"{shown_env} " if shown_env else "", shlex.join(args))
+    args, full_env = _prepare(argv, env)
     proc = subprocess.run(
         args,
         cwd=cwd,
@@ -58,3 +68,20 @@ def run(
     if check and proc.returncode != 0:
         raise CommandError(args, proc.returncode, proc.stdout or "")
     return proc
+
+
+def output_bytes(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    input: bytes | None = None,
+    timeout: float | None = None,
+) -> bytes:
+    """A command's standard output as bytes (a signature, a DER certificate), its error output kept apart
+    so it cannot corrupt them; a failure raises CommandError with that error output."""
+    args, full_env = _prepare(argv, env)
+    proc = subprocess.run(args, env=full_env, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise CommandError(args, proc.returncode, proc.stderr.decode(errors="replace"))
+    return proc.stdout

@@ -22,13 +22,13 @@ import base64
 import http.server
 import json
 import re
-import subprocess
 import time
 import urllib.parse
 import uuid
 from pathlib import Path
 
 from .fsutil import atomic_write_text
+from .proc import output_bytes, run
 from .project import state_home
 
 PULL_REGISTRY = "127.0.0.1:5001"
@@ -55,14 +55,12 @@ def issue_token(key: Path, cert_der: bytes, scopes: list[str], now: float | None
     claims = {"iss": ISSUER, "sub": "", "aud": SERVICE, "exp": int(now) + TOKEN_SECONDS, "nbf": int(now) - 60,
               "iat": int(now), "jti": uuid.uuid4().hex, "access": access}
     signing_input = f"{_b64(json.dumps(header).encode())}.{_b64(json.dumps(claims).encode())}"
-    signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(key)], input=signing_input.encode(),
-                               capture_output=True, check=True).stdout
+    signature = output_bytes(["openssl", "dgst", "-sha256", "-sign", key], input=signing_input.encode())
     return f"{signing_input}.{_b64(signature)}"
 
 
 def _serve(port: int, key: Path, cert: Path) -> None:
-    cert_der = subprocess.run(["openssl", "x509", "-in", str(cert), "-outform", "DER"], capture_output=True,
-                              check=True).stdout
+    cert_der = output_bytes(["openssl", "x509", "-in", cert, "-outform", "DER"])
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
@@ -121,9 +119,8 @@ def ensure_pull_registry(source_registry: str, timeout: float = 30.0) -> str:
         home.mkdir(parents=True, exist_ok=True)
         key, cert = home / "token.key", home / "token.crt"
         if not cert.exists():
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
-                            "-out", str(cert), "-days", "3650", "-subj", f"/CN={ISSUER}"],
-                           capture_output=True, check=True)
+            run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                 "-days", "3650", "-subj", f"/CN={ISSUER}"])
             key.chmod(0o600)
         if not _token_answers():
             import sys

@@ -15,7 +15,6 @@ import functools
 import logging
 import os
 import shutil
-import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -71,8 +70,9 @@ def compiler(python: str) -> Compiler:
     found = shutil.which(f"python{python}")
     if found is None:
         return Compiler(None, "none")
-    out = subprocess.run([found, "-c", "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"],
-                         capture_output=True, text=True, check=True).stdout.split("\n")
+    # Standard output alone: a warning on stderr must not become the path or the version.
+    out = proc.output_bytes([found, "-c", "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"]
+                            ).decode().split("\n")
     return Compiler(out[0], out[1])
 
 

@@ -20,6 +20,7 @@ from typing import Any
 from .errors import ServestackError
 from .imageref import ImageRef
 from .project import Project
+from .records.smoke import read_smoke
 from .records.steps import read_image
 
 _OUTPUT_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -50,11 +51,11 @@ def summary(project: Project, stack: str, run_id: str | None = None) -> str:
     lines = [f"## {stack}", ""]
     outputs = step_outputs(project, stack)
     lines.append(f"- image: `{outputs.get(f'{stack}-image', 'not built')}`")
-    smoke = _record(project, stack, "smoke.json")
-    if smoke is not None:
-        counts = smoke.get("counts", {})
-        lines.append(f"- smoke: **{str(smoke.get('status', '?')).upper()}** (" +
-                     ", ".join(f"{n} {k}" for k, n in counts.items()) + ")")
+    smoke_json = project.artifacts(stack) / "smoke.json"
+    if smoke_json.exists():
+        smoke = read_smoke(smoke_json, shown=smoke_json.relative_to(project.root))
+        lines.append(f"- smoke: **{smoke.status.upper()}** (" +
+                     ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in smoke.counts().items()) + ")")
     lines.append(f"- bundle: `{outputs.get(f'{stack}-bundle', 'not published')}`")
     if run_id:
         run_dir = project.artifacts(stack) / "runs" / run_id

@@ -13,6 +13,7 @@ from ..errors import InputError, ServestackError
 from ..imageref import ImageRef
 from ..project import Project
 from ..records.lockfile import Lock
+from ..records.smoke import SmokeRecord, read_smoke
 from ..records.steps import ImageRecord, read_image
 from ..sources import registry
 from ..sources.registry import OCI_EMPTY, OCI_MANIFEST, Descriptor, sha256_digest
@@ -82,6 +83,9 @@ class Records:
     def image(self) -> ImageRecord:
         return read_image(self.steps / "image.json", "run the session that makes it first", f"{self.shown}/image.json")
 
+    def smoke(self) -> SmokeRecord:
+        return read_smoke(self.steps / "smoke.json", "run the session that makes it first", f"{self.shown}/smoke.json")
+
     def read(self, name: str) -> dict[str, Any]:
         try:
             return json.loads((self.steps / name).read_text())
@@ -92,12 +96,12 @@ class Records:
 
 
 def check_smoke(records: Records, image: ImageRef) -> None:
-    smoke = records.read("smoke.json")
+    smoke = records.smoke()
     where = f"{records.shown}/smoke.json"
-    if smoke.get("image") != str(image):
-        raise PublishError(f"{where} is for {smoke.get('image')}, not {image}: run `nox -s smoke` on this digest first")
-    if smoke.get("status") != "pass":
-        failed = [f"{c['probe']}/{c['name']}" for c in smoke.get("checks", []) if c.get("status") == "fail"]
+    if smoke.image != str(image):
+        raise PublishError(f"{where} is for {smoke.image}, not {image}: run `nox -s smoke` on this digest first")
+    if not smoke.ok:
+        failed = [f"{c.probe}/{c.name}" for c in smoke.failed]
         raise PublishError(f"{where}: smoke failed for {image} ({', '.join(failed) or 'no passing status'}); "
                            f"only an image that passed smoke is published")
 

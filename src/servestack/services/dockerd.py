@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from ..errors import ServestackError
 from ..fsutil import atomic_write_text
-from ..proc import run
+from ..proc import TimeoutExpired, run
 from ..project import state_home
 from .daemons import exclusive, log_tail, require, spawn_detached, wait_until
 
@@ -21,7 +20,7 @@ def _docker_driver_status() -> dict[str, str] | None:
     docker = require("docker")
     try:
         proc = run([docker, "info", "--format", "{{json .DriverStatus}}"], check=False, timeout=20)
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         return None
     if proc.returncode != 0:
         return None

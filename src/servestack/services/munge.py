@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import os
 import pwd
-import subprocess
 from pathlib import Path
 
 from ..fsutil import atomic_write_bytes
-from ..proc import run
+from ..proc import TimeoutExpired, run
 from ..project import state_home
 from .daemons import exclusive, require, spawn_detached, wait_until
 
@@ -25,7 +24,7 @@ def _munge_ok() -> bool:
         if cred.returncode != 0:
             return False
         return run(["unmunge"], input=cred.stdout.encode(), check=False, timeout=5).returncode == 0
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         return False
 
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 from pathlib import Path
 
 from ..errors import ServestackError
 from ..fsutil import atomic_write_text
-from ..proc import run
+from ..proc import TimeoutExpired, run
 from ..project import state_home
 from .daemons import exclusive, kill_pidfile, log_tail, pid_alive, require, spawn_detached, wait_until
 from .munge import ensure_munge
@@ -101,7 +100,7 @@ def _node_state(env: dict[str, str], node: str) -> str:
     """The node's state as sinfo reports it ('idle', 'mixed', 'down*', ...), '' if unknown."""
     try:
         proc = run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env=env, check=False, timeout=10)
-    except subprocess.TimeoutExpired:
+    except TimeoutExpired:
         return ""
     if proc.returncode != 0:
         return ""

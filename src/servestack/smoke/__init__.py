@@ -35,11 +35,12 @@ from typing import Any
 
 from .. import services
 from ..errors import ServestackError
-from ..fsutil import atomic_write_json, atomic_write_text, sha256_file
+from ..fsutil import atomic_write_text, sha256_file
 from ..image import load_image
 from ..imageref import ImageRef
 from ..interrupts import sigterm_unwinds
 from ..lock import load_lock
+from ..records.smoke import SmokeRecord, write_smoke
 from ..records.steps import ImageRecord
 from ..project import Project
 from .containers import ensure_image, host_docker_platform
@@ -131,9 +132,9 @@ def run_smoke(
             checks += _not_run_serving("serving probe disabled (--no-serve)") + _not_run_disagg("serving probe disabled (--no-serve)")
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
-    result = SmokeResult(stack, reference, platform, checks, metrics, wall, out_dir / "smoke.json",
-                         out_dir / "smoke-junit.xml", lock_sha256)
-    atomic_write_json(result.smoke_json, result.to_json())
+    record = SmokeRecord(stack, reference, platform, lock_sha256, wall, metrics, tuple(checks))
+    result = SmokeResult(record, out_dir / "smoke.json", out_dir / "smoke-junit.xml", wall)
+    write_smoke(result.smoke_json, record)
     atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))
     if echo:
         echo(result.summary())

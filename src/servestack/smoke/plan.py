@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..engine import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
-from ..proc import run
+from ..proc import TimeoutExpired, run
 from ..project import Project
 from ..records.lockfile import Lock
 from ..recipes.read import engine_settings, load_recipe
@@ -158,7 +157,7 @@ def detect_gpus() -> tuple[int, str]:
         return 0, "nvidia-smi is not installed on this host"
     try:
         proc = run([smi, "-L"], check=False, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
+    except (OSError, TimeoutExpired) as e:
         return 0, f"nvidia-smi -L failed: {e}"
     gpus = [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
     if proc.returncode != 0 or not gpus:

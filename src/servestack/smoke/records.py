@@ -1,42 +1,49 @@
-"""What smoke produces: checks (pass, fail or not run, with the reason) and the result written to smoke.json."""
+"""What a smoke run returns: the record written to smoke.json (records.smoke owns its fields) and its summary."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-PASS, FAIL, NOT_RUN = "pass", "fail", "not_run"
-
-
-@dataclass
-class Check:
-    probe: str
-    name: str
-    status: str
-    detail: str = ""
-    time_s: float | None = None
+from ..records.smoke import FAIL, NOT_RUN, PASS, Check, SmokeRecord
 
 
 @dataclass
 class SmokeResult:
-    stack: str
-    image: str
-    platform: str
-    checks: list[Check]
-    metrics: dict[str, Any]
-    wall_s: float
+    """A smoke run: its record (what smoke.json holds) and where it was written."""
+    record: SmokeRecord
     smoke_json: Path
     junit_xml: Path
-    lock_sha256: str = ""
+    wall_s: float  # unrounded, for the summary
+
+    @property
+    def stack(self) -> str:
+        return self.record.stack
+
+    @property
+    def image(self) -> str:
+        return self.record.image
+
+    @property
+    def platform(self) -> str:
+        return self.record.platform
+
+    @property
+    def checks(self) -> tuple[Check, ...]:
+        return self.record.checks
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return self.record.metrics
 
     @property
     def failed(self) -> list[Check]:
-        return [c for c in self.checks if c.status == FAIL]
+        return self.record.failed
 
     @property
     def ok(self) -> bool:
-        return not self.failed
+        return self.record.ok
 
     @property
     def passed(self) -> bool:
@@ -47,23 +54,7 @@ class SmokeResult:
         return 0 if self.ok else 1
 
     def counts(self) -> dict[str, int]:
-        out = {PASS: 0, FAIL: 0, NOT_RUN: 0}
-        for c in self.checks:
-            out[c.status] = out.get(c.status, 0) + 1
-        return out
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "stack": self.stack,
-            "image": self.image,
-            "platform": self.platform,
-            "lock_sha256": self.lock_sha256,
-            "status": "pass" if self.ok else "fail",
-            "counts": self.counts(),
-            "wall_s": round(self.wall_s, 2),
-            "metrics": self.metrics,
-            "checks": [asdict(c) for c in self.checks],
-        }
+        return self.record.counts()
 
     def summary(self) -> str:
         counts = self.counts()
@@ -98,3 +89,6 @@ class SmokeResult:
 def _first_lines(text: str, n: int) -> str:
     lines = text.strip().splitlines()
     return "\n           ".join(lines[:n]) + (" ..." if len(lines) > n else "")
+
+
+__all__ = ["FAIL", "NOT_RUN", "PASS", "Check", "SmokeRecord", "SmokeResult"]
