@@ -116,8 +116,9 @@ def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | No
         BundleFile(f"pins/{stack}.lock", records.lock.read_bytes()),
         BundleFile(f"pins/{stack}.yaml", records.stack_file.read_bytes()),
     ]
+    records.read("build.json")  # present and JSON
+    records.image(), records.smoke()  # present and well-formed, by their readers
     for name in ("build.json", "image.json", "smoke.json"):
-        records.read(name)  # present and JSON
         files.append(BundleFile(f"build/{name}", (records.steps / name).read_bytes()))
     rendered = recipes.render_recipes(project, stack, str(image), records.lock, out_dir=scratch / "recipes")
     engine = recipes.engine_file(project, stack)
