@@ -26,11 +26,9 @@ def test_the_readme_main_job_builds_pushes_and_passes_every_probe():
     assert smoke["status"] == "pass"
     serving = {c["name"]: c["status"] for c in smoke["checks"] if c["probe"] == "serving"}
     assert serving and set(serving.values()) == {"pass"}, serving
-    # The production shape on CPU: Dynamo frontend + prefill + decode, the KV cache moved over NIXL.
-    disagg = {c["name"]: c["status"] for c in smoke["checks"] if c["probe"] == "disagg"}
-    assert disagg and set(disagg.values()) == {"pass"} and "discovery" in disagg, disagg
-    assert smoke["metrics"]["disagg"]["kv_transfers"] >= 1 and smoke["metrics"]["disagg"]["kv_transfers_failed"] == 0
-    assert "KV transfers over NIXL" in result.stdout + result.stderr
+    # The disaggregated shape is opt-in (`smoke -- --disagg`): said as not run, with the way to run it.
+    disagg = [c for c in smoke["checks"] if c["probe"] == "disagg"]
+    assert disagg and all(c["status"] == "not_run" and "--disagg" in c["detail"] for c in disagg), disagg
     static = [c for c in smoke["checks"] if c["probe"] == "static"]
     assert static and not [c for c in static if c["status"] == "fail"]
     assert (ROOT / "build/dev-cpu/smoke-junit.xml").exists()
