@@ -53,6 +53,15 @@ def _remove(container) -> None:
         container.remove(force=True)
 
 
+def _remove_named(client, name: str) -> None:
+    """Remove a container known only by its name: an interrupt that lands while `containers.run`
+    is starting it (created, listed, not yet returned) would otherwise leave it running."""
+    import docker.errors
+
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        client.containers.get(name).remove(force=True)
+
+
 def _container_name(stack: str, probe: str) -> str:
     return f"servestack-smoke-{re.sub(r'[^a-zA-Z0-9_.-]', '-', stack)}-{probe}-{uuid.uuid4().hex[:8]}"
 

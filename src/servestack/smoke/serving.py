@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .containers import _container_name, _log_excerpt, _remove
+from .containers import _container_name, _log_excerpt, _remove, _remove_named
 from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
 from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from .records import FAIL, NOT_RUN, PASS, Check
@@ -159,6 +159,8 @@ def run_serving_probe(
         if container is not None:
             _remove(container)
             metrics["serving_s"] = round(time.monotonic() - start, 2)
+        else:
+            _remove_named(client, name)
 
 
 def _model_listed(model: str) -> Callable[[Any, str], bool]:
@@ -256,6 +258,7 @@ def run_disagg_probe(
     discovery = tempfile.mkdtemp(prefix="servestack-discovery-")
     http = _http()
     start = time.monotonic()
+    names = {role.name: _container_name(stack, role.name) for role in plan.roles}
     release_leases = _hold_leases(discovery, lambda: _all_running(list(containers.values())))
     try:
         frontend_id = None
@@ -266,7 +269,7 @@ def run_disagg_probe(
             )
             try:
                 containers[role.name] = client.containers.run(
-                    reference, list(role.command), name=_container_name(stack, role.name), detach=True,
+                    reference, list(role.command), name=names[role.name], detach=True,
                     platform=platform, shm_size=plan.shm_size, environment=role.environment,
                     volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
                 )
@@ -294,5 +297,8 @@ def run_disagg_probe(
         http.close()
         for container in reversed(list(containers.values())):
             _remove(container)
+        for role, name in names.items():
+            if role not in containers:
+                _remove_named(client, name)
         shutil.rmtree(discovery, ignore_errors=True)
         metrics["serving_s"] = round(time.monotonic() - start, 2)
