@@ -25,7 +25,7 @@ from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRef
 from servestack.proc import run
 from servestack.project import Project, state_home
-from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor
+from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
 
 pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -213,7 +213,7 @@ def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
         moved = json.loads(client.get_manifest(published["record"][key].split("@")[1])[0])
         moved["subject"] = subject.to_json()
         data = json.dumps(moved).encode()
-        digest = publish.sha256_digest(data)
+        digest = sha256_digest(data)
         headers = client.put_manifest(digest, data, OCI_MANIFEST)
         client.add_referrer(other_digest, Descriptor(OCI_MANIFEST, digest, len(data), moved["artifactType"]),
                             headers)
