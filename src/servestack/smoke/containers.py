@@ -54,8 +54,8 @@ def _remove(container) -> None:
 
 
 def _remove_named(client, name: str) -> None:
-    """Remove a container known only by its name: an interrupt that lands while `containers.run`
-    is starting it (created, listed, not yet returned) would otherwise leave it running."""
+    """Remove a container by the name it was started under: also the one an interrupt caught while
+    `containers.run` was starting it (created, listed, not yet returned)."""
     import docker.errors
 
     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):

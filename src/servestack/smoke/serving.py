@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .containers import _container_name, _log_excerpt, _remove, _remove_named
+from .containers import _container_name, _log_excerpt, _remove_named
 from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
 from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from .records import FAIL, NOT_RUN, PASS, Check
@@ -156,11 +156,9 @@ def run_serving_probe(
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
         http.close()
+        _remove_named(client, name)
         if container is not None:
-            _remove(container)
             metrics["serving_s"] = round(time.monotonic() - start, 2)
-        else:
-            _remove_named(client, name)
 
 
 def _model_listed(model: str) -> Callable[[Any, str], bool]:
@@ -295,10 +293,7 @@ def run_disagg_probe(
     finally:
         release_leases()
         http.close()
-        for container in reversed(list(containers.values())):
-            _remove(container)
-        for role, name in names.items():
-            if role not in containers:
-                _remove_named(client, name)
+        for name in reversed(names.values()):  # the workers before the frontend whose namespace they share
+            _remove_named(client, name)
         shutil.rmtree(discovery, ignore_errors=True)
         metrics["serving_s"] = round(time.monotonic() - start, 2)
