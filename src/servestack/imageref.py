@@ -23,6 +23,18 @@ class ImageRefError(InputError):
         super().__init__("image reference", "", problem)
 
 
+def split_registry(name: str) -> tuple[str | None, str]:
+    """NAME's registry host[:port] (None when it has none, Docker Hub style) and the rest.
+
+    Docker's rule: the first path component names a registry only if it has a dot or a port, or is
+    localhost; `library/ubuntu` is a Hub repository, `127.0.0.1:5000/ubuntu` is not.
+    """
+    first, sep, rest = name.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return first, rest
+    return None, name
+
+
 @dataclass(frozen=True)
 class ImageRef:
     name: str  # registry host (when there is one) and repository, e.g. 127.0.0.1:5000/servestack/dev-cpu
@@ -57,13 +69,11 @@ class ImageRef:
 
     @property
     def registry(self) -> str | None:
-        """The registry host[:port], or None when the name has none (Docker Hub style)."""
-        first, sep, _ = self.name.partition("/")
-        return first if sep and ("." in first or ":" in first or first == "localhost") else None
+        return split_registry(self.name)[0]
 
     @property
     def repository(self) -> str:
-        return self.name[len(self.registry) + 1:] if self.registry else self.name
+        return split_registry(self.name)[1]
 
     @property
     def enroot(self) -> str:

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ...imageref import split_registry
+
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX = "application/vnd.oci.image.index.v1+json"
 OCI_EMPTY = "application/vnd.oci.empty.v1+json"
@@ -38,11 +40,9 @@ class Reference:
         rest, _, digest = text.partition("@")
         if digest and not DIGEST.match(digest):
             raise ValueError(f"{text!r}: digest must be sha256:<64 hex>")
-        first, _, remainder = rest.partition("/")
-        if remainder and ("." in first or ":" in first or first == "localhost"):
-            registry, path = first, remainder
-        else:
-            registry, path = "registry-1.docker.io", rest
+        registry, path = split_registry(rest)
+        if registry is None:
+            registry = "registry-1.docker.io"
             if "/" not in path:
                 path = f"library/{path}"
         repository, _, tag = path.partition(":")
