@@ -244,11 +244,10 @@ def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slur
 # ----------------------------------------------------------------------------- disaggregated recipes through srtctl
 
 
-# Not in CI's default e2e run until issue 15's two open defects are fixed; each failed runs here:
+# Not in CI's default e2e run until issue 15's open defect is fixed; it failed runs here:
 DISAGG_SRTCTL_OPT_IN = "SERVESTACK_E2E_DISAGG_SRTCTL"
 DISAGG_SRTCTL_KNOWN_DEFECTS = (
-    "(1) the one-node Slurm counts memory per step (CR_Core_Memory, DefMemPerCPU), so a worker step can be refused "
-    "while srtctl's address-lookup step is still ending; (2) on 2 loaded cores the decode worker is starved past its 10 s Dynamo discovery lease "
+    "on 2 loaded cores the decode worker is starved past its 10 s Dynamo discovery lease "
     "and Dynamo's frontend drops the model (404s)")
 
 

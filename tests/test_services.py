@@ -154,6 +154,28 @@ def test_slurm_runs_and_cancels_jobs(tmp_path: Path) -> None:
     assert _wait_state(env, long_job, {"CANCELLED"}) == "CANCELLED"
 
 
+def test_slurm_job_steps_start_as_srtctl_starts_them(tmp_path: Path) -> None:
+    """srtctl starts each process of a job (etcd/NATS, frontend, each worker) as its own
+    `srun --overlap` step, and between them looks node addresses up with short steps that do not
+    overlap (srt-slurm's get_node_ip.sh). Every one of them must start on the one node: a
+    slurm.conf that counted memory per step refused some ("Memory required by task is not
+    available") and the srtctl job failed."""
+    env = services.ensure_slurm()
+    out = tmp_path / "steps.out"
+    script = tmp_path / "steps.sh"
+    lines = ["#!/bin/bash"]
+    for name in ("infra", "frontend", "prefill", "decode"):
+        lines += [f"srun --overlap -n1 bash -c 'echo {name}-ran; sleep 6' &",
+                  f"srun --quiet -N1 -n1 bash -c 'echo lookup-after-{name}-ran'"]
+    script.write_text("\n".join([*lines, "wait", ""]))
+    job = run(["sbatch", "--parsable", "--exclusive", "-n2", "-o", str(out), str(script)],
+              env=env).stdout.strip().split(";")[0]
+    assert _wait_state(env, job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}) == "COMPLETED"
+    text = out.read_text()
+    ran = {line for line in text.split() if line.endswith("-ran")}
+    assert len(ran) == 8 and "not available" not in text, text
+
+
 def test_binfmt_aarch64_registered() -> None:
     services.ensure_binfmt_aarch64()
     entry = (services.binfmt.BINFMT_DIR / "qemu-aarch64").read_text().splitlines()

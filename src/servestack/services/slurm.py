@@ -35,9 +35,6 @@ def _node_hardware() -> str:
 
 def _slurm_conf(node: str, hardware: str) -> str:
     d = _slurm_dir()
-    fields = dict(f.split("=", 1) for f in hardware.split())
-    cpus = max(int(fields.get("CPUs", "1")), 1)
-    mem = int(fields.get("RealMemory", "1024"))
     return "\n".join(
         [
             "# Written by servestack.services.ensure_slurm; regenerated when it differs.",
@@ -58,9 +55,12 @@ def _slurm_conf(node: str, hardware: str) -> str:
             "MpiDefault=none",
             "SwitchType=switch/none",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core_Memory",
-            # Without a default, a job asking no memory gets the whole node and jobs serialise.
-            f"DefMemPerCPU={max(mem // cpus, 1)}",
+            # Cores are what the one node hands out; memory is not a consumable. With CR_Core_Memory
+            # every step of a job (srtctl runs infra, frontend, each worker and short `srun` address
+            # lookups as overlapping steps) claims its own share of the job's memory, so a worker
+            # step was refused ("Memory required by task is not available") while a lookup step was
+            # still ending: 2 of 5 disaggregated jobs. RealMemory still bounds what a job may ask.
+            "SelectTypeParameters=CR_Core",
             # A node that was down (e.g. machine rebooted) comes back by itself.
             "ReturnToService=2",
             "SlurmctldTimeout=30",
