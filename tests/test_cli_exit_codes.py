@@ -38,8 +38,15 @@ def test_each_kind_of_failure_has_its_exit_code(tmp_path, failing_command, capsy
     assert capsys.readouterr().err.startswith("servestack lock: ")
 
 
-def test_sigterm_exits_143_after_unwinding(tmp_path):
-    """A real SIGTERM to a real process: `finally` blocks run, and the exit code is 128 + 15."""
+@pytest.mark.parametrize(("sig", "inherited", "said"), [
+    ("SIGTERM", signal.SIG_DFL, "terminated"),
+    ("SIGINT", signal.SIG_DFL, "interrupted"),
+    # A shell starts a background job (`cmd &` in a script) with SIGINT ignored; a SIGINT sent to it
+    # on purpose (a CI cancel, a test harness) must still unwind: smoke's containers would stay up.
+    ("SIGINT", signal.SIG_IGN, "interrupted"),
+], ids=["SIGTERM", "SIGINT", "SIGINT-inherited-ignored"])
+def test_a_signal_exits_128_plus_it_after_unwinding(tmp_path, sig, inherited, said):
+    """A real signal to a real process: `finally` blocks run, and the exit code is 128 + the signal."""
     (tmp_path / "pins").mkdir()
     marker = tmp_path / "cleaned-up"
     script = textwrap.dedent(f"""
@@ -47,15 +54,22 @@ def test_sigterm_exits_143_after_unwinding(tmp_path):
         from servestack import cli
         def slow(args, project):
             try:
-                os.kill(os.getpid(), signal.SIGTERM)
+                os.kill(os.getpid(), signal.{sig})
                 time.sleep(30)
             finally:
                 open({str(marker)!r}, "w").close()
         cli.COMMANDS["lock"] = (cli.COMMANDS["lock"][0], cli.COMMANDS["lock"][1], slow)
-        sys.exit(cli.main(["--project", {str(tmp_path)!r}, "lock"]))
+        code = cli.main(["--project", {str(tmp_path)!r}, "lock"])
+        after = signal.getsignal(signal.SIGINT)
+        print("SIGINT after:", "ignored" if after == signal.SIG_IGN else getattr(after, "__name__", after))
+        sys.exit(code)
     """)
     env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
-    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
-    assert "servestack lock: terminated" in proc.stderr
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, inherited))
+    assert proc.returncode == 128 + getattr(signal, sig), proc.stderr
+    assert f"servestack lock: {said}" in proc.stderr
     assert marker.exists()
+    # The disposition it started with is back once the command has unwound.
+    expected = "ignored" if inherited == signal.SIG_IGN else "default_int_handler"
+    assert f"SIGINT after: {expected}\n" in proc.stdout

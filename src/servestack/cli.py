@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import ServestackError
-from .interrupts import Terminated, exit_code, sigterm_unwinds
+from .interrupts import Terminated, exit_code, signals_unwind
 from .project import DEFAULT_STACK, Project
 
 Command = Callable[[argparse.Namespace, Project], int]
@@ -410,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("urllib3").setLevel(logging.ERROR)
     project = Project(args.project.resolve()) if args.project else Project.find()
     try:
-        with sigterm_unwinds():
+        with signals_unwind():
             return COMMANDS[args.command][2](args, project)
     except ServestackError as exc:
         print(f"servestack {args.command}: {exc}", file=sys.stderr)

@@ -22,13 +22,21 @@ def raise_for(signum: int) -> None:
 
 
 @contextlib.contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """While inside (main thread only: signals are delivered there), SIGTERM raises Terminated."""
+def signals_unwind() -> Iterator[None]:
+    """While inside (main thread only: signals are delivered there), SIGINT raises KeyboardInterrupt
+    and SIGTERM raises Terminated; the previous dispositions come back on the way out.
+
+    SIGINT too, because Python raises KeyboardInterrupt only when it started with SIGINT at its
+    default: a shell starts a background job (`cmd &` in a script) with SIGINT ignored, and then a
+    SIGINT sent on purpose (a CI cancel, `kill -INT`, a test harness) did nothing at all while
+    smoke's probe container stayed up until its readiness deadline, 300 s later. Whatever servestack
+    started outside itself (containers, Slurm jobs) must go when it is told to stop."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: raise_for(signum))
+    previous = {sig: signal.signal(sig, lambda signum, frame: raise_for(signum)) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

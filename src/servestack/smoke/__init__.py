@@ -38,7 +38,7 @@ from ..errors import ServestackError
 from ..fsutil import atomic_write_text, sha256_file
 from ..image import load_image
 from ..imageref import ImageRef
-from ..interrupts import sigterm_unwinds
+from ..interrupts import signals_unwind
 from ..lock import load_lock
 from ..records.smoke import SmokeRecord, write_smoke
 from ..records.steps import ImageRecord
@@ -94,7 +94,7 @@ def run_smoke(
         checks.append(Check("static", "image-json-lock", FAIL,
                             f"build/{stack}/image.json says the image was built from lock {recorded.lock_sha256}, "
                             f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
-    with sigterm_unwinds():
+    with signals_unwind():
         client = services.docker_client()
         if platform != host_docker_platform() and platform == "linux/arm64":
             services.ensure_binfmt_aarch64()
