@@ -3,6 +3,7 @@
     nox -s build image smoke -- --stack dev-cpu
 """
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -14,8 +15,17 @@ nox.options.sessions = ["build", "image", "smoke"]
 
 
 def _install(session: nox.Session, *extras: str) -> None:
-    # Editable, so a rerun only re-checks dependencies: seconds, not minutes.
-    session.install("-e", f".[{','.join(extras)}]" if extras else ".")
+    # Editable, so the code is live and only pyproject.toml (dependencies, entry points) calls for a
+    # reinstall. uv reinstalls a named source tree every time and revalidates each dependency with
+    # its index (2-5 s a session, and the network), so a stamp in the venv records what was
+    # installed and a rerun with the same pyproject.toml skips it. `nox -N` recreates the venv.
+    spec = f".[{','.join(extras)}]" if extras else "."
+    stamp = Path(session.virtualenv.location) / ".servestack-installed"
+    wanted = hashlib.sha256(Path("pyproject.toml").read_bytes() + b"\0" + spec.encode()).hexdigest()
+    if stamp.is_file() and stamp.read_text() == wanted:
+        return
+    session.install("-e", spec)
+    stamp.write_text(wanted)
 
 
 def _servestack(session: nox.Session, command: str, *extras: str) -> None:

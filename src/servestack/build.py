@@ -8,6 +8,7 @@ hash that names the image these inputs produce. A failed build records nothing a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,10 +16,11 @@ from pathlib import Path
 import shutil
 import tempfile
 
-from . import cache, indexes, lock, overlay, tinymodel, wheels as wheelfiles
+from . import cache, indexes, lock, overlay, tinymodel, verified, wheels as wheelfiles
 from .errors import ServestackError
 from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .project import Project
+from .records.fields import Fields
 from .records.lockfile import Lock, LockedWheel
 from .records.steps import BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, write_build
 from .sources import pypi
@@ -28,7 +30,7 @@ log = logging.getLogger("servestack.build")
 
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
-IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "trees.py", "overlay.py", "wheels.py",
+IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "trees.py", "overlay.py", "diffs.py", "wheels.py",
                 "tinymodel.py", "records/lockfile.py", "records/steps.py")
 
 
@@ -66,7 +68,7 @@ def _platform(document: Lock, stack: str) -> str:
     return platforms[0]
 
 
-def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: str) -> dict[str, Path]:
+def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: str, *, rehash: bool = False) -> dict[str, Path]:
     """Every locked wheel of `platform`, verified, from the cache or its index: filename -> path.
 
     The lock names each wheel's index; where that index is comes from this machine's
@@ -87,7 +89,7 @@ def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: st
             origins.update({w.filename: location.describe() for w in these})
 
     def one(w: LockedWheel) -> Path:
-        return cache.fetch(urls.get(w.filename, ""), w.sha256, w.filename, origin=origins.get(w.filename, ""))
+        return cache.fetch(urls.get(w.filename, ""), w.sha256, w.filename, origin=origins.get(w.filename, ""), rehash=rehash)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         return {w.filename: p for w, p in zip(wheels, pool.map(one, wheels))}
@@ -98,7 +100,43 @@ def _containers_hash(project: Project) -> str:
     return sha256_bytes(canonical_json({p.relative_to(project.containers).as_posix(): sha256_file(p) for p in files}).encode())
 
 
-def build(project: Project, stack: str, *, allow_unverified: bool = False) -> Path:
+# Overlaid wheels and the smoke model are made again only when what makes them changed: their key
+# (inputs + the image-making code) and each output file's sha256 are recorded in build/<stack>/made/.
+
+
+def _made_key(makers: str, **inputs: object) -> str:
+    return sha256_bytes(canonical_json({"image_makers": makers, **inputs}).encode())
+
+
+def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Path, epoch: int, makers: str) -> BuiltOverlay:
+    overlay.verify_patches(patches)  # a patch edited since it was locked fails here, made before or not
+    record = out / "made" / f"overlay-{package}.json"
+    key = _made_key(makers, base=verified.sha256(wheel), epoch=epoch,
+                    patches=[[o.repo, o.number, o.sha256.lower()] for o in patches])
+    held = verified.reuse(record, key)
+    if held is not None:
+        return BuiltOverlay.from_json(Fields(held, record))
+    result = overlay.apply_overlays(wheel, patches, out / "overlays", epoch)
+    applied = result.to_json()
+    built = BuiltOverlay(package, str(result.wheel), WheelFile(result.filename, result.sha256, result.version),
+                         WheelFile(result.base_wheel, result.base_sha256), result.label, tuple(applied["prs"]),
+                         applied["files"])
+    verified.remember(record, key, [result.wheel], built.to_json())
+    return built
+
+
+def _model(name: str, spec: tinymodel.TinyModelSpec, out: Path, makers: str) -> BuiltModel:
+    model_dir, record = out / "model", out / "made" / "model.json"
+    key = _made_key(makers, spec=dataclasses.asdict(spec))
+    held = verified.reuse(record, key)
+    if held is not None:
+        return BuiltModel(name, str(model_dir), held)
+    files = dict(sorted(tinymodel.make_model(model_dir, spec).items()))
+    verified.remember(record, key, [model_dir / f for f in files], files)
+    return BuiltModel(name, str(model_dir), files)
+
+
+def build(project: Project, stack: str, *, allow_unverified: bool = False, rehash: bool = False) -> Path:
     """Fetch, verify and overlay the lock's inputs; refuses unverified PRs unless `allow_unverified`."""
     out = project.artifacts(stack)
     record_path = out / "build.json"
@@ -118,7 +156,7 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False) -> Pa
     platform = _platform(document, stack)
     wheels = document.wheels(platform)
     epoch = document.source_date_epoch
-    paths = fetch_wheels(project, stack, document, platform)
+    paths = fetch_wheels(project, stack, document, platform, rehash=rehash)
 
     by_package = {normalize(w.name): w for w in wheels}
     overlays_out: list[BuiltOverlay] = []
@@ -135,22 +173,17 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False) -> Pa
         pending.setdefault(local.package, []).append(
             overlay.Overlay(local.package, None, project.root / local.file, local.sha256)
         )
+    makers = _makers_hash()
     for package, patches in sorted(pending.items()):
-        wheel = by_package[package]
-        result = overlay.apply_overlays(paths[wheel.filename], patches, out / "overlays", epoch)
-        replaced[wheel.filename] = str(result.wheel)
-        applied = result.to_json()
-        overlays_out.append(BuiltOverlay(
-            package, str(result.wheel), WheelFile(result.filename, result.sha256, result.version),
-            WheelFile(result.base_wheel, result.base_sha256), result.label, tuple(applied["prs"]), applied["files"]))
+        built = _overlaid(package, paths[by_package[package].filename], patches, out, epoch, makers)
+        replaced[by_package[package].filename] = built.path
+        overlays_out.append(built)
 
     model: BuiltModel | None = None
     smoke = document.smoke_model
     if smoke.make:
         spec = tinymodel.TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make})
-        model_dir = out / "model"
-        files = tinymodel.make_model(model_dir, spec)
-        model = BuiltModel(smoke.name, str(model_dir), dict(sorted(files.items())))
+        model = _model(smoke.name, spec, out, makers)
 
     inputs = [
         BuildInput(w.name, w.version, w.filename, w.sha256, str(paths[w.filename]),

@@ -9,9 +9,9 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from .errors import ServestackError
+from . import verified
 from .fsutil import sha256_file
 from .project import cache_home
-from .sources import http
 
 
 class IntegrityError(ServestackError):
@@ -23,18 +23,20 @@ def blob_path(sha256: str, filename: str, root: Path | None = None) -> Path:
     return (root or cache_home()) / "blobs" / "sha256" / sha256 / filename
 
 
-def verify(path: Path, sha256: str, name: str) -> None:
-    actual = sha256_file(path)
+def verify(path: Path, sha256: str, name: str, root: Path | None = None, rehash: bool = False) -> None:
+    """`path` has `sha256`: read in full unless unchanged since a full read found it (verified.py)."""
+    actual = verified.sha256(path, root=root, rehash=rehash)
     if actual != sha256:
         raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, the lock says {sha256}; delete it and rerun")
 
 
-def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: str = "") -> Path:
-    """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use.
+def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: str = "", rehash: bool = False) -> Path:
+    """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use
+    (`rehash`: read in full even when unchanged since the last full read).
     `origin` (e.g. "index 'pypi'") names where it came from in an integrity error."""
     target = blob_path(sha256, name, root)
     if target.exists():
-        verify(target, sha256, name)
+        verify(target, sha256, name, root, rehash)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=target.parent)
@@ -46,6 +48,8 @@ def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: st
                 with open(unquote(parsed.path), "rb") as src:
                     shutil.copyfileobj(src, out, 1 << 20)
             else:
+                from .sources import http  # requests: imported only when something is downloaded
+
                 response = http.get(http.session(), url, what=name, stream=True, timeout=120)
                 if response.status_code != 200:
                     raise ServestackError(f"{name}: HTTP {response.status_code} from {url}")

@@ -15,17 +15,23 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import cache, diffs, pairing, wheels
+from typing import TYPE_CHECKING
+
+from . import diffs
 from .errors import InputError, InputErrors, NetworkError, ServestackError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
-from .probe.static.evidence import evidence_problem
 from .project import Project
 from .records.fields import Fields
 from .records.lockfile import Lock, read_lock, write_lock
-from .sources import debian, gitmirror, pypi, registry
-from .sources.github import GitHub, PullRequestNotFound
-from .sources.gitmirror import GitMirror
 from .stack import PullRequest, Stack, load_stack, normalize
+
+if TYPE_CHECKING:
+    from .sources import pypi
+    from .sources.github import GitHub
+    from .sources.gitmirror import GitMirror
+
+# The network clients (requests, GitHub, git mirrors, indexes) are imported by the resolving functions
+# that use them: reading and checking a lock, which every build does, needs none of them.
 
 log = logging.getLogger("servestack.lock")
 
@@ -45,6 +51,8 @@ def patch_path(project: Project, pr: PullRequest) -> Path:
 
 
 def _resolve_base(stack: Stack) -> dict[str, Any]:
+    from .sources import debian, registry
+
     if stack.base.image:
         reference = stack.base.image
         digest = registry.resolve_digest(reference)
@@ -66,11 +74,15 @@ def _with_sizes(found: list[pypi.LockedWheel]) -> list[pypi.LockedWheel]:
 
 
 def _pinned_wheel(wheel: pypi.LockedWheel | None) -> Path | None:
+    from . import cache
+
     return cache.fetch(wheel.url, wheel.sha256, wheel.filename, origin=f"index {wheel.index!r}") if wheel else None
 
 
 def _package_commit(path: Path | None, package) -> str | None:
     """The upstream commit the pinned package was built from: the git pin, or what the wheel records."""
+    from . import wheels
+
     if package.git:
         return package.git.commit
     return wheels.read_wheel_commit(path) if path else None
@@ -78,6 +90,8 @@ def _package_commit(path: Path | None, package) -> str | None:
 
 def _evidence(pr: PullRequest, archive: Path | None) -> list[tuple[int, dict[str, str], str | None, str]]:
     """Each evidence item checked in the pinned wheel's files: (index, item, problem, where found)."""
+    from .probe.static.evidence import evidence_problem
+
     if not pr.evidence:
         return []
     if archive is None:
@@ -105,18 +119,22 @@ class _Histories:
         self.down: dict[str, str] = {}  # repo -> why its history is unavailable
 
     def source(self, repo: str) -> GitHub | GitMirror | None:
+        from .sources import gitmirror
+
         if repo in self.down:
             return None
         if repo not in self._sources:
             location = gitmirror.mirror_location(repo, self._stack.mirrors)
             try:
-                self._sources[repo] = GitMirror(repo, location) if location else self._github
+                self._sources[repo] = gitmirror.GitMirror(repo, location) if location else self._github
             except NetworkError as exc:
                 self.fail(repo, exc)
                 return None
         return self._sources[repo]
 
     def fail(self, repo: str, exc: Exception) -> None:
+        from .sources.github import GitHub
+
         source = self._sources.get(repo)
         name = source.api if isinstance(source, GitHub) else "its git mirror"
         self.down[repo] = f"{repo}'s history ({name}) was unreachable when this lock was made"
@@ -144,6 +162,8 @@ def _resolve_prs(
 ) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
     """Classify every PR: included (by evidence in the pinned wheel and/or ancestry), overlay, or
     unverified (no evidence, no reachable history); returns entries, package commits, patches to write."""
+    from .sources.github import PullRequestNotFound
+
     entries: list[dict[str, Any]] = []
     commits: dict[str, str | None] = {}
     patches: dict[Path, str] = {}
@@ -246,6 +266,10 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
 
 def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> dict[str, Any]:
     """Resolve a stack into its lock (`lock`) and the PR patches to write (`patches`); nothing is written."""
+    from . import pairing
+    from .sources import pypi
+    from .sources.github import GitHub
+
     stack_file = project.stack_file(stack_name)
     stack = load_stack(stack_file)
     if stack.name != stack_name:
