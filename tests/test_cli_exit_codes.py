@@ -73,3 +73,33 @@ def test_a_signal_exits_128_plus_it_after_unwinding(tmp_path, sig, inherited, sa
     # The disposition it started with is back once the command has unwound.
     expected = "ignored" if inherited == signal.SIG_IGN else "default_int_handler"
     assert f"SIGINT after: {expected}\n" in proc.stdout
+
+
+@pytest.mark.parametrize(("grace", "cleaned_up", "code"), [(10.0, True, 130), (0.2, False, 143)],
+                         ids=["within-the-grace", "after-the-grace"])
+def test_a_second_signal_lets_the_cleanup_finish_unless_it_comes_late(tmp_path, grace, cleaned_up, code):
+    """Ctrl-C under nox: the SIGINT starts the cleanup, nox's SIGTERM 0.5 s later must not cut it short
+    (a container would stay up); a signal after the grace still ends a cleanup that hangs."""
+    (tmp_path / "pins").mkdir()
+    marker = tmp_path / "cleaned-up"
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        from servestack import cli, interrupts
+        interrupts.UNWIND_GRACE_S = {grace}
+        def slow(args, project):
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(30)
+            finally:
+                time.sleep(0.4)  # removing a container takes a while
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.4)
+                open({str(marker)!r}, "w").close()
+        cli.COMMANDS["lock"] = (cli.COMMANDS["lock"][0], cli.COMMANDS["lock"][1], slow)
+        sys.exit(cli.main(["--project", {str(tmp_path)!r}, "lock"]))
+    """)
+    env = {**os.environ, "PYTHONPATH": str(Path(cli.__file__).parents[1])}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert proc.returncode == code, proc.stderr
+    assert marker.exists() == cleaned_up
+    assert ("finishing the cleanup" in proc.stderr) == cleaned_up
