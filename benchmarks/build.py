@@ -10,6 +10,10 @@
   overlay      a PR overlay added onto vLLM, then the same PR changed (overlay_changed)
   limit        the physical limit on this machine: the same layer trees through
                `tar --sort=name | zstd -3 -T0 | sha256sum`, plus pushing the same blobs
+  noop_nox     `nox -s build image` as typed, on the user's own cache and registry, 5 times after a
+               first run (new processes: nox, the sessions, servestack's imports; median and fastest)
+
+`--only cold,noop_nox` runs just those (noop and the changes need cold_again's cache, so they bring it).
 
 Each run that pushes gets its own throw-away registry (a fresh storage directory), so "pushed"
 means bytes the registry did not have. Results: a table on stdout and build/<stack>/benchmark.json.
@@ -44,6 +48,7 @@ from servestack.sources import registry
 from servestack.trees import install_all
 
 HERE = Path(__file__).resolve().parent
+CASES = ("naive", "cold", "cold_again", "noop", "changes", "limit", "noop_nox")
 PORTS = iter(range(5090, 5099))
 
 
@@ -217,7 +222,8 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
 def table(report: dict) -> str:
     naive_s = (report.get("naive") or {}).get("seconds")
     rows = [f"{'run':<16}{'seconds':>9}{'image s':>9}{'pushed MB':>11}{'layers built':>14}{'vs naive':>10}  changed layers"]
-    for name in ("naive", "cold", "cold_again", "noop", "one_package", "overlay_added", "overlay_changed", "limit"):
+    for name in ("naive", "cold", "cold_again", "noop", "noop_nox", "one_package", "overlay_added", "overlay_changed",
+                 "limit"):
         r = report.get(name)
         if not isinstance(r, dict) or "seconds" not in r:
             continue
@@ -265,7 +271,14 @@ def main() -> int:
     parser.add_argument("--skip-cold", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--naive-from", type=Path, help="with --skip-naive: take the naive result of an earlier "
                                                           "benchmark.json (reported as such)")
+    parser.add_argument("--only", type=lambda s: set(s.split(",")), default=set(CASES),
+                        help=f"these runs only, comma-separated, of {','.join(CASES)} (cold_again and noop run on "
+                             "a cold build's cache, the changes after them)")
     args = parser.parse_args()
+    if args.only - set(CASES):
+        parser.error(f"--only: unknown {sorted(args.only - set(CASES))}; choose from {','.join(CASES)}")
+    if "naive" not in args.only:
+        args.skip_naive = True
     project = Project(args.project.resolve())
     stack = args.stack
     main_cache = cache_home()
@@ -292,28 +305,55 @@ def main() -> int:
                     report["naive"] = naive(project, stack, record, lock_doc, base_tar, work, address)
             if args.skip_cold:
                 return finish(report, project, stack)
-            with scratch_registry(work) as address, measured(report, "cold", project, stack):
-                os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
-                report["cold"] = run_servestack(project, stack, address)
-            shutil.rmtree(work / "cold-1")
-            with scratch_registry(work) as address:
-                os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-2", main_cache))
-                with measured(report, "cold_again", project, stack):
-                    report["cold_again"] = run_servestack(project, stack, address)
-                digests = {report[k].get("digest") for k in ("cold", "cold_again")}
-                report["reproducible"] = len(digests) == 1 and None not in digests
-                with measured(report, "noop", project, stack):
-                    report["noop"] = run_servestack(project, stack, address)
-                changes(report, project, stack, work, address)
-            with scratch_registry(work) as address, measured(report, "limit", project, stack):
-                report["limit"] = physical_limit(project, stack, base_tar, work, address)
+            if "cold" in args.only:
+                with scratch_registry(work) as address, measured(report, "cold", project, stack):
+                    os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
+                    report["cold"] = run_servestack(project, stack, address)
+                shutil.rmtree(work / "cold-1")
+            if args.only & {"cold_again", "noop", "changes"}:
+                with scratch_registry(work) as address:
+                    os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-2", main_cache))
+                    with measured(report, "cold_again", project, stack):
+                        report["cold_again"] = run_servestack(project, stack, address)
+                    if "cold" in report:
+                        digests = {report[k].get("digest") for k in ("cold", "cold_again")}
+                        report["reproducible"] = len(digests) == 1 and None not in digests
+                    if "noop" in args.only:
+                        with measured(report, "noop", project, stack):
+                            report["noop"] = run_servestack(project, stack, address)
+                    if "changes" in args.only:
+                        changes(report, project, stack, work, address)
+            if "limit" in args.only:
+                with scratch_registry(work) as address, measured(report, "limit", project, stack):
+                    report["limit"] = physical_limit(project, stack, base_tar, work, address)
         finally:
             if saved_env is None:
                 os.environ.pop("SERVESTACK_CACHE", None)
             else:
                 os.environ["SERVESTACK_CACHE"] = saved_env
             build.build(project, stack)  # leave build.json as the lock makes it
+    if "noop_nox" in args.only:
+        with measured(report, "noop_nox", project, stack):
+            report["noop_nox"] = noop_command(project, stack)
     return finish(report, project, stack)
+
+
+def noop_command(project: Project, stack: str, runs: int = 5) -> dict:
+    """The no-op as a user types it, on the user's cache and registry: `nox -s build image`, new processes
+    each time (nox, both sessions' venv checks, servestack's imports). One unmeasured run first."""
+    argv = ["nox", "-s", "build", "image", "--", "--stack", stack]
+    seconds, pushed = [], []
+    for _ in range(runs + 1):
+        started = time.monotonic()
+        done = subprocess.run(argv, cwd=project.root, capture_output=True, text=True)
+        seconds.append(time.monotonic() - started)
+        if done.returncode != 0:
+            return {"error": done.stdout[-2000:]}
+        pushed.append(image.load_image(project, stack).bytes_pushed)
+    seconds = sorted(seconds[1:])
+    return {"seconds": round(seconds[len(seconds) // 2], 2), "image_seconds": round(seconds[0], 2),
+            "runs": [round(x, 2) for x in seconds], "load": os.getloadavg(), "bytes_pushed": sum(pushed[1:]),
+            "note": "median of the runs; the 'image s' column shows the fastest"}
 
 
 def finish(report: dict, project: Project, stack: str) -> int:

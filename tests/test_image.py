@@ -279,3 +279,21 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
     assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1").status == "different"
     assert image.check_expected(project, "s", digest, "lock2").status == "stale"
     assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]
+
+
+def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, world, isolated_cache):
+    from servestack.trees import children_cpu_seconds
+
+    project = make_project(tmp_path / "p", world)
+    build.build(project, "tinyimg")
+    record = build.load_build(project, "tinyimg")
+    wheels = [(Path(i.path), i.sha256) for i in record.inputs] + [(Path(o.path), o.wheel.sha256) for o in record.overlays]
+    children = children_cpu_seconds()
+    made = install_all(wheels, "3.11")
+    assert children_cpu_seconds() > children  # the bytecode compilers ran, and are counted
+    assert all(t.made and t.install_cpu_seconds > 0 for t in made)
+    timing = json.loads((made[0].path / "timing.json").read_text())
+    assert timing["install_cpu_seconds"] == round(made[0].install_cpu_seconds, 2)
+    again = install_all(wheels, "3.11")
+    assert [t.path for t in again] == [t.path for t in made] and not any(t.made for t in again)
+    assert [t.entries for t in again] == [t.entries for t in made]

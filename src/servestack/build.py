@@ -10,21 +10,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import shutil
-import tempfile
-
-from . import cache, indexes, lock, overlay, tinymodel, verified, wheels as wheelfiles
+from . import cache, indexes, lock, overlay, tinymodel, verified
+from . import wheels as wheelfiles
 from .errors import ServestackError
 from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .project import Project
 from .records.fields import Fields
 from .records.lockfile import Lock, LockedWheel
 from .records.steps import BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, write_build
-from .sources import pypi
-from .stack import load_stack, normalize
+from .wheels import normalize
 
 log = logging.getLogger("servestack.build")
 
@@ -80,6 +79,9 @@ def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: st
     urls: dict[str, str] = {}
     origins: dict[str, str] = {}
     if missing:
+        from .sources import pypi  # the index clients: only when something is to be downloaded
+        from .stack import load_stack
+
         stack_file = project.stack_file(stack_name)
         defaults = {i.name: i.url for i in load_stack(stack_file).indexes}
         for name in sorted({w.index for w in missing}):

@@ -21,23 +21,25 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import build as build_step
 from . import layers, oci, proc, prune, services
 from .errors import ServestackError
 from .fsutil import canonical_json, sha256_bytes, sha256_file
-from .imageplan import ImagePlan, load_plan
-from .progress import Progress, phase
 from .lock import load_lock
+from .progress import Progress, phase
 from .project import Project, cache_home
 from .records.lockfile import DebianBase, ImageBase, Lock
 from .records.steps import (BuildRecord, ExpectedCheck, ExpectedImage, ImageLayer, ImageRecord, read_expected, read_image,
                             write_image)
 from .records.steps import write_expected as write_expected_record
 from .sources import registry
-from .stack import normalize
-from .trees import VENV, Tree, install_all, site_packages
+from .trees import VENV, Tree, children_cpu_seconds, install_all, site_packages
+from .wheels import normalize
+
+if TYPE_CHECKING:
+    from .imageplan import ImagePlan  # pydantic: a build the registry already holds never reads the plan
 
 log = logging.getLogger("servestack.image")
 
@@ -388,18 +390,22 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
 
+    from .imageplan import load_plan
+
     spec = load_plan(project.containers / "image.yaml")
     python = lock.python
     wheels = {item.sha256: Path(item.path) for item in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     epoch = record.source_date_epoch
     early = EarlyLayers(record, spec, epoch, debian_base(lock.base, platform) if isinstance(lock.base, DebianBase) else None)
+    children = children_cpu_seconds()
     try:
         with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores; "
                           "the large packages' layers written as their trees are ready"):
             made = install_all(list((path, sha) for sha, path in wheels.items()), python, on_tree=early.offer)
     finally:
         written_early = early.finish()
+    bytecode_cpu = children_cpu_seconds() - children
     trees = dict(zip(wheels, made))
     work = out / "generated"
     planned = plan(record, lock, trees, spec, work)
@@ -425,6 +431,8 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         trees={"made": len(made_trees), "cached": len(made) - len(made_trees),
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
+               "install_cpu_seconds": round(sum(t.install_cpu_seconds for t in made_trees), 1),
+               "bytecode_cpu_seconds": round(bytecode_cpu, 1),
                "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
         expected=check_expected(project, stack, served, record.lock_sha256),
     )

@@ -13,9 +13,7 @@ import zipfile
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import diffs
 from .errors import InputError, InputErrors, NetworkError, ServestackError
@@ -23,15 +21,17 @@ from .fsutil import atomic_write_text, sha256_bytes, sha256_file
 from .project import Project
 from .records.fields import Fields
 from .records.lockfile import Lock, read_lock, write_lock
-from .stack import PullRequest, Stack, load_stack, normalize
+from .wheels import normalize
 
 if TYPE_CHECKING:
     from .sources import pypi
     from .sources.github import GitHub
     from .sources.gitmirror import GitMirror
+    from .stack import PullRequest, Stack
 
 # The network clients (requests, GitHub, git mirrors, indexes) are imported by the resolving functions
-# that use them: reading and checking a lock, which every build does, needs none of them.
+# that use them: reading and checking a lock, which every build does, needs none of them; reading one
+# (image, smoke) needs no stack model either (pydantic).
 
 log = logging.getLogger("servestack.lock")
 
@@ -269,6 +269,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     from . import pairing
     from .sources import pypi
     from .sources.github import GitHub
+    from .stack import load_stack
 
     stack_file = project.stack_file(stack_name)
     stack = load_stack(stack_file)
@@ -414,6 +415,8 @@ def check(project: Project, stack_name: str) -> CheckReport:
     where = _relative(project, lock_path) if lock_path.exists() else str(lock_path)
     problems: list[str] = []
     warnings: list[str] = []
+    from .stack import load_stack
+
     document = load_lock(project, stack_name)
     stack_file = project.stack_file(stack_name)
     stack = load_stack(stack_file)

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import yamlfile
+from .wheels import normalize
 
 SHA1 = r"^[0-9a-f]{40}$"
 PLATFORMS = ("linux/amd64", "linux/arm64")
@@ -216,11 +217,6 @@ class Stack(_Model):
 
     def package(self, name: str) -> Package | None:
         return next((p for p in self.packages if normalize(p.name) == normalize(name)), None)
-
-
-def normalize(name: str) -> str:
-    """PEP 503 name normalization."""
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def load_stack(file: Path) -> Stack:

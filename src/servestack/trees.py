@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import resource
 import shutil
 import time
 import warnings
@@ -45,6 +46,9 @@ class Tree:
     made: bool  # False when it came from the cache
     install_seconds: float = 0.0
     bytecode_seconds: float = 0.0
+    # CPU seconds of installing, then listing and hashing every file (this thread's): on a loaded
+    # machine the wall seconds above say little about the work. Bytecode's CPU: see install_all.
+    install_cpu_seconds: float = 0.0
 
     @property
     def size(self) -> int:
@@ -93,7 +97,7 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
     from installer.destinations import SchemeDictionaryDestination
     from installer.sources import WheelFile
 
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.thread_time()
     staging = tree.with_name(tree.name + f".tmp{os.getpid()}-{id(wheel)}")
     shutil.rmtree(staging, ignore_errors=True)
     root = staging / "root"
@@ -116,14 +120,17 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
     compiled = time.monotonic()
     entries = scan_tree(root)
     save_entries(staging / "entries.json", entries, root)
+    install_cpu = time.thread_time() - cpu
     atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
-                                                "bytecode_seconds": round(compiled - installed, 2)})
+                                                "bytecode_seconds": round(compiled - installed, 2),
+                                                "install_cpu_seconds": round(install_cpu, 2)})
     try:
         staging.rename(tree)
     except OSError:  # another build made it meanwhile: theirs is the same
         shutil.rmtree(staging, ignore_errors=True)
     return Tree(tree, tuple(load_entries(listing, tree / "root")), made=True,
-                install_seconds=installed - started, bytecode_seconds=compiled - installed)
+                install_seconds=installed - started, bytecode_seconds=compiled - installed,
+                install_cpu_seconds=install_cpu)
 
 
 def _compile_bytecode(site: Path, python: str) -> None:
@@ -147,6 +154,13 @@ def _compile_bytecode(site: Path, python: str) -> None:
     # between pyenv's python3.11 with its site and the same binary in a venv or with -S.
     proc.run([interpreter, "-S", "-c", script, str(site), "/" + site_packages(python)],
              env={"PYTHONHASHSEED": "0", "PYTHONPATH": ""}, timeout=3600)
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system) of this process's finished subprocesses so far. Around install_all,
+    the difference is the bytecode compilers' (the only subprocesses it runs) for the whole build."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,

@@ -73,6 +73,11 @@ class WheelInfo:
 # ---------------------------------------------------------------- names and versions
 
 
+def normalize(name: str) -> str:
+    """PEP 503 name normalization."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def escape_name(name: str) -> str:
     """The name as wheel filenames and dist-info directories spell it."""
     return re.sub(r"[-_.]+", "_", name).lower()
