@@ -265,6 +265,8 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         assert all(env[k] == "127.0.0.1" for k in env if k.endswith(("_HOST", "_HOST_IP")))
         assert "VLLM_TARGET_DEVICE" not in env  # the image's own environment is what is tested
     assert prefill.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    # The prefill worker busy-polls while its KV waits for the pull: one core at most, the rest uncapped.
+    assert prefill.cpus == 1.0 and frontend.cpus is None and decode.cpus is None
 
 
 def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:
@@ -310,6 +312,9 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
 # What Dynamo 1.6.1 logs when a starved decode worker's file-discovery entries expire.
 DROPPED_FRONTEND = ("\x1b[2m2026-12-01T02:50:26.436511Z\x1b[0m \x1b[32m INFO\x1b[0m dynamo_llm::discovery::model: Removed worker "
                     "set from model model=servestack/tiny-qwen3 namespace=[\"dynamo\",\"backend\"] remaining_sets=0\n")
+EXPIRED_BY_PREFILL = ("2026-12-01T06:08:32.882139Z  INFO dynamo_runtime::storage::kv::file: Expired path=\"/run/servestack/"
+                      "discovery/v1/mdc/dynamo%2Fbackend%2Fgenerate%2Fd01e9319bc4f12da\" last_modified=SystemTime { "
+                      "tv_sec: 1796105300, tv_nsec: 987935522 }\n")
 DROPPED_DECODE = ("2026-12-01T02:50:26.500108Z ERROR dynamo_runtime::storage::kv::file: FileStore::keep_alive failed opening "
                   "owned file path=/run/servestack/discovery/v1/mdc/dynamo%2Fbackend%2Fgenerate%2Fcb39 error=No such file\n")
 
@@ -326,6 +331,28 @@ def test_a_worker_dropped_from_discovery_fails_saying_why() -> None:
     assert status == "fail" and "expired" in detail and "404" in detail
     assert "[frontend] " in detail and "Removed worker set from model" in detail and "\x1b" not in detail
     assert "[decode] " in detail and "keep_alive failed" in detail and "[prefill]" not in detail
+    # The process that deleted the entries is named too, with the entry's last refresh.
+    expired = Target("http://127.0.0.1:9", "m", None, 1.0, logs={"frontend": lambda: DROPPED_FRONTEND,
+                                                                 "prefill": lambda: EXPIRED_BY_PREFILL})
+    status, detail = check_discovery(expired)
+    assert status == "fail" and "[prefill] " in detail and "Expired path=" in detail and "last_modified" in detail
+
+
+def test_the_lease_holder_tells_a_live_container_from_a_gone_one_without_the_daemon() -> None:
+    # Under load a docker API round trip can take seconds; the holder reads the init process from /proc.
+    import subprocess
+    from types import SimpleNamespace
+
+    from servestack.smoke.serving import _all_running, _container_alive
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        alive = SimpleNamespace(attrs={"State": {"Pid": child.pid}})
+        assert _container_alive(alive) and _all_running([alive])
+    finally:
+        child.kill()
+        child.wait()
+    assert not _container_alive(alive) and not _all_running([alive])
 
 
 def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:

@@ -173,21 +173,27 @@ def check_kv_transfer(t: Target) -> tuple[str, str]:
     return PASS, detail
 
 
-# Dynamo's file discovery: a process whose entries were not refreshed for 10 s is expired by any
-# other, and the frontend then drops its worker set for good (nothing registers it again).
-_DROPPED = re.compile(r"^.*(?:Removed worker set|Removed empty model|keep_alive failed).*$", re.M)
+# Dynamo 1.6.1's file discovery (lib/runtime/src/storage/kv/file.rs): every process deletes any entry
+# of a bucket it uses whose mtime is older than the 10 s TTL and logs `Expired path=...` (INFO); the
+# frontend's watcher turns the deletion into a Removed event and drops the worker set for good
+# ("Removed worker set from model"); the owner later logs "keep_alive failed". Measured here: the
+# prefill worker expired the decode worker's entries while the decode worker, the frontend and the
+# host-side lease holder all made no progress for ~30 s (the prefill worker's KV lease window).
+_DROPPED = re.compile(r"^.*(?:Removed worker set|Removed empty model|keep_alive failed|Expired path=).*$", re.M)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def check_discovery(t: Target) -> tuple[str, str]:
-    """Every worker stayed registered with the frontend for the whole probe."""
+    """Every worker stayed registered with the frontend for the whole probe; when one did not, the
+    detail names who expired whose entry ("[prefill] ... Expired path=..."), who dropped the worker
+    set, and whose keep-alive found its files gone."""
     lost = {role: [_ANSI.sub("", line)[:300] for line in _DROPPED.findall(read())] for role, read in t.logs.items()}
     lost = {role: lines for role, lines in lost.items() if lines}
     if not lost:
         return PASS, "no worker left Dynamo's discovery (no expired entry, no worker set removed)"
     detail = "; ".join(f"[{role}] " + " | ".join(lines[:3]) for role, lines in lost.items())
-    return FAIL, ("a worker's Dynamo discovery entries expired (not refreshed for 10 s: a starved process) and the "
-                  f"frontend dropped its worker set, so later requests get 404: {detail}")
+    return FAIL, ("a worker's Dynamo discovery entries expired (not refreshed for 10 s: the owner and the probe's "
+                  f"lease holder were starved) and the frontend dropped its worker set, so later requests get 404: {detail}")
 
 
 ServingCheck = tuple[str, Callable[[Target], tuple[str, str]]]

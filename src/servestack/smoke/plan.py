@@ -227,6 +227,16 @@ DISAGG_ENV = {
 }
 
 
+# While its KV blocks wait for the decode worker's NIXL pull (up to vLLM's kv_lease_duration, 30 s)
+# the prefill worker busy-polls (EngineCore steps every 1 ms; its model runner spins in sched_yield
+# on the shared-memory queue). Traced at load ~40 on 2 cores: the prefill container then ran more
+# than one core's worth while the decode worker's 16 runnable threads got no CPU for seconds at a
+# time, so the pull that would end the window could not run (see serving._hold_leases). No vLLM or
+# Dynamo setting bounds that polling; a CFS quota of one core on the prefill container does, and
+# leaves the other core to the decode worker, the frontend and the probe.
+PREFILL_CPUS = 1.0
+
+
 @dataclass(frozen=True)
 class Role:
     """One process of the disaggregated shape, in its own container."""
@@ -234,6 +244,7 @@ class Role:
     name: str  # "frontend", "prefill", "decode"
     command: tuple[str, ...]
     environment: dict[str, str]
+    cpus: float | None = None  # a CFS quota for the container (docker --cpus); None: no cap
 
 
 @dataclass(frozen=True)
@@ -268,7 +279,7 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
         workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
         })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
-              "VLLM_CPU_OMP_THREADS_BIND": "auto"}))
+              "VLLM_CPU_OMP_THREADS_BIND": "auto"}, cpus=PREFILL_CPUS if mode == "prefill" else None))
     return (frontend, *workers)
 
 

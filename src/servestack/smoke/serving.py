@@ -180,18 +180,33 @@ def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable
     return ready
 
 
-# Dynamo 1.6.1's file discovery: each process refreshes its entries' mtime every 3.3 s from a
-# thread of its own, and any process deletes entries older than 10 s (fixed, no setting); a
-# deleted worker is dropped by the frontend for good. See _hold_leases.
+# Dynamo 1.6.1's file discovery (lib/runtime/src/storage/kv/file.rs, FileStore::expiry_thread): each
+# process refreshes its own entries' mtime every TTL/3 = 3.3 s from a plain OS thread, and deletes
+# ANY entry of the buckets it uses whose mtime is older than DEFAULT_TTL = 10 s (a constant, no
+# setting); the frontend's model watcher turns the deletion into a Removed discovery event and drops
+# the worker set for good (lib/llm/src/discovery/watcher.rs -> model.rs remove_worker_set). It is not
+# the request plane: a failed request only takes an instance out of routing for
+# DYN_RUNTIME_INHIBITED_DURATION_SECS (lib/runtime/src/component/client.rs report_instance_down).
 LEASE_REFRESH_S = 1.0
 
 
-def _all_running(containers: list[Any]) -> bool:
-    for container in containers:
-        container.reload()
-        if container.status != "running":
+def _container_alive(container) -> bool:
+    """Whether the container's init process still runs, from /proc when the daemon is local (no
+    daemon round trip: under load a docker API call can take seconds, and the holder must not wait
+    on one between refreshes); else from the daemon."""
+    pid = (container.attrs.get("State") or {}).get("Pid") or 0
+    if pid and os.path.isdir("/proc/1"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
             return False
-    return True
+    container.reload()
+    return container.status == "running"
+
+
+def _all_running(containers: list[Any]) -> bool:
+    return all(_container_alive(c) for c in containers)
 
 
 def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEASE_REFRESH_S) -> Callable[[], None]:
@@ -199,19 +214,29 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
     called, or until `running()` says a container is gone: from then on Dynamo expires the dead
     worker's entries as it would on its own, and the frontend drops it (the `discovery` check fails).
 
-    Why: after prefilling, the prefill worker's engine busy-waits (vLLM's sched_yield loops)
-    until the decode worker pulls its KV blocks. On a loaded 2-core machine that starved the
-    decode worker and the frontend for the 30 s until prefill gave the blocks up: their
-    keep-alive threads sat runnable without CPU for 22-33 s, the prefill worker (not starved)
-    expired the decode worker's entries, and the frontend dropped the model; every later request
-    got 404. The probe knows its containers' lifetimes, so it holds their leases only while every
-    one of them runs; the `discovery` check fails, naming the lines, if an entry is lost anyway.
+    Why: after prefilling, the prefill worker holds the request's KV blocks for the decode worker's
+    NIXL pull for up to kv_lease_duration = 30 s (vLLM 0.31 nixl/base_scheduler.py), and meanwhile
+    its EngineCore steps every millisecond (v1/engine/core.py: "yield the GIL briefly") and its
+    model-runner process spins in sched_yield on the shared-memory queue (shm_broadcast.py,
+    busy_loop_s = 1 s after every message). On a loaded 2-core machine that starved everything
+    else: in a traced run (load 30-40) the decode worker, the frontend and this process made no
+    progress for ~30 s while the prefill worker ran; the prefill worker expired the decode worker's
+    entries (12 s old) and the frontend dropped the model; every later request got 404. The window
+    closed when the prefill worker released the unclaimed blocks ("Releasing expired KV blocks").
+    The holder narrows that hazard (it refreshes far more often than the 10 s TTL, and does not wait
+    on the docker daemon between refreshes) but cannot remove it: it starves with the rest. The
+    `discovery` check fails, naming the lines, if an entry is lost anyway.
     """
     stop = threading.Event()
 
     def refresh() -> None:
         while not stop.wait(every):
-            if not running():
+            try:
+                alive = running()
+            except Exception as e:  # noqa: BLE001 - a slow or failing daemon must not end the holder
+                log.warning("cannot tell whether the disaggregated containers run (%s): still holding the leases", e)
+                alive = True
+            if not alive:
                 log.warning("a disaggregated container stopped: no longer holding the Dynamo discovery leases")
                 return
             for folder, _, files in os.walk(discovery):
@@ -270,6 +295,7 @@ def run_disagg_probe(
                     reference, list(role.command), name=names[role.name], detach=True,
                     platform=platform, shm_size=plan.shm_size, environment=role.environment,
                     volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
+                    **({"nano_cpus": int(role.cpus * 1e9)} if role.cpus else {}),
                 )
             except docker.errors.APIError as e:
                 return _failed_to_start("disagg", DISAGG_CHECKS, f"cannot start the {role.name} container: {e.explanation or e}",
