@@ -168,3 +168,15 @@ def test_an_edited_patch_stops_the_build_even_when_its_overlay_was_made(tmp_path
     patch.write_text(patch.read_text() + "\n")
     with pytest.raises(Exception, match="sha256"):
         build.build(project, "tinyimg")
+
+
+def test_rehash_reads_every_wheel_and_made_output_in_full(tmp_path, world, isolated_cache, reads):
+    project = make_project(tmp_path / "p", world)
+    build.build(project, "tinyimg")
+    build.build(project, "tinyimg")
+    before = reads["n"]
+    build.build(project, "tinyimg")
+    assert reads["n"] == before  # all remembered: nothing read in full
+    build.build(project, "tinyimg", rehash=True)
+    # the wheel twice (fetched, and as the overlay's base), the overlaid wheel, the model's five files
+    assert reads["n"] - before == 8

@@ -110,12 +110,13 @@ def _made_key(makers: str, **inputs: object) -> str:
     return sha256_bytes(canonical_json({"image_makers": makers, **inputs}).encode())
 
 
-def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Path, epoch: int, makers: str) -> BuiltOverlay:
+def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Path, epoch: int, makers: str,
+              rehash: bool) -> BuiltOverlay:
     overlay.verify_patches(patches)  # a patch edited since it was locked fails here, made before or not
     record = out / "made" / f"overlay-{package}.json"
-    key = _made_key(makers, base=verified.sha256(wheel), epoch=epoch,
+    key = _made_key(makers, base=verified.sha256(wheel, rehash=rehash), epoch=epoch,
                     patches=[[o.repo, o.number, o.sha256.lower()] for o in patches])
-    held = verified.reuse(record, key)
+    held = verified.reuse(record, key, rehash=rehash)
     if held is not None:
         return BuiltOverlay.from_json(Fields(held, record))
     result = overlay.apply_overlays(wheel, patches, out / "overlays", epoch)
@@ -127,10 +128,10 @@ def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Pa
     return built
 
 
-def _model(name: str, spec: tinymodel.TinyModelSpec, out: Path, makers: str) -> BuiltModel:
+def _model(name: str, spec: tinymodel.TinyModelSpec, out: Path, makers: str, rehash: bool) -> BuiltModel:
     model_dir, record = out / "model", out / "made" / "model.json"
     key = _made_key(makers, spec=dataclasses.asdict(spec))
-    held = verified.reuse(record, key)
+    held = verified.reuse(record, key, rehash=rehash)
     if held is not None:
         return BuiltModel(name, str(model_dir), held)
     files = dict(sorted(tinymodel.make_model(model_dir, spec).items()))
@@ -177,7 +178,7 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
         )
     makers = _makers_hash()
     for package, patches in sorted(pending.items()):
-        built = _overlaid(package, paths[by_package[package].filename], patches, out, epoch, makers)
+        built = _overlaid(package, paths[by_package[package].filename], patches, out, epoch, makers, rehash)
         replaced[by_package[package].filename] = built.path
         overlays_out.append(built)
 
@@ -185,7 +186,7 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
     smoke = document.smoke_model
     if smoke.make:
         spec = tinymodel.TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make})
-        model = _model(smoke.name, spec, out, makers)
+        model = _model(smoke.name, spec, out, makers, rehash)
 
     inputs = [
         BuildInput(w.name, w.version, w.filename, w.sha256, str(paths[w.filename]),

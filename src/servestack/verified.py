@@ -68,15 +68,15 @@ def sha256(path: Path, *, root: Path | None = None, rehash: bool = False) -> str
     return digest
 
 
-def reuse(record: Path, key: str, *, root: Path | None = None) -> dict | None:
+def reuse(record: Path, key: str, *, root: Path | None = None, rehash: bool = False) -> dict | None:
     """What `remember` stored at `record` for `key`, if every file it lists still has the sha256 it had
-    then; else None (the caller makes its outputs again)."""
+    then (`rehash`: read in full); else None (the caller makes its outputs again)."""
     try:
         data = json.loads(Path(record).read_bytes())
         if data["key"] != key:
             return None
         files, payload = data["files"], data["payload"]
-        if not all(os.path.isfile(p) and sha256(Path(p), root=root) == digest for p, digest in files.items()):
+        if not all(os.path.isfile(p) and sha256(Path(p), root=root, rehash=rehash) == digest for p, digest in files.items()):
             return None
     except (OSError, ValueError, KeyError, TypeError):
         return None
