@@ -138,15 +138,13 @@ def _image_ref(args: argparse.Namespace, project: Project) -> str:
 def _smoke_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
     p.add_argument("--no-serve", action="store_true", help="the static probe only")
-    p.add_argument("--disagg", action="store_true",
-                   help="also serve the disaggregated shape (Dynamo frontend + prefill + decode, KV over NIXL)")
 
 
 @command("smoke", "prove the image is exactly its lock, and that it serves: build/<stack>/smoke.json", _smoke_args)
 def _smoke(args: argparse.Namespace, project: Project) -> int:
     from .smoke import run_smoke
 
-    result = run_smoke(project, args.stack, args.image, serve=not args.no_serve, disagg=args.disagg)
+    result = run_smoke(project, args.stack, args.image, serve=not args.no_serve)
     return 0 if result.passed else 1
 
 

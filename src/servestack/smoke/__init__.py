@@ -50,18 +50,6 @@ from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
 from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
 from .static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
 
-# Opt-in until it is reliable on 2 shared cores. Traced (Dec 1, load 30-50): the decode worker left
-# Dynamo's discovery because its entries EXPIRED (the prefill worker's FileStore deleted them, 12 s
-# old) while the decode worker, the frontend and the probe's lease holder got no CPU for ~30 s: the
-# prefill worker busy-polls while its KV blocks wait for the pull (serving._hold_leases). Capping the
-# prefill container at one core (plan.PREFILL_CPUS) made the first request take 14 s instead of 43 s
-# at the same load and kept the decode worker scheduled; 3 consecutive capped runs passed (load ~45,
-# ~11, 3-8), but start-up alone took 343-544 s at load 30-50, past the 300 s ready deadline.
-DISAGG_OPT_IN = ("the disaggregated probe runs with --disagg (on a loaded 2-core CPU machine its start-up can pass the "
-                 "ready deadline, and the prefill worker's busy-polling can starve the decode worker out of Dynamo's "
-                 "discovery; see the README)")
-
-
 def run_smoke(
     project: Project,
     stack: str,
@@ -72,7 +60,6 @@ def run_smoke(
     static_timeout: float = DEFAULT_STATIC_TIMEOUT,
     serve_plan_override: ServePlan | None = None,
     disagg_override: DisaggPlan | None = None,
-    disagg: bool = False,
     echo: Callable[[str], None] | None = print,
 ) -> SmokeResult:
     """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
@@ -130,8 +117,7 @@ def run_smoke(
         elif serve:
             shapes = (
                 ("serving probe", serve_plan_override or serve_plan(lock, platform), run_serving_probe, None),
-                ("disaggregated serving probe", disagg_override or (disagg_plan(lock, platform) if disagg else
-                                                                   DisaggPlan((), DISAGG_OPT_IN)), run_disagg_probe, "disagg"),
+                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform), run_disagg_probe, "disagg"),
             )
             for label, plan, run, key in shapes:
                 if echo:
