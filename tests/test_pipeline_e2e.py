@@ -244,24 +244,30 @@ def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slur
 # ----------------------------------------------------------------------------- disaggregated recipes through srtctl
 
 
+# The test runs the accuracy variant only: it goes through the same disaggregated shape (Dynamo
+# frontend, prefill + decode, NIXL) in about 6 min on this node; the throughput sweep (`disagg`,
+# points 1 and 4) took 12-19 min at load 15-50, too long for CI's budget.
+# `nox -s pipeline -- --stack dev-cpu` runs both.
+DISAGG_CI_RECIPES = "disagg-acc"
 # Not in CI's default e2e run until issue 15's open defect is fixed; it failed runs here:
 DISAGG_SRTCTL_OPT_IN = "SERVESTACK_E2E_DISAGG_SRTCTL"
 DISAGG_SRTCTL_KNOWN_DEFECTS = (
-    "on 2 loaded cores the decode worker is starved past its 10 s Dynamo discovery lease "
-    "and Dynamo's frontend drops the model (404s)")
+    "on 2 loaded cores Dynamo's frontend loses a request's response stream (\"Timed out waiting for "
+    "CallHomeHandshake\": 2 of 50 GSM8K requests never answered, the job hangs), and decode pulls prefill's "
+    "KV blocks only after prefill's 30 s NIXL lease released them (\"Potentially invalid KV blocks\")")
 
 
 @pytest.fixture(scope="module")
 def disagg_run(image_ref, slurm_env, cluster_node):
     """The dev-cpu pipeline as the acceptance runs it (its own runner: local), narrowed to the
-    disaggregated recipes, which go to srtctl: Dynamo's frontend, prefill and decode workers."""
+    disaggregated accuracy recipe, which goes to srtctl: Dynamo's frontend, prefill and decode workers."""
     if not os.environ.get(DISAGG_SRTCTL_OPT_IN):
         pytest.skip(f"set {DISAGG_SRTCTL_OPT_IN}=1 to run it: {DISAGG_SRTCTL_KNOWN_DEFECTS}")
     run_id = f"e2e-disagg-{uuid.uuid4().hex[:8]}"
     run_dir = ROOT / "build" / STACK / "runs" / run_id
     t0 = time.monotonic()
     proc = subprocess.run(_cli("pipeline", "--stack", STACK, "--image", image_ref, "--run-id", run_id,
-                               "--recipes", "disagg-acc,disagg"), capture_output=True, text=True, timeout=2700)
+                               "--recipes", DISAGG_CI_RECIPES), capture_output=True, text=True, timeout=2700)
     wall = time.monotonic() - t0
     print(f"disaggregated pipeline through srtctl: {wall:.0f} s (load {os.getloadavg()[0]:.1f})")
     yield {"proc": proc, "dir": run_dir, "wall": wall,
@@ -275,24 +281,18 @@ def disagg_run(image_ref, slurm_env, cluster_node):
 def test_disaggregated_recipes_run_through_srtctl_with_results_and_gates(disagg_run, slurm_env):
     proc, results = disagg_run["proc"], disagg_run["results"]
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "accuracy: PASS" in proc.stdout and "throughput: PASS" in proc.stdout
+    assert "accuracy: PASS" in proc.stdout
     assert results["passed"]
-    stages = {s["stage"]: s for s in results["stages"]}
-    acc, tput = stages["accuracy"], stages["throughput"]
-    assert acc["runner"] == tput["runner"] == "srtctl"  # the pipeline's runner is local: routed by shape
+    [acc] = results["stages"]
+    assert acc["stage"] == "accuracy" and acc["verdict"]["passed"]
+    assert acc["runner"] == "srtctl"  # the pipeline's runner is local: routed by shape
     [a] = acc["accuracy"]
-    assert a["recipe"] == "disagg-acc" and a["n"] == 50
-    points = {p["concurrency"]: p for p in tput["throughput"]}
-    assert sorted(points) == [1, 4]  # the recipe's own points
-    for p in points.values():
-        assert p["recipe"] == "disagg" and p["completed"] == p["requested"] > 0 and p["failed"] == 0
-        assert p["gpus"] == 2 and p["tokens_per_s_per_gpu"] > 0  # two worker slots on the node
-    for stage in (acc, tput):
-        assert [a["state"] for j in stage["jobs"] for a in j["attempts"]] == ["COMPLETED"]
+    assert a["recipe"] == "disagg-acc" and a["n"] == 50 and a["errors"] == 0
+    assert [a["state"] for j in acc["jobs"] for a in j["attempts"]] == ["COMPLETED"]
     # srt-slurm's own run: etcd and NATS, Dynamo's frontend, one prefill and one decode worker
-    # (dynamo.vllm, NixlConnector with CPU KV buffers), sa-bench's result files.
-    [job] = tput["jobs"]
-    out = disagg_run["dir"] / "throughput" / "disagg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
+    # (dynamo.vllm, NixlConnector with CPU KV buffers), GSM8K's result file.
+    [job] = acc["jobs"]
+    out = disagg_run["dir"] / "accuracy" / "disagg-acc" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
     logs = out / "logs"
     for name in ("infra.out", "vm_frontend_0.out", "vm_prefill_w0.out", "vm_decode_w0.out"):
         assert (logs / name).exists(), name
@@ -301,13 +301,16 @@ def test_disaggregated_recipes_run_through_srtctl_with_results_and_gates(disagg_
         assert f"--disaggregation-mode {mode}" in sweep
     assert "-m dynamo.vllm" in sweep and '"kv_buffer_device": "cpu"' in sweep and "NixlConnector" in sweep
     # The KV cache moved: vLLM's NixlConnector on the decode side counts its pulls from prefill.
-    transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)",
-                                            (logs / "vm_decode_w0.out").read_text())]
+    decode = (logs / "vm_decode_w0.out").read_text()
+    transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)", decode)]
     assert transfers and sum(transfers) > 0
-    assert (logs / "sa-bench_isl_128_osl_32" / "results_concurrency_4_gpus_2_ctx_1_gen_1.json").exists()
-    acc_out = next((disagg_run["dir"] / "accuracy" / "disagg-acc" / ".jobs" / "srtctl-outputs").iterdir())
-    assert (acc_out / "logs" / "accuracy" / "gsm8k_run1.json").exists()
-    assert not (set(_job_ids(acc)) | set(_job_ids(tput))) & _squeue_ids(slurm_env)
+    assert not [int(n) for n in re.findall(r"Num failed transfers=(\d+)", decode) if int(n)]
+    # Dynamo's discovery kept both workers for the whole run (an etcd lease that lapsed under load
+    # dropped the decode worker: "Removed worker set", then 404s).
+    frontend = re.sub(r"\x1b\[[0-9;]*m", "", (logs / "vm_frontend_0.out").read_text())  # Dynamo colours its log
+    assert "Removed worker set" not in frontend and not re.search(r"http response sent status=5\d\d", frontend)
+    assert (logs / "accuracy" / "gsm8k_run1.json").exists()
+    assert not set(_job_ids(acc)) & _squeue_ids(slurm_env)
 
 
 # ----------------------------------------------------------------------------- scancel + a gate that cannot be met
