@@ -139,3 +139,54 @@ def test_a_signal_during_submit_waits_for_the_job_id_then_cancels(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         run_job(r, spec(tmp_path))
     assert r.cancelled == ["1"]
+
+
+def test_a_signal_while_the_job_runs_cancels_it_before_the_process_unwinds(tmp_path):
+    import os
+    import signal
+    import time
+
+    import pytest
+
+    class SignalledWhileWaiting(ScriptedRunner):
+        cancelled: list[str] = []
+
+        def wait(self, handle, timeout=None):
+            os.kill(os.getpid(), signal.SIGTERM)  # e.g. the CI runner cancelling the workflow
+            time.sleep(30)  # never reached: the handler raises at the next bytecode
+            return JobState.COMPLETED
+
+        def cancel(self, handle):
+            self.cancelled.append(handle.job_id)
+
+    r = SignalledWhileWaiting([(0, JobState.RUNNING)])
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run_job(r, spec(tmp_path))
+    assert type(raised.value).__name__ == "Terminated"  # the exit code will say SIGTERM (143)
+    assert r.cancelled == ["1"]
+
+
+def test_a_second_signal_does_not_cut_the_cancel_short(tmp_path):
+    """Ctrl-C under nox: SIGINT starts the cancel, nox's SIGTERM comes 0.5 s later, while scancel
+    runs; the driver uses interrupts.signals_unwind, whose grace lets the cancel finish."""
+    import os
+    import signal
+
+    import pytest
+
+    class SignalledTwice(ScriptedRunner):
+        cancelled: list[str] = []
+
+        def wait(self, handle, timeout=None):
+            os.kill(os.getpid(), signal.SIGINT)
+            return JobState.COMPLETED
+
+        def cancel(self, handle):
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives halfway through the cancel
+            self.cancelled.append(handle.job_id)
+
+    r = SignalledTwice([(0, JobState.RUNNING)])
+    with pytest.raises(KeyboardInterrupt) as raised:
+        run_job(r, spec(tmp_path))
+    assert type(raised.value) is KeyboardInterrupt  # the first signal's, not the absorbed SIGTERM's
+    assert r.cancelled == ["1"]

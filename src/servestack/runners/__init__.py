@@ -2,10 +2,10 @@
 `registry.RUNNERS` is the list of them."""
 
 from .base import RETRYABLE, JobHandle, JobSpec, JobState, Mount, Runner
-from .driver import JobOutcome, RetryPolicy, cancel_on_signals, run_job
+from .driver import JobOutcome, RetryPolicy, run_job
 from .registry import RUNNERS, RunnerKind, make_runner
 
 __all__ = [
     "RETRYABLE", "RUNNERS", "JobHandle", "JobOutcome", "JobSpec", "JobState", "Mount", "RetryPolicy", "Runner",
-    "RunnerKind", "cancel_on_signals", "make_runner", "run_job",
+    "RunnerKind", "make_runner", "run_job",
 ]

@@ -3,9 +3,11 @@
 - A point with `<out_dir>/<point>.json` on disk is never redone (resume across reruns).
 - A job ending in a state of `RetryPolicy.retry_on` (default `base.RETRYABLE`), unless we cancelled
   it, is resubmitted for its remaining points, up to `RetryPolicy.max_attempts` submissions in all.
-- SIGINT/SIGTERM while a job is live: the job is cancelled (scancel for Slurm) before the
-  process exits (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM). A signal that
-  arrives while a job is being submitted waits until its id is known, so no job is left behind.
+- SIGINT/SIGTERM while a job is live (`interrupts.signals_unwind`, the project's one handling of
+  them): the unwinding cancels the job (scancel for Slurm) before the process exits
+  (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM), and a second signal within
+  UNWIND_GRACE_S does not cut that cancel short. A signal that arrives while a job is being
+  submitted waits until its id is known (`interrupts.held`), so no job is left behind.
 - Whatever a job finished is collected even when it was interrupted, so a rerun skips it.
 - Every live job is also recorded on disk (`<jobs dir>/live/<runner>-<job id>.json`) until it
   ends, so another process can cancel what a killed one left behind (`cancel_recorded`: the CI
@@ -18,16 +20,13 @@ import json
 import logging
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from ..fsutil import atomic_write_json
-from ..interrupts import raise_for
+from ..interrupts import Terminated, held, signals_unwind
 from .base import RETRYABLE, JobHandle, JobSpec, JobState, Runner
 
 log = logging.getLogger("servestack.runners")
@@ -72,58 +71,16 @@ class JobOutcome:
         }
 
 
-class _Live:
-    """The jobs this process has live, so a signal can cancel them."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.jobs: dict[str, tuple[Runner, JobHandle]] = {}
-        self.deferring = 0  # > 0 while a submission is in flight (its job id is not known yet)
-        self.pending: int | None = None  # a signal that arrived meanwhile
-
-    @contextmanager
-    def submitting(self) -> Iterator[None]:
-        self.deferring += 1
-        try:
-            yield
-        finally:
-            self.deferring -= 1
-            if not self.deferring and self.pending is not None:
-                signum, self.pending = self.pending, None
-                _on_signal(signum)
-
-    def add(self, runner: Runner, handle: JobHandle) -> None:
-        with self.lock:
-            self.jobs[f"{runner.name}:{handle.job_id}"] = (runner, handle)
-        try:
-            atomic_write_json(_record_path(runner, handle), {
-                "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid(),
-                "pid_started": process_started(os.getpid())})
-        except OSError as exc:  # the in-process cancel still works; only the backstop loses this job
-            log.warning("could not record live %s job %s: %s", runner.name, handle.job_id, exc)
-
-    def remove(self, runner: Runner, handle: JobHandle) -> None:
-        with self.lock:
-            self.jobs.pop(f"{runner.name}:{handle.job_id}", None)
-        _record_path(runner, handle).unlink(missing_ok=True)
-
-    def cancel_all(self) -> list[str]:
-        with self.lock:
-            items = list(self.jobs.values())
-            self.jobs.clear()
-        done = []
-        for runner, handle in items:
-            try:
-                handle.cancelled_by_us = True
-                runner.cancel(handle)
-                done.append(handle.job_id)
-            except Exception as exc:  # keep cancelling the others
-                log.error("could not cancel %s job %s: %s", runner.name, handle.job_id, exc)
-        return done
-
-
-LIVE = _Live()
 LIVE_DIR = "live"
+
+
+def _record_live(runner: Runner, handle: JobHandle) -> None:
+    try:
+        atomic_write_json(_record_path(runner, handle), {
+            "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid(),
+            "pid_started": process_started(os.getpid())})
+    except OSError as exc:  # the in-process cancel still works; only the backstop loses this job
+        log.warning("could not record live %s job %s: %s", runner.name, handle.job_id, exc)
 
 
 def _record_path(runner: Runner, handle: JobHandle) -> Path:
@@ -200,33 +157,14 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
     return cancelled
 
 
-def _on_signal(signum: int) -> None:
-    ids = LIVE.cancel_all()
-    if ids:
-        log.warning("signal %s: cancelled job(s) %s", signum, ", ".join(ids))
-    raise_for(signum)
-
-
-@contextmanager
-def cancel_on_signals() -> Iterator[None]:
-    """While inside, SIGINT/SIGTERM cancel every live job first, then end the process."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, _frame):
-        if LIVE.deferring:
-            LIVE.pending = signum
-            return
-        _on_signal(signum)
-
-    old_int = signal.signal(signal.SIGINT, handler)
-    old_term = signal.signal(signal.SIGTERM, handler)
+def _cancel_for(signalled: KeyboardInterrupt, runner: Runner, handle: JobHandle) -> None:
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old_int)
-        signal.signal(signal.SIGTERM, old_term)
+        handle.cancelled_by_us = True
+        runner.cancel(handle)
+        log.warning("%s: cancelled %s job %s", "SIGTERM" if isinstance(signalled, Terminated) else "SIGINT",
+                    runner.name, handle.job_id)
+    except Exception as exc:  # the signal still ends the process; the CI backstop may get the job
+        log.error("could not cancel %s job %s: %s", runner.name, handle.job_id, exc)
 
 
 def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
@@ -239,32 +177,38 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
         outcome.final_state = "SKIPPED"
         log.info("%s: every point already has a result, nothing to run", spec.name)
         return outcome
-    with cancel_on_signals():
+    with signals_unwind():
         for attempt in range(1, policy.max_attempts + 1):
             todo = spec.with_points(remaining)
             t0 = time.monotonic()
-            with LIVE.submitting():
-                handle = runner.submit(todo)
-                LIVE.add(runner, handle)
-            log.info("%s: attempt %d submitted as %s job %s for points %s",
-                     spec.name, attempt, runner.name, handle.job_id, ",".join(remaining))
+            handle: JobHandle | None = None
             interrupted = True
             try:
+                with held():  # a signal during the submission waits for the job id, to cancel the job
+                    handle = runner.submit(todo)
+                    _record_live(runner, handle)
+                log.info("%s: attempt %d submitted as %s job %s for points %s",
+                         spec.name, attempt, runner.name, handle.job_id, ",".join(remaining))
                 state = runner.wait(handle, timeout=timeout_s)
                 if not state.terminal:  # our own deadline passed
                     handle.cancelled_by_us = True
                     runner.cancel(handle)
                     state = JobState.TIMEOUT
                 interrupted = False
+            except KeyboardInterrupt as signalled:
+                if handle is not None:
+                    _cancel_for(signalled, runner, handle)
+                raise
             finally:
-                LIVE.remove(runner, handle)
-                try:
-                    runner.collect(handle)  # keep what finished, interrupted or not
-                except Exception as exc:
-                    if not interrupted:
-                        raise
-                    log.warning("%s: could not collect job %s after the interruption: %s",
-                                spec.name, handle.job_id, exc)
+                if handle is not None:
+                    _record_path(runner, handle).unlink(missing_ok=True)
+                    try:
+                        runner.collect(handle)  # keep what finished, interrupted or not
+                    except Exception as exc:
+                        if not interrupted:
+                            raise
+                        log.warning("%s: could not collect job %s after the interruption: %s",
+                                    spec.name, handle.job_id, exc)
             outcome.attempts.append(Attempt(handle.job_id, remaining, state.value, round(time.monotonic() - t0, 2)))
             remaining = spec.remaining()
             outcome.final_state = state.value
