@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
+
+import pytest
 
 from servestack import prune
 from servestack.fsutil import atomic_write_json
@@ -70,3 +74,30 @@ def test_a_cached_layer_and_tree_are_marked_used_when_a_build_reads_them(tmp_pat
         os.utime(path, (old, old))
     assert layers.cached(blob.key) is not None
     assert all(time.time() - p.stat().st_mtime < 60 for p in (key_file, blob.path.parent))
+
+
+def test_sha256_records_go_once_their_file_is_gone_or_changed(tmp_path, monkeypatch):
+    """`<cache>/verified/` keeps one record per file ever hashed; one whose file is removed or
+    rewritten can never answer again (verified.py), so pruning drops it, even before any build is on
+    record (it does not depend on what builds used)."""
+    from servestack import verified
+
+    monkeypatch.setattr(verified, "RACY_NS", 0)  # the files count as old enough to be recorded at once
+    cache = tmp_path / "cache"
+    kept, rewritten, removed = (tmp_path / name for name in ("kept.whl", "rewritten.whl", "removed.whl"))
+    for wheel in (kept, rewritten, removed):
+        wheel.write_bytes(wheel.name.encode() * 100)
+        verified.sha256(wheel, root=cache)
+    rewritten.write_bytes(b"another build of it")
+    removed.unlink()
+    (cache / "verified" / "0123.json").write_text('{"path": ')  # cut short by a crash
+
+    result = prune.prune(cache)
+
+    left = sorted((cache / "verified").iterdir())
+    assert len(left) == 1, [r.name for r in left]
+    assert [json.loads(r.read_text())["path"] for r in left] == [str(kept)]
+    assert result.removed == 3
+    # The record that stays still answers: the kept wheel is not read again.
+    monkeypatch.setattr(verified, "sha256_fileobj", lambda f: pytest.fail("kept.whl was read again"))
+    assert verified.sha256(kept, root=cache) == hashlib.sha256(b"kept.whl" * 100).hexdigest()

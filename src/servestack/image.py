@@ -453,7 +453,8 @@ def _prune_caches(title: str, stack: str, trees: list[Path], digests: list[str])
         log.warning("%s: the caches were not pruned: %s", title, exc)
         return
     if pruned.removed:
-        print(f"{title}: cache pruned: {pruned.removed} layer blobs, keys and trees no recent build used "
+        print(f"{title}: cache pruned: {pruned.removed} layer blobs, keys and trees no recent build used, "
+              "and sha256 records of changed or removed files "
               f"({pruned.freed_bytes / 1e9:.2f} GB freed)", flush=True)
 
 

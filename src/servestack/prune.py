@@ -7,6 +7,9 @@ the newest KEEP_BUILDS records stay, and (once there are that many) whatever in 
 is removed, except what was made or used within GRACE_SECONDS: a build running at the same time on
 the same cache (trees and layers are touched when a build reads them) keeps its files. Downloaded
 inputs (`blobs/`, `bases/`) are not touched: they are the offline copy of the locks.
+
+The sha256 records in `<cache>/verified/` (one per file ever hashed) go once they cannot answer
+again: their file is gone or changed (see verified.stale_records).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import verified
 from .fsutil import atomic_write_json
 from .project import cache_home
 
@@ -66,14 +70,23 @@ def _old(path: Path, now: float) -> bool:
 
 
 def prune(cache: Path | None = None, now: float | None = None) -> Pruned:
-    """Remove the layer blobs, layer keys and installed trees that none of the last builds used."""
+    """Remove the layer blobs, layer keys and installed trees that none of the last builds used, then
+    the sha256 records (verified.py) that can no longer answer."""
     root = cache or cache_home()
     now = time.time() if now is None else now
+    unused = _unused_by_the_last_builds(root, now)
+    freed = sum(_remove(p) for p in unused)
+    # After the removals above: a record of a layer blob just removed goes too.
+    stale = verified.stale_records(root)
+    return Pruned(len(unused) + len(stale), freed + sum(_remove(p) for p in stale))
+
+
+def _unused_by_the_last_builds(root: Path, now: float) -> list[Path]:
     records = sorted((root / "uses").glob("*.json"), key=lambda p: int(p.name.split("-", 1)[0]))
     if len(records) < KEEP_BUILDS:
         # Until KEEP_BUILDS builds are on record, "not used by the last builds" is not known: a cache
         # made before the records (or by a new servestack) loses nothing on its first builds.
-        return Pruned(0, 0)
+        return []
     for stale in records[:-KEEP_BUILDS]:
         stale.unlink(missing_ok=True)
     trees: set[str] = set()
@@ -103,4 +116,4 @@ def prune(cache: Path | None = None, now: float | None = None) -> Pruned:
         doomed += [b for b in blobs.iterdir() if f"sha256:{b.name}" not in digests and _old(b, now)]
     if (layers / "tmp").is_dir():
         doomed += [t for t in (layers / "tmp").iterdir() if _old(t, now)]
-    return Pruned(len(doomed), sum(_remove(p) for p in doomed))
+    return doomed

@@ -25,6 +25,7 @@ from .fsutil import atomic_write_bytes, sha256_fileobj
 from .project import cache_home
 
 RACY_NS = 2_000_000_000
+RECORDS = "verified"  # under the cache
 
 
 def _identity(st: os.stat_result) -> list[int]:
@@ -32,7 +33,7 @@ def _identity(st: os.stat_result) -> list[int]:
 
 
 def _record_path(path: str, root: Path | None) -> Path:
-    return (root or cache_home()) / "verified" / f"{hashlib.sha256(path.encode()).hexdigest()[:40]}.json"
+    return (root or cache_home()) / RECORDS / f"{hashlib.sha256(path.encode()).hexdigest()[:40]}.json"
 
 
 def _remembered(record: Path, path: str, identity: list[int]) -> str | None:
@@ -44,6 +45,22 @@ def _remembered(record: Path, path: str, identity: list[int]) -> str | None:
         return None
     digest = data.get("sha256")
     return digest if isinstance(digest, str) and len(digest) == 64 else None
+
+
+def stale_records(root: Path) -> list[Path]:
+    """The records under cache `root` that can no longer answer: their file is gone or has another
+    identity (an identity never comes back: ctime only moves forward), or they are malformed.
+    Without pruning (prune.py) they only grow, one for every file ever hashed at that path's last state."""
+    stale = []
+    for record in sorted((root / RECORDS).glob("*.json")):
+        try:
+            path = json.loads(record.read_bytes()).get("path")
+            current = isinstance(path, str) and _remembered(record, path, _identity(os.stat(path))) is not None
+        except (OSError, ValueError, AttributeError):  # the file is gone; the record is unreadable or not an object
+            current = False
+        if not current:
+            stale.append(record)
+    return stale
 
 
 def sha256(path: Path, *, root: Path | None = None, rehash: bool = False) -> str:
