@@ -18,7 +18,9 @@ from servestack.recipes import (
     UNBOUND_IMAGE,
     check_rendered,
     load_engine,
+    load_family,
     render_committed,
+    render_family,
     render_recipes,
     validate_committed,
     validate_paths,
@@ -232,6 +234,43 @@ def test_render_is_idempotent_and_byte_identical(project: Project):
     a = [p.read_bytes() for p in render_recipes(project, "qwen35-gb200", DIGEST, LOCK, lock_sha256=LOCK_SHA, out_dir=project.root / "a")]
     b = [p.read_bytes() for p in render_recipes(project, "qwen35-gb200", DIGEST, LOCK, lock_sha256=LOCK_SHA, out_dir=project.root / "b")]
     assert a == b and len(a) == 20
+
+
+FAMILY = """\
+family: f
+stack: s
+name_prefix: p
+base:
+  backend: {environment: {A: "1", B: "2"}, args: [x, y]}
+  benchmark: {type: sa-bench}
+configs:
+  - {id: c, set: {backend: {environment: {B: null, C: "3"}, args: [z]}}}
+variants:
+  - {id: "", set: {}}
+  - {id: acc, set: {benchmark: {type: gsm8k}}}
+"""
+
+
+def test_a_family_merges_its_sets_as_srt_slurm_merges_overrides(tmp_path: Path):
+    """One deep merge for families and srt-slurm's override_ sections (variants.deep_merge):
+    mappings merge key by key, a null removes the key, a list or a scalar replaces."""
+    path = tmp_path / "f.yaml"
+    path.write_text(FAMILY)
+    out = render_family(load_family(path))
+    sweep, acc = yaml.safe_load(out["c.yaml"]), yaml.safe_load(out["c-acc.yaml"])
+    assert sweep["backend"] == {"environment": {"A": "1", "C": "3"}, "args": ["z"]}
+    assert sweep["benchmark"] == {"type": "sa-bench"}
+    assert acc["backend"] == sweep["backend"] and acc["benchmark"] == {"type": "gsm8k"}
+    assert [sweep["name"], acc["name"]] == ["p-c", "p-c-acc"]
+
+
+def test_a_family_set_that_is_not_a_mapping_is_refused_at_its_line(tmp_path: Path):
+    path = tmp_path / "f.yaml"
+    path.write_text(FAMILY.replace("{id: acc, set: {benchmark: {type: gsm8k}}}", "{id: acc, set: [gsm8k]}"))
+    with pytest.raises(InputError) as info:
+        load_family(path)
+    assert info.value.field == "variants[1].set"
+    assert info.value.location.line == _line_of(FAMILY, "id: acc")
 
 
 def test_binding_gives_digest_only_references(project: Project):

@@ -11,6 +11,8 @@ A family (recipes/families/<stack>.yaml) holds:
     configs:  [{id: 4xdep2-1xdep8, set: {...}}, ...]          # deep-merged over base
     variants: [{id: "", set: {...}}, {id: acc, set: {...}}]   # deep-merged over base+config
 
+(deep-merged: srt-slurm's rule, variants.deep_merge, the one used for its override recipes too).
+
 Rendering is deterministic: the same family, image reference and lock give byte-identical files.
 Unbound renders (committed under recipes/<family>/) carry model.container: servestack-unbound;
 bound renders carry repo@sha256:<64 hex>, srt-slurm's identity block and the lock's sha256.
@@ -18,7 +20,6 @@ bound renders carry repo@sha256:<64 hex>, srt-slurm's identity block and the loc
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 from dataclasses import dataclass
@@ -31,7 +32,9 @@ from ..errors import InputError, Location
 from ..fsutil import atomic_write_text, sha256_file
 from ..project import Project
 from ..records.lockfile import Lock, read_lock
+from ..yamlfile import Node, parse
 from .validate import RENDER_MARK, UNBOUND_IMAGE, image_ref_problem
+from .variants import deep_merge
 
 FAMILIES_DIR = "families"
 
@@ -44,9 +47,9 @@ class Family:
     name_prefix: str
     frameworks: dict[str, list[str]]
     identity_model: dict[str, str] | None
-    base: dict[str, Any]
-    configs: list[tuple[str, dict[str, Any]]]
-    variants: list[tuple[str, dict[str, Any]]]
+    base: Node  # positioned, for the merge's and validation's sake; a mapping
+    configs: list[tuple[str, Node]]  # (id, the mapping deep-merged over base)
+    variants: list[tuple[str, Node]]  # (id, the mapping deep-merged over base + config)
 
 
 def _need(data: dict, key: str, kind: type, path: Path) -> Any:
@@ -58,12 +61,10 @@ def _need(data: dict, key: str, kind: type, path: Path) -> Any:
 
 def load_family(path: Path) -> Family:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise InputError(path, "", f"not valid YAML: {e}") from e
-    if not isinstance(data, dict):
-        raise InputError(path, "", "a family must be a YAML mapping")
+    root = parse(path.read_text(), path)
+    if not root.is_map:
+        raise InputError(Location(path, root.line, root.column), "", "a family must be a YAML mapping")
+    data = root.plain()
     known = {"family", "stack", "name_prefix", "frameworks", "identity_model", "base", "configs", "variants", "description"}
     for key in data:
         if key not in known:
@@ -71,13 +72,21 @@ def load_family(path: Path) -> Family:
     frameworks = {}
     for fw, pkgs in (data.get("frameworks") or {}).items():
         frameworks[fw] = [pkgs] if isinstance(pkgs, str) else list(pkgs)
+    _need(data, "base", dict, path)
 
-    def parts(key: str) -> list[tuple[str, dict]]:
+    def parts(key: str) -> list[tuple[str, Node]]:
         out = []
         for i, item in enumerate(_need(data, key, list, path)):
+            node = root.value[key].value[i]
             if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                raise InputError(path, f"{key}[{i}]", "expected a mapping with a string id")
-            out.append((item["id"], item.get("set") or {}))
+                raise InputError(Location(path, node.line, node.column), f"{key}[{i}]", "expected a mapping with a string id")
+            over = node.get("set")
+            if over is None or over.value is None:
+                over = Node({}, node.line, node.column)
+            elif not over.is_map:
+                raise InputError(Location(path, over.line, over.column), f"{key}[{i}].set",
+                                 "expected a mapping (deep-merged over the recipe)")
+            out.append((item["id"], over))
         return out
 
     return Family(
@@ -87,22 +96,10 @@ def load_family(path: Path) -> Family:
         name_prefix=_need(data, "name_prefix", str, path),
         frameworks=frameworks,
         identity_model=data.get("identity_model"),
-        base=_need(data, "base", dict, path),
+        base=root.value["base"],
         configs=parts("configs"),
         variants=parts("variants"),
     )
-
-
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if v is None:
-            out.pop(k, None)
-        elif isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
 
 
 # -- YAML that reads like a hand-written recipe -------------------------------------------------
@@ -208,7 +205,7 @@ def render_family(family: Family, image_ref: str | None = None, lock: Lock | Non
     for config_id, config_set in family.configs:
         for variant_id, variant_set in family.variants:
             stem = config_id + (f"-{variant_id}" if variant_id else "")
-            recipe = _merge(_merge(family.base, config_set), variant_set)
+            recipe = deep_merge(deep_merge(family.base, config_set), variant_set).plain()
             recipe = {"name": f"{family.name_prefix}-{stem}", **{k: v for k, v in recipe.items() if k != "name"}}
             recipe.setdefault("model", {})
             recipe["model"]["container"] = image_ref if bound else UNBOUND_IMAGE

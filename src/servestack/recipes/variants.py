@@ -21,13 +21,13 @@ def expand_overrides(c: Checker, root: Node) -> tuple[Node, dict, dict, list[tup
         if key.startswith("override_"):
             c.walk(over, spec, (key,), keys_only=True)
             if base.is_map and over.is_map:
-                variants.append((key, _merge(base, over)))
+                variants.append((key, deep_merge(base, over)))
         elif key.startswith("zip_override_"):
             c.walk(over, spec, (key,), keys_only=True)
             if base.is_map and over.is_map:
                 n = _zip_length(c, over, (key,))
                 for i in range(n or 0):
-                    variants.append((f"{key}[{i}]", _merge(base, _zip_slice(over, i))))
+                    variants.append((f"{key}[{i}]", deep_merge(base, _zip_slice(over, i))))
         else:
             c.err(over, (key,), "unknown key in an override recipe (expected base, override_<name> or zip_override_<name>)"
                   + suggest(key, ["base", "override_", "zip_override_"]), at_key=True)
@@ -36,8 +36,11 @@ def expand_overrides(c: Checker, root: Node) -> tuple[Node, dict, dict, list[tup
     return base, spec, required, variants
 
 
-def _merge(base: Node, over: Node) -> Node:
-    """srt-slurm's deep_merge on positioned nodes: mappings merge, a null removes, others replace."""
+def deep_merge(base: Node, over: Node) -> Node:
+    """srt-slurm's deep_merge on positioned nodes: mappings merge, a null removes, others replace.
+
+    The one merge of recipes: srt-slurm's override sections here, and servestack's recipe families
+    (render.py: base, then a config's `set`, then a variant's)."""
     if not (base.is_map and over.is_map):
         return over
     merged = dict(base.value)
@@ -45,7 +48,7 @@ def _merge(base: Node, over: Node) -> Node:
         if v.value is None:
             merged.pop(k, None)
         elif k in merged:
-            merged[k] = _merge(merged[k], v)
+            merged[k] = deep_merge(merged[k], v)
         else:
             merged[k] = v
     return Node(merged, base.line, base.column, base.key_line, base.key_column, base.tag)
