@@ -71,6 +71,26 @@ def test_junit_rendering() -> None:
     assert cases["version:torch"].find("failure") is None and cases["version:torch"].find("skipped") is None
 
 
+def test_the_result_reads_its_record_and_says_what_failed(tmp_path: Path) -> None:
+    """SmokeResult adds only where the record was written: its checks, status and wall time are the
+    record's (smoke.json), so the summary and the exit code cannot disagree with the file."""
+    checks = (
+        smoke.Check("static", "version:torch", "pass", "2.13.0+cpu", 0.1),
+        smoke.Check("static", "overlay:vllm:vllm/x.py", "fail", "overlaid file vllm/x.py has sha256 00", 0.2),
+        smoke.Check("serving", "ready", "not_run", "needs NVIDIA GPUs"),
+    )
+    record = smoke.SmokeRecord("dev-cpu", DIGEST, "linux/amd64", "cd" * 32, 61.7, {}, checks)
+    result = smoke.SmokeResult(record, tmp_path / "smoke.json", tmp_path / "smoke-junit.xml")
+    summary = result.summary().splitlines()
+    assert summary[0] == "smoke dev-cpu: FAIL  (1 passed, 1 failed, 1 not run; 62 s)"
+    assert "  FAIL     static/overlay:vllm:vllm/x.py: overlaid file vllm/x.py has sha256 00" in summary
+    assert "  not run  serving/ready: needs NVIDIA GPUs" in summary
+    assert result.exit_code == 1
+    passing = smoke.SmokeResult(replace(record, checks=checks[:1]), result.smoke_json, result.junit_xml)
+    assert passing.summary().startswith("smoke dev-cpu: PASS  (1 passed, 0 failed, 0 not run")
+    assert passing.exit_code == 0
+
+
 # --------------------------------------------------------------------------- engine usage from recipes
 
 

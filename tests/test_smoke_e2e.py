@@ -195,8 +195,8 @@ def fake_stack(client, base_image, tmp_path_factory):
 def test_static_probe_by_digest_passes(fake_stack, client) -> None:
     project = fake_stack["project"]
     result = smoke.run_smoke(project, STACK, image=fake_stack["reference"], serve=False)
-    by_name = {c.name: c for c in result.checks}
-    assert result.ok, result.summary()
+    by_name = {c.name: c for c in result.record.checks}
+    assert result.record.ok, result.summary()
     assert by_name["probe"].status == "pass" and "/opt/venv/bin/python" in by_name["probe"].detail
     assert by_name["lock"].status == "pass"
     assert by_name[f"overlay:beta-pkg:{fake_stack['server_py']}"].status == "pass"
@@ -205,7 +205,7 @@ def test_static_probe_by_digest_passes(fake_stack, client) -> None:
     assert by_name["ready"].status == "not_run" and "--no-serve" in by_name["ready"].detail
     written = json.loads((project.artifacts(STACK) / "smoke.json").read_text())
     assert written["image"] == fake_stack["reference"] and written["status"] == "pass"
-    assert (project.artifacts(STACK) / "smoke-junit.xml").read_text().count("<testcase") == len(result.checks)
+    assert (project.artifacts(STACK) / "smoke-junit.xml").read_text().count("<testcase") == len(result.record.checks)
     assert result.exit_code == 0
     assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
 
@@ -219,8 +219,8 @@ def test_altered_overlay_file_fails_naming_it(fake_stack) -> None:
     )
     assert tampered != fake_stack["reference"]
     result = smoke.run_smoke(fake_stack["project"], STACK, image=tampered, serve=False)
-    assert not result.ok and result.exit_code != 0
-    failed = {c.name: c for c in result.failed}
+    assert not result.record.ok and result.exit_code != 0
+    failed = {c.name: c for c in result.record.failed}
     assert f"overlay:beta-pkg:{server_py}" in failed
     assert server_py in failed[f"overlay:beta-pkg:{server_py}"].detail
     assert server_py in result.summary()
@@ -234,13 +234,13 @@ def test_server_that_never_gets_ready_fails_at_the_deadline_with_its_log(fake_st
     )
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=6, serve_plan_override=plan)
-    by_name = {c.name: c for c in result.checks if c.probe == "serving"}
+    by_name = {c.name: c for c in result.record.checks if c.probe == "serving"}
     ready = by_name["ready"]
     assert ready.status == "fail"
     assert "not ready after 6 s" in ready.detail and "still loading shard 3/7" in ready.detail
     assert ready.time_s is not None and 6 <= ready.time_s < 30
     assert by_name["completions"].status == "not_run"
-    assert not result.ok
+    assert not result.record.ok
     assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
 
 
@@ -248,7 +248,7 @@ def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
     plan = smoke.ServePlan(["sh", "-c", "echo 'ValueError: no model here' >&2; exit 3"], model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=60, serve_plan_override=plan)
-    ready = {c.name: c for c in result.checks if c.probe == "serving"}["ready"]
+    ready = {c.name: c for c in result.record.checks if c.probe == "serving"}["ready"]
     assert ready.status == "fail" and "exited with 3" in ready.detail and "no model here" in ready.detail
     assert ready.time_s < 30
 
@@ -263,7 +263,7 @@ def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_conta
     ), model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True, ready_timeout=60,
                              serve_plan_override=smoke.ServePlan(None, "aggregated not under test"), disagg_override=shape)
-    disagg = {c.name: c for c in result.checks if c.probe == "disagg"}
+    disagg = {c.name: c for c in result.record.checks if c.probe == "disagg"}
     assert disagg["ready"].status == "fail"
     assert "the prefill exited with 4" in disagg["ready"].detail and "NIXL agent failed" in disagg["ready"].detail
     assert {c.status for n, c in disagg.items() if n != "ready"} == {"not_run"} and "kv-transfer" in disagg

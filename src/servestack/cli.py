@@ -144,8 +144,7 @@ def _smoke_args(p: argparse.ArgumentParser) -> None:
 def _smoke(args: argparse.Namespace, project: Project) -> int:
     from .smoke import run_smoke
 
-    result = run_smoke(project, args.stack, args.image, serve=not args.no_serve)
-    return 0 if result.passed else 1
+    return run_smoke(project, args.stack, args.image, serve=not args.no_serve).exit_code
 
 
 class _RunnerNames:

@@ -132,7 +132,7 @@ def run_smoke(
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
     record = SmokeRecord(stack, reference, platform, lock_sha256, wall, metrics, tuple(checks))
-    result = SmokeResult(record, out_dir / "smoke.json", out_dir / "smoke-junit.xml", wall)
+    result = SmokeResult(record, out_dir / "smoke.json", out_dir / "smoke-junit.xml")
     write_smoke(result.smoke_json, record)
     atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))
     if echo:
