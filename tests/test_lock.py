@@ -94,6 +94,21 @@ def test_the_lock_records_wheels_the_debian_release_and_the_stack_hash(tmp_path,
         (project.pins / "tiny.yaml").read_bytes()).hexdigest()
 
 
+def test_a_found_wheel_goes_into_the_lock_in_the_lock_s_own_spelling():
+    """sources.pypi finds a wheel with its URL and upload time; the lock keeps neither, and the one
+    spelling of a lock's wheel entry is records.lockfile.LockedWheel's (a FoundWheel is one)."""
+    from dataclasses import fields
+
+    from servestack.records.lockfile import LockedWheel
+    from servestack.sources.pypi import FoundWheel
+
+    entry = LockedWheel("tinyserve", "1.0", "tinyserve-1.0-py3-none-any.whl", "ab" * 32, 1234, "local")
+    found = FoundWheel(**{f.name: getattr(entry, f.name) for f in fields(entry)},
+                       url="https://index.example/tinyserve-1.0-py3-none-any.whl", upload_time=1_700_000_000)
+    assert isinstance(found, LockedWheel)
+    assert found.to_json() == entry.to_json()
+
+
 @pytest.mark.e2e
 def test_a_base_image_is_locked_by_the_digest_the_registry_gives(tmp_path, world, registry_base):
     project = make_project(tmp_path, world, base_image=registry_base["reference"])

@@ -68,12 +68,12 @@ def _resolve_base(stack: Stack) -> dict[str, Any]:
     }
 
 
-def _with_sizes(found: list[pypi.LockedWheel]) -> list[pypi.LockedWheel]:
+def _with_sizes(found: list[pypi.FoundWheel]) -> list[pypi.FoundWheel]:
     """Every wheel with its size: an index that does not say it gets the file fetched (and verified)."""
     return [w if w.size is not None else replace(w, size=_pinned_wheel(w).stat().st_size) for w in found]
 
 
-def _pinned_wheel(wheel: pypi.LockedWheel | None) -> Path | None:
+def _pinned_wheel(wheel: pypi.FoundWheel | None) -> Path | None:
     from . import cache
 
     return cache.fetch(wheel.url, wheel.sha256, wheel.filename, origin=f"index {wheel.index!r}") if wheel else None
@@ -158,7 +158,7 @@ def _entry(pr: PullRequest, package: str, info) -> dict[str, Any]:
 
 
 def _resolve_prs(
-    project: Project, stack: Stack, stack_file: Path, wheels_by_name: dict[str, pypi.LockedWheel], github: GitHub
+    project: Project, stack: Stack, stack_file: Path, wheels_by_name: dict[str, pypi.FoundWheel], github: GitHub
 ) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
     """Classify every PR: included (by evidence in the pinned wheel and/or ancestry), overlay, or
     unverified (no evidence, no reachable history); returns entries, package commits, patches to write."""

@@ -118,7 +118,7 @@ def check(stack: Stack, stack_file: Path, resolved: Mapping[str, Resolved], plat
 
 
 def check_locked(stack: Stack, stack_file: Path, platform: str, wheels: Iterable) -> None:
-    """`check` on the wheels `lock` resolved (`sources.pypi.LockedWheel`); fetches (into the verified
+    """`check` on the wheels `lock` resolved (`sources.pypi.FoundWheel`); fetches (into the verified
     cache) only the wheel of a pairing's owner, and only when the stack also has its distribution."""
     resolved = {
         normalize(w.name): Resolved(w.name, w.version, partial(cache.fetch, w.url, w.sha256, w.filename))

@@ -31,25 +31,12 @@ ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 
 @dataclass(frozen=True)
-class LockedWheel:
-    name: str
-    version: str
-    filename: str
-    url: str  # where it was found when locking; never written: the lock names the index
-    sha256: str
-    size: int | None
-    upload_time: int | None
-    index: str
+class FoundWheel(lockfile.LockedWheel):
+    """A wheel as an index offered it: the lock's entry (records.lockfile owns its fields and their
+    JSON) plus what locking needs and the lock never keeps."""
 
-    def to_json(self) -> dict:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "filename": self.filename,
-            "sha256": self.sha256,
-            "size": self.size,
-            "index": self.index,
-        }
+    url: str  # where it was found; the lock names the index, whose place is this machine's configuration
+    upload_time: int | None  # the lock's source_date_epoch is the newest
 
 
 def index_locations(stack: Stack, stack_file: Path) -> list[IndexLocation]:
@@ -101,7 +88,7 @@ def _unsatisfiable_sentence(output: str) -> str | None:
     return f"these packages cannot be installed together: {sentence}"
 
 
-def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
+def resolve(stack: Stack, stack_file: Path, platform: str) -> list[FoundWheel]:
     """Resolve the stack's packages for one platform into exactly one wheel per package."""
     with tempfile.TemporaryDirectory(prefix="servestack-lock-") as tmp:
         work = Path(tmp)
@@ -142,7 +129,7 @@ def resolve(stack: Stack, stack_file: Path, platform: str) -> list[LockedWheel]:
 
 def _pick_wheels(
     pylock: dict, stack: Stack, stack_file: Path, platform: str, locations: list[IndexLocation]
-) -> list[LockedWheel]:
+) -> list[FoundWheel]:
     ranking = {tag: rank for rank, tag in enumerate(target_tags(platform, stack.python))}
     picked = []
     environment = _marker_environment(platform, stack.python)
@@ -170,7 +157,7 @@ def _pick_wheels(
         if size is None and local.scheme == "file":
             size = Path(unquote(local.path)).stat().st_size
         picked.append(
-            LockedWheel(
+            FoundWheel(
                 name=package["name"],
                 version=package["version"],
                 filename=filename,
