@@ -300,6 +300,11 @@ def test_disaggregated_recipes_run_through_srtctl_with_results_and_gates(disagg_
     for mode in ("prefill", "decode"):
         assert f"--disaggregation-mode {mode}" in sweep
     assert "-m dynamo.vllm" in sweep and '"kv_buffer_device": "cpu"' in sweep and "NixlConnector" in sweep
+    # The cluster's setup script pinned the prefill worker to one CPU and left decode all of them
+    # (srt-slurm's fingerprint of each worker, taken in its shell after the setup script).
+    cpus = {mode: json.loads((logs / f"fingerprint_{mode}_w0.json").read_text())["cpu"] for mode in ("prefill", "decode")}
+    assert cpus["prefill"]["affinity_list"] == "0", cpus
+    assert cpus["decode"]["affinity_cpus"] == cpus["decode"]["logical_cpus"], cpus
     # The KV cache moved: vLLM's NixlConnector on the decode side counts its pulls from prefill.
     decode = (logs / "vm_decode_w0.out").read_text()
     transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)", decode)]

@@ -199,6 +199,33 @@ def _build_srtctl(archive: Path, python312: Path):
     return build
 
 
+# srt-slurm's per-recipe hook (`setup_script: <name>`, a file in the tree's configs/) that this
+# cluster adds, as a site adds its own scripts to its srt-slurm checkout. srtctl runs it inside
+# each worker's container, with that worker's environment (prefill_environment, ...), as a child
+# of the shell that then starts the worker. srt-slurm has no per-worker CPU setting (its
+# srun_options are the same for every step of a job), so the pinning is done here, with the same
+# affinity mask `srun --cpu-bind` or `taskset` would give; vLLM's CPU backend then runs on the
+# CPUs the mask allows (get_allowed_cpu_list reads sched_getaffinity).
+PIN_WORKER_CPUS_SCRIPT = "pin-worker-cpus.sh"
+PIN_WORKER_CPUS_ENV = "PIN_WORKER_TO_CPUS"
+_PIN_WORKER_CPUS = f"""#!/bin/bash
+# srt-slurm setup_script, written by servestack (cluster.py). With {PIN_WORKER_CPUS_ENV} set in a
+# worker's environment (a CPU list as taskset reads it, e.g. "0" or "0-3"), the shell srtctl starts
+# the worker from, and so the worker with every process it starts, may run on those CPUs only.
+# Without it, nothing changes.
+set -euo pipefail
+if [ -n "${{{PIN_WORKER_CPUS_ENV}:-}}" ]; then
+    taskset --pid --cpu-list "${{{PIN_WORKER_CPUS_ENV}}}" "$PPID"
+fi
+"""
+
+
+def _install_setup_scripts(tree: Path) -> None:
+    script = tree / "configs" / PIN_WORKER_CPUS_SCRIPT
+    if not script.is_file() or script.read_text() != _PIN_WORKER_CPUS:
+        _executable(script, _PIN_WORKER_CPUS)
+
+
 def srtslurm_config(source: Path, *, partition: str, account: str,
                     model_paths: dict[str, str] | None = None) -> str:
     """srt-slurm's cluster config for this one-node cluster.
@@ -234,6 +261,8 @@ def ensure_srtctl(root: Path | None = None, *, partition: str = "main", account:
     python312 = find_python312()
     home = _built("srtctl", _cache_key(archive, str(python312)), _build_srtctl(archive, python312))
     [tree] = [p for p in (home / "src").iterdir() if p.is_dir()]
+    # Outside the cached build: a new script reaches existing installs without rebuilding them.
+    _install_setup_scripts(tree)
     wanted = srtslurm_config(tree, partition=partition, account=account, model_paths=model_paths)
     # One file per content: callers with other settings (parallel tests) never rewrite it under us.
     config = home / f"srtslurm-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}.yaml"
