@@ -402,3 +402,182 @@ def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
         assert entry.stat().st_mtime == pytest.approx(old)
     finally:
         release()
+
+
+# What vLLM 0.31's decode worker logs when its NIXL handshake with the prefill worker's side channel
+# gets no reply within its hard-coded 5 s (the tail of the CI log of run 19, completed by the lines
+# vLLM's _log_failure writes before it and the exception line Python writes after it).
+_P = "(Worker pid=44) ERROR 12-01 09:00:43 [base_worker.py:1375] "
+HANDSHAKE_TIMEOUT = "".join(_P + line + "\n" for line in [
+    "NIXL transfer failure: handshake_failed | Context: {'failure_type': 'handshake_failed', 'request_id': "
+    "'cmpl-1', 'engine_id': 'd-1', 'remote_engine_id': 'p-1', 'remote_request_id': 'cmpl-1', 'remote_host': "
+    "'127.0.0.1', 'remote_port': 20097, 'num_local_blocks': 1, 'num_remote_blocks': 1, 'local_block_ids_sample': [3]}",
+    "Traceback (most recent call last):",
+    '  File "/opt/venv/lib/python3.11/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py", '
+    "line 1370, in request_ready",
+    "    f.result()",
+    '  File "/usr/lib/python3.11/concurrent/futures/_base.py", line 449, in result',
+    "    return self.__get_result()",
+    "           ^^^^^^^^^^^^^^^^^^^",
+    '  File "/opt/venv/lib/python3.11/site-packages/vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py", '
+    "line 1068, in _nixl_handshake",
+    "    reply_parts = sock.recv_multipart()",
+    "                  ^^^^^^^^^^^^^^^^^^^^^",
+    "zmq.error.Again: Resource temporarily unavailable",
+])
+
+
+def test_the_error_lines_of_a_log_include_the_exception_ending_each_traceback() -> None:
+    from servestack.smoke.containers import log_errors, log_excerpt
+
+    # Neither ends in Error nor Exception, and neither is in the log's last lines.
+    log = HANDSHAKE_TIMEOUT + "INFO 12-01 09:00:44 [loggers.py:1] Engine 000: Avg prompt throughput: 0.0\n" * 30
+    assert log_errors(log) == ["zmq.error.Again: Resource temporarily unavailable"]
+    assert "errors in its log:\n  zmq.error.Again: Resource temporarily unavailable\n" in log_excerpt(log, 5)
+    # Still the `SomeError: message` lines outside a traceback, in the order logged, each once.
+    noisy = "ValueError: bad flag\n" + HANDSHAKE_TIMEOUT + "ValueError: bad flag\nRuntimeError: worker died\n"
+    assert log_errors(noisy) == ["ValueError: bad flag", "zmq.error.Again: Resource temporarily unavailable",
+                                 "RuntimeError: worker died"]
+    assert log_errors("all quiet\n") == []
+
+
+def test_nixl_failures_name_the_kind_the_side_channel_and_the_exception() -> None:
+    from servestack.smoke.endpoints import decode_failure_reason, nixl_failures
+
+    setup = HANDSHAKE_TIMEOUT.replace("handshake_failed | Context: {'failure_type': 'handshake_failed', 'request_id': 'cmpl-1'",
+                                      "handshake_setup_failed | Context: {'failure_type': 'handshake_setup_failed', "
+                                      "'request_id': None").replace("'remote_host': '127.0.0.1', 'remote_port': 20097, ", "")
+    assert nixl_failures(setup + HANDSHAKE_TIMEOUT + HANDSHAKE_TIMEOUT) == [
+        "handshake_setup_failed: zmq.error.Again: Resource temporarily unavailable",
+        *["handshake_failed with 127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable"] * 2,
+    ]
+    assert decode_failure_reason(HANDSHAKE_TIMEOUT * 2) == (
+        "NIXL failures: 2 x handshake_failed with 127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable")
+    # A failure logged with a message and no exception.
+    assert nixl_failures(_P + "NIXL transfer failure: transfer_failed. Transfer expired | Context: {}\n") == [
+        "transfer_failed: Transfer expired"]
+    assert decode_failure_reason("RuntimeError: boom\n") == "errors in its log: RuntimeError: boom"
+    assert decode_failure_reason("a\nb\n").startswith("no error in its log; last lines: a | b")
+
+
+def test_a_failed_kv_transfer_shows_the_decode_workers_error_not_a_traceback_tail() -> None:
+    from servestack.smoke.endpoints import Target, check_kv_transfer
+
+    sent = {"completion_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1}
+    target = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0,
+                    logs={"decode": lambda: HANDSHAKE_TIMEOUT, "prefill": lambda: ""})
+    status, detail = check_kv_transfer(target)
+    assert status == "fail"
+    assert "handshake_failed with 127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable" in detail
+    assert "File " not in detail and "^^^" not in detail
+
+
+def test_first_request_failures_are_reported_by_ready_not_by_the_kv_transfer_check() -> None:
+    from servestack.smoke.endpoints import Target, check_kv_transfer
+
+    # The first request's failed handshake is in the stats vLLM logs after ready.
+    before = HANDSHAKE_TIMEOUT
+    stats = KV_LOG.replace("Num failed transfers=0", "Num failed transfers=1", 1)
+    first = {"served_s": 70.0, "failed": [{"attempt": 1}]}
+    sent = {"completion_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1, "first_request": first}
+    retried = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+                     logs={"decode": lambda: before + stats, "prefill": lambda: ""})
+    status, detail = check_kv_transfer(retried)
+    assert status == "pass", detail
+    assert "1 failed, while 1 failed first attempt(s) were retried (see ready) for 4 request(s)" in detail
+    # A failure after ready is the check's.
+    late = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+                  logs={"decode": lambda: before + stats + HANDSHAKE_TIMEOUT, "prefill": lambda: ""})
+    status, detail = check_kv_transfer(late)
+    assert status == "fail" and "after ready the decode worker logged NIXL failures: handshake_failed with" in detail
+    # Failed transfers in the stats that no failed first attempt explains.
+    unexplained = Target("http://127.0.0.1:9", "m", None, 1.0, {**sent, "first_request": {"served_s": 60.0, "failed": []}},
+                         kv_wait_s=0, logs={"decode": lambda: stats, "prefill": lambda: ""})
+    assert check_kv_transfer(unexplained)[0] == "fail"
+
+
+class _FakeFrontend:
+    """Answers POST /v1/completions from a script of (status, body); appends to the decode log."""
+
+    def __init__(self, script: list[tuple[int, dict | str, str]]) -> None:
+        self.script = list(script)
+        self.decode_log = ""
+        self.posted: list[dict] = []
+
+    def post(self, url: str, timeout: float, json: dict):
+        from types import SimpleNamespace
+
+        assert url.endswith("/v1/completions") and timeout > 0
+        self.posted.append(json)
+        status, body, logged = self.script.pop(0)
+        self.decode_log += logged
+        text = body if isinstance(body, str) else __import__("json").dumps(body)
+        return SimpleNamespace(status_code=status, text=text, json=lambda: body)
+
+
+SERVED = {"choices": [{"text": "ok"}], "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}}
+HTTP_500 = '{"message":"Internal server error","code":500}'
+
+
+def test_the_pair_is_ready_once_it_served_a_first_request_and_says_what_failed_before() -> None:
+    from servestack.smoke.firstrequest import FirstRequest
+
+    frontend = _FakeFrontend([(500, HTTP_500, HANDSHAKE_TIMEOUT), (200, SERVED, "")])
+    registered = iter([False, True])
+    first = FirstRequest(lambda http, base: next(registered), "m", lambda: frontend.decode_log, 120.0,
+                         time.monotonic(), 300.0)
+    assert not first(frontend, "http://f") and not frontend.posted  # not registered: nothing sent
+    assert not first(frontend, "http://f")  # attempt 1: HTTP 500
+    assert first(frontend, "http://f")  # attempt 2 served
+    assert frontend.posted[0]["model"] == "m" and frontend.posted[0]["max_tokens"] >= 1
+    assert first.attempts == 2 and first.registered_s is not None and first.served_s is not None
+    detail = first.passed()
+    assert "on attempt 2; 1 failed before it: #1 at " in detail and "HTTP 500" in detail
+    assert "decode worker: handshake_failed with 127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable" in detail
+    recorded = first.to_json()
+    assert recorded["attempts"] == 2 and recorded["failed"][0]["decode_nixl_failures"] == [
+        "handshake_failed with 127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable"]
+    assert "HTTP 500" in recorded["failed"][0]["outcome"]
+
+
+def test_a_pair_that_never_serves_fails_ready_with_every_attempt_and_the_reason() -> None:
+    from servestack.smoke.firstrequest import FirstRequest
+
+    frontend = _FakeFrontend([(500, HTTP_500, HANDSHAKE_TIMEOUT)] * 6 + [(200, {"choices": [{"text": "x"}]}, "")])
+    first = FirstRequest(lambda http, base: True, "m", lambda: frontend.decode_log, 120.0, time.monotonic(), 300.0)
+    assert not any(first(frontend, "http://f") for _ in range(7))  # the 7th answers 200 without usage: not served
+    assert first.attempts == 7 and first.served_s is None
+    detail = first.never("not ready after 300 s")
+    assert detail.startswith("both workers registered after ") and "the pair never served a request" in detail
+    assert "7 completion(s) through the frontend failed" in detail and "(3 more)" in detail and "#7 at " in detail
+    assert "usage" in detail  # the 7th attempt's problem
+    assert "6 x handshake_failed with 127.0.0.1:20097: zmq.error.Again" in detail and detail.endswith("not ready after 300 s")
+    # Not registered before the deadline: the problem as it was.
+    unregistered = FirstRequest(lambda http, base: False, "m", lambda: "", 120.0, time.monotonic(), 300.0)
+    assert not unregistered(frontend, "http://f") and unregistered.never("not ready after 300 s") == "not ready after 300 s"
+
+
+def test_a_first_request_that_raises_is_a_failed_attempt() -> None:
+    from servestack.smoke.firstrequest import FirstRequest
+
+    class Refusing:
+        def post(self, url, timeout, json):
+            raise ConnectionError("connection refused")
+
+    first = FirstRequest(lambda http, base: True, "m", lambda: "", 120.0, time.monotonic(), 300.0)
+    assert not first(Refusing(), "http://f")
+    assert first.failed[0].outcome == "ConnectionError: connection refused" and first.failed[0].decode == ()
+
+
+def test_the_summary_says_when_the_disaggregated_pair_needed_retries_to_serve() -> None:
+    from servestack.smoke.records import PASS, Check, SmokeRecord, SmokeResult
+
+    def summary(attempts: int) -> str:
+        disagg = {"time_to_ready_s": 80.0, "first_token_latency_s": 3.0, "kv_transfers": 4, "kv_transfers_failed": 1,
+                  "first_request": {"attempts": attempts}}
+        record = SmokeRecord("s", DIGEST, "linux/amd64", "b" * 64, 100.0, {"disagg": disagg},
+                             (Check("disagg", "ready", PASS, "ok"),))
+        return SmokeResult(record, Path("smoke.json"), Path("smoke-junit.xml")).summary()
+
+    assert "disagg   ready in 80.0 s (served a first request on attempt 3), first token 3.000 s" in summary(3)
+    assert "disagg   ready in 80.0 s, first token 3.000 s, KV transfers over NIXL 4 (failed 1)" in summary(1)

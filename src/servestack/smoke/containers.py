@@ -75,6 +75,10 @@ def _log_tail(container, lines: int = 40) -> str:
 
 
 _ERROR_LINE = re.compile(r"\b[A-Z]\w*(?:Error|Exception)\b: \S")
+# What vLLM's logger puts before every line of a message, tracebacks included:
+# "(Worker pid=44) ERROR 12-01 09:00:43 [base_worker.py:1375] ".
+_VLLM_PREFIX = re.compile(r"^(?:\([\w-]+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+                          r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?")
 
 
 def _log_excerpt(container, lines: int = 40) -> str:
@@ -85,16 +89,35 @@ def _log_excerpt(container, lines: int = 40) -> str:
     return log_excerpt(text, lines)
 
 
-def log_excerpt(text: str, lines: int = 40) -> str:
-    """The distinct `SomeError: message` lines of the whole log (the root cause is usually not in
-    the last lines: vLLM re-raises it from the API server), then the last lines."""
-    all_lines = text.rstrip().splitlines()
+def log_message(line: str) -> str:
+    """The line without vLLM's logger prefix."""
+    return _VLLM_PREFIX.sub("", line, count=1)
+
+
+def log_errors(text: str, most: int = 6) -> list[str]:
+    """The log's distinct error lines in order, the newest `most`, without vLLM's logger prefix:
+    every `SomeError: message` line, and the line that ends each Python traceback whatever its
+    exception is called (`zmq.error.Again: Resource temporarily unavailable` ends in neither Error
+    nor Exception): the first unindented line after the traceback's frames."""
     errors: list[str] = []
-    for line in all_lines:
-        m = _ERROR_LINE.search(line)
-        if m:
-            message = line[m.start():].strip()
-            if message not in errors:
-                errors.append(message)
-    head = ("errors in its log:\n" + "\n".join(f"  {e}" for e in errors[-6:]) + "\n") if errors else ""
-    return head + "last lines of its log:\n" + "\n".join(all_lines[-lines:])
+    in_traceback = False
+    for line in text.splitlines():
+        message = log_message(line).rstrip()
+        error = None
+        if message.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+        elif in_traceback and message and not message[0].isspace():
+            error, in_traceback = message, False
+        elif m := _ERROR_LINE.search(message):
+            error = message[m.start():]
+        if error and error not in errors:
+            errors.append(error)
+    return errors[-most:]
+
+
+def log_excerpt(text: str, lines: int = 40) -> str:
+    """The log's error lines (the root cause is usually not in the last lines: vLLM re-raises it
+    from the API server), then the last lines."""
+    errors = log_errors(text)
+    head = ("errors in its log:\n" + "\n".join(f"  {e}" for e in errors) + "\n") if errors else ""
+    return head + "last lines of its log:\n" + "\n".join(text.rstrip().splitlines()[-lines:])

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .containers import log_excerpt
+from .containers import log_errors, log_message
 from .records import FAIL, PASS
 
 
@@ -29,6 +29,7 @@ class Target:
     metrics: dict[str, Any] = field(default_factory=dict)
     logs: dict[str, Callable[[], str]] = field(default_factory=dict)  # role -> its whole log so far
     kv_wait_s: float = 30.0  # vLLM logs KV transfer stats once per stats interval (10 s)
+    decode_log_at_ready: int = 0  # how much of the decode worker's log was written before the checks
 
 
 def usage_problem(usage: dict[str, Any] | None) -> str | None:
@@ -150,13 +151,69 @@ def kv_transfers(log: str) -> dict[str, int]:
     return totals
 
 
+# vLLM 0.31's NixlConnector logs every failed handshake or transfer as one line (then the traceback
+# when an exception caused it): "NIXL transfer failure: handshake_failed | Context: {..., 'remote_host':
+# '127.0.0.1', 'remote_port': 20097, ...}" (nixl/base_worker.py _log_failure).
+_NIXL_FAILURE = re.compile(r"NIXL transfer failure: (?P<kind>\S+?)\.?(?: (?P<msg>.*?))? \| Context: (?P<context>.*)$")
+_REMOTE = re.compile(r"'remote_host': '(?P<host>[^']*)', 'remote_port': (?P<port>\d+)")
+
+
+def nixl_failures(log: str) -> list[str]:
+    """Each NIXL failure the worker logged, in order, as one line: its kind, the side channel it
+    talked to and the exception that ended its traceback, e.g. "handshake_failed with
+    127.0.0.1:20097: zmq.error.Again: Resource temporarily unavailable"."""
+    failures: list[str] = []
+    lines = log.splitlines()
+    for index, line in enumerate(lines):
+        m = _NIXL_FAILURE.search(log_message(line))
+        if not m:
+            continue
+        remote = _REMOTE.search(m["context"])
+        where = f" with {remote['host']}:{remote['port']}" if remote else ""
+        # The traceback follows its failure line, up to the next failure line.
+        following = []
+        for later in lines[index + 1:]:
+            if _NIXL_FAILURE.search(later):
+                break
+            following.append(later)
+        cause = (log_errors("\n".join(following), most=1) or [m["msg"] or "no exception logged"])[0]
+        failures.append(f"{m['kind']}{where}: {cause}")
+    return failures
+
+
+def summarize(lines: list[str], most: int = 4) -> str:
+    """Distinct lines with how often each occurred, in first-seen order."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line] = counts.get(line, 0) + 1
+    shown = [f"{n} x {line}" if n > 1 else line for line, n in list(counts.items())[:most]]
+    more = len(counts) - most
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def decode_failure_reason(log: str) -> str:
+    """Why the decode worker failed requests, from its log: its NIXL failures, else its error lines,
+    else its last lines (never a traceback's tail: the exception is in its last line)."""
+    failures = nixl_failures(log)
+    if failures:
+        return "NIXL failures: " + summarize(failures)
+    errors = log_errors(log)
+    if errors:
+        return "errors in its log: " + " | ".join(errors)
+    return "no error in its log; last lines: " + " | ".join(log.rstrip().splitlines()[-5:])
+
+
 def check_kv_transfer(t: Target) -> tuple[str, str]:
-    """The decode worker pulled the prefill worker's KV blocks over NIXL, and no pull failed.
+    """The decode worker pulled the prefill worker's KV blocks over NIXL, and no pull failed after
+    `ready` (the first request's failed attempts are `ready`'s to report: vLLM counts a failed
+    handshake as a failed transfer, and its stats interval can log them after `ready`).
 
     One successful pull per request is waited for, but at least one is required: on a loaded
     2-core machine the decode worker's per-interval stats once counted 2 pulls for 3 requests
     (every request served, none failed), so the count is reported, not matched."""
-    requests_sent = sum(1 for k in ("completion_usage", "chat_usage", "first_token_latency_s") if k in t.metrics)
+    first = t.metrics.get("first_request") or {}
+    checked = sum(1 for k in ("completion_usage", "chat_usage", "first_token_latency_s") if k in t.metrics)
+    requests_sent = checked + (first.get("served_s") is not None)
     deadline = time.monotonic() + t.kv_wait_s
     while True:
         counts = kv_transfers(t.logs["decode"]())
@@ -165,11 +222,19 @@ def check_kv_transfer(t: Target) -> tuple[str, str]:
         time.sleep(1.0)
     t.metrics["kv_transfers"] = counts["successful"]
     t.metrics["kv_transfers_failed"] = counts["failed"]
+    decode = t.logs["decode"]()
+    after_ready = nixl_failures(decode[t.decode_log_at_ready:])
+    failed_first = len(first.get("failed") or [])
+    # Failures the stats count that no failed first attempt explains.
+    unexplained = counts["failed"] if not failed_first else 0
     prefill = kv_transfers(t.logs["prefill"]())["successful"]
+    explained = f", while {failed_first} failed first attempt(s) were retried (see ready)" if failed_first else ""
     detail = (f"the decode worker logged {counts['successful']} successful NIXL transfer(s) and {counts['failed']} "
-              f"failed for {requests_sent} request(s) through the frontend (prefill worker: {prefill})")
-    if counts["failed"] or counts["successful"] < 1:
-        return FAIL, f"{detail}; decode worker {log_excerpt(t.logs['decode'](), 25)}"
+              f"failed{explained} for {requests_sent} request(s) through the frontend (prefill worker: {prefill})")
+    if after_ready:
+        return FAIL, f"{detail}; after ready the decode worker logged NIXL failures: {summarize(after_ready)}"
+    if unexplained or counts["successful"] < 1:
+        return FAIL, f"{detail}; decode worker: {decode_failure_reason(decode)}"
     return PASS, detail
 
 

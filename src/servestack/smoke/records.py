@@ -36,8 +36,12 @@ class SmokeResult:
             )
         d = m.get("disagg") or {}
         if d.get("time_to_ready_s") is not None:
+            # A first request that needed retries is visible here too, not only in ready's detail.
+            attempts = (d.get("first_request") or {}).get("attempts") or 0
+            retried = f" (served a first request on attempt {attempts})" if attempts > 1 else ""
             lines.append(
-                f"  disagg   ready in {d['time_to_ready_s']:.1f} s, first token {d.get('first_token_latency_s') or 0:.3f} s, "
+                f"  disagg   ready in {d['time_to_ready_s']:.1f} s{retried}, first token "
+                f"{d.get('first_token_latency_s') or 0:.3f} s, "
                 f"KV transfers over NIXL {d.get('kv_transfers', 0)} (failed {d.get('kv_transfers_failed', 0)})"
             )
         for c in r.failed:

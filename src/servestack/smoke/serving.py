@@ -25,6 +25,7 @@ from typing import Any
 
 from .containers import _container_name, _log_excerpt, _remove_named
 from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
+from .firstrequest import FirstRequest
 from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from .records import FAIL, NOT_RUN, PASS, Check
 
@@ -304,17 +305,21 @@ def run_disagg_probe(
         metrics["containers"] = {role: c.name for role, c in containers.items()}
         log.info("disaggregated serving probe: %s (deadline %.0f s)", ", ".join(metrics["containers"].values()), ready_timeout)
         frontend = containers[plan.roles[0].name]
-        problem = _await_ready(http, containers, lambda: _published(frontend, plan.port),
-                               _both_workers_registered(containers, plan.model), start, ready_timeout,
-                               "the frontend listed the model with its prefill router active")
+        first = FirstRequest(_both_workers_registered(containers, plan.model), plan.model,
+                             _log_reader(containers["decode"]), request_timeout, start, ready_timeout)
+        problem = _await_ready(http, containers, lambda: _published(frontend, plan.port), first, start, ready_timeout,
+                               "both workers registered and the frontend served a first completion")
+        metrics["first_request"] = first.to_json()
         if problem:
-            return _failed_to_start("disagg", DISAGG_CHECKS, problem, "the disaggregated shape never became ready",
+            return _failed_to_start("disagg", DISAGG_CHECKS, first.never(problem), "the disaggregated shape never served",
                                     round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
-        target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics,
-                        logs={role: _log_reader(c) for role, c in containers.items()})
-        return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s", round(ready_s, 3)),
+        logs = {role: _log_reader(c) for role, c in containers.items()}
+        target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics, logs=logs,
+                        decode_log_at_ready=len(logs["decode"]()))
+        return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
+                      round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:
         release_leases()
