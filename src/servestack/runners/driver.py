@@ -89,7 +89,7 @@ def _record_path(runner: Runner, handle: JobHandle) -> Path:
 
 @dataclass(frozen=True)
 class RecordedJob:
-    """A job some process had live when it last looked (see `_Live.add`)."""
+    """A job some process had live when it last looked (see `_record_live`)."""
 
     path: Path
     runner: str
