@@ -28,6 +28,7 @@ import difflib
 import hashlib
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -85,11 +86,18 @@ def fresh_cache(root: Path, name: str, main: Path) -> Path:
 
 
 def run_servestack(project: Project, stack: str, address: str) -> dict:
-    started = time.monotonic()
+    """build + image; `cpu_seconds`: this process's and its children's (the bytecode compilers), which on
+    a shared machine say more about the work than the wall seconds."""
+    cpu, started = _cpu_seconds(), time.monotonic()
     build.build(project, stack)
     built = time.monotonic()
     result = image.build_image(project, stack, registry_address=address)
-    return summary(result, built - started, time.monotonic() - built)
+    return {**summary(result, built - started, time.monotonic() - built), "cpu_seconds": round(_cpu_seconds() - cpu, 1)}
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def summary(result: ImageRecord, build_seconds: float, image_seconds: float) -> dict:
@@ -199,19 +207,20 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
                 os.link(e.source, target)
         dirs.append(d)
     epoch = record.source_date_epoch
-    started = time.monotonic()
+    cpu, started = _cpu_seconds(), time.monotonic()
     subprocess.run(["bash", "-o", "pipefail", "-c", f"zstd -3 -T0 -q -c {base_tar} | sha256sum >/dev/null"], check=True)
     for d in dirs:
         subprocess.run(["bash", "-o", "pipefail", "-c",
                         f"tar --sort=name --numeric-owner --owner=0 --group=0 --mtime=@{epoch} -C {d} -cf - . "
                         f"| zstd -3 -T0 -q | sha256sum >/dev/null"], check=True)
-    tar_zstd_sha = time.monotonic() - started
+    tar_zstd_sha, tar_zstd_sha_cpu = time.monotonic() - started, _cpu_seconds() - cpu
     blobs = [b for b in (layers.cached(layers.layer_key(list(layer.entries), epoch)) for layer in planned) if b]
     started = time.monotonic()
     for blob in blobs:
         registry.push_blob(address, "limit/push", blob.digest, blob.path)
     push = time.monotonic() - started
-    return {"tar_zstd_sha256_seconds": round(tar_zstd_sha, 1), "push_seconds": round(push, 1),
+    return {"tar_zstd_sha256_seconds": round(tar_zstd_sha, 1), "tar_zstd_sha256_cpu_seconds": round(tar_zstd_sha_cpu, 1),
+            "push_seconds": round(push, 1),
             "seconds": round(tar_zstd_sha + push, 1), "bytes_pushed": sum(b.size for b in blobs),
             "uncompressed": sum(layer.size for layer in planned) + base_tar.stat().st_size}
 
@@ -309,6 +318,9 @@ def main() -> int:
                 with scratch_registry(work) as address, measured(report, "cold", project, stack):
                     os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
                     report["cold"] = run_servestack(project, stack, address)
+                if "limit" in args.only:  # on the trees and blobs the cold build just made, before they go
+                    with scratch_registry(work) as address, measured(report, "limit", project, stack):
+                        report["limit"] = physical_limit(project, stack, base_tar, work, address)
                 shutil.rmtree(work / "cold-1")
             if args.only & {"cold_again", "noop", "changes"}:
                 with scratch_registry(work) as address:
@@ -323,7 +335,7 @@ def main() -> int:
                             report["noop"] = run_servestack(project, stack, address)
                     if "changes" in args.only:
                         changes(report, project, stack, work, address)
-            if "limit" in args.only:
+            if "limit" in args.only and "limit" not in report:  # on the cache of the last build
                 with scratch_registry(work) as address, measured(report, "limit", project, stack):
                     report["limit"] = physical_limit(project, stack, base_tar, work, address)
         finally:

@@ -282,6 +282,7 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
 
 
 def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, world, isolated_cache):
+    from servestack import layers
     from servestack.trees import children_cpu_seconds
 
     project = make_project(tmp_path / "p", world)
@@ -294,6 +295,9 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     assert all(t.made and t.install_cpu_seconds > 0 for t in made)
     timing = json.loads((made[0].path / "timing.json").read_text())
     assert timing["install_cpu_seconds"] == round(made[0].install_cpu_seconds, 2)
+    # The entry lists took installer's hashes of the files it wrote: the same as reading every file.
+    assert [t.entries for t in made] == [tuple(layers.scan_tree(t.path / "root")) for t in made]
+    assert any(e.path.endswith(".pyc") for t in made for e in t.entries)
     again = install_all(wheels, "3.11")
     assert [t.path for t in again] == [t.path for t in made] and not any(t.made for t in again)
     assert [t.entries for t in again] == [t.entries for t in made]

@@ -398,14 +398,14 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     epoch = record.source_date_epoch
     early = EarlyLayers(record, spec, epoch, debian_base(lock.base, platform) if isinstance(lock.base, DebianBase) else None)
-    children = children_cpu_seconds()
+    children, trees_started = children_cpu_seconds(), time.monotonic()
     try:
-        with phase(title, f"{len(wheels)} wheels installed into per-wheel trees with bytecode, all cores; "
+        with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled file by file on all cores; "
                           "the large packages' layers written as their trees are ready"):
             made = install_all(list((path, sha) for sha, path in wheels.items()), python, on_tree=early.offer)
     finally:
         written_early = early.finish()
-    bytecode_cpu = children_cpu_seconds() - children
+    bytecode_cpu, trees_seconds = children_cpu_seconds() - children, time.monotonic() - trees_started
     trees = dict(zip(wheels, made))
     work = out / "generated"
     planned = plan(record, lock, trees, spec, work)
@@ -428,7 +428,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     result = image_record(
         f"{address}/{repository}@{served}", platform, json.loads(manifest_doc.data), [r.name for r in all_refs], record,
         skipped=False, seconds=round(time.monotonic() - started, 2), **stats,
-        trees={"made": len(made_trees), "cached": len(made) - len(made_trees),
+        trees={"made": len(made_trees), "cached": len(made) - len(made_trees), "seconds": round(trees_seconds, 1),
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
                "install_cpu_seconds": round(sum(t.install_cpu_seconds for t in made_trees), 1),

@@ -17,7 +17,7 @@ import json
 import os
 import stat
 import tarfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,26 +49,31 @@ class Entry:
         return [self.path, self.kind, self.mode, self.size, self.sha256, self.link]
 
 
-def entry_for(source: Path, path: str, sha256: str | None = None) -> Entry:
-    """The entry for a host file or symlink, hashing its content unless the caller knows it."""
+def entry_for(source: Path, path: str, sha256: str | None = None, size: int = -1) -> Entry:
+    """The entry for a host file or symlink, hashing its content unless the caller knows it (and, when
+    it gives the `size` it knew it at, the file still has that size)."""
     info = source.lstat()
     if stat.S_ISLNK(info.st_mode):
         return Entry(path, "symlink", 0o777, link=os.readlink(source))
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{source}: only regular files and symlinks go into a layer")
-    digest = sha256 or sha256_file(source)
+    digest = sha256 if sha256 and size in (-1, info.st_size) else sha256_file(source)
     return Entry(path, "file", 0o755 if info.st_mode & 0o100 else 0o644, info.st_size, digest, source=source)
 
 
-def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
-    """Every file and symlink under `root` (content hashed), as entries under `prefix`."""
+def scan_tree(root: Path, prefix: str = "", known: Mapping[str, tuple[str, int]] | None = None) -> list[Entry]:
+    """Every file and symlink under `root`, as entries under `prefix`. Content is hashed, except a file
+    `known` gives (path under `root` -> sha256 and size, as the installer that wrote it hashed it) whose
+    size still matches."""
+    known = known or {}
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
             full = Path(dirpath, name)
             rel = full.relative_to(root).as_posix()
-            out.append(entry_for(full, f"{prefix}{rel}"))
+            digest, size = known.get(rel, (None, -1))
+            out.append(entry_for(full, f"{prefix}{rel}", digest, size))
     return sorted(out, key=lambda e: e.path)
 
 

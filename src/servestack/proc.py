@@ -8,6 +8,7 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import IO
 
 from .errors import ServestackError
 
@@ -68,6 +69,13 @@ def run(
     if check and proc.returncode != 0:
         raise CommandError(args, proc.returncode, proc.stdout or "")
     return proc
+
+
+def pipe(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
+         stderr: int | IO[bytes] | None = None) -> subprocess.Popen[str]:
+    """A long-lived command spoken to line by line: text on its standard input and output pipes."""
+    args, full_env = _prepare(argv, env)
+    return subprocess.Popen(args, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
 def output_bytes(

@@ -11,6 +11,8 @@ is computed without reading the files again.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import functools
 import logging
 import os
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import proc
+from .bytecode import BytecodePool, sources
 from .fsutil import atomic_write_json
 from .layers import Entry, load_entries, save_entries, scan_tree
 from .project import cache_home
@@ -84,8 +87,10 @@ def tree_path(sha256: str, python: str) -> Path:
     return cache_home() / "installed" / f"{sha256}-py{compiler(python).version}-pyc{BYTECODE}"
 
 
-def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
-    """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash."""
+def installed_tree(wheel: Path, sha256: str, python: str, bytecode: BytecodePool | None) -> Tree:
+    """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash.
+
+    `bytecode` compiles the tree's modules (None: the host has no interpreter of the image's version)."""
     tree = tree_path(sha256, python)
     listing = tree / "entries.json"
     if tree.exists():
@@ -93,34 +98,17 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
             save_entries(listing, scan_tree(tree / "root"), tree / "root")
         os.utime(tree)  # last used: cache pruning keeps what builds still use (prune.py)
         return Tree(tree, tuple(load_entries(listing, tree / "root")), made=False)
-    from installer import install
-    from installer.destinations import SchemeDictionaryDestination
-    from installer.sources import WheelFile
-
     started, cpu = time.monotonic(), time.thread_time()
     staging = tree.with_name(tree.name + f".tmp{os.getpid()}-{id(wheel)}")
     shutil.rmtree(staging, ignore_errors=True)
     root = staging / "root"
-    scheme = {
-        "purelib": str(root / site_packages(python)),
-        "platlib": str(root / site_packages(python)),
-        "headers": str(root / VENV / "include" / "site" / f"python{python}"),
-        "scripts": str(root / VENV / "bin"),
-        "data": str(root / VENV),
-    }
-    destination = SchemeDictionaryDestination(
-        scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=()
-    )
-    with WheelFile.open(wheel) as source, warnings.catch_warnings():
-        # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns.
-        warnings.simplefilter("ignore", RuntimeWarning)
-        install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
+    written = _install(wheel, root, python)
     installed = time.monotonic()
-    _compile_bytecode(root / site_packages(python), python)
+    _compile_bytecode(root / site_packages(python), python, bytecode)
     compiled = time.monotonic()
-    entries = scan_tree(root)
+    entries = scan_tree(root, known=written)
     save_entries(staging / "entries.json", entries, root)
-    install_cpu = time.thread_time() - cpu
+    install_cpu = time.thread_time() - cpu  # this thread's: waiting for the compilers costs none
     atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
                                                 "bytecode_seconds": round(compiled - installed, 2),
                                                 "install_cpu_seconds": round(install_cpu, 2)})
@@ -133,47 +121,81 @@ def installed_tree(wheel: Path, sha256: str, python: str) -> Tree:
                 install_cpu_seconds=install_cpu)
 
 
-def _compile_bytecode(site: Path, python: str) -> None:
+def _install(wheel: Path, root: Path, python: str) -> dict[str, tuple[str, int]]:
+    """Install the wheel under `root` (pypa/installer, no code from the wheel runs); returns the sha256 and
+    size of every file it wrote, by path under `root`: installer hashes each file as it writes it (for
+    RECORD), so the tree's entry list need not read them again."""
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    written: dict[str, tuple[str, int]] = {}
+
+    class Recording(SchemeDictionaryDestination):
+        def write_to_fs(self, scheme, path, stream, is_executable):
+            record = super().write_to_fs(scheme, path, stream, is_executable)
+            if record.hash_ is not None and record.hash_.name == "sha256":
+                target = Path(os.path.abspath(Path(self.scheme_dict[scheme]) / path))  # where installer wrote it
+                value = record.hash_.value
+                written[target.relative_to(root).as_posix()] = (
+                    base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)).hex(), record.size)
+            return record
+
+    scheme = {
+        "purelib": str(root / site_packages(python)),
+        "platlib": str(root / site_packages(python)),
+        "headers": str(root / VENV / "include" / "site" / f"python{python}"),
+        "scripts": str(root / VENV / "bin"),
+        "data": str(root / VENV),
+    }
+    destination = Recording(scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=())
+    with WheelFile.open(wheel) as source, warnings.catch_warnings():
+        # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns.
+        warnings.simplefilter("ignore", RuntimeWarning)
+        install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
+    return written
+
+
+def _compile_bytecode(site: Path, python: str, bytecode: BytecodePool | None) -> None:
     """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it).
 
     Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
     so the bytes depend only on the sources and the interpreter's exact version (part of the tree's
-    key, see `compiler`); bytecode is the same on every platform.
+    key, see `compiler`); bytecode is the same on every platform. The files are compiled on all cores,
+    with every other tree's (bytecode.py), as compileall.compile_dir(site) would compile them.
     """
-    interpreter = compiler(python).executable
-    if interpreter is None or not site.is_dir():
-        log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
+    if bytecode is None or not site.is_dir():
+        if bytecode is None:
+            log.warning("no python%s on this host: the image ships no bytecode for %s", python, site)
         return
-    script = (
-        "import compileall, py_compile, sys\n"
-        "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
-        "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
-    )
-    # -S: no site import. What `site` imports at start-up (a venv's or pyenv's .pth files) changes the
-    # refcounts marshal decides its reference flags by: measured, aiohttp/multipart.py's pyc differs
-    # between pyenv's python3.11 with its site and the same binary in a venv or with -S.
-    proc.run([interpreter, "-S", "-c", script, str(site), "/" + site_packages(python)],
-             env={"PYTHONHASHSEED": "0", "PYTHONPATH": ""}, timeout=3600)
+    bytecode.submit(site, "/" + site_packages(python), sources(site)).result()
 
 
 def children_cpu_seconds() -> float:
     """CPU seconds (user + system) of this process's finished subprocesses so far. Around install_all,
-    the difference is the bytecode compilers' (the only subprocesses it runs) for the whole build."""
+    the difference is the compiling interpreters' (the only subprocesses it runs; they end with it)."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
 
 def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,
                 on_tree: Callable[[str, Tree], None] | None = None) -> list[Tree]:
-    """Every (wheel, sha256) as a tree, made in parallel (the bytecode compiler is a subprocess per tree).
+    """Every (wheel, sha256) as a tree: installed `workers` at a time (default: one per core), their
+    bytecode compiled file by file by one compiling interpreter per core (bytecode.py).
 
     `on_tree(sha256, tree)` is called as each tree is ready (cached ones first), from this thread.
     """
     # Largest first, so the long ones (torch) start at once and the pool drains evenly.
     order = sorted(range(len(wheels)), key=lambda i: -wheels[i][0].stat().st_size)
+    cores = workers or os.cpu_count() or 1
+    interpreter = compiler(python).executable
     made: dict[int, Tree] = {}
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
-        futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python): i for i in order}
+    # Leaving the stack ends the installs first, then the compiling interpreters (their CPU is then counted).
+    with contextlib.ExitStack() as stack:
+        bytecode = stack.enter_context(BytecodePool(interpreter, cores)) if interpreter else None
+        # A thread waits while its tree's files compile: the compilers keep the cores busy meanwhile.
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=cores))
+        futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python, bytecode): i for i in order}
         for future in as_completed(futures):
             i = futures[future]
             made[i] = future.result()

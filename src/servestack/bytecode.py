@@ -1,0 +1,158 @@
+"""Bytecode for the installed trees, compiled file by file on every core.
+
+One compiling interpreter per core stays up for the whole build and is handed single files from a
+queue that all trees share (the earliest submitted tree first, its largest files first). A tree's
+bytecode used to be one `compileall.compile_dir` subprocess compiling one file at a time, so a large
+tree (torch, vLLM, transformers: 5-8 CPU seconds each) held one core while the other idled.
+
+The pycs are byte-identical to compile_dir's: every file goes through `compileall.compile_file` with
+the arguments compile_dir gives it (its `ddir` becomes stripdir/prependdir), in an interpreter started
+the same way (-S, PYTHONHASHSEED=0: see trees.compiler) with the same modules imported. What else is
+alive in the compiling interpreter can matter (marshal flags an object for back-references by its
+refcount; site's imports changed a pyc, see trees.compiler), so the worker imports nothing more than
+compile_dir's script did, and reads the paths as hex so no codec is involved. Measured: all 25,840
+pycs of dev-cpu are byte-identical to compile_dir's; tests/test_bytecode.py compares the two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import queue
+import tempfile
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import proc
+from .errors import ServestackError
+
+# Each request line: stripdir, prependdir and the file, each as the hex of its filesystem bytes.
+# Each answer line: compile_file's result (1 compiled or nothing to do, 0 a file it could not compile,
+# which compile_dir skips the same way).
+WORKER = (
+    "import compileall, py_compile, sys\n"
+    "while fullname := sys.stdin.readline():\n"
+    "    stripdir, prependdir, fullname = map(compileall.os.fsdecode, map(bytes.fromhex, fullname.split()))\n"
+    "    sys.stdout.write('%d\\n' % compileall.compile_file(\n"
+    "        fullname, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,\n"
+    "        stripdir=stripdir, prependdir=prependdir))\n"
+    "    sys.stdout.flush()\n"
+)
+# What the compiling interpreter is started with: see trees.compiler for why each matters.
+WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONPATH": ""}
+
+
+def sources(site: Path) -> list[Path]:
+    """The files compile_dir(site) would compile: every `.py` under it, not inside `__pycache__` and not
+    below a symlinked directory (compileall's walk; it compiles a symlinked file where the link is)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(site):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        found += [Path(dirpath, name) for name in sorted(filenames) if name.endswith(".py")]
+    return found
+
+
+@dataclass
+class _Job:
+    """One tree's files: `done` resolves when the last of them has been compiled."""
+
+    left: int
+    done: Future = field(default_factory=Future)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def finished_one(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left == 0 and not self.done.done():
+                self.done.set_result(None)
+
+
+class BytecodePool:
+    """`workers` compiling interpreters (`executable -S`), fed one file at a time from one queue.
+
+    Use as a context manager; leaving it ends the interpreters (their CPU seconds then count in
+    RUSAGE_CHILDREN, as trees.children_cpu_seconds reads them). Each interpreter starts with the first
+    file it is handed.
+    """
+
+    def __init__(self, executable: str, workers: int):
+        self.executable, self.workers = executable, workers
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()  # ties: submission order
+        self._jobs = itertools.count()
+        self._failure: ServestackError | None = None
+        self._threads: list[threading.Thread] = []
+
+    def __enter__(self) -> BytecodePool:
+        for n in range(self.workers):
+            thread = threading.Thread(target=self._serve, name=f"bytecode-{n}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for _ in self._threads:
+            self._queue.put(((float("inf"),), next(self._order), None, ""))
+        for thread in self._threads:
+            thread.join()
+
+    def submit(self, site: Path, ddir: str, files: list[Path]) -> Future:
+        """Compile `files` (under `site`) as compile_dir(site, ddir=ddir) would; the future resolves when
+        all are written. Jobs are served in submission order, each one's largest files first."""
+        job = _Job(len(files))
+        if self._failure is not None:
+            job.done.set_exception(self._failure)
+            return job.done
+        if not files:
+            job.done.set_result(None)
+            return job.done
+        number = next(self._jobs)
+        head = f"{os.fsencode(str(site)).hex()} {os.fsencode(ddir).hex()} "
+        sized = sorted(((f.lstat().st_size, f) for f in files), key=lambda pair: -pair[0])
+        for size, path in sized:
+            self._queue.put(((number, -size), next(self._order), job, f"{head}{os.fsencode(str(path)).hex()}\n"))
+        return job.done
+
+    def _fail(self, job: _Job, failure: ServestackError) -> None:
+        self._failure = self._failure or failure
+        with job.lock:
+            if not job.done.done():
+                job.done.set_exception(self._failure)
+
+    def _serve(self) -> None:
+        """One compiling interpreter: started here, fed until the pool closes. After a failure every
+        job still queued fails with it, so no caller waits for ever."""
+        with tempfile.TemporaryFile() as errors:
+            worker = None  # started with the first file: a build of cached trees compiles nothing
+            try:
+                while True:
+                    _, _, job, line = self._queue.get()
+                    if job is None:
+                        return
+                    if self._failure is not None:
+                        self._fail(job, self._failure)
+                        continue
+                    if worker is None:
+                        worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, stderr=errors)
+                    try:
+                        worker.stdin.write(line)
+                        worker.stdin.flush()
+                        answer = worker.stdout.readline()
+                    except OSError:  # the pipe broke: the interpreter is gone
+                        answer = ""
+                    if answer:
+                        job.finished_one()
+                        continue
+                    errors.seek(0)
+                    path = os.fsdecode(bytes.fromhex(line.split()[2]))
+                    self._fail(job, ServestackError(
+                        f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
+                        f"{errors.read()[-2000:].decode(errors='replace')}"))
+            finally:
+                if worker is not None:
+                    with contextlib.suppress(OSError):
+                        worker.stdin.close()
+                    worker.wait()

@@ -1,0 +1,100 @@
+"""The bytecode pool writes the same pycs, for the same files, as one compileall.compile_dir per tree."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from servestack.bytecode import BytecodePool, sources
+from servestack.errors import ServestackError
+from servestack.trees import compiler
+
+DDIR = "/opt/venv/lib/python3.11/site-packages"
+# How trees were compiled before the pool: one interpreter per tree, one file at a time.
+COMPILE_DIR = (
+    "import compileall, py_compile, sys\n"
+    "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
+    "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+)
+
+
+@pytest.fixture
+def interpreter() -> str:
+    found = compiler("3.11").executable
+    if found is None:
+        pytest.skip("no python3.11 on this host")
+    return found
+
+
+def _site(root: Path) -> Path:
+    """A small site-packages with what compile_dir treats specially."""
+    site = root / "site"
+    pkg = site / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from .core import run\n")
+    # Constants whose order or sharing the compiling interpreter's state could change: a frozenset of
+    # strings (ordered by the hash seed), a tuple and a large int used twice, a float used once.
+    (pkg / "names.py").write_text("WORDS = frozenset({%s})\nPAIR = (1000, 2.5)\nAGAIN = (1000, 'a b')\n"
+                                  % ", ".join(repr(f"word{i}") for i in range(24)))
+    (pkg / "core.py").write_text("import os\n\ndef run(line, stdin):\n    return [os.sep, line, stdin, 'warn \\d']\n" * 50)
+    (pkg / "sub" / "deep.py").write_text("VALUES = {'a': 1, 'b': (2, 3), 'c': frozenset({'x', 'y'})}\n")
+    (pkg / "broken.py").write_text("def broken(:\n")  # no pyc, no failure: compile_dir skips it too
+    (pkg / "data.txt").write_text("not python\n")
+    (pkg / "__pycache__").mkdir()
+    (pkg / "linked.py").symlink_to("core.py")
+    (site / "linkdir").symlink_to("pkg", target_is_directory=True)  # not walked into
+    (site / "top.py").write_text("print('top')\n")
+    return site
+
+
+def _pycs(site: Path) -> dict[str, bytes]:
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*.pyc"))
+            if not any(part == "linkdir" for part in p.relative_to(site).parts)}
+
+
+def test_the_pool_writes_the_pycs_compile_dir_writes(tmp_path, interpreter):
+    serial, pooled = _site(tmp_path / "serial"), _site(tmp_path / "pooled")
+    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(serial), DDIR], check=True,
+                   env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": ""}, capture_output=True)
+    with BytecodePool(interpreter, 2) as pool:
+        pool.submit(pooled, DDIR, sources(pooled)).result()
+    expected = _pycs(serial)
+    assert "pkg/__pycache__/names.cpython-311.pyc" in expected and "pkg/__pycache__/linked.cpython-311.pyc" in expected
+    assert not any("broken" in name for name in expected)
+    assert _pycs(pooled) == expected
+
+
+def test_many_trees_share_the_pool_and_each_resolves_when_its_files_are_written(tmp_path, interpreter):
+    sites = [_site(tmp_path / str(n)) for n in range(3)]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with BytecodePool(interpreter, 2) as pool:
+        jobs = [pool.submit(site, DDIR, sources(site)) for site in sites] + [pool.submit(empty, DDIR, [])]
+        for job in jobs:
+            job.result(timeout=120)
+    assert _pycs(sites[0]) == _pycs(sites[1]) == _pycs(sites[2]) and len(_pycs(sites[0])) == 6
+
+
+def test_a_compiler_that_dies_fails_the_jobs_naming_the_file_and_nobody_waits(tmp_path, interpreter):
+    site = _site(tmp_path / "s")
+    dying = tmp_path / "python-that-dies"
+    dying.write_text("#!/bin/sh\necho 'compiler crashed' >&2\nexit 3\n")
+    dying.chmod(0o755)
+    with BytecodePool(str(dying), 2) as pool:
+        first = pool.submit(site, DDIR, sources(site))
+        with pytest.raises(ServestackError, match=r"exited with 3 while compiling .*\.py: compiler crashed"):
+            first.result(timeout=60)
+        with pytest.raises(ServestackError):
+            pool.submit(site, DDIR, sources(site)).result(timeout=60)
+
+
+def test_sources_are_the_py_files_compile_dir_visits(tmp_path):
+    site = _site(tmp_path / "s")
+    shutil.copy(site / "pkg" / "core.py", site / "pkg" / "__pycache__" / "stale.py")
+    names = [p.relative_to(site).as_posix() for p in sources(site)]
+    assert sorted(names) == ["pkg/__init__.py", "pkg/broken.py", "pkg/core.py", "pkg/linked.py", "pkg/names.py",
+                             "pkg/sub/deep.py", "top.py"]
