@@ -30,6 +30,9 @@ def test_the_readme_main_job_builds_pushes_and_passes_every_probe():
     disagg = {c["name"]: c for c in smoke["checks"] if c["probe"] == "disagg"}
     assert disagg and {c["status"] for c in disagg.values()} == {"pass"}, disagg
     assert "transfer" in disagg["kv-transfer"]["detail"], disagg["kv-transfer"]
+    # Ready means the pair served a first completion; retries before it are recorded, one per attempt.
+    first = smoke["metrics"]["disagg"]["first_request"]
+    assert first["served_s"] is not None and first["attempts"] == len(first["failed"]) + 1, first
     static = [c for c in smoke["checks"] if c["probe"] == "static"]
     assert static and not [c for c in static if c["status"] == "fail"]
     assert (ROOT / "build/dev-cpu/smoke-junit.xml").exists()
