@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
-import hashlib
 import json
 import os
 import resource

@@ -248,14 +248,24 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=overlaid.offer)
     assert overlaid.finish() == {}
 
+    class Sent:  # what Uploads would push, as soon as the early layer exists
+        def __init__(self):
+            self.blobs = []
+
+        def send(self, digest, path, size):
+            assert path.is_file() and path.stat().st_size == size
+            self.blobs.append(digest)
+
     record = replace(record, overlays=())
-    early = image.EarlyLayers(record, spec, epoch, None)
+    sent = Sent()
+    early = image.EarlyLayers(record, spec, epoch, None, sent)
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=early.offer)))
     written = early.finish()
     own = [layer for layer in image.plan(record, locked, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
     assert [layer.name for layer in own] == ["pkg-tinyserve"]
     key = layers.layer_key(list(own[0].entries), epoch)
     assert list(written) == [key] and layers.cached(key) is not None
+    assert sent.blobs == [layers.cached(key).digest]
 
 
 def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):

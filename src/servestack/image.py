@@ -15,10 +15,10 @@ import json
 import logging
 import os
 import queue
-import shutil
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -242,6 +242,51 @@ def _send_base_blob(base: Base, address: str, repository: str, digest: str) -> N
 # --------------------------------------------------------------------------- build and push
 
 
+class Uploads:
+    """Blobs pushed as soon as they are written, two at a time, each digest once, only those the
+    registry lacks: the layers written while trees are still being made go up meanwhile, so the
+    push is not all left for after the last tree. Leaving the context waits for every push."""
+
+    def __init__(self, address: str, repository: str):
+        self.address, self.repository = address, repository
+        self.pushed: list[int] = []  # sizes of the blobs the registry lacked
+        self.on_bytes: Callable[[int], None] | None = None  # progress, once the layer step shows it
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="push")
+        self._jobs: dict[str, Future[None]] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Uploads:
+        return self
+
+    def __exit__(self, kind, *exc) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=kind is not None)
+
+    def send(self, digest: str, path: Path | None, size: int, base: Base | None = None) -> None:
+        with self._lock:
+            if digest not in self._jobs:
+                self._jobs[digest] = self._pool.submit(self._push, digest, path, size, base)
+
+    def wait(self) -> None:
+        """Every push sent so far has finished; the first failure is raised."""
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for job in jobs:
+            job.result()
+
+    def _push(self, digest: str, path: Path | None, size: int, base: Base | None) -> None:
+        if registry.blob_exists(self.address, self.repository, digest):
+            return
+        if path is None and base is not None:
+            _send_base_blob(base, self.address, self.repository, digest)
+        else:
+            registry.push_blob(self.address, self.repository, digest, path, self._count)
+        self.pushed.append(size)
+
+    def _count(self, n: int) -> None:
+        if self.on_bytes:
+            self.on_bytes(n)
+
+
 class EarlyLayers:
     """Layers written while the other trees are still being made, so tar and zstd overlap the installs.
 
@@ -251,10 +296,11 @@ class EarlyLayers:
     it when no earlier package installed one of its files; the Debian base is compressed first.
     This is speculation that costs time, never correctness: every layer is found by its key, so if
     `plan` drops a file from it the key differs and that layer is written again after planning.
+    Each layer written (or found cached) here is handed to `uploads` at once, when there is one.
     """
 
-    def __init__(self, record: BuildRecord, spec: ImagePlan, epoch: int, base: Path | None):
-        self.spec, self.epoch, self.base = spec, epoch, base
+    def __init__(self, record: BuildRecord, spec: ImagePlan, epoch: int, base: Path | None, uploads: Uploads | None = None):
+        self.spec, self.epoch, self.base, self.uploads = spec, epoch, base, uploads
         self.names = {i.sha256: normalize(i.name) for i in record.inputs}
         self.names = {sha: n for sha, n in self.names.items()
                       if sha not in {o.base.sha256 for o in record.overlays}}  # overlaid: split by plan
@@ -272,14 +318,20 @@ class EarlyLayers:
 
     def _write(self, entries: list[layers.Entry]) -> None:
         key = layers.layer_key(entries, self.epoch)
-        if layers.cached(key) is None:
+        blob = layers.cached(key)
+        if blob is None:
             blob = layers.write_layer(entries, self.epoch, key)
             self.written[key] = blob.uncompressed
+        self._upload(blob)
+
+    def _upload(self, blob: layers.Blob) -> None:
+        if self.uploads is not None:
+            self.uploads.send(blob.digest, blob.path, blob.size)
 
     def _run(self) -> None:
         try:
             if self.base is not None:
-                layers.compress_tarball(self.base)
+                self._upload(layers.compress_tarball(self.base))
             while (batch := self._queue.get()) is not None:
                 for layer in batch:
                     self._write(list(layer.entries))
@@ -320,43 +372,35 @@ def image_record(reference: str, platform: str, manifest: dict[str, Any], names:
     )
 
 
-def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, platform: str,
-                  address: str, repository: str, early: dict[str, int]) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
+def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, platform: str, address: str,
+                  uploads: Uploads, early: dict[str, int]) -> tuple[Base, list[oci.LayerRef], dict[str, Any]]:
     """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready.
-    `early`: the layers this build already wrote while making trees (key -> bytes tarred)."""
+    `early`: the layers this build already wrote while making trees (key -> bytes tarred); `uploads`
+    may already be pushing them."""
     keys = [layers.layer_key(list(layer.entries), epoch) for layer in planned]
     todo = [layer for layer, key in zip(planned, keys) if layers.cached(key) is None]
     early = {key: early[key] for key in keys if key in early}
     stats = {"layers_built": len(todo) + len(early), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
     title = f"image {stack}"
     progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layer.size for layer in todo), paced_by="tarred")
-    pushed: list[int] = []
-
-    def send(digest: str, path: Path | None, size: int, base: Base | None = None) -> None:
-        if registry.blob_exists(address, repository, digest):
-            return
-        if path is None and base is not None:
-            _send_base_blob(base, address, repository, digest)
-        else:
-            registry.push_blob(address, repository, digest, path, lambda n: progress.add("pushed", n))
-        pushed.append(size)
-
-    with progress, ThreadPoolExecutor(max_workers=2) as uploads:
+    with progress:
+        uploads.on_bytes = lambda n: progress.add("pushed", n)
         progress.set_step("base")
         base = _base(lock, platform, address, progress)
-        jobs = [uploads.submit(send, ref.digest, base.paths.get(ref.digest), ref.size, base) for ref in base.layers]
+        for ref in base.layers:
+            uploads.send(ref.digest, base.paths.get(ref.digest), ref.size, base)
         refs: list[oci.LayerRef] = []
         for index, (layer, key) in enumerate(zip(planned, keys), 1):
             progress.set_step(f"layer {index} of {len(planned)}: {layer.name}")
             blob = layers.write_layer(list(layer.entries), epoch, key,
                                       lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
             refs.append(oci.LayerRef(layer.name, blob.digest, blob.diff_id, blob.size))
-            jobs.append(uploads.submit(send, blob.digest, blob.path, blob.size))
+            uploads.send(blob.digest, blob.path, blob.size)
         progress.set_step("pushing")
-        for job in jobs:
-            job.result()
-    stats.update(bytes_tarred=progress.counters["tarred"] + sum(early.values()), layers_pushed=len(pushed),
-                 bytes_pushed=sum(pushed))
+        uploads.wait()
+        uploads.on_bytes = None
+    stats.update(bytes_tarred=progress.counters["tarred"] + sum(early.values()), layers_pushed=len(uploads.pushed),
+                 bytes_pushed=sum(uploads.pushed))
     return base, refs, stats
 
 
@@ -393,15 +437,24 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     from .imageplan import load_plan
 
     spec = load_plan(project.containers / "image.yaml")
-    python = lock.python
+    with Uploads(address, repository) as uploads:
+        return _build_and_push(project, stack, record, lock, spec, address, repository, cache_tag, uploads, started)
+
+
+def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Lock, spec: ImagePlan, address: str,
+                    repository: str, cache_tag: str, uploads: Uploads, started: float) -> ImageRecord:
+    """The trees, the layers (the large packages' written and pushed while the other trees are made), the
+    config and manifest."""
+    title, platform, python, epoch = f"image {stack}", record.platform, lock.python, record.source_date_epoch
     wheels = {item.sha256: Path(item.path) for item in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    epoch = record.source_date_epoch
-    early = EarlyLayers(record, spec, epoch, debian_base(lock.base, platform) if isinstance(lock.base, DebianBase) else None)
+    out = project.artifacts(stack)
+    early = EarlyLayers(record, spec, epoch, debian_base(lock.base, platform) if isinstance(lock.base, DebianBase) else None,
+                        uploads)
     children, trees_started = children_cpu_seconds(), time.monotonic()
     try:
         with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled file by file on all cores; "
-                          "the large packages' layers written as their trees are ready"):
+                          "the large packages' layers written and pushed as their trees are ready"):
             made = install_all(list((path, sha) for sha, path in wheels.items()), python, on_tree=early.offer)
     finally:
         written_early = early.finish()
@@ -414,7 +467,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         raise ServestackError(f"layers over {spec.max_layer_bytes} bytes: {too_big}")
     print(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
           f"for {platform}", flush=True)
-    base, refs, stats = _write_layers(stack, planned, epoch, lock, platform, address, repository, written_early)
+    base, refs, stats = _write_layers(stack, planned, epoch, lock, platform, address, uploads, written_early)
     all_refs = base.layers + refs
     environment = {**spec.environment, **lock.environment}
     config_doc = oci.config(platform, all_refs, environment, _labels(record, lock), epoch, base.config)
@@ -436,7 +489,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
         expected=check_expected(project, stack, served, record.lock_sha256),
     )
-    write_image(image_json, result)
+    write_image(out / "image.json", result)
     _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])
     print(f"{title}: {result.reference} ({result.total_size / 1e9:.2f} GB in {len(all_refs)} layers; "
           f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
