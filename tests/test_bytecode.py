@@ -98,3 +98,16 @@ def test_sources_are_the_py_files_compile_dir_visits(tmp_path):
     names = [p.relative_to(site).as_posix() for p in sources(site)]
     assert sorted(names) == ["pkg/__init__.py", "pkg/broken.py", "pkg/core.py", "pkg/linked.py", "pkg/names.py",
                              "pkg/sub/deep.py", "top.py"]
+
+
+def test_a_stopped_pool_fails_what_is_queued_instead_of_compiling_it(tmp_path, interpreter):
+    sites = [_site(tmp_path / str(n)) for n in range(3)]
+    pool = BytecodePool(interpreter, 1)
+    queued = [pool.submit(site, DDIR, sources(site)) for site in sites]  # no compiler is serving yet
+    pool.stop()
+    with pool:
+        later = pool.submit(sites[0], DDIR, sources(sites[0]))
+        for job in queued + [later]:
+            with pytest.raises(ServestackError, match="the build stopped"):
+                job.result(timeout=60)
+    assert not any(_pycs(site) for site in sites)

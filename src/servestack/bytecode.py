@@ -93,7 +93,9 @@ class BytecodePool:
             self._threads.append(thread)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, *exc) -> None:
+        if kind is not None:
+            self.stop()
         for _ in self._threads:
             self._queue.put(((float("inf"),), next(self._order), None, ""))
         for thread in self._threads:
@@ -115,6 +117,10 @@ class BytecodePool:
         for size, path in sized:
             self._queue.put(((number, -size), next(self._order), job, f"{head}{os.fsencode(str(path)).hex()}\n"))
         return job.done
+
+    def stop(self) -> None:
+        """Compile nothing more: every job still queued or under way fails (the build is stopping)."""
+        self._failure = self._failure or ServestackError("bytecode: the build stopped before these files were compiled")
 
     def _fail(self, job: _Job, failure: ServestackError) -> None:
         self._failure = self._failure or failure

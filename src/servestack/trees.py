@@ -196,9 +196,15 @@ def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None
         # A thread waits while its tree's files compile: the compilers keep the cores busy meanwhile.
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=cores))
         futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python, bytecode): i for i in order}
-        for future in as_completed(futures):
-            i = futures[future]
-            made[i] = future.result()
-            if on_tree:
-                on_tree(wheels[i][1], made[i])
+        try:
+            for future in as_completed(futures):
+                i = futures[future]
+                made[i] = future.result()
+                if on_tree:
+                    on_tree(wheels[i][1], made[i])
+        except BaseException:  # a failed tree or an interrupt: make no more trees, compile no more files
+            if bytecode is not None:
+                bytecode.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return [made[i] for i in range(len(wheels))]
