@@ -581,3 +581,12 @@ def test_the_summary_says_when_the_disaggregated_pair_needed_retries_to_serve() 
 
     assert "disagg   ready in 80.0 s (served a first request on attempt 3), first token 3.000 s" in summary(3)
     assert "disagg   ready in 80.0 s, first token 3.000 s, KV transfers over NIXL 4 (failed 1)" in summary(1)
+
+
+def test_a_first_request_answered_200_without_a_completion_is_not_served() -> None:
+    from servestack.smoke.firstrequest import FirstRequest
+
+    frontend = _FakeFrontend([(200, [], ""), (200, {"choices": []}, "")])
+    first = FirstRequest(lambda http, base: True, "m", lambda: frontend.decode_log, 120.0, time.monotonic(), 300.0)
+    assert not first(frontend, "http://f") and not first(frontend, "http://f")
+    assert first.failed[0].outcome == "not an object: []" and first.failed[1].outcome == "no usage in the response"

@@ -67,9 +67,11 @@ class FirstRequest:
         timeout = max(1.0, min(self.timeout, self.started + self.deadline_s - sent))
         try:
             r = http.post(base + "/v1/completions", timeout=timeout, json={"model": self.model, **FIRST_REQUEST})
-            body = r.json() if r.status_code == 200 else None
-            problem = usage_problem(body.get("usage")) if isinstance(body, dict) else None
-            outcome = f"HTTP {r.status_code}: {r.text[:200]}" if body is None else problem
+            if r.status_code != 200:
+                outcome = f"HTTP {r.status_code}: {r.text[:200]}"
+            else:
+                body = r.json()
+                outcome = usage_problem(body.get("usage")) if isinstance(body, dict) else f"not an object: {r.text[:200]}"
         except Exception as e:  # noqa: BLE001 - a refused, reset or timed-out request is a failed attempt
             outcome = f"{type(e).__name__}: {str(e)[:200]}"
         if outcome is None:
