@@ -494,6 +494,12 @@ def test_first_request_failures_are_reported_by_ready_not_by_the_kv_transfer_che
     unexplained = Target("http://127.0.0.1:9", "m", None, 1.0, {**sent, "first_request": {"served_s": 60.0, "failed": []}},
                          kv_wait_s=0, logs={"decode": lambda: stats, "prefill": lambda: ""})
     assert check_kv_transfer(unexplained)[0] == "fail"
+    # One failure before ready excuses one failed transfer in the stats, not three.
+    stats_three = KV_LOG.replace("Num failed transfers=0", "Num failed transfers=3", 1)
+    more = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+                  logs={"decode": lambda: before + stats_three, "prefill": lambda: ""})
+    status, detail = check_kv_transfer(more)
+    assert status == "fail" and "3 failed, while 1 failed first attempt(s)" in detail, detail
 
 
 class _FakeFrontend:
