@@ -40,6 +40,16 @@ def test_a_signal_inside_held_is_raised_when_the_step_ends():
     assert steps == ["job submitted, id read"]
 
 
+def test_the_first_signal_inside_held_is_the_one_raised():
+    """Ctrl-C during a held step, then nox's SIGTERM: the command must still exit 130, not 143."""
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with signals_unwind():
+            with held():
+                os.kill(os.getpid(), signal.SIGINT)
+                os.kill(os.getpid(), signal.SIGTERM)
+    assert type(raised.value) is KeyboardInterrupt
+
+
 def test_the_previous_handlers_come_back():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     with signals_unwind():

@@ -49,7 +49,9 @@ class _Unwinding:
             os.write(2, f"servestack: signal {signum} while cleaning up after the first; finishing the cleanup\n".encode())
             return
         if self.holding:
-            self.pending = signum
+            # The first one decides the exit code: SIGINT then nox's SIGTERM still exits 130.
+            if self.pending is None:
+                self.pending = signum
             return
         self.start(signum)
 
