@@ -11,6 +11,7 @@ import pytest
 
 from servestack.bytecode import BytecodePool, sources
 from servestack.errors import ServestackError
+from servestack import trees
 from servestack.trees import compiler
 
 DDIR = "/opt/venv/lib/python3.11/site-packages"
@@ -111,3 +112,25 @@ def test_a_stopped_pool_fails_what_is_queued_instead_of_compiling_it(tmp_path, i
             with pytest.raises(ServestackError, match="the build stopped"):
                 job.result(timeout=60)
     assert not any(_pycs(site) for site in sites)
+
+
+def test_install_all_starts_one_compiler_per_cpu_it_may_run_on(monkeypatch):
+    """Not one per host CPU: in a cpuset of 1 CPU on a 64-CPU host, 64 compilers would share it."""
+    started = []
+
+    class Recording:
+        def __init__(self, executable, workers):
+            started.append(workers)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(trees, "BytecodePool", Recording)
+    monkeypatch.setattr(trees, "compiler", lambda python: trees.Compiler("/usr/bin/python3.11", "3.11.7"))
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert trees.install_all([], "3.11") == []
+    assert started == [1]

@@ -178,6 +178,14 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a container's or Slurm job's cpuset), not
+    the host's count, so the compilers and installs are not more than the cores that run them."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,
                 on_tree: Callable[[str, Tree], None] | None = None) -> list[Tree]:
     """Every (wheel, sha256) as a tree: installed `workers` at a time (default: one per core), their
@@ -187,7 +195,7 @@ def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None
     """
     # Largest first, so the long ones (torch) start at once and the pool drains evenly.
     order = sorted(range(len(wheels)), key=lambda i: -wheels[i][0].stat().st_size)
-    cores = workers or os.cpu_count() or 1
+    cores = workers or usable_cpus()
     interpreter = compiler(python).executable
     made: dict[int, Tree] = {}
     # Leaving the stack ends the installs first, then the compiling interpreters (their CPU is then counted).
