@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.children import stop, stopped_on_exit
 from servestack import services
 from servestack.project import Project
 from servestack.proc import run
@@ -184,12 +185,13 @@ def srtctl_run(image_ref, slurm_env, cluster_node):
     t0 = time.monotonic()
     first = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outputs = run_dir / "throughput" / "agg" / ".jobs" / "srtctl-outputs"
-    done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
-                     1500, first, "the first throughput point")
-    interrupted_job = done[0].parents[2].name
-    assert interrupted_job in _squeue_ids(slurm_env)
-    first.send_signal(signal.SIGINT)
-    out1, _ = first.communicate(timeout=120)
+    with stopped_on_exit(first):
+        done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
+                         1500, first, "the first throughput point")
+        interrupted_job = done[0].parents[2].name
+        assert interrupted_job in _squeue_ids(slurm_env)
+        first.send_signal(signal.SIGINT)
+        out1, _ = first.communicate(timeout=120)
     left = _wait_gone({interrupted_job}, slurm_env)
     kept = run_dir / "throughput" / "agg" / "1.json"
     kept_stat = kept.stat() if kept.exists() else None
@@ -261,14 +263,13 @@ def disagg_run(image_ref, slurm_env, cluster_node):
     t0 = time.monotonic()
     argv = _cli("pipeline", "--stack", STACK, "--image", image_ref, "--run-id", run_id, "--recipes", DISAGG_CI_RECIPES)
     running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = running.communicate(timeout=DISAGG_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        # A hung job (a lost response) must not hold the node for the rest of CI: servestack
-        # cancels its Slurm jobs on SIGTERM.
-        running.send_signal(signal.SIGTERM)
-        out, err = running.communicate(timeout=120)
-        err += f"\n(test: no result after {DISAGG_TIMEOUT_S} s: stopped with SIGTERM)"
+    with stopped_on_exit(running):
+        try:
+            out, err = running.communicate(timeout=DISAGG_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            # A hung job (a lost response) must not hold the node for the rest of CI.
+            out, err = stop(running)
+            err += f"\n(test: no result after {DISAGG_TIMEOUT_S} s: stopped, exit status {running.returncode})"
     proc = subprocess.CompletedProcess(argv, running.returncode, out, err)
     wall = time.monotonic() - t0
     print(f"disaggregated pipeline through srtctl: {wall:.0f} s (load {os.getloadavg()[0]:.1f})")
@@ -360,11 +361,12 @@ def gated_run(image_ref, slurm_env, tmp_path_factory):
                 project=root)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     out_dir = root / "build" / STACK / "runs" / "gate" / "throughput" / "agg"
-    _wait_for(lambda: (out_dir / "1.json").exists(), 900, proc, "the first point")
-    [job_id] = _wait_for(lambda: [p.name[len("slurm-"):-len(".out")] for p in (out_dir / ".jobs").glob("slurm-*.out")],
-                         30, proc, "the job's log")
-    run(["scancel", job_id], env=slurm_env)  # someone else cancels the running job mid-sweep
-    out, _ = proc.communicate(timeout=1200)
+    with stopped_on_exit(proc):
+        _wait_for(lambda: (out_dir / "1.json").exists(), 900, proc, "the first point")
+        [job_id] = _wait_for(lambda: [p.name[len("slurm-"):-len(".out")] for p in (out_dir / ".jobs").glob("slurm-*.out")],
+                             30, proc, "the job's log")
+        run(["scancel", job_id], env=slurm_env)  # someone else cancels the running job mid-sweep
+        out, _ = proc.communicate(timeout=1200)
     return {"rc": proc.returncode, "out": out, "job_id": job_id, "out_dir": out_dir,
             "results": json.loads((out_dir.parent / "results.json").read_text())}
 
