@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from servestack.bytecode import BytecodePool, sources
 from servestack.errors import ServestackError
-from servestack import trees
+from servestack import bytecode, trees
 from servestack.trees import compiler
 
 DDIR = "/opt/venv/lib/python3.11/site-packages"
@@ -134,3 +136,60 @@ def test_install_all_starts_one_compiler_per_cpu_it_may_run_on(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert trees.install_all([], "3.11") == []
     assert started == [1]
+
+
+def test_a_compiler_that_cannot_start_fails_the_job_naming_the_file(tmp_path):
+    """proc.pipe raising (no such file here; EAGAIN, EMFILE on a loaded host) used to end the pool's
+    threads with the job never resolved, and install_all waited for it for ever."""
+    site = _site(tmp_path / "s")
+    with BytecodePool(str(tmp_path / "no-such-python3.11"), 2) as pool:
+        with pytest.raises(ServestackError, match=r"compiling .*\.py with .*no-such-python3.11 -S failed"):
+            pool.submit(site, DDIR, sources(site)).result(timeout=10)
+        with pytest.raises(ServestackError):
+            pool.submit(site, DDIR, sources(site)).result(timeout=10)
+
+
+def _wedged(tmp_path: Path) -> tuple[Path, Path]:
+    """A compiler that reads its first file, says so on a FIFO, and then never answers."""
+    said = tmp_path / "read-a-file"
+    os.mkfifo(said)
+    wedged = tmp_path / "python-that-hangs"
+    wedged.write_text(f"#!/bin/sh\nread line\necho read > '{said}'\nexec sleep 3600\n")
+    wedged.chmod(0o755)
+    return wedged, said
+
+
+def _until_read(said: Path) -> None:
+    with open(said) as fifo:  # returns once the compiler has opened it to write
+        assert fifo.read() == "read\n"
+
+
+def test_a_wedged_compiler_is_killed_after_the_answer_timeout(tmp_path, monkeypatch):
+    monkeypatch.setattr(bytecode, "ANSWER_TIMEOUT_S", 1.0)
+    wedged, said = _wedged(tmp_path)
+    site = _site(tmp_path / "s")
+    with BytecodePool(str(wedged), 1) as pool:
+        job = pool.submit(site, DDIR, sources(site))
+        _until_read(said)
+        with pytest.raises(ServestackError, match=r"gave no answer in 1 s while compiling .*\.py"):
+            job.result(timeout=30)
+
+
+def test_leaving_the_pool_on_an_error_kills_a_wedged_compiler_instead_of_waiting(tmp_path):
+    wedged, said = _wedged(tmp_path)
+    site = _site(tmp_path / "s")
+    left = threading.Event()
+    job = None
+
+    def build():
+        nonlocal job
+        with contextlib.suppress(RuntimeError), BytecodePool(str(wedged), 1) as pool:
+            job = pool.submit(site, DDIR, sources(site))
+            _until_read(said)
+            raise RuntimeError("a tree failed")
+        left.set()
+
+    threading.Thread(target=build, daemon=True).start()
+    assert left.wait(timeout=30), "leaving the pool waited for the wedged compiler"
+    with pytest.raises(ServestackError, match="the build stopped"):
+        job.result(timeout=0)

@@ -20,6 +20,8 @@ import contextlib
 import itertools
 import os
 import queue
+import select
+import subprocess
 import tempfile
 import threading
 from concurrent.futures import Future
@@ -43,6 +45,9 @@ WORKER = (
 )
 # What the compiling interpreter is started with: see trees.compiler for why each matters.
 WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONPATH": ""}
+# What one file may take: the build's old bound was 3600 s for a whole tree; a compiler that answers
+# nothing about a single file for this long is wedged, and is killed rather than waited for.
+ANSWER_TIMEOUT_S = 600.0
 
 
 def sources(site: Path) -> list[Path]:
@@ -85,6 +90,8 @@ class BytecodePool:
         self._jobs = itertools.count()
         self._failure: ServestackError | None = None
         self._threads: list[threading.Thread] = []
+        self._running: list[subprocess.Popen] = []  # the compilers, killed by stop()
+        self._running_lock = threading.Lock()
 
     def __enter__(self) -> BytecodePool:
         for n in range(self.workers):
@@ -119,8 +126,12 @@ class BytecodePool:
         return job.done
 
     def stop(self) -> None:
-        """Compile nothing more: every job still queued or under way fails (the build is stopping)."""
+        """Compile nothing more: every job still queued or under way fails (the build is stopping), and
+        the compilers are killed, so a file under way (or a wedged compiler) is not waited for."""
         self._failure = self._failure or ServestackError("bytecode: the build stopped before these files were compiled")
+        with self._running_lock:
+            for worker in self._running:
+                worker.kill()
 
     def _fail(self, job: _Job, failure: ServestackError) -> None:
         self._failure = self._failure or failure
@@ -129,36 +140,79 @@ class BytecodePool:
                 job.done.set_exception(self._failure)
 
     def _serve(self) -> None:
-        """One compiling interpreter: started here, fed until the pool closes. After a failure every
-        job still queued fails with it, so no caller waits for ever."""
+        """One compiling interpreter: started here, fed until the pool closes. Whatever goes wrong with
+        a file (the compiler cannot start: EAGAIN, EMFILE; it dies or hangs; a bug here) fails that
+        file's job, and after a failure every job still queued fails with it, so no caller waits for ever."""
         with tempfile.TemporaryFile() as errors:
             worker = None  # started with the first file: a build of cached trees compiles nothing
+            closed = False
             try:
                 while True:
                     _, _, job, line = self._queue.get()
                     if job is None:
+                        closed = True
                         return
                     if self._failure is not None:
                         self._fail(job, self._failure)
                         continue
-                    if worker is None:
-                        worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, stderr=errors)
-                    try:
-                        worker.stdin.write(line)
-                        worker.stdin.flush()
-                        answer = worker.stdout.readline()
-                    except OSError:  # the pipe broke: the interpreter is gone
-                        answer = ""
-                    if answer:
-                        job.finished_one()
-                        continue
-                    errors.seek(0)
                     path = os.fsdecode(bytes.fromhex(line.split()[2]))
-                    self._fail(job, ServestackError(
-                        f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
-                        f"{errors.read()[-2000:].decode(errors='replace')}"))
+                    try:
+                        if worker is None:
+                            worker = self._start(errors)
+                        failure = self._compile(worker, line, path, errors)
+                    except BaseException as error:
+                        failure = ServestackError(f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}")
+                    if failure is None:
+                        job.finished_one()
+                    else:
+                        self._fail(job, failure)
             finally:
+                if not closed:  # this thread is ending early: no job may be left waiting for it
+                    self._fail_queued(ServestackError(f"bytecode: {threading.current_thread().name} ended early"))
                 if worker is not None:
                     with contextlib.suppress(OSError):
                         worker.stdin.close()
                     worker.wait()
+
+    def _start(self, errors) -> subprocess.Popen:
+        worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, stderr=errors)
+        with self._running_lock:
+            self._running.append(worker)
+            if self._failure is not None:  # stop() came while it started
+                worker.kill()
+        return worker
+
+    def _compile(self, worker: subprocess.Popen, line: str, path: str, errors) -> ServestackError | None:
+        """Hand the worker one file; None when compile_file said it is done."""
+        try:
+            worker.stdin.write(line)
+            worker.stdin.flush()
+            # An answer is one line written at once, and nothing else is ever written: the text
+            # stream's buffer is empty between answers, so the pipe's readiness is the answer's.
+            answered = select.select([worker.stdout], [], [], ANSWER_TIMEOUT_S)[0]
+            answer = worker.stdout.readline() if answered else None
+        except OSError:  # the pipe broke: the interpreter is gone
+            answer = ""
+        if answer is None:
+            worker.kill()
+            return ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
+                                   f"while compiling {path}; killed it")
+        if answer:
+            return None
+        errors.seek(0)
+        return ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
+                               f"{errors.read()[-2000:].decode(errors='replace')}")
+
+    def _fail_queued(self, failure: ServestackError) -> None:
+        """Fail every job still queued (the pool's closing markers go back for the other threads)."""
+        self._failure = self._failure or failure
+        markers = []
+        with contextlib.suppress(queue.Empty):
+            while True:
+                item = self._queue.get_nowait()
+                if item[2] is None:
+                    markers.append(item)
+                else:
+                    self._fail(item[2], self._failure)
+        for item in markers:
+            self._queue.put(item)
