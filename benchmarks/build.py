@@ -4,6 +4,8 @@
                model, pushed by BuildKit (docker buildx build --no-cache --push)
   cold         servestack build + image from an empty servestack cache (wheels and the Debian base
                rootfs already downloaded/made: both builds start from them) into an empty registry
+  cold_layers  the cold build's installed trees (per-wheel trees + bytecode, which builds reuse) kept, its
+               layer blobs and registry not: what is left is tar+zstd+push, to set beside the limit
   cold_again   the same again, another empty cache and registry: the digest must be the same
   noop         build + image again on cold_again's cache and registry
   one_package  one locked package replaced by another wheel (a version with one more file)
@@ -13,7 +15,8 @@
   noop_nox     `nox -s build image` as typed, on the user's own cache and registry, 5 times after a
                first run (new processes: nox, the sessions, servestack's imports; median and fastest)
 
-`--only cold,noop_nox` runs just those (noop and the changes need cold_again's cache, so they bring it).
+`--only cold,noop_nox` runs just those (noop and the changes need cold_again's cache, so they bring it;
+cold_layers needs cold's trees, so it brings cold).
 
 Each run that pushes gets its own throw-away registry (a fresh storage directory), so "pushed"
 means bytes the registry did not have. Results: a table on stdout and build/<stack>/benchmark.json.
@@ -48,7 +51,7 @@ from servestack.sources import registry
 from servestack.trees import install_all
 
 HERE = Path(__file__).resolve().parent
-CASES = ("naive", "cold", "cold_again", "noop", "changes", "limit", "noop_nox")
+CASES = ("naive", "cold", "cold_layers", "cold_again", "noop", "changes", "limit", "noop_nox")
 PORTS = iter(range(5090, 5099))
 
 
@@ -75,12 +78,15 @@ def scratch_registry(root: Path) -> Iterator[str]:
         shutil.rmtree(home, ignore_errors=True)  # a cold image is GBs: disk is shared
 
 
-def fresh_cache(root: Path, name: str, main: Path) -> Path:
-    """An empty servestack cache that shares only the downloaded wheels and the Debian rootfs."""
+def fresh_cache(root: Path, name: str, main: Path, trees_from: Path | None = None) -> Path:
+    """An empty servestack cache that shares only the downloaded wheels and the Debian rootfs (and, with
+    `trees_from`, that cache's installed trees)."""
     cache = root / name
     cache.mkdir()
     for shared in ("blobs", "bases"):
         (cache / shared).symlink_to(main / shared)
+    if trees_from:
+        (cache / "installed").symlink_to(trees_from / "installed")
     return cache
 
 
@@ -219,6 +225,7 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
         registry.push_blob(address, "limit/push", blob.digest, blob.path)
     push = time.monotonic() - started
     return {"tar_zstd_sha256_seconds": round(tar_zstd_sha, 1), "tar_zstd_sha256_cpu_seconds": round(tar_zstd_sha_cpu, 1),
+            "cpu_seconds": round(_cpu_seconds() - cpu, 1),
             "push_seconds": round(push, 1),
             "seconds": round(tar_zstd_sha + push, 1), "bytes_pushed": sum(b.size for b in blobs),
             "uncompressed": sum(layer.size for layer in planned) + base_tar.stat().st_size}
@@ -228,16 +235,19 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
 
 
 def table(report: dict) -> str:
-    naive_s = (report.get("naive") or {}).get("seconds")
-    rows = [f"{'run':<16}{'seconds':>9}{'image s':>9}{'pushed MB':>11}{'layers built':>14}{'vs naive':>10}  changed layers"]
-    for name in ("naive", "cold", "cold_again", "noop", "noop_nox", "one_package", "overlay_added", "overlay_changed",
-                 "limit"):
+    naive_s, limit_s = ((report.get(k) or {}).get("seconds") for k in ("naive", "limit"))
+    rows = [f"{'run':<16}{'seconds':>9}{'CPU s':>8}{'image s':>9}{'pushed MB':>11}{'layers built':>14}{'vs naive':>10}"
+            f"{'vs limit':>10}  changed layers"]
+    for name in ("naive", "cold", "cold_layers", "cold_again", "noop", "noop_nox", "one_package", "overlay_added",
+                 "overlay_changed", "limit"):
         r = report.get(name)
         if not isinstance(r, dict) or "seconds" not in r:
             continue
         ratio = f"{naive_s / r['seconds']:.1f}x" if naive_s and r["seconds"] else "-"
-        rows.append(f"{name:<16}{r['seconds']:>9.1f}{r.get('image_seconds', r['seconds']):>9.2f}"
-                    f"{r.get('bytes_pushed', 0) / 1e6:>11.1f}{r.get('layers_built', '-'):>14}{ratio:>10}  "
+        over_limit = f"{r['seconds'] / limit_s:.1f}x" if limit_s else "-"
+        rows.append(f"{name:<16}{r['seconds']:>9.1f}{r.get('cpu_seconds', '-'):>8}"
+                    f"{r.get('image_seconds', r['seconds']):>9.2f}{r.get('bytes_pushed', 0) / 1e6:>11.1f}"
+                    f"{r.get('layers_built', '-'):>14}{ratio:>10}{over_limit:>10}  "
                     f"{','.join(r.get('changed_layers') or [])}")
     return "\n".join(rows)
 
@@ -313,13 +323,19 @@ def main() -> int:
                     report["naive"] = naive(project, stack, record, lock_doc, base_tar, work, address)
             if args.skip_cold:
                 return finish(report, project, stack)
-            if "cold" in args.only:
+            if args.only & {"cold", "cold_layers"}:
                 with scratch_registry(work) as address, measured(report, "cold", project, stack):
                     os.environ["SERVESTACK_CACHE"] = str(fresh_cache(work, "cold-1", main_cache))
                     report["cold"] = run_servestack(project, stack, address)
                 if "limit" in args.only:  # on the trees and blobs the cold build just made, before they go
                     with scratch_registry(work) as address, measured(report, "limit", project, stack):
                         report["limit"] = physical_limit(project, stack, base_tar, work, address)
+                if "cold_layers" in args.only:
+                    with scratch_registry(work) as address, measured(report, "cold_layers", project, stack):
+                        cache = fresh_cache(work, "cold-layers", main_cache, trees_from=work / "cold-1")
+                        os.environ["SERVESTACK_CACHE"] = str(cache)
+                        report["cold_layers"] = run_servestack(project, stack, address)
+                    shutil.rmtree(work / "cold-layers", ignore_errors=True)  # its layer blobs are GBs: disk is shared
                 shutil.rmtree(work / "cold-1")
             if args.only & {"cold_again", "noop", "changes"}:
                 with scratch_registry(work) as address:
@@ -369,10 +385,12 @@ def noop_command(project: Project, stack: str, runs: int = 5) -> dict:
 
 def finish(report: dict, project: Project, stack: str) -> int:
     report["load_after"] = os.getloadavg()
-    cold, limit, naive_s = (report.get(k, {}).get("seconds") for k in ("cold", "limit", "naive"))
+    cold, cold_layers, limit, naive_s = (report.get(k, {}).get("seconds")
+                                         for k in ("cold", "cold_layers", "limit", "naive"))
     report["ratios"] = {
         "naive_over_cold": round(naive_s / cold, 2) if naive_s and cold else None,
         "cold_over_limit": round(cold / limit, 2) if cold and limit else None,
+        "cold_layers_over_limit": round(cold_layers / limit, 2) if cold_layers and limit else None,
         "cold_image_step_over_limit": round(report["cold"]["image_seconds"] / limit, 2) if cold and limit else None,
     }
     atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
