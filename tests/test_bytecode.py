@@ -59,12 +59,15 @@ def _pycs(site: Path) -> dict[str, bytes]:
             if not any(part == "linkdir" for part in p.relative_to(site).parts)}
 
 
-def test_the_pool_writes_the_pycs_compile_dir_writes(tmp_path, interpreter):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_pool_writes_the_pycs_compile_dir_writes(tmp_path, interpreter, workers):
     serial, pooled = _site(tmp_path / "serial"), _site(tmp_path / "pooled")
+    for site in serial, pooled:  # the largest file, so the one compiler checks it first and goes on
+        (site / "pkg" / "broken_large.py").write_text("x = 1\n" * 2000 + "def broken(:\n")
     subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(serial), DDIR], check=True,
                    env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": ""}, capture_output=True)
-    with BytecodePool(interpreter, 2) as pool:
-        pool.submit(pooled, DDIR, sources(pooled)).result()
+    with BytecodePool(interpreter, workers) as pool:
+        pool.submit(pooled, DDIR, sources(pooled)).result(timeout=120)
     expected = _pycs(serial)
     assert "pkg/__pycache__/names.cpython-311.pyc" in expected and "pkg/__pycache__/linked.cpython-311.pyc" in expected
     assert not any("broken" in name for name in expected)
@@ -193,3 +196,29 @@ def test_leaving_the_pool_on_an_error_kills_a_wedged_compiler_instead_of_waiting
     assert left.wait(timeout=30), "leaving the pool waited for the wedged compiler"
     with pytest.raises(ServestackError, match="the build stopped"):
         job.result(timeout=0)
+
+
+def test_the_callers_python_variables_do_not_reach_the_compilers(tmp_path, interpreter, monkeypatch):
+    """They are not part of a tree's key, yet each changed what the old pool wrote: debug ranges out
+    of every pyc, opt-1 names, the pycs outside the tree, no pyc for a file with a warning."""
+    serial, pooled = _site(tmp_path / "serial"), _site(tmp_path / "pooled")
+    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(serial), DDIR], check=True, capture_output=True,
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+                        "PYTHONHASHSEED": "0", "PYTHONPATH": ""})
+    for name, value in {"PYTHONNODEBUGRANGES": "1", "PYTHONOPTIMIZE": "1", "PYTHONWARNINGS": "error",
+                        "PYTHONPYCACHEPREFIX": str(tmp_path / "elsewhere")}.items():
+        monkeypatch.setenv(name, value)
+    with BytecodePool(interpreter, 2) as pool:
+        pool.submit(pooled, DDIR, sources(pooled)).result(timeout=120)
+    assert _pycs(pooled) == _pycs(serial)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_pyc_that_could_not_be_written_fails_the_job_naming_the_file(tmp_path, interpreter):
+    """compile_file answers False both for a syntax error (no pyc, as compile_dir: fine) and for a write
+    that failed (disk full): the second must not count as compiled."""
+    site = _site(tmp_path / "s")
+    (site / "pkg" / "sub" / "__pycache__").write_text("a file where the directory goes\n")
+    with BytecodePool(interpreter, 1) as pool:
+        with pytest.raises(ServestackError, match=r"no pyc was written for .*/pkg/sub/deep\.py, which compiles"):
+            pool.submit(site, DDIR, sources(site)).result(timeout=120)

@@ -32,22 +32,49 @@ from . import proc
 from .errors import ServestackError
 
 # Each request line: stripdir, prependdir and the file, each as the hex of its filesystem bytes.
-# Each answer line: compile_file's result (1 compiled or nothing to do, 0 a file it could not compile,
-# which compile_dir skips the same way).
+# Each answer line: 1 compile_file compiled it (or had nothing to do); S it wrote no pyc because the
+# file does not compile (a syntax error, a null byte: compile_dir skips those the same way); 0 it
+# wrote no pyc for a file that compiles (the write failed: disk full, a file where __pycache__ goes).
+# The check runs only after a failure, in a namespace dropped at once, so nothing it names stays
+# alive in the interpreter to change a later pyc (see the module docstring).
+CHECK = (
+    "skipped = False\n"
+    "try:\n"
+    "    with open(fullname, 'rb') as source:\n"
+    "        compile(source.read(), fullname, 'exec', dont_inherit=True)\n"
+    "except (SyntaxError, ValueError):\n"
+    "    skipped = True\n"
+    "except OSError:\n"
+    "    pass\n"
+    "sys.stdout.write('S\\n' if skipped else '0\\n')\n"
+)
 WORKER = (
     "import compileall, py_compile, sys\n"
     "while fullname := sys.stdin.readline():\n"
     "    stripdir, prependdir, fullname = map(compileall.os.fsdecode, map(bytes.fromhex, fullname.split()))\n"
-    "    sys.stdout.write('%d\\n' % compileall.compile_file(\n"
-    "        fullname, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,\n"
-    "        stripdir=stripdir, prependdir=prependdir))\n"
+    "    if compileall.compile_file(\n"
+    "            fullname, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,\n"
+    "            stripdir=stripdir, prependdir=prependdir):\n"
+    "        sys.stdout.write('1\\n')\n"
+    "    else:\n"
+    f"        exec({CHECK!r}, {{'fullname': fullname, 'sys': sys}})\n"
     "    sys.stdout.flush()\n"
 )
-# What the compiling interpreter is started with: see trees.compiler for why each matters.
+# What the compiling interpreter is started with: see trees.compiler for why each matters. Every
+# other PYTHON* variable of the caller's is dropped: they change the pycs (PYTHONNODEBUGRANGES), their
+# names (PYTHONOPTIMIZE), where they go (PYTHONPYCACHEPREFIX) or whether they are written at all
+# (PYTHONWARNINGS=error), and they are not part of a tree's cache key. (-E or -I would drop them too,
+# and PYTHONHASHSEED with them.)
 WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONPATH": ""}
+
 # What one file may take: the build's old bound was 3600 s for a whole tree; a compiler that answers
 # nothing about a single file for this long is wedged, and is killed rather than waited for.
 ANSWER_TIMEOUT_S = 600.0
+
+
+def worker_base_env() -> dict[str, str]:
+    """This process's environment without its PYTHON* variables (WORKER_ENV then sets the two that count)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
 
 
 def sources(site: Path) -> list[Path]:
@@ -175,7 +202,8 @@ class BytecodePool:
                     worker.wait()
 
     def _start(self, errors) -> subprocess.Popen:
-        worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, stderr=errors)
+        worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, base_env=worker_base_env(),
+                           stderr=errors)
         with self._running_lock:
             self._running.append(worker)
             if self._failure is not None:  # stop() came while it started
@@ -197,8 +225,11 @@ class BytecodePool:
             worker.kill()
             return ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
                                    f"while compiling {path}; killed it")
-        if answer:
+        if answer in ("1\n", "S\n"):
             return None
+        if answer == "0\n":
+            return ServestackError(f"bytecode: no pyc was written for {path}, which compiles: compileall could not "
+                                   "write it (disk full? a file where its __pycache__ directory goes?)")
         errors.seek(0)
         return ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
                                f"{errors.read()[-2000:].decode(errors='replace')}")

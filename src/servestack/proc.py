@@ -30,10 +30,12 @@ class CommandError(ServestackError):
 TimeoutExpired = subprocess.TimeoutExpired
 
 
-def _prepare(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None) -> tuple[list[str], dict[str, str]]:
-    """The argv as strings and the full environment, logging the command with secrets hidden."""
+def _prepare(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None,
+             base_env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
+    """The argv as strings and the full environment (`base_env`, default this process's, plus `env`),
+    logging the command with secrets hidden."""
     args = [os.fspath(a) for a in argv]
-    full_env = dict(os.environ)
+    full_env = dict(os.environ if base_env is None else base_env)
     if env:
         full_env.update(env)
     shown_env = " ".join(
@@ -72,9 +74,10 @@ def run(
 
 
 def pipe(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-         stderr: int | IO[bytes] | None = None) -> subprocess.Popen[str]:
-    """A long-lived command spoken to line by line: text on its standard input and output pipes."""
-    args, full_env = _prepare(argv, env)
+         base_env: Mapping[str, str] | None = None, stderr: int | IO[bytes] | None = None) -> subprocess.Popen[str]:
+    """A long-lived command spoken to line by line: text on its standard input and output pipes. Its
+    environment is `base_env` (default: the caller's) plus `env`."""
+    args, full_env = _prepare(argv, env, base_env)
     return subprocess.Popen(args, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
 
 
