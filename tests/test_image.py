@@ -7,11 +7,13 @@ build real images with BuildKit and push them to the loopback registry.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -311,3 +313,51 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     again = install_all(wheels, "3.11")
     assert [t.path for t in again] == [t.path for t in made] and not any(t.made for t in again)
     assert [t.entries for t in again] == [t.entries for t in made]
+
+
+class _FakeRegistry:
+    """image.registry for Uploads: holds nothing; a push reads its blob in chunks until `release`."""
+
+    def __init__(self, failing: set[str] = frozenset()):
+        self.failing, self.started, self.release = failing, threading.Event(), threading.Event()
+
+    def blob_exists(self, address, repository, digest):
+        return False
+
+    def push_blob(self, address, repository, digest, path, on_bytes):
+        if digest in self.failing:
+            raise ServestackError(f"upload of {digest} refused (HTTP 500)")
+        self.started.set()
+        while not self.release.is_set():  # a multi-GB blob: chunk after chunk until released
+            on_bytes(1 << 20)
+            self.release.wait(0.01)
+
+
+def test_a_blob_the_manifest_does_not_use_is_neither_waited_for_nor_counted(tmp_path, monkeypatch):
+    """An early layer the plan then dropped: its failed push must not fail the build."""
+    fake = _FakeRegistry(failing={"sha256:dropped"})
+    fake.release.set()
+    monkeypatch.setattr(image, "registry", fake)
+    with image.Uploads("127.0.0.1:5000", "servestack/s") as uploads:
+        uploads.send("sha256:dropped", tmp_path / "dropped", 7)
+        uploads.send("sha256:used", tmp_path / "used", 11)
+        assert uploads.wait(["sha256:used"]) == [11]
+
+
+def test_leaving_on_an_interrupt_stops_a_push_under_way_instead_of_finishing_it(tmp_path, monkeypatch):
+    fake = _FakeRegistry()
+    monkeypatch.setattr(image, "registry", fake)
+    left = threading.Event()
+
+    def build():
+        with contextlib.suppress(KeyboardInterrupt), image.Uploads("127.0.0.1:5000", "servestack/s") as uploads:
+            uploads.send("sha256:large", tmp_path / "large", 5 << 30)
+            assert fake.started.wait(timeout=30)
+            raise KeyboardInterrupt
+        left.set()
+
+    threading.Thread(target=build, daemon=True).start()
+    try:
+        assert left.wait(timeout=30), "leaving Uploads waited for the push to finish"
+    finally:
+        fake.release.set()

@@ -242,47 +242,65 @@ def _send_base_blob(base: Base, address: str, repository: str, digest: str) -> N
 # --------------------------------------------------------------------------- build and push
 
 
+class PushStopped(ServestackError):
+    """A push given up because the build is stopping (an interrupt, a failure, or a blob no longer used)."""
+
+
 class Uploads:
     """Blobs pushed as soon as they are written, two at a time, each digest once, only those the
     registry lacks: the layers written while trees are still being made go up meanwhile, so the
-    push is not all left for after the last tree. Leaving the context waits for every push."""
+    push is not all left for after the last tree. `wait` waits for the manifest's blobs; leaving the
+    context stops every push still under way (at its next chunk) instead of waiting for it, so an
+    interrupted build does not first push a multi-GB blob, and a layer the plan then dropped is not
+    pushed to the end."""
 
     def __init__(self, address: str, repository: str):
         self.address, self.repository = address, repository
-        self.pushed: list[int] = []  # sizes of the blobs the registry lacked
         self.on_bytes: Callable[[int], None] | None = None  # progress, once the layer step shows it
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="push")
         self._jobs: dict[str, Future[None]] = {}
+        self._pushed: dict[str, int] = {}  # digest -> size, of the blobs the registry lacked
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def __enter__(self) -> Uploads:
         return self
 
     def __exit__(self, kind, *exc) -> None:
-        self._pool.shutdown(wait=True, cancel_futures=kind is not None)
+        self._stopping.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def send(self, digest: str, path: Path | None, size: int, base: Base | None = None) -> None:
         with self._lock:
             if digest not in self._jobs:
                 self._jobs[digest] = self._pool.submit(self._push, digest, path, size, base)
 
-    def wait(self) -> None:
-        """Every push sent so far has finished; the first failure is raised."""
+    def wait(self, digests: list[str]) -> list[int]:
+        """The pushes of `digests` (the manifest's blobs, each sent before) have finished; the first
+        failure is raised. Returns the sizes of those the registry lacked. A blob sent but not in
+        `digests` (an early layer the plan changed) is not waited for; its failure is only logged."""
         with self._lock:
-            jobs = list(self._jobs.values())
-        for job in jobs:
-            job.result()
+            jobs = dict(self._jobs)
+        for digest in dict.fromkeys(digests):
+            jobs[digest].result()
+        for digest, job in jobs.items():
+            if digest not in digests and job.done() and not job.cancelled() and job.exception() is not None:
+                log.warning("push of %s failed; the manifest does not use it: %s", digest, job.exception())
+        return [self._pushed[digest] for digest in dict.fromkeys(digests) if digest in self._pushed]
 
     def _push(self, digest: str, path: Path | None, size: int, base: Base | None) -> None:
-        if registry.blob_exists(self.address, self.repository, digest):
+        if self._stopping.is_set() or registry.blob_exists(self.address, self.repository, digest):
             return
         if path is None and base is not None:
             _send_base_blob(base, self.address, self.repository, digest)
         else:
             registry.push_blob(self.address, self.repository, digest, path, self._count)
-        self.pushed.append(size)
+        self._pushed[digest] = size
 
     def _count(self, n: int) -> None:
+        """Called for each chunk read for the push: where a stopping build gives the push up."""
+        if self._stopping.is_set():
+            raise PushStopped("image: push given up, the build is stopping")
         if self.on_bytes:
             self.on_bytes(n)
 
@@ -397,10 +415,10 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
             refs.append(oci.LayerRef(layer.name, blob.digest, blob.diff_id, blob.size))
             uploads.send(blob.digest, blob.path, blob.size)
         progress.set_step("pushing")
-        uploads.wait()
+        pushed = uploads.wait([ref.digest for ref in base.layers] + [ref.digest for ref in refs])
         uploads.on_bytes = None
-    stats.update(bytes_tarred=progress.counters["tarred"] + sum(early.values()), layers_pushed=len(uploads.pushed),
-                 bytes_pushed=sum(uploads.pushed))
+    stats.update(bytes_tarred=progress.counters["tarred"] + sum(early.values()), layers_pushed=len(pushed),
+                 bytes_pushed=sum(pushed))
     return base, refs, stats
 
 
