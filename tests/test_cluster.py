@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -40,24 +42,42 @@ def test_srtslurm_config_turns_off_what_slurm_22_rejects(tmp_path):
     assert config["srtctl_root"] == str(tmp_path) and config["model_paths"] == {"tiny": "/m/tiny"}
 
 
-def _affinity_after_setup_script(tree: Path, env: dict[str, str]) -> str:
+def _after_setup_script(tree: Path, env: dict[str, str], cpus: list[int]) -> tuple[str, str]:
     """What srtctl's worker shell does (worker_stage._build_worker_preamble): `bash <setup script>`
-    from the shell that then starts the worker; here the "worker" prints its CPU list."""
+    from the shell that then starts the worker, here a shell allowed `cpus` (as a step's cpuset
+    would allow them) whose "worker" prints its CPU list. Returns that list and the script's stderr."""
     script = tree / "configs" / cluster.PIN_WORKER_CPUS_SCRIPT
-    return run(["bash", "-c", f'bash {script} && grep Cpus_allowed_list: /proc/self/status'],
-               env=env, timeout=30).stdout.split()[-1]
+    cpu_list = ",".join(map(str, cpus))
+    proc = subprocess.run(["taskset", "--cpu-list", cpu_list, "bash", "-c",
+                           f"bash {script} >/dev/null && grep Cpus_allowed_list: /proc/self/status"],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=30)
+    if proc.returncode != 0:
+        raise CommandError(["bash", str(script)], proc.returncode, proc.stderr)
+    return proc.stdout.split()[-1], proc.stderr
 
 
 def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip(f"this process may run on one CPU only ({allowed}): a pin to one CPU would change nothing")
     tree = tmp_path / "srt-slurm"
     (tree / "configs").mkdir(parents=True)
     cluster._install_setup_scripts(tree)
-    everything = _affinity_after_setup_script(tree, {})
-    assert _affinity_after_setup_script(tree, {cluster.PIN_WORKER_CPUS_ENV: "0"}) == "0"
-    assert _affinity_after_setup_script(tree, {cluster.PIN_WORKER_CPUS_ENV: ""}) == everything
-    # A CPU list taskset cannot apply stops the worker's start (srtctl joins the preamble with &&).
-    with pytest.raises(CommandError, match="taskset"):
-        _affinity_after_setup_script(tree, {cluster.PIN_WORKER_CPUS_ENV: "no-such-cpu"})
+    pin = cluster.PIN_WORKER_CPUS_ENV
+    everything, _ = _after_setup_script(tree, {pin: ""}, allowed)
+    assert everything == _after_setup_script(tree, {}, allowed)[0] and everything != str(allowed[0])
+    # Narrowed from every allowed CPU to the first.
+    assert _after_setup_script(tree, {pin: "1"}, allowed) == (str(allowed[0]), "")
+    # A step whose cpuset lacks the host's first CPU: the first CPU it has (not an EINVAL).
+    assert _after_setup_script(tree, {pin: "1"}, allowed[1:2]) == (str(allowed[1]), "")
+    # More than the step has: said, and pinned to what there is.
+    pinned, said = _after_setup_script(tree, {pin: "64"}, allowed[1:2])
+    assert pinned == str(allowed[1])
+    assert f"{pin}=64, but only 1 CPU(s) are allowed here ({allowed[1]}): pinning to those" in said
+    # A value that is not a number of CPUs stops the worker's start (srtctl joins the preamble with &&).
+    for wrong in ("0", "0-1", "no-such-cpu"):
+        with pytest.raises(CommandError, match=f'{pin}="{wrong}": expected a number of CPUs'):
+            _after_setup_script(tree, {pin: wrong}, allowed)
 
 
 @pytest.fixture(scope="session")

@@ -206,17 +206,34 @@ def _build_srtctl(archive: Path, python312: Path):
 # srun_options are the same for every step of a job), so the pinning is done here, with the same
 # affinity mask `srun --cpu-bind` or `taskset` would give; vLLM's CPU backend then runs on the
 # CPUs the mask allows (get_allowed_cpu_list reads sched_getaffinity).
+# The variable is a number of CPUs, not a CPU list: the step's cpuset (Slurm's, the container's)
+# need not hold any particular host CPU, and taskset fails with EINVAL on one it lacks.
 PIN_WORKER_CPUS_SCRIPT = "pin-worker-cpus.sh"
-PIN_WORKER_CPUS_ENV = "PIN_WORKER_TO_CPUS"
-_PIN_WORKER_CPUS = f"""#!/bin/bash
-# srt-slurm setup_script, written by servestack (cluster.py). With {PIN_WORKER_CPUS_ENV} set in a
-# worker's environment (a CPU list as taskset reads it, e.g. "0" or "0-3"), the shell srtctl starts
-# the worker from, and so the worker with every process it starts, may run on those CPUs only.
-# Without it, nothing changes.
+PIN_WORKER_CPUS_ENV = "PIN_WORKER_CPU_COUNT"
+_PIN_WORKER_CPUS = r"""#!/bin/bash
+# srt-slurm setup_script, written by servestack (cluster.py). With PIN_WORKER_CPU_COUNT=N in a
+# worker's environment, the shell srtctl starts the worker from, and so the worker with every
+# process it starts, may run only on the first N of the CPUs this shell may run on
+# (Cpus_allowed_list). Fewer are allowed: it says so and pins to those. Without it, nothing changes.
 set -euo pipefail
-if [ -n "${{{PIN_WORKER_CPUS_ENV}:-}}" ]; then
-    taskset --pid --cpu-list "${{{PIN_WORKER_CPUS_ENV}}}" "$PPID"
+count="${PIN_WORKER_CPU_COUNT:-}"
+[ -n "$count" ] || exit 0
+if ! [[ "$count" =~ ^[1-9][0-9]*$ ]]; then
+    echo "pin-worker-cpus.sh: PIN_WORKER_CPU_COUNT=\"$count\": expected a number of CPUs (1 or more)" >&2
+    exit 1
 fi
+allowed_list=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)
+allowed=()
+IFS=, read -ra ranges <<< "$allowed_list"
+for range in "${ranges[@]}"; do
+    for ((cpu = ${range%-*}; cpu <= ${range#*-}; cpu++)); do allowed+=("$cpu"); done
+done
+if (( count > ${#allowed[@]} )); then
+    echo "pin-worker-cpus.sh: PIN_WORKER_CPU_COUNT=$count, but only ${#allowed[@]} CPU(s) are allowed here ($allowed_list): pinning to those" >&2
+    count=${#allowed[@]}
+fi
+chosen=$(IFS=,; echo "${allowed[*]:0:count}")
+taskset --pid --cpu-list "$chosen" "$PPID"
 """
 
 
