@@ -311,7 +311,7 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
 
     assert kv_transfers(KV_LOG) == {"successful": 3, "failed": 0}
     assert kv_transfers("no stats yet") == {"successful": 0, "failed": 0}
-    sent = {"completion_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1}
+    sent = {"completion_usage": {}, "sampled_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1}
     target = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), logs={"decode": lambda: KV_LOG, "prefill": lambda: ""},
                     kv_wait_s=0)
     status, detail = check_kv_transfer(target)
@@ -323,7 +323,7 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
     partial = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), logs={"decode": lambda: KV_LOG.splitlines()[0],
                                                                           "prefill": lambda: ""}, kv_wait_s=0)
     status, detail = check_kv_transfer(partial)  # the KV moved, none failed: the count is reported
-    assert status == "pass" and "1 successful NIXL transfer(s) and 0 failed for 3 request(s)" in detail
+    assert status == "pass" and "1 successful NIXL transfer(s) and 0 failed for 4 request(s)" in detail
     failed = Target("http://127.0.0.1:9", "m", None, 1.0, dict(sent), kv_wait_s=0, logs={
         "decode": lambda: KV_LOG.replace("Num failed transfers=0", "Num failed transfers=1"), "prefill": lambda: ""})
     assert check_kv_transfer(failed)[0] == "fail"
@@ -596,3 +596,21 @@ def test_a_first_request_answered_200_without_a_completion_is_not_served() -> No
     first = FirstRequest(lambda http, base: True, "m", lambda: frontend.decode_log, 120.0, time.monotonic(), 300.0)
     assert not first(frontend, "http://f") and not first(frontend, "http://f")
     assert first.failed[0].outcome == "not an object: []" and first.failed[1].outcome == "no usage in the response"
+
+
+def test_both_probes_send_an_unseeded_sampled_completion_and_count_it_as_a_request() -> None:
+    """The request that crashed vLLM's CPU engine (an inductor compile, no C++ compiler) is a
+    temperature > 0 one without a seed: a seed makes vLLM sample eagerly and would hide it."""
+    from servestack.smoke.endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, Target, check_sampled
+
+    for table in (AGGREGATED_CHECKS, DISAGGREGATED_CHECKS):
+        assert dict(table)["sampled"] is check_sampled
+    served = Target("http://f", "m", _FakeFrontend([(200, SERVED, "")]), 1.0)
+    assert check_sampled(served)[0] == "pass" and served.metrics["sampled_usage"] == SERVED["usage"]
+    sent = served.http.posted[0]
+    assert sent["temperature"] > 0 and "seed" not in sent and sent["model"] == "m"
+    crashed = Target("http://f", "m", _FakeFrontend([(500, HTTP_500, "")]), 1.0)
+    status, detail = check_sampled(crashed)
+    assert status == "fail" and "HTTP 500" in detail and "sampled_usage" not in crashed.metrics
+    no_usage = Target("http://f", "m", _FakeFrontend([(200, {"choices": [{"text": "ok"}]}, "")]), 1.0)
+    assert check_sampled(no_usage) == ("fail", "no usage in the response")

@@ -60,10 +60,9 @@ def check_models(t: Target) -> tuple[str, str]:
     return (PASS, f"serves {ids}") if t.model in ids else (FAIL, f"serves {ids}, not {t.model!r}")
 
 
-def check_completions(t: Target) -> tuple[str, str]:
-    r = t.http.post(t.base + "/v1/completions", timeout=t.timeout, json={
-        "model": t.model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
-    })
+def _completion(t: Target, metric: str, request: dict[str, Any]) -> tuple[str, str]:
+    """POST /v1/completions; it passes with text and sane usage, recorded as t.metrics[metric]."""
+    r = t.http.post(t.base + "/v1/completions", timeout=t.timeout, json={"model": t.model, **request})
     if r.status_code != 200:
         return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
     body = r.json()
@@ -73,8 +72,23 @@ def check_completions(t: Target) -> tuple[str, str]:
         problem = f"no text in choices: {body.get('choices')}"
     if problem:
         return FAIL, problem
-    t.metrics["completion_usage"] = body["usage"]
+    t.metrics[metric] = body["usage"]
     return PASS, f"usage {body['usage']}; text {text[:60]!r}"
+
+
+def check_completions(t: Target) -> tuple[str, str]:
+    return _completion(t, "completion_usage", {
+        "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "ignore_eos": True,
+    })
+
+
+def check_sampled(t: Target) -> tuple[str, str]:
+    """A client's default request: temperature above 0 and no seed. vLLM 0.31's CPU sampler takes
+    its torch.compile'd random sampler only when no request in the batch has a seed (a seeded one
+    samples eagerly), so a seeded check would not reach the path that needs a C++ compiler."""
+    return _completion(t, "sampled_usage", {
+        "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0.8, "ignore_eos": True,
+    })
 
 
 def check_chat(t: Target) -> tuple[str, str]:
@@ -213,7 +227,7 @@ def check_kv_transfer(t: Target) -> tuple[str, str]:
     2-core machine the decode worker's per-interval stats once counted 2 pulls for 3 requests
     (every request served, none failed), so the count is reported, not matched."""
     first = t.metrics.get("first_request") or {}
-    checked = sum(1 for k in ("completion_usage", "chat_usage", "first_token_latency_s") if k in t.metrics)
+    checked = sum(1 for k in ("completion_usage", "sampled_usage", "chat_usage", "first_token_latency_s") if k in t.metrics)
     requests_sent = checked + (first.get("served_s") is not None)
     deadline = time.monotonic() + t.kv_wait_s
     while True:
@@ -270,6 +284,7 @@ ENDPOINT_CHECKS: tuple[ServingCheck, ...] = (
     ("health", check_health),
     ("models", check_models),
     ("completions", check_completions),
+    ("sampled", check_sampled),
     ("chat", check_chat),
     ("stream", check_stream),
 )

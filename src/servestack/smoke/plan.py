@@ -104,8 +104,9 @@ def _serve_flags(lock: Lock) -> dict[str, Any]:
         "port": SERVER_PORT,
     }
     if model.make is not None:
-        # As the stack's CPU recipes serve: eager mode (no torch.compile, so no C++ compiler needed
-        # in the image, and ~30 s less start-up on 2 cores).
+        # As the stack's CPU recipes serve: eager mode (no torch.compile of the model, so no C++
+        # compiler needed in the image, and ~30 s less start-up on 2 cores). vLLM's sampler compiles
+        # regardless; the stack's TORCHDYNAMO_DISABLE turns that off.
         flags.update({"max-model-len": 2048, "dtype": "bfloat16", "enforce-eager": True})
     return flags
 
