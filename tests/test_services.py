@@ -202,3 +202,18 @@ def test_ensure_slurm_keeps_running_daemons() -> None:
     before = pidfile.read_text()
     services.ensure_slurm()
     assert pidfile.read_text() == before, "ensure_slurm restarted a healthy slurmctld"
+
+
+def test_daemons_do_not_keep_the_starting_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon outlives the checkout that started it; it must not hold (or hand its jobs) that
+    directory: a removed one made slurmstepd print "Unable to get current working directory" into
+    every job's output."""
+    started_in = tmp_path / "checkout"
+    started_in.mkdir()
+    monkeypatch.chdir(started_in)
+    daemon = services.daemons.spawn_detached(["sleep", "30"], tmp_path / "sleep.log")
+    try:
+        assert os.readlink(f"/proc/{daemon.pid}/cwd") == "/"
+    finally:
+        daemon.kill()
+        daemon.wait(timeout=10)

@@ -72,6 +72,10 @@ def spawn_detached(argv: Sequence[str], log_path: Path, user: str | None = None)
             stderr=subprocess.STDOUT,
             start_new_session=True,  # setsid: no controlling terminal, survives our exit/Ctrl-C
             close_fds=True,
+            # A daemon outlives the checkout that started it: in a removed directory every process it
+            # forks inherits a dangling cwd (slurmstepd then writes "Unable to get current working
+            # directory" into each job's output).
+            cwd="/",
             # A GitHub runner kills, at the end of each job, every process whose environment has the
             # job's RUNNER_TRACKING_ID: a shared daemon must not carry it, or each job restarts it.
             env={k: v for k, v in os.environ.items() if k != "RUNNER_TRACKING_ID"},
