@@ -11,12 +11,12 @@ import socket
 
 import pytest
 
+from fixtures.tinystack import github, tinyserve_stack
 from servestack import build, lock
 from servestack.errors import InputErrors, ServestackError
 from servestack.probe.static.evidence import evidence_problem
 from servestack.project import Project
 from servestack.sources.github import GitHub
-from test_lock import DEBIAN_BASE, STACK
 
 PR1_EVIDENCE = '          - {file: tinyserve/util.py, contains: "max(low, min(value, high))"}\n'
 PR2_EVIDENCE = "          - {attribute: 'tinyserve.extra:extra_feature'}\n"
@@ -30,7 +30,7 @@ def stack_with(tmp_path, world, prs: dict[int, str]) -> Project:
         lines += f"      - repo: {world['pkg'].repo_name}\n        number: {number}\n        title: PR {number}\n"
         if evidence:
             lines += "        evidence:\n" + evidence
-    (tmp_path / "pins" / "tiny.yaml").write_text(STACK.format(base=DEBIAN_BASE, index=world["index"], prs=lines))
+    (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", lines))
     return Project(tmp_path)
 
 
@@ -71,7 +71,7 @@ def test_evidence_missing_from_the_pinned_wheel_names_the_pr_and_the_item(tmp_pa
 
 def test_evidence_and_ancestry_together_and_a_pr_after_the_release_is_an_overlay(tmp_path, world):
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE, 2: PR2_EVIDENCE})
-    lock.lock(project, "tiny", GitHub(api=world["github"].url, token="", retries=1))
+    lock.lock(project, "tiny", github(world))
     prs = entries(project)
     assert prs[1]["status"] == "included" and prs[1]["verified_by"] == ["ancestry", "evidence"]
     # Not in the pinned wheel, and history says so: an overlay, whose evidence the probe checks in the image.
@@ -83,7 +83,7 @@ def test_evidence_that_contradicts_ancestry_is_an_error(tmp_path, world):
     project = stack_with(tmp_path, world, {1: wrong})
     with pytest.raises(InputErrors, match=r"example/tinyserve#1 \(PR 1\): its merge commit is an ancestor of the "
                                           r"pinned commit, yet the evidence is missing"):
-        lock.lock(project, "tiny", GitHub(api=world["github"].url, token="", retries=1))
+        lock.lock(project, "tiny", github(world))
 
 
 def test_a_pr_with_neither_evidence_nor_history_is_unverified_and_build_refuses_it(tmp_path, world):

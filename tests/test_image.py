@@ -22,47 +22,24 @@ import pytest
 import requests
 
 from fixtures.records import write_image_record
+from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
 from servestack import build, image, lock, services
 from servestack.errors import InputErrors, ServestackError
 from servestack.imageplan import load_plan
 from servestack.project import Project
-from servestack.sources.github import GitHub
 from servestack.trees import install_all
 
 ROOT = Path(__file__).resolve().parents[1]
-
-STACK = """\
-name: tinyimg
-platforms: [linux/amd64]
-python: "3.11"
-base:
-  debian:
-    suite: bookworm
-    packages: [python3, python3-venv, ca-certificates, libnuma1, libgomp1]
-indexes:
-  - name: local
-    url: {index}
-packages:
-  - name: tinyserve
-    version: 1.0.0
-    index: local
-    prs:
-{prs}
-environment:
-  TINYSERVE_MODE: smoke
-smoke_model:
-  name: tiny
-  make: {{seed: 0}}
-"""
+IMAGE_BASE = debian_base("python3", "python3-venv", "ca-certificates", "libnuma1", "libgomp1")
 
 
 def make_project(root: Path, world, prs=(1, 2)) -> Project:
     (root / "pins").mkdir(parents=True)
     shutil.copytree(ROOT / "containers", root / "containers")
-    lines = "".join(f"      - repo: {world['pkg'].repo_name}\n        number: {n}\n" for n in prs)
-    (root / "pins" / "tinyimg.yaml").write_text(STACK.format(index=world["index"], prs=lines))
+    (root / "pins" / "tinyimg.yaml").write_text(tinyserve_stack(
+        world, "tinyimg", pr_items(world, prs), base=IMAGE_BASE, top="environment:\n  TINYSERVE_MODE: smoke\n"))
     project = Project(root)
-    lock.lock(project, "tinyimg", GitHub(api=world["github"].url, token="", retries=1))
+    lock.lock(project, "tinyimg", github(world))
     return project
 
 

@@ -10,36 +10,16 @@ import json
 
 import pytest
 
+from fixtures.tinystack import github, pr_items, tinyserve_stack
 from servestack import build, lock
 from servestack.errors import InputError
 from servestack.probe.static import evidence as probe
 from servestack.project import Project
-from servestack.sources.github import GitHub
 
-STACK = """\
-name: tinyimg
-platforms: [linux/amd64]
-python: "3.11"
-base:
-  debian:
-    suite: bookworm
-    packages: [python3]
-indexes:
-  - name: local
-    url: {index}
-packages:
-  - name: tinyserve
-    version: 1.0.0
-    index: local
-    prs:
-      - repo: {repo}
-        number: 2
+PATCHES = """\
     patches:
       - file: tinyserve-launch-negative.diff
         reason: launch() of a negative count must launch nothing
-smoke_model:
-  name: tiny
-  make: {{seed: 0}}
 """
 
 # In the wheel's own paths (a local patch is written against what is installed).
@@ -60,12 +40,8 @@ def project(tmp_path, world, monkeypatch) -> Project:
     monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache"))
     (tmp_path / "pins" / "patches").mkdir(parents=True)
     (tmp_path / "pins" / "patches" / "tinyserve-launch-negative.diff").write_text(PATCH)
-    (tmp_path / "pins" / "tinyimg.yaml").write_text(STACK.format(index=world["index"], repo=world["pkg"].repo_name))
+    (tmp_path / "pins" / "tinyimg.yaml").write_text(tinyserve_stack(world, "tinyimg", pr_items(world, [2]), package=PATCHES))
     return Project(tmp_path)
-
-
-def github(world) -> GitHub:
-    return GitHub(api=world["github"].url, token="", retries=1)
 
 
 def test_the_lock_records_the_patch_by_hash_with_its_reason_and_check_names_an_edit(project, world):

@@ -13,46 +13,19 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.tinystack import DEBIAN_BASE, github, pr_items, tinyserve_stack
 from servestack import lock
 from servestack.errors import InputError, NetworkError
 from servestack.project import Project
 from servestack.sources.github import GitHub
 
-STACK = """\
-name: tiny
-platforms: [linux/amd64]
-python: "3.11"
-base:
-{base}
-indexes:
-  - name: local
-    url: {index}
-packages:
-  - name: tinyserve
-    version: 1.0.0
-    index: local
-    prs:
-{prs}
-smoke_model:
-  name: tiny
-  make: {{seed: 0}}
-"""
-
-
-DEBIAN_BASE = "  debian:\n    suite: bookworm\n    packages: [python3]"
-
 
 def make_project(tmp_path: Path, world, prs=(1, 2, 3), base_image: str | None = None) -> Project:
     """A stack of the tinyserve wheel; its base is built from Debian unless BASE_IMAGE is given."""
     (tmp_path / "pins").mkdir()
-    lines = "".join(f"      - repo: {world['pkg'].repo_name}\n        number: {n}\n" for n in prs)
     base = f"  image: {base_image}" if base_image else DEBIAN_BASE
-    (tmp_path / "pins" / "tiny.yaml").write_text(STACK.format(base=base, index=world["index"], prs=lines))
+    (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", pr_items(world, prs), base=base))
     return Project(tmp_path)
-
-
-def github(world) -> GitHub:
-    return GitHub(api=world["github"].url, token="", retries=1)
 
 
 def pr_entries(project: Project) -> dict[int, dict]:
