@@ -4,12 +4,13 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures.github_server import FakeGitHub, serve  # noqa: E402
 from fixtures.servers import package_index, push_image, serve_directory  # noqa: E402
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
-from servestack import services  # noqa: E402
+from servestack import cluster, services  # noqa: E402
 from servestack.services import daemons  # noqa: E402
 
 
@@ -103,3 +104,10 @@ def registry_base(registry) -> dict[str, str]:
     return {"reference": f"{registry}/{repository}:1", "digest": digest}
 
 
+@pytest.fixture(scope="session")
+def srtctl() -> cluster.Srtctl:
+    """srtctl installed from the vendored srt-slurm snapshot, or a skip saying what is missing."""
+    try:
+        return cluster.ensure_srtctl(ROOT)
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(str(e))

@@ -80,14 +80,6 @@ def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
             _after_setup_script(tree, {pin: wrong}, allowed)
 
 
-@pytest.fixture(scope="session")
-def srtctl() -> cluster.Srtctl:
-    try:
-        return cluster.ensure_srtctl(ROOT)
-    except cluster.ClusterToolsMissing as e:
-        pytest.skip(str(e))
-
-
 @pytest.mark.e2e
 def test_real_srtctl_validates_the_dev_cpu_recipe(srtctl):
     out = run(srtctl.argv("dry-run", "-f", str(ROOT / "recipes" / "dev-cpu" / "agg.yaml")), env=srtctl.env)

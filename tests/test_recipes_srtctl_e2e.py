@@ -20,14 +20,6 @@ ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(p for d in committed_sets(Project(ROOT)) for p in d.glob("*.yaml"))
 
 
-@pytest.fixture(scope="module")
-def srtctl() -> cluster.Srtctl:
-    try:
-        return cluster.ensure_srtctl(ROOT)
-    except cluster.ClusterToolsMissing as e:
-        pytest.skip(str(e))
-
-
 def test_every_committed_set_is_collected():
     assert len(COMMITTED) == 24  # 20 qwen35-gb200 + 4 dev-cpu (agg, disagg: sweep and -acc)
 
