@@ -104,6 +104,21 @@ def registry_base(registry) -> dict[str, str]:
     return {"reference": f"{registry}/{repository}:1", "digest": digest}
 
 
+@pytest.fixture(scope="module")
+def slurm_env() -> dict[str, str]:
+    """The local Slurm's client environment (slurmctld and slurmd started if they are not running)."""
+    return services.ensure_slurm()
+
+
+@pytest.fixture(scope="module")
+def cluster_node(slurm_env) -> cluster.Cluster:
+    """The login node's tools (srtctl, pyxis, enroot) on the local Slurm, or a skip saying what is missing."""
+    try:
+        return cluster.ensure_cluster(ROOT)
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
+
+
 @pytest.fixture(scope="session")
 def srtctl() -> cluster.Srtctl:
     """srtctl installed from the vendored srt-slurm snapshot, or a skip saying what is missing."""

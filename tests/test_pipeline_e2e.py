@@ -69,11 +69,6 @@ def image_ref() -> str:
     return ref
 
 
-@pytest.fixture(scope="module")
-def slurm_env() -> dict[str, str]:
-    return services.ensure_slurm()
-
-
 def _squeue_ids(env: dict[str, str]) -> set[str]:
     return set(run(["squeue", "-h", "-o", "%i"], env=env, check=False).stdout.split())
 
@@ -163,16 +158,6 @@ def test_slurm_pipeline_reports_plots_and_client_time(slurm_run):
 
 
 # ----------------------------------------------------------------------------- srtctl runner, Ctrl-C, rerun
-
-
-@pytest.fixture(scope="module")
-def cluster_node(slurm_env):
-    from servestack import cluster
-
-    try:
-        return cluster.ensure_cluster(ROOT)
-    except cluster.ClusterToolsMissing as e:
-        pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
 @pytest.fixture(scope="module")

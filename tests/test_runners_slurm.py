@@ -87,13 +87,6 @@ POINT = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def slurm_env():
-    from servestack import services
-
-    return services.ensure_slurm()
-
-
 def command_spec(tmp_path: Path, points, seconds: float, name: str | None = None) -> JobSpec:
     """A container-free job: run_points.py on the node, each point a sleep then a file."""
     out = tmp_path / "agg"

@@ -30,7 +30,6 @@ from pathlib import Path
 import pytest
 from fixtures.gha_runner import Event, JobResult, Runner
 
-from servestack import services
 from servestack.imageref import ImageRef
 from servestack.proc import run
 from servestack.runners.driver import recorded_jobs
@@ -74,22 +73,6 @@ def keys(runner_root) -> dict[str, str]:
     key.parent.mkdir()
     run([sys.executable, "-m", "servestack", "--project", str(ROOT), "keygen", "--key", str(key)])
     return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": str(key.with_suffix(".pub"))}
-
-
-@pytest.fixture(scope="module")
-def slurm_env() -> dict[str, str]:
-    return services.ensure_slurm()
-
-
-@pytest.fixture(scope="module")
-def cluster_node(slurm_env):
-    """The login node's tools (srtctl, pyxis, enroot), as the other srtctl e2e tests get them."""
-    from servestack import cluster
-
-    try:
-        return cluster.ensure_cluster(ROOT)
-    except cluster.ClusterToolsMissing as e:
-        pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
 def _runner(root: Path, sha: str, keys: dict[str, str], attempt: int = 1) -> Runner:
