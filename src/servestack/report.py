@@ -104,7 +104,13 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
         by_recipe.setdefault(p.recipe, []).append(p)
     written: dict[str, str] = {}
 
-    def save(fig, name: str, label: str) -> None:
+    def finish(fig, ax, xlabel: str, heading: str, name: str, label: str) -> None:
+        """Both plots: tokens/s per GPU up the side, the stack in the title, a grid, a legend; then the PNG."""
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("total tokens/s per GPU")
+        ax.set_title(f"{heading} {title}".strip())
+        ax.grid(True, alpha=0.3)
+        ax.legend()
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
         plt.close(fig)
@@ -116,12 +122,8 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
         ps = sorted(ps, key=lambda p: p.concurrency)
         ax.plot([p.concurrency for p in ps], [p.tokens_per_s_per_gpu for p in ps], marker="o", label=recipe)
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("concurrency")
-    ax.set_ylabel("total tokens/s per GPU")
-    ax.set_title(f"Throughput per GPU vs concurrency {title}".strip())
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    save(fig, "throughput_vs_concurrency.png", "tokens/s per GPU vs concurrency")
+    finish(fig, ax, "concurrency", "Throughput per GPU vs concurrency", "throughput_vs_concurrency.png",
+           "tokens/s per GPU vs concurrency")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for recipe, ps in sorted(by_recipe.items()):
@@ -133,12 +135,8 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
     front = _pareto(points)
     ax.plot([p.tokens_per_s_per_user for p in front], [p.tokens_per_s_per_gpu for p in front],
             linestyle="--", color="black", alpha=0.5, label="Pareto frontier")
-    ax.set_xlabel("tokens/s per user (1000 / median TPOT)")
-    ax.set_ylabel("total tokens/s per GPU")
-    ax.set_title(f"Throughput vs interactivity {title}".strip())
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    save(fig, "pareto.png", "tokens/s per GPU vs tokens/s per user")
+    finish(fig, ax, "tokens/s per user (1000 / median TPOT)", "Throughput vs interactivity", "pareto.png",
+           "tokens/s per GPU vs tokens/s per user")
     return written
 
 
