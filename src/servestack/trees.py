@@ -99,19 +99,28 @@ def installed_tree(wheel: Path, sha256: str, python: str, bytecode: BytecodePool
         os.utime(tree)  # last used: cache pruning keeps what builds still use (prune.py)
         return Tree(tree, tuple(load_entries(listing, tree / "root")), made=False)
     started, cpu = time.monotonic(), time.thread_time()
+    # Made under a name of its own and renamed into place whole, so no build sees half a tree.
     staging = tree.with_name(tree.name + f".tmp{os.getpid()}-{id(wheel)}")
     shutil.rmtree(staging, ignore_errors=True)
-    root = staging / "root"
-    written = _install(wheel, root, python)
-    installed = time.monotonic()
-    _compile_bytecode(root / site_packages(python), python, bytecode)
-    compiled = time.monotonic()
-    entries = scan_tree(root, known=written)
-    save_entries(staging / "entries.json", entries, root)
-    install_cpu = time.thread_time() - cpu  # this thread's: waiting for the compilers costs none
-    atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
-                                                "bytecode_seconds": round(compiled - installed, 2),
-                                                "install_cpu_seconds": round(install_cpu, 2)})
+    try:
+        root = staging / "root"
+        written = _install(wheel, root, python)
+        installed = time.monotonic()
+        _compile_bytecode(root / site_packages(python), python, bytecode)
+        compiled = time.monotonic()
+        entries = scan_tree(root, known=written)
+        save_entries(staging / "entries.json", entries, root)
+        install_cpu = time.thread_time() - cpu  # this thread's: waiting for the compilers costs none
+        atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
+                                                    "bytecode_seconds": round(compiled - installed, 2),
+                                                    "install_cpu_seconds": round(install_cpu, 2)})
+    except BaseException:
+        # A wheel that does not install, bytecode that fails, an interrupt: the half-made tree is
+        # nobody's (its name has this process's pid), so it goes now rather than lying in the cache
+        # until pruning. (A compiler still writing another of this tree's pycs can recreate that
+        # pyc's directory after this; prune.py removes such leftovers with the unused trees.)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     try:
         staging.rename(tree)
     except OSError:  # another build made it meanwhile: theirs is the same
