@@ -223,7 +223,10 @@ def _base(lock: Lock, platform: str, address: str, progress: Progress) -> Base:
     if isinstance(lock.base, ImageBase):
         return _image_base(lock.base, platform, address)
     tarball = debian_base(lock.base, platform)
-    blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
+    key = layers.tarball_key(tarball)
+    if layers.cached(key) is None:  # as a rule EarlyLayers compressed it already; if not, its bytes count here
+        progress.expect(tarball.stat().st_size)
+    blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n), key)
     return Base([oci.LayerRef("base", blob.digest, blob.diff_id, blob.size)], {blob.digest: blob.path}, None)
 
 
@@ -400,7 +403,9 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
     early = {key: early[key] for key in keys if key in early}
     stats = {"layers_built": len(todo) + len(early), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
     title = f"image {stack}"
-    progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layer.size for layer in todo), paced_by="tarred")
+    # The tar streams' bytes (headers and padding too), not the files': "tarred" counts the streams.
+    progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layers.tar_size(list(layer.entries)) for layer in todo),
+                        paced_by="tarred")
     with progress:
         uploads.on_bytes = lambda n: progress.add("pushed", n)
         progress.set_step("base")

@@ -222,6 +222,54 @@ def write_tar(entries: list[Entry], out, epoch: int) -> None:
                 tar.addfile(info)
 
 
+def tar_size(entries: list[Entry]) -> int:
+    """The length of write_tar's stream for `entries`, from their paths and sizes alone (no file read,
+    no header built: a build's layers have ~50,000 entries), so a progress total is the bytes tarred:
+    every member, two zero blocks, the whole padded to tarfile's 10240-byte record."""
+    members = sum(tar_member_size(e) for e in with_parents(entries))
+    return _padded(members + 2 * tarfile.BLOCKSIZE, tarfile.RECORDSIZE)
+
+
+def tar_member_size(e: Entry) -> int:
+    """The bytes write_tar writes for one entry, as tarfile's PAX format does: a 512-byte header, after
+    an extended header (512 bytes and its records padded to 512) when the path (a directory's with its
+    "/") or link target is longer than 100 characters or not ASCII, or the size needs more than 11
+    octal digits; then a file's contents padded to 512. tests/test_layer_writer.py holds it to the
+    members of write_tar's real output."""
+    extended = {keyword: value for keyword, value, limit in (
+        ("path", e.path + "/" if e.kind == "dir" else e.path, tarfile.LENGTH_NAME),
+        ("linkpath", e.link, tarfile.LENGTH_LINK)) if len(value) > limit or not value.isascii()}
+    if e.kind == "file" and e.size >= 8 ** 11:
+        extended["size"] = str(e.size)
+    size = tarfile.BLOCKSIZE + (_padded(e.size, tarfile.BLOCKSIZE) if e.kind == "file" else 0)
+    if extended:
+        size += tarfile.BLOCKSIZE + _padded(_pax_records_length(extended), tarfile.BLOCKSIZE)
+    return size
+
+
+def _padded(n: int, block: int) -> int:
+    return -(-n // block) * block
+
+
+def _pax_records_length(fields: dict[str, str]) -> int:
+    """Bytes of the "<length> <keyword>=<value>\n" records tarfile writes for `fields` (the length counts
+    its own digits); a value that is not UTF-8 (undecodable bytes of a file name) goes as raw bytes after
+    a hdrcharset=BINARY record, as tarfile does."""
+    try:
+        values = [value.encode("utf-8") for value in fields.values()]
+        total = 0
+    except UnicodeEncodeError:
+        values = [os.fsencode(value) for value in fields.values()]
+        total = len(b"21 hdrcharset=BINARY\n")
+    for keyword, value in zip(fields, values):
+        bare = len(keyword) + len(value) + 3  # " ", "=", "\n"
+        guess = 0
+        while (length := bare + len(str(guess))) != guess:  # the length counts its own digits, as tarfile finds it
+            guess = length
+        total += length
+    return total
+
+
 def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], None] | None,
               compressed: Callable[[int], None] | None) -> Blob:
     """Compress what `feed` writes into the blob cache under `key`; the file appears atomically."""
@@ -257,11 +305,16 @@ def write_layer(entries: list[Entry], epoch: int, key: str | None = None,
     return _compress(key or layer_key(entries, epoch), lambda out: write_tar(entries, out, epoch), tarred, compressed)
 
 
+def tarball_key(tarball: Path) -> str:
+    """A ready-made tar's layer key: its hash and the compressor's recipe."""
+    return sha256_bytes(canonical_json({"tarball": sha256_file(tarball), "zstd_level": ZSTD_LEVEL,
+                                        "zstd": zstandard.ZSTD_VERSION}).encode())
+
+
 def compress_tarball(tarball: Path, tarred: Callable[[int], None] | None = None,
-                     compressed: Callable[[int], None] | None = None) -> Blob:
+                     compressed: Callable[[int], None] | None = None, key: str | None = None) -> Blob:
     """A ready-made deterministic tar (the Debian base) as a layer: compressed as is, keyed by its hash."""
-    key = sha256_bytes(canonical_json({"tarball": sha256_file(tarball), "zstd_level": ZSTD_LEVEL,
-                                       "zstd": zstandard.ZSTD_VERSION}).encode())
+    key = key or tarball_key(tarball)
 
     def feed(out: _Sink) -> None:
         with open(tarball, "rb") as src:

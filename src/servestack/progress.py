@@ -51,6 +51,11 @@ class Progress:
                 self.pacing_from = time.monotonic()  # the rate counts from the first byte, not from start-up
             self.counters[counter] += n
 
+    def expect(self, n: int) -> None:
+        """`n` more bytes of `paced_by` to come than the total said (work found to be needed on the way)."""
+        with self._lock:
+            self.total += n
+
     def set_step(self, text: str) -> None:
         with self._lock:
             self.step = text
