@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.children import stopped_on_exit
 from servestack.clients import CLIENTS_DIR
 from servestack.proc import run
 from servestack.runners.base import JobSpec, JobState, Mount
@@ -149,18 +150,20 @@ def test_ctrl_c_and_sigterm_cancel_our_jobs(tmp_path, slurm_env, sig):
     arg = json.dumps({"name": spec.name, "points": list(spec.points), "out_dir": str(spec.out_dir),
                       "command": list(spec.command)})
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
-    child = subprocess.Popen([sys.executable, "-c", DRIVER, arg, json.dumps(slurm_env)], env=env)
-    job_id = ""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        q = run(["squeue", "-h", "-n", spec.name, "-o", "%i %T"], env=slurm_env, check=False).stdout.split()
-        if len(q) == 2 and q[1] == "RUNNING":
-            job_id = q[0]
-            break
-        time.sleep(0.3)
-    assert job_id, "the job never started"
-    child.send_signal(sig)
-    rc = child.wait(60)
+    # However the test ends (the job never starts, the driver outlives the wait), the driver is stopped
+    # (SIGTERM: it cancels its job) rather than left running with its job on the cluster.
+    with stopped_on_exit(subprocess.Popen([sys.executable, "-c", DRIVER, arg, json.dumps(slurm_env)], env=env)) as child:
+        job_id = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            q = run(["squeue", "-h", "-n", spec.name, "-o", "%i %T"], env=slurm_env, check=False).stdout.split()
+            if len(q) == 2 and q[1] == "RUNNING":
+                job_id = q[0]
+                break
+            time.sleep(0.3)
+        assert job_id, "the job never started"
+        child.send_signal(sig)
+        rc = child.wait(60)
     assert rc != 0
     from servestack.runners.slurm import slurm_state
 
