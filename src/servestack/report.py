@@ -8,7 +8,6 @@ Plots (matplotlib, Agg backend, written only when there are throughput points):
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
@@ -168,7 +167,3 @@ def write_run(run_dir: Path, results: list[StageResult], timing: dict | None = N
     atomic_write_json(run_dir / "results.json", {"passed": overall, "timing": timing or {},
                                                  "stages": [r.to_dict() for r in results]})
     return report
-
-
-def load_stage(stage_dir: Path) -> StageResult:
-    return StageResult.from_dict(json.loads((stage_dir / "results.json").read_text()), stage_dir)

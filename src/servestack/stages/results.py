@@ -56,10 +56,6 @@ class ThroughputPoint:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ThroughputPoint":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-
 
 @dataclass(frozen=True)
 class AccuracyRun:
@@ -75,10 +71,6 @@ class AccuracyRun:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "AccuracyRun":
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 @dataclass(frozen=True)
@@ -124,11 +116,6 @@ class Verdict:
                 "failures": [f.to_dict() for f in self.failures],
                 "checks": [c.to_dict() for c in self.checks]}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Verdict":
-        return cls(stage=d["stage"], failures=[Failure(**f) for f in d.get("failures", [])],
-                   checks=[Check(**c) for c in d.get("checks", [])])
-
 
 @dataclass
 class StageResult:
@@ -169,19 +156,6 @@ class StageResult:
             "jobs": self.jobs,
             "timing": self.timing,
         }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any], out_dir: Path) -> "StageResult":
-        return cls(
-            stack=d["stack"], pipeline=d["pipeline"], stage=d["stage"], image=d["image"],
-            runner=d["runner"], out_dir=Path(out_dir),
-            throughput=[ThroughputPoint.from_dict(p) for p in d.get("throughput", [])],
-            accuracy=[AccuracyRun.from_dict(a) for a in d.get("accuracy", [])],
-            missing=list(d.get("missing", [])),
-            verdict=Verdict.from_dict(d["verdict"]) if d.get("verdict") else None,
-            jobs=list(d.get("jobs", [])),
-            timing=dict(d.get("timing") or {}),
-        )
 
 
 def _load_json(source: Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
