@@ -598,6 +598,23 @@ def test_a_first_request_answered_200_without_a_completion_is_not_served() -> No
     assert first.failed[0].outcome == "not an object: []" and first.failed[1].outcome == "no usage in the response"
 
 
+def test_the_probes_and_the_first_request_judge_a_completion_answer_alike() -> None:
+    """One reading of POST /v1/completions (endpoints.post_completion): a 200 that is not a JSON object
+    fails the completion checks saying so, as it fails a first request, instead of an AttributeError."""
+    from servestack.smoke.endpoints import Target, check_completions
+    from servestack.smoke.firstrequest import FirstRequest
+
+    listed = Target("http://f", "m", _FakeFrontend([(200, [], "")]), 1.0)
+    assert check_completions(listed) == ("fail", "not an object: []")
+    first = FirstRequest(lambda http, base: True, "m", lambda: "", 120.0, time.monotonic(), 300.0)
+    assert not first(_FakeFrontend([(200, [], "")]), "http://f") and first.failed[0].outcome == "not an object: []"
+    # The checks ask for text as well; a first request only for usage.
+    textless = {"choices": [{}], "usage": SERVED["usage"]}
+    assert check_completions(Target("http://f", "m", _FakeFrontend([(200, textless, "")]), 1.0))[0] == "fail"
+    assert FirstRequest(lambda http, base: True, "m", lambda: "", 120.0, time.monotonic(), 300.0)(
+        _FakeFrontend([(200, textless, "")]), "http://f")
+
+
 def test_both_probes_send_an_unseeded_sampled_completion_and_count_it_as_a_request() -> None:
     """The request that crashed vLLM's CPU engine (an inductor compile, no C++ compiler) is a
     temperature > 0 one without a seed: a seed makes vLLM sample eagerly and would hide it."""

@@ -60,14 +60,27 @@ def check_models(t: Target) -> tuple[str, str]:
     return (PASS, f"serves {ids}") if t.model in ids else (FAIL, f"serves {ids}, not {t.model!r}")
 
 
-def _completion(t: Target, metric: str, request: dict[str, Any]) -> tuple[str, str]:
-    """POST /v1/completions; it passes with text and sane usage, recorded as t.metrics[metric]."""
-    r = t.http.post(t.base + "/v1/completions", timeout=t.timeout, json={"model": t.model, **request})
+def post_completion(http: Any, base: str, model: str, request: dict[str, Any], timeout: float,
+                    shown: int = 500) -> tuple[dict[str, Any] | None, str | None]:
+    """POST /v1/completions (one request, `timeout` for it): the body and what is wrong with its usage
+    (None: nothing), or no body and why (the HTTP status, or a body that is not a JSON object), with
+    at most `shown` characters of the response. A request that raises (refused, timed out, not JSON)
+    raises here: the caller says what that means for it."""
+    r = http.post(base + "/v1/completions", timeout=timeout, json={"model": model, **request})
     if r.status_code != 200:
-        return FAIL, f"HTTP {r.status_code}: {r.text[:500]}"
+        return None, f"HTTP {r.status_code}: {r.text[:shown]}"
     body = r.json()
+    if not isinstance(body, dict):
+        return None, f"not an object: {r.text[:shown]}"
+    return body, usage_problem(body.get("usage"))
+
+
+def _completion(t: Target, metric: str, request: dict[str, Any]) -> tuple[str, str]:
+    """A completion passes with text and sane usage, recorded as t.metrics[metric]."""
+    body, problem = post_completion(t.http, t.base, t.model, request, t.timeout)
+    if body is None:
+        return FAIL, problem
     text = (body.get("choices") or [{}])[0].get("text")
-    problem = usage_problem(body.get("usage"))
     if not isinstance(text, str):
         problem = f"no text in choices: {body.get('choices')}"
     if problem:

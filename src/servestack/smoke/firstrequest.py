@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .endpoints import decode_failure_reason, nixl_failures, summarize, usage_problem
+from .endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
 
 # A short prompt and two tokens: enough for the prefill worker to compute the prompt's KV, the
 # decode worker to pull it and decode from it.
@@ -66,12 +66,9 @@ class FirstRequest:
         sent = time.monotonic()
         timeout = max(1.0, min(self.timeout, self.started + self.deadline_s - sent))
         try:
-            r = http.post(base + "/v1/completions", timeout=timeout, json={"model": self.model, **FIRST_REQUEST})
-            if r.status_code != 200:
-                outcome = f"HTTP {r.status_code}: {r.text[:200]}"
-            else:
-                body = r.json()
-                outcome = usage_problem(body.get("usage")) if isinstance(body, dict) else f"not an object: {r.text[:200]}"
+            # Served when the answer carries sane usage (no text is asked of it); 200 characters of a
+            # failed one, as every attempt is listed.
+            outcome = post_completion(http, base, self.model, FIRST_REQUEST, timeout, shown=200)[1]
         except Exception as e:  # noqa: BLE001 - a refused, reset or timed-out request is a failed attempt
             outcome = f"{type(e).__name__}: {str(e)[:200]}"
         if outcome is None:
