@@ -367,10 +367,23 @@ def test_the_one_recipe_reader_names_file_line_and_field(tmp_path: Path):
     assert settings and all(s.kind in ("flag", "env") and s.where for s in settings)
 
 
+def test_the_cpu_disaggregated_shape_keeps_prefilled_kv_through_a_stalled_decode_engine():
+    """vLLM 0.31 (nixl/base_scheduler.py, base_worker.py): the decode worker's heartbeats, one every
+    kv_lease_duration/6 s while it steps, extend prefill's hold on a request's KV blocks to
+    kv_lease_duration*2/3 s from then. At load ~24 a decode engine stalled 20-30 s with none sent and
+    pulled two requests' blocks after vLLM's default 30 s (20 s of hold) had released them; the hold
+    outlasts twice the longest stall seen. The recipes follow (the test below)."""
+    from servestack.smoke.plan import KV_TRANSFER_CONFIG
+
+    lease = KV_TRANSFER_CONFIG["kv_connector_extra_config"]["kv_lease_duration"]
+    assert lease * 2 // 3 >= 2 * 30
+
+
 def test_dev_cpu_disagg_recipes_serve_the_shape_smoke_proves_on_cpu():
     """The dev-cpu disaggregated recipes (srtctl starts them) and smoke's disaggregated probe (docker
-    starts it) run the same CPU shape: KV over NixlConnector in host memory, UCX over TCP, float32
-    (bf16 dies with SIGILL on decode after a NIXL pull). A change to one must reach the other."""
+    starts it) run the same CPU shape: KV over NixlConnector in host memory with the same KV lease,
+    UCX over TCP, float32 (bf16 dies with SIGILL on decode after a NIXL pull). A change to one must
+    reach the other."""
     from servestack.smoke.plan import DISAGG_ENV, KV_TRANSFER_CONFIG
 
     for name in ("disagg", "disagg-acc"):

@@ -205,7 +205,20 @@ def serve_plan(lock: Lock, platform: str) -> ServePlan:
 
 # Where the containers share Dynamo's file discovery (a host directory bind-mounted into each).
 DISCOVERY_DIR = "/run/servestack/discovery"
-KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+# kv_lease_duration (vLLM 0.31 NixlConnector, nixl/base_scheduler.py and base_worker.py): the prefill
+# worker keeps a finished prefill's KV blocks this many seconds for the decode worker's pull; the
+# decode worker's scheduler sends a heartbeat every duration/6 s while the request waits, each
+# extending the hold to duration*2/3 s from then. vLLM's 30 s gives 20 s: at concurrency 4 under
+# load ~24 the decode engine stalled 20-30 s (no steps, so no heartbeats), prefill released two
+# requests' blocks, and decode then pulled them anyway (prefill logged "Potentially invalid KV
+# blocks": blocks that may already hold another request's KV, so wrong output). 90 s holds through
+# a 60 s stall, twice the longest seen. It costs only when decode never pulls (a failed handshake,
+# an aborted request, a decode worker gone): prefill then holds those blocks (a few MB of a tiny
+# model's cache) and keeps stepping on its one core (PREFILL_CPUS; the recipes' pin) for 90 s
+# instead of 30. The dev-cpu disaggregated recipes set the same (tests/test_recipes.py); the GB200
+# recipes keep vLLM's default.
+KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
+                      "kv_connector_extra_config": {"kv_lease_duration": 90}}
 
 # Dynamo and UCX pick an interface address unless told: every plane stays on loopback, and
 # discovery is a shared directory (no etcd, no NATS).
@@ -228,7 +241,7 @@ DISAGG_ENV = {
 }
 
 
-# While its KV blocks wait for the decode worker's NIXL pull (up to vLLM's kv_lease_duration, 30 s)
+# While its KV blocks wait for the decode worker's NIXL pull (up to kv_lease_duration, see above)
 # the prefill worker busy-polls (EngineCore steps every 1 ms; its model runner spins in sched_yield
 # on the shared-memory queue). Traced at load ~40 on 2 cores: the prefill container then ran more
 # than one core's worth while the decode worker's 16 runnable threads got no CPU for seconds at a

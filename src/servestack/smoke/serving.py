@@ -216,9 +216,9 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
     worker's entries as it would on its own, and the frontend drops it (the `discovery` check fails).
 
     Why: after prefilling, the prefill worker holds the request's KV blocks for the decode worker's
-    NIXL pull for up to kv_lease_duration = 30 s (vLLM 0.31 nixl/base_scheduler.py), and meanwhile
-    its EngineCore steps every millisecond (v1/engine/core.py: "yield the GIL briefly") and its
-    model-runner process spins in sched_yield on the shared-memory queue (shm_broadcast.py,
+    NIXL pull for up to kv_lease_duration (plan.KV_TRANSFER_CONFIG; vLLM's 30 s in the run traced
+    here), and meanwhile its EngineCore steps every millisecond (v1/engine/core.py: "yield the GIL
+    briefly") and its model-runner process spins in sched_yield on the shared-memory queue (shm_broadcast.py,
     busy_loop_s = 1 s after every message). On a loaded 2-core machine that starved everything
     else: in a traced run (load 30-40) the decode worker, the frontend and this process made no
     progress for ~30 s while the prefill worker ran; the prefill worker expired the decode worker's
