@@ -210,6 +210,28 @@ def test_static_probe_by_digest_passes(fake_stack, client) -> None:
     assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
 
 
+def test_an_image_without_a_c_compiler_fails_tritons_runtime_build(fake_stack, client, tmp_path) -> None:
+    """The fake stack's base is Debian minbase with python3 only (no compiler, no Python.h), as
+    qwen35-gb200's was: with a CUDA torch and a Triton in it, the static probe fails naming both."""
+    from test_probe_evidence import _site_with_torch
+    from test_probe_runtime_build import _triton
+
+    site = _site_with_torch(tmp_path, "13.0", [_triton(tmp_path)])
+    # Its own repository: committing to the fake stack's would move the tag its reference resolves by.
+    repo = f"{fake_stack['repo']}-triton"
+    with_triton = _alter(client, fake_stack["reference"], _site_entries(site, fake_stack["site_path"]), repo)
+    try:
+        result = smoke.run_smoke(fake_stack["project"], STACK, image=with_triton, serve=False)
+    finally:
+        for image in client.images.list(name=repo):
+            client.images.remove(image.id, force=True)
+    failed = {c.name: c for c in result.record.failed}
+    assert "runtime-build:triton" in failed, result.summary()
+    detail = failed["runtime-build:triton"].detail
+    assert "triton 3.7.1 compiles its CUDA launcher at the first kernel launch on a GPU" in detail
+    assert "Failed to find C compiler" in detail and "needs a C compiler (Debian: gcc)" in detail
+
+
 def test_altered_overlay_file_fails_naming_it(fake_stack) -> None:
     server_py = fake_stack["server_py"]
     tampered = _alter(
