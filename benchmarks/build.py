@@ -198,7 +198,8 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
     record, locked = build.load_build(project, stack), load_lock(project, stack)
     wheel_paths = {i.sha256: Path(i.path) for i in record.inputs}
     wheel_paths.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], locked.python)))
+    trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], locked.python,
+                                                 image.interpreter_version(locked, record.platform))))
     planned = image.plan(record, locked, trees, load_plan(project.containers / "image.yaml"), work / "gen")
     dirs = []
     for index, layer in enumerate(planned):

@@ -27,7 +27,7 @@ COMPILE_DIR = (
 
 @pytest.fixture
 def interpreter() -> str:
-    found = compiler("3.11").executable
+    found = compiler("3.11", None).executable
     if found is None:
         pytest.skip("no python3.11 on this host")
     return found
@@ -134,10 +134,10 @@ def test_install_all_starts_one_compiler_per_cpu_it_may_run_on(monkeypatch):
             return None
 
     monkeypatch.setattr(trees, "BytecodePool", Recording)
-    monkeypatch.setattr(trees, "compiler", lambda python: trees.Compiler("/usr/bin/python3.11", "3.11.7"))
+    monkeypatch.setattr(trees, "compiler", lambda python, image_version: trees.Compiler("/usr/bin/python3.11", "3.11.7"))
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
-    assert trees.install_all([], "3.11") == []
+    assert trees.install_all([], "3.11", None) == []
     assert started == [1]
 
 

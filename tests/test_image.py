@@ -172,7 +172,7 @@ def _planned(project: Project, tmp_path: Path) -> list:
     record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
     return image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "work")
 
 
@@ -201,7 +201,7 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
     record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11")))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
     own = [layer.name for layer in image.plan(record, locked, trees, load_plan(plan_file), tmp_path / "w1")]
     shared = [layer.name for layer in image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "w2")]
     assert "pkg-tinyserve" in own and not any(n.startswith("shared-") for n in own)
@@ -224,7 +224,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
 
     overlaid = image.EarlyLayers(record, spec, epoch, None)
-    install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=overlaid.offer)
+    install_all([(p, s) for s, p in wheels.items()], "3.11", None, on_tree=overlaid.offer)
     assert overlaid.finish() == {}
 
     class Sent:  # what Uploads would push, as soon as the early layer exists
@@ -238,7 +238,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     record = replace(record, overlays=())
     sent = Sent()
     early = image.EarlyLayers(record, spec, epoch, None, sent)
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", on_tree=early.offer)))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None, on_tree=early.offer)))
     written = early.finish()
     own = [layer for layer in image.plan(record, locked, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
     assert [layer.name for layer in own] == ["pkg-tinyserve"]
@@ -279,7 +279,7 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     record = build.load_build(project, "tinyimg")
     wheels = [(Path(i.path), i.sha256) for i in record.inputs] + [(Path(o.path), o.wheel.sha256) for o in record.overlays]
     children = children_cpu_seconds()
-    made = install_all(wheels, "3.11")
+    made = install_all(wheels, "3.11", None)
     assert children_cpu_seconds() > children  # the bytecode compilers ran, and are counted
     assert all(t.made and t.install_cpu_seconds > 0 for t in made)
     timing = json.loads((made[0].path / "timing.json").read_text())
@@ -287,7 +287,7 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     # The entry lists took installer's hashes of the files it wrote: the same as reading every file.
     assert [t.entries for t in made] == [tuple(layers.scan_tree(t.path / "root")) for t in made]
     assert any(e.path.endswith(".pyc") for t in made for e in t.entries)
-    again = install_all(wheels, "3.11")
+    again = install_all(wheels, "3.11", None)
     assert [t.path for t in again] == [t.path for t in made] and not any(t.made for t in again)
     assert [t.entries for t in again] == [t.entries for t in made]
 

@@ -1,18 +1,27 @@
-"""Installed trees in the cache: a tree is there whole or not at all."""
+"""Installed trees in the cache: a tree is there whole or not at all. Which host interpreter compiles their
+bytecode: the image's exact Python version wherever PATH has it."""
 
 from __future__ import annotations
 
 import hashlib
+import io
+import logging
 import os
+import subprocess
+import sys
+import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+from servestack import image, trees
 from servestack.bytecode import BytecodePool
 from servestack.errors import ServestackError
 from servestack.trees import installed_tree
 from servestack.wheels import pack_wheel
+
+COMPILED_BY = "3.11.2"  # the version a tree's key names; the compilers below are scripts
 
 
 @pytest.fixture
@@ -46,7 +55,7 @@ def test_a_tree_whose_bytecode_fails_leaves_nothing_in_the_cache(tmp_path, cache
     dying = _compiler(tmp_path, "read line\necho 'compiler crashed' >&2\nexit 3")
     with BytecodePool(dying, 1) as pool:
         with pytest.raises(ServestackError, match="exited with 3 while compiling"):
-            installed_tree(wheel, sha256, "3.11", pool)
+            installed_tree(wheel, sha256, "3.11", COMPILED_BY, pool)
     assert list((cache / "installed").iterdir()) == []  # the wheel was installed, then removed with its staging
 
 
@@ -57,7 +66,7 @@ def test_a_tree_under_way_when_the_build_is_interrupted_leaves_nothing_in_the_ca
     os.mkfifo(said)
     wedged = _compiler(tmp_path, f"read line\necho read > '{said}'\nexec sleep 3600")
     with BytecodePool(wedged, 1) as pool, ThreadPoolExecutor(max_workers=1) as making:
-        tree = making.submit(installed_tree, wheel, sha256, "3.11", pool)
+        tree = making.submit(installed_tree, wheel, sha256, "3.11", COMPILED_BY, pool)
         with open(said) as fifo:  # the wheel is installed and its bytecode under way
             assert fifo.read() == "read\n"
         pool.stop()
@@ -68,7 +77,121 @@ def test_a_tree_under_way_when_the_build_is_interrupted_leaves_nothing_in_the_ca
 
 def test_a_made_tree_is_renamed_into_place_whole(tmp_path, cache):
     wheel, sha256 = _wheel(tmp_path)
-    tree = installed_tree(wheel, sha256, "3.11", None)
+    tree = installed_tree(wheel, sha256, "3.11", "none", None)
     assert tree.made and [p.name for p in (cache / "installed").iterdir()] == [tree.path.name]
     assert {e.path for e in tree.entries} >= {"opt/venv/lib/python3.11/site-packages/tiny/more.py"}
     assert (tree.path / "entries.json").is_file() and (tree.path / "timing.json").is_file()
+
+
+def _version(executable: str) -> str:
+    """Asked the way a user would (`--version`), not the way trees asks."""
+    out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split()[1]
+
+
+def _patch_releases() -> dict[str, str]:
+    """Real python3.11 binaries of different patch releases on this host, by version: the one running the
+    tests (pyenv's on CI) and Debian's. Needs two to tell a choice from an accident of PATH order."""
+    found = {"%d.%d.%d" % sys.version_info[:3]: os.path.realpath(sys.executable)}
+    for candidate in ("/usr/bin/python3.11", *(os.path.join(d, "python3.11") for d in os.get_exec_path())):
+        if os.access(candidate, os.X_OK):
+            found.setdefault(_version(candidate), os.path.realpath(candidate))
+    return {v: p for v, p in found.items() if v.startswith("3.11.")}
+
+
+def _bin(root: Path, name: str, target: str | None = None, script: str | None = None) -> Path:
+    """A PATH directory holding python3.11: a symlink to `target`, or an executable `script`."""
+    directory = root / name
+    directory.mkdir()
+    if target is not None:
+        (directory / "python3.11").symlink_to(target)
+    else:
+        (directory / "python3.11").write_text(script or "")
+        (directory / "python3.11").chmod(0o755)
+    return directory
+
+
+def _path(*directories: Path) -> str:
+    return os.pathsep.join(str(d) for d in directories)
+
+
+@pytest.fixture
+def releases() -> dict[str, str]:
+    found = _patch_releases()
+    if len(found) < 2:
+        pytest.skip(f"needs two python3.11 patch releases on this host (pyenv's and Debian's); found {found}")
+    return found
+
+
+def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, releases, caplog):
+    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
+    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", first_binary), _bin(tmp_path, "b", second_binary)))
+    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+        assert trees.compiler("3.11", first) == trees.Compiler(first_binary, first)
+        assert trees.compiler("3.11", second) == trees.Compiler(second_binary, second)  # second on PATH
+    assert caplog.records == []
+    # What the chosen binary writes is that release's: pyenv's 3.11.7 and Debian's 3.11.2 differ here.
+    assert _version(trees.compiler("3.11", second).executable) == second
+
+
+def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, releases, caplog):
+    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
+    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", second_binary), _bin(tmp_path, "b", first_binary)))
+    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+        chosen = trees.compiler("3.11", "3.11.99")
+    assert chosen == trees.Compiler(second_binary, second)
+    [warning] = caplog.records
+    message = warning.getMessage()
+    assert "Python 3.11.99" in message and f"compiling with {second_binary} ({second})" in message
+    assert f"{first_binary} ({first})" in message and "image digest" in message
+
+
+def test_a_shim_and_links_count_once_as_the_binary_they_run(tmp_path):
+    real = os.path.realpath(sys.executable)
+    version = "%d.%d.%d" % sys.version_info[:3]
+    shim = _bin(tmp_path, "shims", script=f'#!/bin/sh\nexec "{real}" "$@"\n')  # as pyenv's shims do
+    # pyenv's shim when the selected version has no python3.11: a real executable that does not run it.
+    missing = _bin(tmp_path, "other-shims", script='#!/bin/sh\necho "pyenv: python3.11: command not found" >&2\nexit 127\n')
+    linked = _bin(tmp_path, "venv-bin", real)
+    (tmp_path / "bin").symlink_to(linked, target_is_directory=True)  # /bin -> /usr/bin
+    path = _path(missing, shim, tmp_path / "empty", linked, tmp_path / "bin")
+    assert trees.interpreters("3.11", path) == [trees.Compiler(real, version)]
+
+
+def test_no_python_of_that_version_on_path_means_no_bytecode(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", os.path.realpath(sys.executable))))
+    assert trees.compiler("3.99", "3.99.0") == trees.Compiler(None, "none")
+
+
+def _base(tmp_path: Path, status: str) -> Path:
+    tarball = tmp_path / "base.tar"
+    with tarfile.open(tarball, "w") as tar:
+        for name, data in (("./usr/bin/python3.11", b"#!"), ("./var/lib/dpkg/status", status.encode())):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return tarball
+
+
+STATUS = """Package: libpython3.11-minimal
+Status: install ok installed
+Source: python3.11
+Version: 3.11.2-6+deb12u8
+
+Package: python3.11-minimal
+Status: install ok installed
+Priority: optional
+Source: python3.11
+Version: 3.11.2-6+deb12u8
+Description: Minimal subset of the Python language (version 3.11)
+
+Package: python3.13-minimal
+Status: deinstall ok config-files
+Version: 3.13.5-2
+"""
+
+
+def test_the_image_interpreter_version_is_the_bases_installed_package(tmp_path):
+    assert image._debian_python(_base(tmp_path, STATUS), "3.11") == "3.11.2"
+    with pytest.raises(ServestackError, match=r"base.tar: var/lib/dpkg/status has no installed python3.13-minimal"):
+        image._debian_python(_base(tmp_path, STATUS), "3.13")  # only its config files are left

@@ -10,11 +10,14 @@ involved. The same lock and the same code give the same manifest digest on any m
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import queue
+import re
+import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -190,6 +193,39 @@ def debian_base(lock_base: DebianBase, platform: str) -> Path:
     )
     tmp.rename(out)
     return out
+
+
+def interpreter_version(lock: Lock, platform: str) -> str | None:
+    """The exact version (X.Y.Z) of the image's interpreter, the Debian base's /usr/bin/python<X.Y>: the
+    lock pins the archive state (its Release file), not each package's version, so this reads what the
+    base built from that state installed. The bytecode is compiled by the host's interpreter of this
+    version (trees.compiler). None for a base image: not known without reading its layers."""
+    if not isinstance(lock.base, DebianBase):
+        return None
+    return _debian_python(debian_base(lock.base, platform), lock.python)
+
+
+@functools.lru_cache(maxsize=None)
+def _debian_python(tarball: Path, python: str) -> str:
+    """The upstream version of python<X.Y>-minimal (the package that ships the interpreter) in the base's
+    dpkg database: 3.11.2 for Version 3.11.2-6+deb12u8."""
+    package, database = f"python{python}-minimal", "var/lib/dpkg/status"
+    with tarfile.open(tarball) as tar:
+        member = next((m for m in tar if m.name.removeprefix("./") == database), None)
+        reader = tar.extractfile(member) if member is not None else None
+        if reader is None:
+            raise ServestackError(f"{tarball}: no file {database}; expected the Debian base's package database")
+        status = reader.read().decode()
+    for stanza in status.split("\n\n"):
+        fields = dict(re.findall(r"^(Package|Status|Version): *(.*)$", stanza, re.M))
+        if fields.get("Package") == package and fields.get("Status") == "install ok installed":
+            version = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", fields.get("Version", ""))
+            if version is None:
+                raise ServestackError(f"{tarball}: {database}: {package} has Version {fields.get('Version')!r}; "
+                                      "expected X.Y.Z-<revision>")
+            return version.group(1)
+    raise ServestackError(f"{tarball}: {database} has no installed {package}: the image's python{python} (the lock's "
+                          "`python`) must come from the base's packages (the stack's base.debian.packages)")
 
 
 @dataclass(frozen=True)
@@ -478,7 +514,8 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     try:
         with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled file by file on all cores; "
                           "the large packages' layers written and pushed as their trees are ready"):
-            made = install_all(list((path, sha) for sha, path in wheels.items()), python, on_tree=early.offer)
+            made = install_all(list((path, sha) for sha, path in wheels.items()), python,
+                               interpreter_version(lock, platform), on_tree=early.offer)
     finally:
         written_early = early.finish()
     bytecode_cpu, trees_seconds = children_cpu_seconds() - children, time.monotonic() - trees_started

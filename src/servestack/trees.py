@@ -4,7 +4,7 @@ Each tree is made once per (wheel hash, exact version of the compiling interpret
 and cached; the trees of a build are made in parallel, one per core, and each is handed on as soon
 as it is made (the image step writes its layer while the others are still being made). Installing
 runs no code from the wheel (pypa/installer); bytecode is compiled by the host's interpreter of the
-image's Python version.
+image's exact Python version where the host has one (`compiler`).
 Each tree keeps its entry list (paths, modes, sizes, content hashes) beside it, so a layer's key
 is computed without reading the files again.
 """
@@ -18,6 +18,7 @@ import logging
 import os
 import resource
 import shutil
+import subprocess
 import time
 import warnings
 from collections.abc import Callable
@@ -63,35 +64,79 @@ class Compiler:
     """The interpreter that compiles a tree's bytecode: `executable` is None when the host has none."""
 
     executable: str | None
-    version: str  # "3.11.7"; "none" without an interpreter (then the tree ships no bytecode)
+    version: str  # "3.11.2"; "none" without an interpreter (then the tree ships no bytecode)
+
+
+# Run with -S, as the compilers are: the real binary (not a pyenv shim or a venv's link) and its version.
+PROBE = "import os, sys; print(os.path.realpath(sys.executable)); print('%d.%d.%d' % sys.version_info[:3])"
+
+
+def compiler(python: str, image_version: str | None) -> Compiler:
+    """The host's python<X.Y> that compiles the trees' bytecode: the one of the image's exact version
+    (`image_version`, image.interpreter_version) when PATH has it, else the first on PATH, with a warning.
+
+    Patch releases compile some files differently: 42 of dev-cpu's 25,840 pycs differ between 3.11.2
+    and 3.11.7 (3.11.4 fixed gh-104615, so `a, a = x, y` leaves y in a where 3.11.2's code leaves x,
+    and it places some jumps otherwise in the position tables). Only the image's own version writes the
+    pycs its interpreter would, and the same digest on every machine. The exact version is part of
+    each tree's key: trees made by two patch releases never share a cache entry.
+    The interpreter's state matters too: marshal flags an object for back-references by its refcount,
+    so what site imports at start-up changed a pyc (aiohttp/multipart.py), and the hash seed orders
+    frozensets of strings; the compilers run with -S and PYTHONHASHSEED=0 (bytecode.py).
+    """
+    return _compiler(python, image_version, os.environ.get("PATH", os.defpath))
 
 
 @functools.lru_cache(maxsize=None)
-def compiler(python: str) -> Compiler:
-    """The host's python<X.Y>, resolved once to the real binary (a pyenv shim costs 0.2 s per call).
-
-    Its exact version is part of each tree's key: marshal's bytes (reference flags) depend on the
-    interpreter's state, so trees made by two builds of Python never share a cache entry. (Measured
-    with -S: Debian's 3.11.2 and pyenv's 3.11.7 write the same pycs for the file that differed.)
-    """
-    found = shutil.which(f"python{python}")
-    if found is None:
+def _compiler(python: str, image_version: str | None, path: str) -> Compiler:
+    found = interpreters(python, path)
+    if not found:
         return Compiler(None, "none")
-    # Standard output alone: a warning on stderr must not become the path or the version.
-    out = proc.output_bytes([found, "-c", "import sys; print(sys.executable); print('%d.%d.%d' % sys.version_info[:3])"]
-                            ).decode().split("\n")
-    return Compiler(out[0], out[1])
+    chosen = next((c for c in found if c.version == image_version), found[0])
+    if chosen.version != image_version:
+        wanted = (f"the image's interpreter is Python {image_version}, and no python{python} on PATH is" if image_version
+                  else f"the exact version of the image's Python {python} is not known (its base is an image)")
+        log.warning("bytecode: %s (found: %s); compiling with %s (%s), so some pycs, and the image digest, may "
+                    "differ from the ones expected for this lock (pins/<stack>.image.json)", wanted,
+                    ", ".join(f"{c.executable} ({c.version})" for c in found), chosen.executable, chosen.version)
+    return chosen
 
 
-def tree_path(sha256: str, python: str) -> Path:
-    return cache_home() / "installed" / f"{sha256}-py{compiler(python).version}-pyc{BYTECODE}"
+def interpreters(python: str, path: str) -> list[Compiler]:
+    """Every python<X.Y> on `path` (os.pathsep-separated), in its order, each real binary once: a pyenv
+    shim or a venv's link counts as the interpreter it runs (each is run once to ask; a shim costs 0.2 s).
+    One that does not run (a pyenv shim for a version without it) or is not X.Y is left out."""
+    found: dict[str, Compiler] = {}
+    asked: set[str] = set()
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or os.curdir, f"python{python}")
+        if not (os.path.isfile(candidate) and os.access(candidate, os.X_OK)) or os.path.realpath(candidate) in asked:
+            continue  # /bin/python3.11 is /usr/bin/python3.11 where /bin links to /usr/bin: asked once
+        asked.add(os.path.realpath(candidate))
+        try:
+            # Standard output alone: a warning on stderr must not become the path or the version.
+            executable, version = proc.output_bytes([candidate, "-S", "-c", PROBE], timeout=60).decode().split("\n")[:2]
+        except (proc.CommandError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+            log.info("%s is left out as a bytecode compiler: it did not say its version (%s)", candidate, error)
+            continue
+        if version.rsplit(".", 1)[0] != python:
+            log.info("%s is left out as a bytecode compiler: it is Python %s, not %s", candidate, version, python)
+            continue
+        found.setdefault(executable, Compiler(executable, version))
+    return list(found.values())
 
 
-def installed_tree(wheel: Path, sha256: str, python: str, bytecode: BytecodePool | None) -> Tree:
+def tree_path(sha256: str, compiled_by: str) -> Path:
+    """Where the wheel's tree is cached, its bytecode compiled by Python `compiled_by` (X.Y.Z, or "none")."""
+    return cache_home() / "installed" / f"{sha256}-py{compiled_by}-pyc{BYTECODE}"
+
+
+def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, bytecode: BytecodePool | None) -> Tree:
     """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash.
 
-    `bytecode` compiles the tree's modules (None: the host has no interpreter of the image's version)."""
-    tree = tree_path(sha256, python)
+    `bytecode` compiles the tree's modules with Python `compiled_by` (None, "none": the host has no
+    python<X.Y>)."""
+    tree = tree_path(sha256, compiled_by)
     listing = tree / "entries.json"
     if tree.exists():
         if not listing.exists():  # made by an older servestack: list it once
@@ -195,24 +240,26 @@ def usable_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def install_all(wheels: list[tuple[Path, str]], python: str, workers: int | None = None,
+def install_all(wheels: list[tuple[Path, str]], python: str, image_version: str | None, workers: int | None = None,
                 on_tree: Callable[[str, Tree], None] | None = None) -> list[Tree]:
     """Every (wheel, sha256) as a tree: installed `workers` at a time (default: one per core), their
-    bytecode compiled file by file by one compiling interpreter per core (bytecode.py).
+    bytecode compiled file by file by one compiling interpreter per core (bytecode.py): the host's
+    python<python> of the image's exact version `image_version` where there is one (see `compiler`).
 
     `on_tree(sha256, tree)` is called as each tree is ready (cached ones first), from this thread.
     """
     # Largest first, so the long ones (torch) start at once and the pool drains evenly.
     order = sorted(range(len(wheels)), key=lambda i: -wheels[i][0].stat().st_size)
     cores = workers or usable_cpus()
-    interpreter = compiler(python).executable
+    chosen = compiler(python, image_version)
+    interpreter = chosen.executable
     made: dict[int, Tree] = {}
     # Leaving the stack ends the installs first, then the compiling interpreters (their CPU is then counted).
     with contextlib.ExitStack() as stack:
         bytecode = stack.enter_context(BytecodePool(interpreter, cores)) if interpreter else None
         # A thread waits while its tree's files compile: the compilers keep the cores busy meanwhile.
         pool = stack.enter_context(ThreadPoolExecutor(max_workers=cores))
-        futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python, bytecode): i for i in order}
+        futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python, chosen.version, bytecode): i for i in order}
         try:
             for future in as_completed(futures):
                 i = futures[future]
