@@ -185,8 +185,17 @@ jobs:
     timeout-minutes: 5
     steps:
       - run: |
-          setsid sleep 300 & echo "$!" > "$MARK.orphan"
-          env -u RUNNER_TRACKING_ID setsid sleep 300 & echo "$!" > "$MARK.daemon"
+          # Each process writes its pid once it runs with the environment it keeps (sh, then sleep
+          # in its place), and the step waits for that: until `env -u` has run, the daemon is a
+          # forked bash still carrying the job's id, and a step that ended then had the cleanup kill it.
+          start() {  # start NAME PREFIX...: `PREFIX... sh` in the background, its pid in $MARK.NAME
+            mkfifo "$MARK.$1.ready"
+            mark="$MARK.$1"; shift
+            "$@" sh -c 'echo "$$" > "$0"; echo > "$0.ready"; exec sleep 300' "$mark" &
+            read -r _ < "$mark.ready"
+          }
+          start orphan setsid
+          start daemon env -u RUNNER_TRACKING_ID setsid
 """
 
 
