@@ -18,25 +18,19 @@ statement), push (`publish`), fetch (`pull`: verify, check the image, write), re
 """
 
 from .bundle import (
-    ATTESTATION_TYPE,
     PUBLICATION_TYPE,
     BundleFile,
-    PublishError,
     Records,
-    attestation_manifest,
-    bundle_files,
     check_smoke,
     created_timestamp,
     publication_manifest,
 )
-from .fetch import STACK_JSON, Publication, check_image_agrees, fetch_publication, pull
+from .fetch import STACK_JSON, pull
 from .provenance import PROVENANCE_V1, Source, provenance
-from .push import copy_image, publish, skopeo_tls_args
+from .push import publish
 from .rebuild import verify_rebuild
 
 __all__ = [
-    "ATTESTATION_TYPE", "PROVENANCE_V1", "PUBLICATION_TYPE", "STACK_JSON", "BundleFile", "Publication", "PublishError",
-    "Records", "Source", "attestation_manifest", "bundle_files", "check_image_agrees", "check_smoke", "copy_image",
-    "created_timestamp", "fetch_publication", "provenance", "publication_manifest", "publish", "pull", "skopeo_tls_args",
-    "verify_rebuild",
+    "PROVENANCE_V1", "PUBLICATION_TYPE", "STACK_JSON", "BundleFile", "Records", "Source", "check_smoke",
+    "created_timestamp", "provenance", "publication_manifest", "publish", "pull", "verify_rebuild",
 ]
