@@ -107,15 +107,29 @@ def wait_until(
         interval = min(interval * 1.5, 1.0)
 
 
-def pid_alive(pidfile: Path) -> bool:
+def daemon_pid(pidfile: Path, binary: str) -> int | None:
+    """The pid in `pidfile` if that process runs `binary` now, else None.
+
+    A pidfile outlives its daemon (a crash; a reboot, which keeps the state home but no process), and
+    its number is then anyone's: only the process's executable says whether it is still our daemon.
+    A zombie has none, so a daemon that has exited counts as gone before it is reaped.
+    """
     try:
         pid = int(pidfile.read_text().strip())
-        os.kill(pid, 0)
+        # A binary replaced since the daemon started (a package upgrade) reads "<path> (deleted)".
+        running = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
     except (OSError, ValueError):
-        return False
-    return True
+        return None
+    return pid if running == os.path.realpath(binary) else None
 
 
-def kill_pidfile(pidfile: Path) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int(pidfile.read_text().strip()), 15)
+def pid_alive(pidfile: Path, binary: str) -> bool:
+    return daemon_pid(pidfile, binary) is not None
+
+
+def kill_pidfile(pidfile: Path, binary: str) -> None:
+    """SIGTERM to the daemon `pidfile` names, only if that pid still runs `binary`."""
+    pid = daemon_pid(pidfile, binary)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 15)

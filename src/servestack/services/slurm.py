@@ -131,8 +131,8 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
         # sinfo marks a node that stopped answering with a trailing '*': not usable.
         return (
             same
-            and pid_alive(d / "slurmctld.pid")
-            and pid_alive(d / "slurmd.pid")
+            and pid_alive(d / "slurmctld.pid", slurmctld)
+            and pid_alive(d / "slurmd.pid", slurmd)
             and _node_state(env, node) in _USABLE_NODE_STATES
         )
 
@@ -156,15 +156,15 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
         if changed:
             atomic_write_text(conf, wanted)
             # A running daemon keeps its old config: restart both, keeping the saved job state.
-            for name in ("slurmd", "slurmctld"):
-                kill_pidfile(d / f"{name}.pid")
+            for name, binary in (("slurmd", slurmd), ("slurmctld", slurmctld)):
+                kill_pidfile(d / f"{name}.pid", binary)
             wait_until(
-                lambda: not pid_alive(d / "slurmd.pid") and not pid_alive(d / "slurmctld.pid"),
+                lambda: not pid_alive(d / "slurmd.pid", slurmd) and not pid_alive(d / "slurmctld.pid", slurmctld),
                 what="old Slurm daemons to stop",
                 timeout=20,
                 log_path=d / "slurmctld.log",
             )
-        if not pid_alive(d / "slurmctld.pid"):
+        if not pid_alive(d / "slurmctld.pid", slurmctld):
             # Both daemons fork into the background after start-up (no -D) and write pidfiles.
             proc = spawn_detached([slurmctld, "-D", "-f", str(conf)], d / "slurmctld.out")
             wait_until(
@@ -174,10 +174,10 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
                 log_path=d / "slurmctld.log",
                 proc=proc,
             )
-        if not pid_alive(d / "slurmd.pid"):
+        if not pid_alive(d / "slurmd.pid", slurmd):
             proc = spawn_detached([slurmd, "-D", "-f", str(conf)], d / "slurmd.out")
             wait_until(
-                lambda: pid_alive(d / "slurmd.pid"),
+                lambda: pid_alive(d / "slurmd.pid", slurmd),
                 what="slurmd",
                 timeout=timeout,
                 log_path=d / "slurmd.log",
