@@ -270,6 +270,16 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
     assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]
 
 
+def test_the_image_input_hash_and_cache_tag_change_with_the_compiling_interpreters_exact_version():
+    # An image whose pycs another patch release (or no interpreter) wrote must not be reused from the registry.
+    from servestack.records.steps import BuildRecord
+    record = BuildRecord("s", "linux/amd64", "0" * 64, 0, (), (), (), None, "1" * 64)
+    hashes = {version: image.image_input_hash(record, version) for version in ("3.11.2", "3.11.7", "none")}
+    assert len(set(hashes.values())) == 3 and all(h != record.input_hash for h in hashes.values())
+    assert image.image_input_hash(record, "3.11.2") == hashes["3.11.2"]
+    assert image.image_input_hash(replace(record, input_hash="2" * 64), "3.11.2") != hashes["3.11.2"]
+
+
 def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, world, isolated_cache):
     from servestack import layers
     from servestack.trees import children_cpu_seconds

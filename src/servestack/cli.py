@@ -114,7 +114,7 @@ def _image(args: argparse.Namespace, project: Project) -> int:
         "none": f"no expected digest committed ({expected.file}); record one with `{fix}`",
         "stale": f"{expected.file} is for another lock: if the image changed on purpose, run `{fix}` and commit it",
         "different": f"DIFFERENT from the expected {expected.digest} of {expected.file} (same lock): this "
-                     f"machine or this code made other bytes; if the change is deliberate, run `{fix}` and commit it",
+                     f"machine or this code made other bytes (bytecode compiled by Python {result.compiled_by}); if the change is deliberate, run `{fix}` and commit it",
     }
     _say(f"image {args.stack}: {digest} {verdicts[expected.status]}")
     return 1 if expected.status in ("different", "stale") else 0

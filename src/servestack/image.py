@@ -38,7 +38,7 @@ from .records.steps import (BuildRecord, ExpectedCheck, ExpectedImage, ImageLaye
                             write_image)
 from .records.steps import write_expected as write_expected_record
 from .sources import registry
-from .trees import VENV, Tree, children_cpu_seconds, install_all, site_packages
+from .trees import VENV, Tree, children_cpu_seconds, compiler, install_all, site_packages
 from .wheels import normalize
 
 if TYPE_CHECKING:
@@ -419,12 +419,19 @@ def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
     }
 
 
+def image_input_hash(record: BuildRecord, compiled_by: str) -> str:
+    """What names the image: the build's inputs and code (build.json's input_hash) and the exact version of
+    the interpreter that compiles its bytecode (trees.compiler; "none": no pycs), which the build step
+    cannot know: another patch release writes other pycs, so the registry must not hand its image back."""
+    return sha256_bytes(canonical_json({"build": record.input_hash, "compiled_by": compiled_by}).encode())
+
+
 def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: BuildRecord,
-                 **extra: Any) -> ImageRecord:
+                 compiled_by: str, **extra: Any) -> ImageRecord:
     layer_list = tuple(ImageLayer(layer["digest"], layer["size"], name) for layer, name in zip(manifest["layers"], names))
     return ImageRecord(
         reference=reference, stack=record.stack, platforms=(platform,), lock_sha256=record.lock_sha256,
-        input_hash=record.input_hash, total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
+        input_hash=image_input_hash(record, compiled_by), compiled_by=compiled_by, total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
         layers=layer_list, layer_names=tuple(names), **extra,
     )
 
@@ -476,8 +483,9 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         raise ServestackError(f"build/{stack}/build.json was made from another lock; run `nox -s build` again")
     address = registry_address or services.ensure_registry()
     repository = f"servestack/{stack}"
-    cache_tag = f"in-{record.input_hash[:32]}"
     platform = record.platform
+    compiled_by = compiler(lock.python, interpreter_version(lock, platform)).version
+    cache_tag = f"in-{image_input_hash(record, compiled_by)[:32]}"
     title = f"image {stack}"
 
     existing = None if rebuild else registry.get_manifest(address, repository, cache_tag)
@@ -486,7 +494,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         held = json.loads(existing[0])
         names = [h.get("created_by", "").removeprefix("servestack layer ") for h in
                  json.loads(registry.get_blob(address, repository, held["config"]["digest"])).get("history", [])]
-        result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, skipped=True,
+        result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, compiled_by, skipped=True,
                               bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2),
                               expected=check_expected(project, stack, digest, record.lock_sha256))
         write_image(image_json, result)
@@ -497,11 +505,12 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
 
     spec = load_plan(project.containers / "image.yaml")
     with Uploads(address, repository) as uploads:
-        return _build_and_push(project, stack, record, lock, spec, address, repository, cache_tag, uploads, started)
+        return _build_and_push(project, stack, record, lock, spec, address, repository, cache_tag, compiled_by, uploads,
+                               started)
 
 
 def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Lock, spec: ImagePlan, address: str,
-                    repository: str, cache_tag: str, uploads: Uploads, started: float) -> ImageRecord:
+                    repository: str, cache_tag: str, compiled_by: str, uploads: Uploads, started: float) -> ImageRecord:
     """The trees, the layers (the large packages' written and pushed while the other trees are made), the
     config and manifest."""
     title, platform, python, epoch = f"image {stack}", record.platform, lock.python, record.source_date_epoch
@@ -540,7 +549,7 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     made_trees = [t for t in made if t.made]
     result = image_record(
         f"{address}/{repository}@{served}", platform, json.loads(manifest_doc.data), [r.name for r in all_refs], record,
-        skipped=False, seconds=round(time.monotonic() - started, 2), **stats,
+        compiled_by, skipped=False, seconds=round(time.monotonic() - started, 2), **stats,
         trees={"made": len(made_trees), "cached": len(made) - len(made_trees), "seconds": round(trees_seconds, 1),
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),

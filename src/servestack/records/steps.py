@@ -176,6 +176,9 @@ class ImageRecord:
     bytes_tarred: int | None = None
     trees: dict[str, float] | None = None  # per-wheel trees made and cached, with their timings
     expected: ExpectedCheck | None = None
+    # The exact version of the interpreter that compiled the bytecode ("none": no pycs); part of
+    # input_hash. None in records made before it was recorded.
+    compiled_by: str | None = None
 
     @property
     def digest(self) -> str:
@@ -197,6 +200,8 @@ class ImageRecord:
             document["bytes_tarred"] = self.bytes_tarred
         if self.trees is not None:
             document["trees"] = dict(self.trees)
+        if self.compiled_by is not None:
+            document["compiled_by"] = self.compiled_by
         if self.expected is not None:
             document["expected"] = {"file": self.expected.file, "status": self.expected.status,
                                     "digest": self.expected.digest}
@@ -205,7 +210,8 @@ class ImageRecord:
     @classmethod
     def from_json(cls, f: Fields) -> "ImageRecord":
         f.only("reference", "stack", "platforms", "lock_sha256", "input_hash", "total_size", "layers", "layer_names",
-               "skipped", "seconds", "layers_built", "layers_pushed", "bytes_pushed", "bytes_tarred", "trees", "expected")
+               "skipped", "seconds", "layers_built", "layers_pushed", "bytes_pushed", "bytes_tarred", "trees", "expected",
+               "compiled_by")
 
         def layer(item: Fields) -> ImageLayer:
             item.only("digest", "size", "title")
@@ -228,6 +234,7 @@ class ImageRecord:
             trees={k: trees.number(k) for k in trees.data} if trees else None,
             expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"))
             if expected else None,
+            compiled_by=f.str_or_none("compiled_by"),
         )
 
 
