@@ -263,11 +263,23 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
     digest = "sha256:" + "a" * 64
     assert image.check_expected(project, "s", digest, "lock1").status == "none"
     image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"127.0.0.1:5000/servestack/s@{digest}",
-                                                          "s", lock_sha256="lock1"))
+                                                          "s", lock_sha256="lock1"), "3.11.2")
     assert image.check_expected(project, "s", digest, "lock1").status == "reproduced"
     assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1").status == "different"
     assert image.check_expected(project, "s", digest, "lock2").status == "stale"
     assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]
+
+
+def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_version_compiled(tmp_path):
+    project = Project(tmp_path)
+    (tmp_path / "pins").mkdir()
+    made = write_image_record(tmp_path / "image.json", "127.0.0.1:5000/servestack/s@sha256:" + "a" * 64, "s")
+    with pytest.raises(ServestackError, match=r"s.image.json not written: the image's interpreter is Python 3.11.7, but "
+                                              r"this build's bytecode was compiled by Python 3.11.2"):
+        image.write_expected(project, "s", made, "3.11.7")
+    assert not (tmp_path / "pins" / "s.image.json").exists()
+    image.write_expected(project, "s", made, None)  # a base image's version is not known: nothing to compare
+    assert (tmp_path / "pins" / "s.image.json").exists()
 
 
 def test_the_image_input_hash_and_cache_tag_change_with_the_compiling_interpreters_exact_version():

@@ -99,11 +99,13 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                   "build/<stack>/image.json", _image_args)
 def _image(args: argparse.Namespace, project: Project) -> int:
     from . import image
+    from .lock import load_lock
 
     result = image.build_image(project, args.stack)
     digest = result.digest
     if args.update_expected:
-        path = image.write_expected(project, args.stack, result)
+        locked = load_lock(project, args.stack)
+        path = image.write_expected(project, args.stack, result, image.interpreter_version(locked, result.platform))
         _say(f"image {args.stack}: expected digest {digest} written to {path.relative_to(project.root)}")
         return 0
     expected = result.expected

@@ -613,8 +613,17 @@ def check_expected(project: Project, stack: str, digest: str, lock_sha256: str) 
     return ExpectedCheck(shown, status, committed.digest)
 
 
-def write_expected(project: Project, stack: str, result: ImageRecord) -> Path:
+def write_expected(project: Project, stack: str, result: ImageRecord, image_version: str | None) -> Path:
+    """Commit-ready pins/<stack>.image.json; refused when the bytecode was not compiled by the image's exact
+    interpreter version (`image_version`, interpreter_version; None: not known), as then no machine that has
+    that version makes this digest."""
     path = expected_file(project, stack)
+    if image_version is not None and result.compiled_by != image_version:
+        raise ServestackError(
+            f"{path.relative_to(project.root)} not written: the image's interpreter is Python {image_version}, but this "
+            f"build's bytecode was compiled by Python {result.compiled_by} (build/{stack}/image.json: compiled_by), so "
+            f"others would not reproduce {result.digest}; put a python{image_version.rsplit('.', 1)[0]} of version "
+            f"{image_version} on PATH (Debian's, e.g. /usr/bin) and build again")
     write_expected_record(path, ExpectedImage(stack, result.lock_sha256, result.platform, result.digest,
                                               UPDATE_COMMAND.format(stack=stack)))
     return path
