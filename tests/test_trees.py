@@ -123,27 +123,40 @@ def releases() -> dict[str, str]:
     return found
 
 
-def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, releases, caplog):
-    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
-    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", first_binary), _bin(tmp_path, "b", second_binary)))
+def _fake(root: Path, name: str, version: str) -> tuple[Path, str]:
+    """A PATH directory whose python3.11 answers the probe as an interpreter of `version` would: its binary's
+    path, then its version. Runs everywhere, where a host has one python3.11 (a fresh Debian 12, CI) too."""
+    binary = str(root / name / "python3.11")
+    return _bin(root, name, script=f"#!/bin/sh\nprintf '%s\\n%s\\n' '{binary}' '{version}'\n"), binary
+
+
+def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, caplog):
+    (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.2"), _fake(tmp_path, "b", "3.11.7")
+    monkeypatch.setenv("PATH", _path(first, second))
     with caplog.at_level(logging.WARNING, logger="servestack.trees"):
-        assert trees.compiler("3.11", first) == trees.Compiler(first_binary, first)
-        assert trees.compiler("3.11", second) == trees.Compiler(second_binary, second)  # second on PATH
+        assert trees.compiler("3.11", "3.11.2") == trees.Compiler(first_binary, "3.11.2")
+        assert trees.compiler("3.11", "3.11.7") == trees.Compiler(second_binary, "3.11.7")  # second on PATH
     assert caplog.records == []
-    # What the chosen binary writes is that release's: pyenv's 3.11.7 and Debian's 3.11.2 differ here.
-    assert _version(trees.compiler("3.11", second).executable) == second
 
 
-def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, releases, caplog):
-    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
-    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", second_binary), _bin(tmp_path, "b", first_binary)))
+def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, caplog):
+    (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.7"), _fake(tmp_path, "b", "3.11.2")
+    monkeypatch.setenv("PATH", _path(first, second))
     with caplog.at_level(logging.WARNING, logger="servestack.trees"):
         chosen = trees.compiler("3.11", "3.11.99")
-    assert chosen == trees.Compiler(second_binary, second)
+    assert chosen == trees.Compiler(first_binary, "3.11.7")
     [warning] = caplog.records
     message = warning.getMessage()
-    assert "Python 3.11.99" in message and f"compiling with {second_binary} ({second})" in message
-    assert f"{first_binary} ({first})" in message and "image digest" in message
+    assert "Python 3.11.99" in message and f"compiling with {first_binary} (3.11.7)" in message
+    assert f"{second_binary} (3.11.2)" in message and "image digest" in message
+
+
+def test_the_real_patch_releases_answer_the_probe_with_their_own_version(tmp_path, monkeypatch, releases):
+    # The fakes above stand for these: where a host has two, the probe tells them apart through links.
+    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
+    monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", first_binary), _bin(tmp_path, "b", second_binary)))
+    assert trees.compiler("3.11", second) == trees.Compiler(second_binary, second)
+    assert _version(trees.compiler("3.11", second).executable) == second
 
 
 def test_a_shim_and_links_count_once_as_the_binary_they_run(tmp_path):
