@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from servestack.services.daemons import kill_pidfile, pid_alive
+from servestack.errors import ServestackError
+from servestack.services.daemons import daemon_pid, kill_pidfile, pid_alive
 
 SLEEP = shutil.which("sleep")
 DAEMON = shutil.which("cat")  # stands for slurmctld: any binary that is not sleep's
@@ -69,3 +71,34 @@ def test_a_missing_or_unreadable_pidfile_names_no_daemon(tmp_path, content):
         pidfile.write_text(content)
     assert not pid_alive(pidfile, SLEEP)
     kill_pidfile(pidfile, SLEEP)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to look as another user at root's process")
+def test_another_users_process_in_the_pidfile_is_an_error_naming_pidfile_pid_and_binary(sleeper):
+    # The sleeper is root's; a forked child that became nobody cannot read its /proc/<pid>/exe.
+    directory = Path(tempfile.mkdtemp())
+    try:
+        directory.chmod(0o755)
+        pidfile = _pidfile(directory, sleeper.pid)
+        pidfile.chmod(0o644)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                os.setgroups([])
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                try:
+                    answer = f"pid {daemon_pid(pidfile, SLEEP)}"
+                except ServestackError as error:
+                    answer = f"error {error}"
+                os.write(write, answer.encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as pipe:
+            answer = pipe.read()
+        os.waitpid(child, 0)
+    finally:
+        shutil.rmtree(directory)
+    assert answer.startswith(f"error {pidfile}: pid {sleeper.pid} may be {SLEEP}, but its executable cannot be read"), answer

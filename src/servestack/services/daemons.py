@@ -112,13 +112,21 @@ def daemon_pid(pidfile: Path, binary: str) -> int | None:
 
     A pidfile outlives its daemon (a crash; a reboot, which keeps the state home but no process), and
     its number is then anyone's: only the process's executable says whether it is still our daemon.
-    A zombie has none, so a daemon that has exited counts as gone before it is reaped.
+    A zombie has none, so a daemon that has exited counts as gone before it is reaped. Another user's
+    process does not show its executable: that is an error, not "gone", as the caller would start a
+    second daemon or leave that one running.
     """
     try:
         pid = int(pidfile.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
         # A binary replaced since the daemon started (a package upgrade) reads "<path> (deleted)".
         running = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
-    except (OSError, ValueError):
+    except PermissionError as error:
+        raise ServestackError(f"{pidfile}: pid {pid} may be {binary}, but its executable cannot be read ({error}): "
+                              "another user's process; stop it, or remove the pidfile if it is not the daemon") from error
+    except OSError:
         return None
     return pid if running == os.path.realpath(binary) else None
 
