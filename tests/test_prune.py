@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from servestack import prune
+from servestack import prune, trees
 from servestack.fsutil import atomic_write_json
 
 
@@ -52,12 +52,14 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
         assert prune.prune(cache).removed == 0  # ...until KEEP_BUILDS newer builds did not use it
         prune.record_use("dev-cpu", [kept_tree], [f"sha256:{'11' * 32}"], cache)
     key_size = (cache / "layers" / "keys" / "k2.json").stat().st_size
+    left_over = _tree(cache, trees.staging_path(kept_tree).name, old)  # a build killed while making kept_tree
     result = prune.prune(cache)
 
     assert not gone_tree.exists() and not gone_blob.exists() and not (cache / "layers" / "keys" / "k2.json").exists()
+    assert not left_over.exists()
     assert kept_tree.exists() and kept_blob.exists() and (cache / "layers" / "keys" / "k1.json").exists()
     assert fresh_tree.exists() and (cache / "blobs" / "wheel.whl").exists()
-    assert result == prune.Pruned(3, 1000 + 500 + key_size)
+    assert result == prune.Pruned(4, 1000 + 1000 + 500 + key_size)
     assert len(list((cache / "uses").glob("*.json"))) == prune.KEEP_BUILDS
 
 

@@ -159,6 +159,14 @@ def test_the_real_patch_releases_answer_the_probe_with_their_own_version(tmp_pat
     assert _version(trees.compiler("3.11", second).executable) == second
 
 
+def test_each_staging_name_is_its_own_though_the_pid_repeats(tmp_path, monkeypatch):
+    # Containers sharing a cache have PID namespaces of their own: two builds there can both be pid 7.
+    monkeypatch.setattr(os, "getpid", lambda: 7)
+    tree = tmp_path / "installed" / f"{'a' * 64}-py3.11.2-pyc{trees.BYTECODE}"
+    names = {trees.staging_path(tree).name for _ in range(20)}
+    assert len(names) == 20 and all(n.startswith(f"{tree.name}.tmp7-") for n in names)
+
+
 def test_a_shim_and_links_count_once_as_the_binary_they_run(tmp_path):
     real = os.path.realpath(sys.executable)
     version = "%d.%d.%d" % sys.version_info[:3]

@@ -17,6 +17,7 @@ import functools
 import logging
 import os
 import resource
+import secrets
 import shutil
 import subprocess
 import time
@@ -131,6 +132,13 @@ def tree_path(sha256: str, compiled_by: str) -> Path:
     return cache_home() / "installed" / f"{sha256}-py{compiled_by}-pyc{BYTECODE}"
 
 
+def staging_path(tree: Path) -> Path:
+    """Where `tree` is made before it is renamed into place: a name no other build uses, also one in another
+    container sharing the cache (its pids are its PID namespace's, so a pid alone can repeat). Never a
+    tree's name, so pruning removes one left behind (prune.py: no build records it as used)."""
+    return tree.with_name(f"{tree.name}.tmp{os.getpid()}-{secrets.token_hex(4)}")
+
+
 def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, bytecode: BytecodePool | None) -> Tree:
     """The wheel installed as the image's venv would hold it, with its bytecode, cached by the wheel's hash.
 
@@ -145,7 +153,7 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
         return Tree(tree, tuple(load_entries(listing, tree / "root")), made=False)
     started, cpu = time.monotonic(), time.thread_time()
     # Made under a name of its own and renamed into place whole, so no build sees half a tree.
-    staging = tree.with_name(tree.name + f".tmp{os.getpid()}-{id(wheel)}")
+    staging = staging_path(tree)
     shutil.rmtree(staging, ignore_errors=True)
     try:
         root = staging / "root"
@@ -161,7 +169,7 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
                                                     "install_cpu_seconds": round(install_cpu, 2)})
     except BaseException:
         # A wheel that does not install, bytecode that fails, an interrupt: the half-made tree is
-        # nobody's (its name has this process's pid), so it goes now rather than lying in the cache
+        # nobody's (its name is this call's own), so it goes now rather than lying in the cache
         # until pruning. (A compiler still writing another of this tree's pycs can recreate that
         # pyc's directory after this; prune.py removes such leftovers with the unused trees.)
         shutil.rmtree(staging, ignore_errors=True)
