@@ -151,6 +151,16 @@ def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_pa
     assert f"{second_binary} (3.11.2)" in message and "image digest" in message
 
 
+def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monkeypatch, caplog):
+    first, first_binary = _fake(tmp_path, "a", "3.11.7")
+    monkeypatch.setenv("PATH", _path(first))
+    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+        assert trees.compiler("3.11", None) == trees.Compiler(first_binary, "3.11.7")
+    [warning] = caplog.records
+    assert warning.getMessage().startswith("bytecode: the exact version of the image's Python 3.11 is not known "
+                                           f"(none was given) (found: {first_binary} (3.11.7))")
+
+
 def test_the_real_patch_releases_answer_the_probe_with_their_own_version(tmp_path, monkeypatch, releases):
     # The fakes above stand for these: where a host has two, the probe tells them apart through links.
     (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]

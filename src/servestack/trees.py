@@ -96,7 +96,7 @@ def _compiler(python: str, image_version: str | None, path: str) -> Compiler:
     chosen = next((c for c in found if c.version == image_version), found[0])
     if chosen.version != image_version:
         wanted = (f"the image's interpreter is Python {image_version}, and no python{python} on PATH is" if image_version
-                  else f"the exact version of the image's Python {python} is not known (its base is an image)")
+                  else f"the exact version of the image's Python {python} is not known (none was given)")
         log.warning("bytecode: %s (found: %s); compiling with %s (%s), so some pycs, and the image digest, may "
                     "differ from the ones expected for this lock (pins/<stack>.image.json)", wanted,
                     ", ".join(f"{c.executable} ({c.version})" for c in found), chosen.executable, chosen.version)

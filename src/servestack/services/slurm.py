@@ -165,7 +165,8 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
                 log_path=d / "slurmctld.log",
             )
         if not pid_alive(d / "slurmctld.pid", slurmctld):
-            # Both daemons fork into the background after start-up (no -D) and write pidfiles.
+            # Both daemons stay in the foreground (-D), so an exit shows in `proc`, in a session of their
+            # own (spawn_detached) that outlives this process; they write the pidfiles slurm.conf names.
             proc = spawn_detached([slurmctld, "-D", "-f", str(conf)], d / "slurmctld.out")
             wait_until(
                 lambda: "UP" in run(["scontrol", "ping"], env=env, check=False, timeout=10).stdout,
