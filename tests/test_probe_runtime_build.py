@@ -1,14 +1,17 @@
 """The static probe builds, in the image, what Triton builds at its first GPU kernel launch.
 
 The site holds a stand-in Triton laid out like the real one (runtime/build.py with
-compile_module_from_src, backends/nvidia/driver.py with include_dirs, driver.c, include/cuda.h)
-whose helper follows Triton's rule ($CC, else gcc, else clang; the interpreter's include
-directory; a shared object imported as a module), so the host's real compiler and Python.h do the
-build. The qwen35-gb200 smoke runs the same check with the real Triton in the arm64 image.
+compile_module_from_src, backends/nvidia/driver.py with include_dirs, libdevice_dir and libraries,
+driver.c, include/cuda.h) whose helper follows Triton's _build ($CC, else gcc, else clang; -shared
+-fPIC; -l/-L/-I flags; the interpreter's include directory; the shared object imported as a
+module), so the host's real compiler and Python.h build the stand-in driver.c, which calls a
+libcuda function like the real one. The qwen35-gb200 smoke runs the same check with the real
+Tritons in the arm64 image.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -17,7 +20,7 @@ import pytest
 from test_probe_evidence import _site_with_torch
 from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
 
-BUILD = '''import importlib.util, os, shutil, subprocess, sysconfig
+BUILD = '''import importlib.util, os, re, shutil, subprocess, sysconfig
 from . import cache_dir
 
 
@@ -29,8 +32,11 @@ def compile_module_from_src(src, name, library_dirs=None, include_dirs=None, lib
     with open(base + ".c", "w") as f:
         f.write(src)
     so = base + sysconfig.get_config_var("EXT_SUFFIX")
-    includes = [f"-I{d}" for d in [*(include_dirs or []), sysconfig.get_paths()["include"]]]
-    subprocess.check_call([cc, base + ".c", "-O0", "-shared", "-fPIC", "-o", so, *includes], stdout=subprocess.DEVNULL)
+    cmd = [cc, base + ".c", "-O0", "-shared", "-fPIC", "-o", so]
+    cmd += [f"-l:{lib}" if re.search(r"\\.so(\\.\\d+)*$", lib) else f"-l{lib}" for lib in libraries or []]
+    cmd += [f"-L{d}" for d in library_dirs or []]
+    cmd += [f"-I{d}" for d in [*(include_dirs or []), sysconfig.get_paths()["include"]]]
+    subprocess.check_call(cmd, stdout=subprocess.DEVNULL)
     spec = importlib.util.spec_from_file_location(name, so)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -38,10 +44,40 @@ def compile_module_from_src(src, name, library_dirs=None, include_dirs=None, lib
 '''
 
 DRIVER = '''import os
-include_dirs = [os.path.join(os.path.dirname(os.path.realpath(__file__)), "include")]
+dirname = os.path.dirname(os.path.realpath(__file__))
+include_dirs = [os.path.join(dirname, "include")]
+libdevice_dir = os.path.join(dirname, "lib")
+libraries = ["libcuda.so.1"]
 '''
 
-DRIVER_C = '#include "cuda.h"\n#include <stdio.h>\n#include <Python.h>\n\nint unrelated(void) { return 0; }\n'
+CUDA_H = "typedef unsigned long long CUdeviceptr;\ntypedef struct CUctx_st *CUcontext;\nint cuCtxGetCurrent(CUcontext *pctx);\n"
+
+# Like the real driver.c: a conditional include, code calling libcuda, PyInit_cuda_utils.
+DRIVER_C = r'''#include "cuda.h"
+#include <stdio.h>
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#ifdef SERVESTACK_NEVER_DEFINED
+#include <servestack_never_included.h>
+#endif
+
+static PyObject *current_context(PyObject *self, PyObject *args) {
+  CUcontext ctx;
+  if (cuCtxGetCurrent(&ctx) != 0)
+    return NULL;
+  return PyLong_FromVoidPtr(ctx);
+}
+static PyObject *device_pointer_size(PyObject *self, PyObject *args) {
+  return PyLong_FromSize_t(sizeof(CUdeviceptr));
+}
+static PyMethodDef methods[] = {{"current_context", current_context, METH_NOARGS, NULL},
+                                {"device_pointer_size", device_pointer_size, METH_NOARGS, NULL},
+                                {NULL, NULL, 0, NULL}};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cuda_utils", NULL, -1, methods};
+PyMODINIT_FUNC PyInit_cuda_utils(void) { return PyModule_Create(&module); }
+'''
+
+HAS_CC = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("clang") is None, reason="no C compiler on this host")
 
 
 def _triton(tmp: Path, name: str = "triton", driver_c: str = DRIVER_C) -> Path:
@@ -55,7 +91,7 @@ def _triton(tmp: Path, name: str = "triton", driver_c: str = DRIVER_C) -> Path:
         f"{package}/backends/nvidia/__init__.py": "",
         f"{package}/backends/nvidia/driver.py": DRIVER,
         f"{package}/backends/nvidia/driver.c": driver_c,
-        f"{package}/backends/nvidia/include/cuda.h": "typedef unsigned long long CUdeviceptr;\n",
+        f"{package}/backends/nvidia/include/cuda.h": CUDA_H,
     })
 
 
@@ -65,15 +101,19 @@ def _checks(fake_site: dict, tmp: Path, cuda: str | None, wheels: list[Path]) ->
                         "pull_requests": [], "excluded": []})
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("clang") is None, reason="no C compiler on this host")
-def test_each_installed_triton_builds_its_launcher_with_the_image_compiler(fake_site, tmp_path: Path) -> None:  # noqa: F811
+@HAS_CC
+def test_each_installed_triton_builds_its_whole_driver_c_as_cuda_utils_does(fake_site, tmp_path: Path) -> None:  # noqa: F811
     checks = _checks(fake_site, tmp_path, "13.0", [_triton(tmp_path), _triton(tmp_path, "tokenspeed-triton")])
     for name, package in (("triton", "triton"), ("tokenspeed-triton", "tokenspeed_triton")):
-        check = checks[f"runtime-build:{name}"]
-        assert check["status"] == "pass", check
-        assert f"{name} 3.7.1 compiles its CUDA launcher at the first kernel launch on a GPU" in check["detail"]
-        assert f"{package}.runtime.build.compile_module_from_src built and imported" in check["detail"]
-        assert "sizeof(CUdeviceptr) = 8" in check["detail"]  # cuda.h from the driver's include_dirs was used
+        detail = checks[f"runtime-build:{name}"]["detail"]
+        assert checks[f"runtime-build:{name}"]["status"] == "pass", detail
+        assert f"{name} 3.7.1 compiles its CUDA driver module at the first kernel launch on a GPU" in detail
+        assert f"{package}/backends/nvidia/driver.c ({DRIVER_C.count(chr(10))} lines" in detail
+        assert f"through {package}.runtime.build.compile_module_from_src as CudaUtils calls it" in detail
+        assert "libraries []; left out ['libcuda.so.1']" in detail
+        # Its code was compiled and the module imported: its methods, and the one cu* call left for libcuda.
+        assert "current_context, device_pointer_size" in detail
+        assert re.search(r"its 1 undefined cu\* symbols stay for libcuda; the other [1-9]\d* resolve in this interpreter", detail)
 
 
 def test_no_compiler_fails_with_what_the_image_needs(fake_site, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
@@ -84,12 +124,32 @@ def test_no_compiler_fails_with_what_the_image_needs(fake_site, tmp_path: Path, 
     assert "needs a C compiler (Debian: gcc), libc headers (libc6-dev)" in check["detail"]
 
 
-@pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("clang") is None, reason="no C compiler on this host")
-def test_a_header_the_driver_includes_and_the_image_lacks_fails_with_the_compilers_words(fake_site, tmp_path: Path) -> None:  # noqa: F811
-    driver_c = DRIVER_C.replace("#include <stdio.h>", "#include <servestack_absent_header.h>")
+@HAS_CC
+@pytest.mark.parametrize(("original", "changed", "named"), [
+    # A header the driver includes and the image lacks.
+    ("#include <stdio.h>", "#include <servestack_absent_header.h>", "servestack_absent_header.h"),
+    # Every header is there, but the code uses a type the image's cuda.h lacks: a headers-only build would pass.
+    ("CUcontext ctx;", "CUcontext ctx; CUtensorMap servestack_map;", "CUtensorMap"),
+])
+def test_driver_c_the_image_cannot_compile_fails_with_the_compilers_words(
+        fake_site, tmp_path: Path, original: str, changed: str, named: str) -> None:  # noqa: F811
+    driver_c = DRIVER_C.replace(original, changed)
+    assert driver_c != DRIVER_C
     check = _checks(fake_site, tmp_path, "13.0", [_triton(tmp_path, driver_c=driver_c)])["runtime-build:triton"]
     assert check["status"] == "fail"
-    assert "CalledProcessError" in check["detail"] and "servestack_absent_header.h" in check["detail"]
+    assert "CalledProcessError" in check["detail"] and named in check["detail"]
+
+
+@HAS_CC
+def test_an_undefined_symbol_libcuda_does_not_provide_fails_naming_it(fake_site, tmp_path: Path) -> None:  # noqa: F811
+    """Linking a shared object leaves it undefined and lazy binding imports it; the check lists what stays unresolved."""
+    driver_c = DRIVER_C.replace("static PyObject *current_context", "extern int servestack_absent(void);\n"
+                                "static PyObject *absent(PyObject *s, PyObject *a) { return PyLong_FromLong(servestack_absent()); }\n"
+                                "static PyObject *current_context")
+    driver_c = driver_c.replace('{"current_context", current_context', '{"absent", absent, METH_NOARGS, NULL},\n{"current_context", current_context')
+    check = _checks(fake_site, tmp_path, "13.0", [_triton(tmp_path, driver_c=driver_c)])["runtime-build:triton"]
+    assert check["status"] == "fail"
+    assert "1 undefined symbols are neither libcuda's nor in this interpreter: servestack_absent" in check["detail"]
 
 
 def test_a_cpu_torch_never_starts_tritons_cuda_driver(fake_site, tmp_path: Path) -> None:  # noqa: F811

@@ -228,7 +228,7 @@ def test_an_image_without_a_c_compiler_fails_tritons_runtime_build(fake_stack, c
     failed = {c.name: c for c in result.record.failed}
     assert "runtime-build:triton" in failed, result.summary()
     detail = failed["runtime-build:triton"].detail
-    assert "triton 3.7.1 compiles its CUDA launcher at the first kernel launch on a GPU" in detail
+    assert "triton 3.7.1 compiles its CUDA driver module at the first kernel launch on a GPU" in detail
     assert "Failed to find C compiler" in detail and "needs a C compiler (Debian: gcc)" in detail
 
 

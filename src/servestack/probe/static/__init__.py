@@ -11,8 +11,8 @@ excluded dependencies, the smoke model), each pull request's evidence and each l
 (evidence.py), the stack's fast path (fast_path.py), then the isolated sections in child
 interpreters: imports and entry points (imports.py), vLLM's parser and environment registry
 (engine.py), vLLM's GDN prefill resolver (fast_path.py), and, for a CUDA torch, the build each
-installed Triton does at its first GPU kernel launch (runtime_build.py: compiler, libc headers,
-Python.h). What they share is in report.py.
+installed Triton does at its first GPU kernel launch (runtime_build.py: its whole driver.c through
+its own build helper, libcuda left out). What they share is in report.py.
 
 stdout carries exactly one JSON document: {"probe": "static", "python", "machine", "checks": [...]}
 where each check is {"name", "status": "pass"|"fail"|"not_run", "detail"}. Everything else the
