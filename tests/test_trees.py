@@ -226,3 +226,13 @@ def test_the_image_interpreter_version_is_the_bases_installed_package(tmp_path):
     assert image._debian_python(_base(tmp_path, STATUS), "3.11") == "3.11.2"
     with pytest.raises(ServestackError, match=r"base.tar: var/lib/dpkg/status has no installed python3.13-minimal"):
         image._debian_python(_base(tmp_path, STATUS), "3.13")  # only its config files are left
+
+
+def test_the_bases_interpreter_version_is_read_once_and_kept_beside_the_tarball(tmp_path):
+    tarball = _base(tmp_path, STATUS)
+    assert image._debian_python(tarball, "3.11") == "3.11.2"
+    kept = tmp_path / "base.tar.python3.11-version"
+    assert kept.read_text() == "3.11.2\n"
+    image._debian_python.cache_clear()  # a later build, in another process
+    tarball.write_bytes(b"")  # the database is not read again: an empty tarball would fail to open
+    assert image._debian_python(tarball, "3.11") == "3.11.2"
