@@ -154,7 +154,6 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
     started, cpu = time.monotonic(), time.thread_time()
     # Made under a name of its own and renamed into place whole, so no build sees half a tree.
     staging = staging_path(tree)
-    shutil.rmtree(staging, ignore_errors=True)
     try:
         root = staging / "root"
         written = _install(wheel, root, python)
