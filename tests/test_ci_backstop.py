@@ -82,14 +82,18 @@ def test_backstop_stops_the_owner_then_cancels_what_is_left(tmp_path):
     owned = _record(run, "12", 0)
     ready = tmp_path / "ready"
     owner = subprocess.Popen([sys.executable, "-c", OWNER, str(owned), str(ready)])
-    _record(run, "12", owner.pid, started=process_started(owner.pid))
-    deadline = time.monotonic() + 10
-    while not ready.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    runner = RecordingRunner()
-    assert cancel_recorded(run, lambda kind: runner, grace_s=10) == ["11"]
-    assert owner.wait(timeout=5) == 143  # it got SIGTERM and handled its own job
-    assert runner.cancelled == ["11"] and not orphan.exists() and recorded_jobs(run) == []
+    try:
+        _record(run, "12", owner.pid, started=process_started(owner.pid))
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        runner = RecordingRunner()
+        assert cancel_recorded(run, lambda kind: runner, grace_s=10) == ["11"]
+        assert owner.wait(timeout=5) == 143  # it got SIGTERM and handled its own job
+        assert runner.cancelled == ["11"] and not orphan.exists() and recorded_jobs(run) == []
+    finally:  # a failure above must not leave the owner looping (kill is a no-op once it has exited)
+        owner.kill()
+        owner.wait()
 
 
 def test_backstop_does_not_signal_a_process_that_reused_a_recorded_pid(tmp_path):
