@@ -13,10 +13,12 @@ import json
 import shutil
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -245,6 +247,35 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     key = layers.layer_key(list(own[0].entries), epoch)
     assert list(written) == [key] and layers.cached(key) is not None
     assert sent.blobs == [layers.cached(key).digest]
+
+
+def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatch, isolated_cache):
+    """EarlyLayers compresses the base while the trees are made and `_base` names it after: the tarball
+    (225 MB for dev-cpu) is read once for its key, not by each."""
+    from servestack import layers
+
+    tarball = tmp_path / "base.tar"
+    (tmp_path / "root" / "etc").mkdir(parents=True)
+    (tmp_path / "root" / "etc" / "os-release").write_text("ID=debian\n")
+    with tarfile.open(tarball, "w") as tar:
+        tar.add(tmp_path / "root", arcname=".")
+    hashed: list[Path] = []
+    real = layers.sha256_file
+    monkeypatch.setattr(layers, "sha256_file", lambda path: hashed.append(Path(path)) or real(path))
+    monkeypatch.setattr(image, "debian_base", lambda base, platform: tarball)
+
+    class Progress:  # what `_base` reports to
+        def expect(self, n):
+            raise AssertionError("the base was compressed early: nothing left to expect")
+
+        def add(self, counter, n):
+            pass
+
+    early = image.EarlyLayers(SimpleNamespace(inputs=(), overlays=()), None, 0, tarball)
+    assert early.finish() == {}
+    base = image._base(SimpleNamespace(base=None), "linux/amd64", "127.0.0.1:1", Progress())
+    assert hashed == [tarball]
+    assert base.layers[0].digest == layers.cached(layers.tarball_key(tarball)).digest
 
 
 def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):

@@ -272,11 +272,19 @@ def _base(lock: Lock, platform: str, address: str, progress: Progress) -> Base:
     if isinstance(lock.base, ImageBase):
         return _image_base(lock.base, platform, address)
     tarball = debian_base(lock.base, platform)
-    key = layers.tarball_key(tarball)
+    key = _base_key(tarball)
     if layers.cached(key) is None:  # as a rule EarlyLayers compressed it already; if not, its bytes count here
         progress.expect(tarball.stat().st_size)
     blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n), key)
     return Base([oci.LayerRef("base", blob.digest, blob.diff_id, blob.size)], {blob.digest: blob.path}, None)
+
+
+@functools.lru_cache(maxsize=None)
+def _base_key(tarball: Path) -> str:
+    """The Debian base tarball's layer key, found once per process: finding it reads all its 225 MB, and
+    EarlyLayers and `_base` both need it in every build. A base tarball never changes under its name
+    (named by its archive state, renamed into place whole)."""
+    return layers.tarball_key(tarball)
 
 
 def _send_base_blob(base: Base, address: str, repository: str, digest: str) -> None:
@@ -401,7 +409,7 @@ class EarlyLayers:
     def _run(self) -> None:
         try:
             if self.base is not None:
-                self._upload(layers.compress_tarball(self.base))
+                self._upload(layers.compress_tarball(self.base, key=_base_key(self.base)))
             while (batch := self._queue.get()) is not None:
                 for layer in batch:
                     self._write(list(layer.entries))
