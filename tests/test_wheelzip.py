@@ -1,0 +1,115 @@
+"""Wheels read through zlib-ng: the same bytes as zipfile, the same CRC-32 failure, zipfile left alone."""
+
+from __future__ import annotations
+
+import random
+import struct
+import zipfile
+from pathlib import Path
+
+import pytest
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.sources import WheelFile
+from zlib_ng import zlib_ng
+
+from servestack.wheels import pack_wheel
+from servestack.wheelzip import WheelZipFile, open_wheel
+
+
+def _contents() -> dict[str, bytes]:
+    rng = random.Random(7)
+    text = "".join(f"def f{i}(x):\n    return x * {rng.randrange(1000)}\n" for i in range(60_000)).encode()
+    return {
+        "demo/__init__.py": b"",
+        "demo/big.py": text,  # ~2 MB that deflates well: many max_length-limited inflate calls
+        "demo/blob.bin": rng.randbytes(1_500_000),  # incompressible: stored blocks inside deflate
+        "demo/small.txt": b"x" * 100,
+    }
+
+
+def _wheel(tmp_path: Path) -> Path:
+    root = tmp_path / "tree"
+    for path, data in _contents().items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_bytes(data)
+    dist_info = root / "demo-1.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: demo\nVersion: 1.0\n")
+    (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    return pack_wheel(root, tmp_path / "dist", epoch=0)
+
+
+def _corrupt_crc(archive: Path, member: str) -> None:
+    """Flip a bit of `member`'s CRC-32 in the central directory (what zipfile checks against)."""
+    data = bytearray(archive.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at != -1:
+        name_length = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46:at + 46 + name_length] == member.encode():
+            data[at + 16] ^= 1
+            archive.write_bytes(bytes(data))
+            return
+        at = data.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"{archive}: no central directory entry for {member}")
+
+
+def _installed(source: WheelFile, root: Path) -> dict[str, bytes]:
+    scheme = {key: str(root / key) for key in ("purelib", "platlib", "headers", "scripts", "data")}
+    install(source, SchemeDictionaryDestination(scheme, interpreter="/usr/bin/python3", script_kind="posix"),
+            additional_metadata={})
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_reads_the_same_bytes_as_zipfile(tmp_path):
+    wheel = _wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as plain, WheelZipFile(wheel) as fast:
+        names = [info.filename for info in plain.infolist()]
+        assert all(info.compress_type == zipfile.ZIP_DEFLATED for info in plain.infolist())
+        for name in names:
+            assert fast.read(name) == plain.read(name), name
+            with fast.open(name) as stream:  # in installer's way: fixed-size reads until empty
+                chunks = iter(lambda: stream.read(65536), b"")
+                assert b"".join(chunks) == plain.read(name), name
+        for path, data in _contents().items():
+            assert fast.read(path) == data
+
+
+def test_installer_installs_the_same_files(tmp_path):
+    wheel = _wheel(tmp_path)
+    with WheelFile.open(wheel) as source:
+        expected = _installed(source, tmp_path / "plain")
+    with open_wheel(wheel) as source:
+        assert _installed(source, tmp_path / "fast") == expected
+    assert expected["purelib/demo/blob.bin"] == _contents()["demo/blob.bin"]
+
+
+def test_members_are_inflated_by_zlib_ng_and_zipfile_is_left_alone(tmp_path):
+    wheel = _wheel(tmp_path)
+    with WheelZipFile(wheel) as fast, fast.open("demo/big.py") as stream:
+        assert type(stream._decompressor) is type(zlib_ng.decompressobj(-15))
+    with zipfile.ZipFile(wheel) as plain, plain.open("demo/big.py") as stream:
+        assert type(stream) is zipfile.ZipExtFile
+        assert not isinstance(stream._decompressor, type(zlib_ng.decompressobj(-15)))
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_a_corrupted_crc_fails_as_in_zipfile(tmp_path, compression):
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w", compression=compression) as zf:
+        zf.writestr("good.py", _contents()["demo/big.py"])
+        zf.writestr("bad.py", _contents()["demo/big.py"])
+    _corrupt_crc(archive, "bad.py")
+    with zipfile.ZipFile(archive) as plain, WheelZipFile(archive) as fast:
+        assert fast.read("good.py") == plain.read("good.py")
+        with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32 for file 'bad.py'"):
+            plain.read("bad.py")
+        with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32 for file 'bad.py'"):
+            fast.read("bad.py")
+
+
+def test_installing_a_wheel_with_a_corrupted_crc_fails(tmp_path):
+    wheel = _wheel(tmp_path)
+    _corrupt_crc(wheel, "demo/blob.bin")
+    with open_wheel(wheel) as source, pytest.raises(zipfile.BadZipFile, match="demo/blob.bin"):
+        _installed(source, tmp_path / "root")
