@@ -1,7 +1,8 @@
 """`nox -s benchmark`: the image build measured in one run, side by side, on one stack (default dev-cpu).
 
   naive        benchmarks/naive/Dockerfile: the same base, wheels pip-installed in a RUN step, the
-               model, pushed by BuildKit (docker buildx build --no-cache --push)
+               model, pushed by BuildKit (docker buildx build --no-cache --push); the cache records that
+               build made are pruned after it, and only those
   cold         servestack build + image from an empty servestack cache (wheels and the Debian base
                rootfs already downloaded/made: both builds start from them) into an empty registry
   cold_layers  the cold build's installed trees (per-wheel trees + bytecode, which builds reuse) kept, its
@@ -124,6 +125,55 @@ def changed(before: ImageRecord, after: ImageRecord) -> list[str]:
 # --------------------------------------------------------------------------- the naive build
 
 
+NAIVE_FIRST_STEP = "ADD rootfs.tar /"  # benchmarks/naive/Dockerfile's first step: its record roots the build's chain
+
+
+def build_cache() -> dict[str, dict]:
+    """dockerd's BuildKit cache records by ID, as `docker system df -v` lists them (ID, Parent, CacheType,
+    Description, Size, ...)."""
+    done = subprocess.run(["docker", "system", "df", "-v", "--format", "{{json .BuildCache}}"],
+                          capture_output=True, text=True, check=True)
+    return {record["ID"]: record for record in json.loads(done.stdout) or []}
+
+
+def naive_records(before: set[str], after: dict[str, dict]) -> list[str]:
+    """The cache records the naive build made, leaves first: BuildKit prunes a record by its ID only once no
+    record has it as a parent (so `--filter id=` of the chain's root alone removes nothing). They are the
+    records new since `before` that are local sources (the build's own DOCKER_CONFIG gives its session its
+    own) or descend from the new record of its first step; what other builds made meanwhile is not here."""
+    new = {id_: record for id_, record in after.items() if id_ not in before}
+    parents = {id_: set(filter(None, record["Parent"].split(", "))) for id_, record in new.items()}
+    level = [id_ for id_, record in new.items() if not parents[id_] and record["Description"].endswith(NAIVE_FIRST_STEP)]
+    levels = []
+    while level:
+        levels.append(level)
+        level = [id_ for id_ in new if parents[id_] & set(level)]
+    sources = [id_ for id_, record in new.items() if record["CacheType"] == "source.local"]
+    return [id_ for level in reversed(levels) for id_ in level] + sources
+
+
+@contextlib.contextmanager
+def own_build_cache(work: Path) -> Iterator[dict[str, str]]:
+    """The environment for one `docker buildx build` whose cache records are all pruned afterwards, and only
+    those. `--no-cache` does not stop BuildKit keeping them (~7 GB for the naive build), and dockerd's cache
+    is shared with other people's builds: never a global prune. A DOCKER_CONFIG of its own gives the build
+    a buildx node ID of its own, so its local sources (the context: wheels, rootfs, model) are new records
+    instead of the slots every build from this machine reuses."""
+    config = work / "docker-config"
+    config.mkdir()
+    before = set(build_cache())
+    try:
+        yield {**os.environ, "DOCKER_CONFIG": str(config)}
+    finally:
+        made = naive_records(before, build_cache())
+        for id_ in made:
+            subprocess.run(["docker", "buildx", "prune", "--force", "--filter", f"id={id_}"], capture_output=True)
+        left = set(made) & set(build_cache())
+        if left:
+            print(f"benchmark: naive: BuildKit cache records {sorted(left)} were not pruned: "
+                  "`docker buildx prune --filter id=ID` each, leaves first", file=sys.stderr, flush=True)
+
+
 def naive(project: Project, stack: str, record: dict, lock_doc: dict, base_tar: Path, work: Path, address: str) -> dict:
     context = work / "naive"
     (context / "wheels").mkdir(parents=True)
@@ -135,16 +185,20 @@ def naive(project: Project, stack: str, record: dict, lock_doc: dict, base_tar: 
     dockerfile = (HERE / "naive" / "Dockerfile").read_text().replace("@MODEL@", record["model"]["name"]) + env
     (context / "Dockerfile").write_text(dockerfile)
     tag = f"{address}/naive/{stack}:bench"
-    started = time.monotonic()
-    done = subprocess.run(["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none", "--provenance=false",
-                           "--sbom=false", "--progress=plain", "--output", f"type=image,name={tag},push=true", str(context)],
-                          capture_output=True, text=True)
-    seconds = time.monotonic() - started
+    with own_build_cache(work) as docker_env:
+        try:
+            started = time.monotonic()
+            done = subprocess.run(["docker", "buildx", "build", "--no-cache", "--pull=false", "--network=none",
+                                   "--provenance=false", "--sbom=false", "--progress=plain",
+                                   "--output", f"type=image,name={tag},push=true", str(context)],
+                                  capture_output=True, text=True, env=docker_env)
+            seconds = time.monotonic() - started
+        finally:  # gone before its cache records are pruned: they share its snapshots (`Shared: true`)
+            subprocess.run(["docker", "image", "rm", tag], capture_output=True)  # ours only: never a prune
     if done.returncode != 0:
         return {"error": done.stderr[-2000:]}
     manifest = json.loads(registry.get_manifest(address, f"naive/{stack}", "bench")[0])
     pushed = sum(layer["size"] for layer in manifest["layers"]) + manifest["config"]["size"]
-    subprocess.run(["docker", "image", "rm", tag], capture_output=True)  # ours only: never a prune
     return {"seconds": round(seconds, 1), "bytes_pushed": pushed, "layers": len(manifest["layers"])}
 
 
