@@ -264,7 +264,8 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
             if e.kind == "symlink":
                 target.symlink_to(e.link)
             elif e.kind == "file":
-                os.link(e.source, target)
+                target.write_bytes(layers.content(e))
+                target.chmod(e.mode)
         dirs.append(d)
     epoch = record.source_date_epoch
     cpu, started = _cpu_seconds(), time.monotonic()

@@ -1,4 +1,4 @@
-"""The bytecode pool writes the same pycs, for the same files, as one compileall.compile_dir per tree."""
+"""The bytecode pool makes the same pycs, for the same modules, as one compileall.compile_dir per tree."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from servestack.bytecode import BytecodePool, sources
+from servestack.bytecode import BytecodePool, Module
 from servestack.errors import ServestackError
 from servestack import bytecode, trees
 from servestack.trees import compiler
@@ -34,7 +34,7 @@ def interpreter() -> str:
 
 
 def _site(root: Path) -> Path:
-    """A small site-packages with what compile_dir treats specially."""
+    """A small site-packages with what compile_dir treats specially (a tree holds no symlinks: wheels cannot)."""
     site = root / "site"
     pkg = site / "pkg"
     (pkg / "sub").mkdir(parents=True)
@@ -47,42 +47,76 @@ def _site(root: Path) -> Path:
     (pkg / "sub" / "deep.py").write_text("VALUES = {'a': 1, 'b': (2, 3), 'c': frozenset({'x', 'y'})}\n")
     (pkg / "broken.py").write_text("def broken(:\n")  # no pyc, no failure: compile_dir skips it too
     (pkg / "data.txt").write_text("not python\n")
-    (pkg / "__pycache__").mkdir()
-    (pkg / "linked.py").symlink_to("core.py")
-    (site / "linkdir").symlink_to("pkg", target_is_directory=True)  # not walked into
     (site / "top.py").write_text("print('top')\n")
     return site
 
 
+def _modules(site: Path) -> list[Module]:
+    """The site's modules in one pack beside it, as an installed tree keeps them."""
+    pack, modules = site.with_name(site.name + ".pack"), []
+    with open(pack, "wb") as out:
+        for path in sorted(site.rglob("*.py")):
+            source = path.read_bytes()
+            modules.append(Module(pack, out.tell(), len(source), f"{DDIR}/{path.relative_to(site).as_posix()}"))
+            out.write(source)
+    return modules
+
+
+def _made(pycs: dict[str, tuple[str, bytes]]) -> dict[str, bytes]:
+    """What a job resolved with, as compile_dir's pycs are named below: by path under the site."""
+    return {path.removeprefix(DDIR + "/"): pyc for path, pyc in pycs.values()}
+
+
 def _pycs(site: Path) -> dict[str, bytes]:
-    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*.pyc"))
-            if not any(part == "linkdir" for part in p.relative_to(site).parts)}
+    """What compile_dir wrote."""
+    return {p.relative_to(site).as_posix(): p.read_bytes() for p in sorted(site.rglob("*.pyc"))}
+
+
+def _compile_dir(interpreter: str, site: Path) -> dict[str, bytes]:
+    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(site), DDIR], check=True, capture_output=True,
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+                        "PYTHONHASHSEED": "0", "PYTHONPATH": ""})
+    return _pycs(site)
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_the_pool_writes_the_pycs_compile_dir_writes(tmp_path, interpreter, workers):
-    serial, pooled = _site(tmp_path / "serial"), _site(tmp_path / "pooled")
-    for site in serial, pooled:  # the largest file, so the one compiler checks it first and goes on
-        (site / "pkg" / "broken_large.py").write_text("x = 1\n" * 2000 + "def broken(:\n")
-    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(serial), DDIR], check=True,
-                   env={**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": ""}, capture_output=True)
+def test_the_pool_makes_the_pycs_compile_dir_writes(tmp_path, interpreter, workers):
+    site = _site(tmp_path / "site")  # the largest file, so the one compiler meets it first and goes on
+    (site / "pkg" / "broken_large.py").write_text("x = 1\n" * 2000 + "def broken(:\n")
+    modules = _modules(site)
     with BytecodePool(interpreter, workers) as pool:
-        pool.submit(pooled, DDIR, sources(pooled)).result(timeout=120)
-    expected = _pycs(serial)
-    assert "pkg/__pycache__/names.cpython-311.pyc" in expected and "pkg/__pycache__/linked.cpython-311.pyc" in expected
+        made = pool.submit(modules).result(timeout=120)
+    expected = _compile_dir(interpreter, site)
+    assert "pkg/__pycache__/names.cpython-311.pyc" in expected
     assert not any("broken" in name for name in expected)
-    assert _pycs(pooled) == expected
+    assert _made(made) == expected
 
 
-def test_many_trees_share_the_pool_and_each_resolves_when_its_files_are_written(tmp_path, interpreter):
+def test_a_module_compiled_after_others_in_one_compiler_gets_the_pyc_compile_dir_writes(tmp_path, interpreter):
+    """While a module compiled earlier in the same interpreter was still alive, marshal left the
+    back-reference flag off one of ftplib's constant frozensets: the pyc then depended on which
+    modules one compiler happened to be handed before (found on aiohttp/multipart.py)."""
+    stdlib = subprocess.run([interpreter, "-S", "-c", "import ftplib; print(ftplib.__file__)"], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    site = tmp_path / "site"
+    for copy in "abc":
+        (site / copy).mkdir(parents=True)
+        shutil.copy(stdlib, site / copy / "ftplib.py")
+    with BytecodePool(interpreter, 1) as pool:
+        made = _made(pool.submit(_modules(site)).result(timeout=120))
+    expected = _compile_dir(interpreter, site)
+    assert len(expected) == 3 and made == expected
+
+
+def test_many_trees_share_the_pool_and_each_resolves_with_its_own_pycs(tmp_path, interpreter):
     sites = [_site(tmp_path / str(n)) for n in range(3)]
-    empty = tmp_path / "empty"
-    empty.mkdir()
     with BytecodePool(interpreter, 2) as pool:
-        jobs = [pool.submit(site, DDIR, sources(site)) for site in sites] + [pool.submit(empty, DDIR, [])]
-        for job in jobs:
-            job.result(timeout=120)
-    assert _pycs(sites[0]) == _pycs(sites[1]) == _pycs(sites[2]) and len(_pycs(sites[0])) == 6
+        jobs = [pool.submit(_modules(site)) for site in sites] + [pool.submit([])]
+        made = [job.result(timeout=120) for job in jobs]
+    assert made[3] == {}
+    assert _made(made[0]) == _made(made[1]) == _made(made[2]) and len(made[0]) == 5
+    assert {pack for pycs in made[:3] for pack in pycs} == {m.path for site in sites for m in _modules(site)
+                                                             if "broken" not in m.path}
 
 
 def test_a_compiler_that_dies_fails_the_jobs_naming_the_file_and_nobody_waits(tmp_path, interpreter):
@@ -91,32 +125,23 @@ def test_a_compiler_that_dies_fails_the_jobs_naming_the_file_and_nobody_waits(tm
     dying.write_text("#!/bin/sh\necho 'compiler crashed' >&2\nexit 3\n")
     dying.chmod(0o755)
     with BytecodePool(str(dying), 2) as pool:
-        first = pool.submit(site, DDIR, sources(site))
+        first = pool.submit(_modules(site))
         with pytest.raises(ServestackError, match=r"exited with 3 while compiling .*\.py: compiler crashed"):
             first.result(timeout=60)
         with pytest.raises(ServestackError):
-            pool.submit(site, DDIR, sources(site)).result(timeout=60)
-
-
-def test_sources_are_the_py_files_compile_dir_visits(tmp_path):
-    site = _site(tmp_path / "s")
-    shutil.copy(site / "pkg" / "core.py", site / "pkg" / "__pycache__" / "stale.py")
-    names = [p.relative_to(site).as_posix() for p in sources(site)]
-    assert sorted(names) == ["pkg/__init__.py", "pkg/broken.py", "pkg/core.py", "pkg/linked.py", "pkg/names.py",
-                             "pkg/sub/deep.py", "top.py"]
+            pool.submit(_modules(site)).result(timeout=60)
 
 
 def test_a_stopped_pool_fails_what_is_queued_instead_of_compiling_it(tmp_path, interpreter):
     sites = [_site(tmp_path / str(n)) for n in range(3)]
     pool = BytecodePool(interpreter, 1)
-    queued = [pool.submit(site, DDIR, sources(site)) for site in sites]  # no compiler is serving yet
+    queued = [pool.submit(_modules(site)) for site in sites]  # no compiler is serving yet
     pool.stop()
     with pool:
-        later = pool.submit(sites[0], DDIR, sources(sites[0]))
+        later = pool.submit(_modules(sites[0]))
         for job in queued + [later]:
             with pytest.raises(ServestackError, match="the build stopped"):
                 job.result(timeout=60)
-    assert not any(_pycs(site) for site in sites)
 
 
 def test_install_all_starts_one_compiler_per_cpu_it_may_run_on(monkeypatch):
@@ -147,13 +172,13 @@ def test_a_compiler_that_cannot_start_fails_the_job_naming_the_file(tmp_path):
     site = _site(tmp_path / "s")
     with BytecodePool(str(tmp_path / "no-such-python3.11"), 2) as pool:
         with pytest.raises(ServestackError, match=r"compiling .*\.py with .*no-such-python3.11 -S failed"):
-            pool.submit(site, DDIR, sources(site)).result(timeout=10)
+            pool.submit(_modules(site)).result(timeout=10)
         with pytest.raises(ServestackError):
-            pool.submit(site, DDIR, sources(site)).result(timeout=10)
+            pool.submit(_modules(site)).result(timeout=10)
 
 
 def _wedged(tmp_path: Path) -> tuple[Path, Path]:
-    """A compiler that reads its first file, says so on a FIFO, and then never answers."""
+    """A compiler that reads its first request, says so on a FIFO, and then never answers."""
     said = tmp_path / "read-a-file"
     os.mkfifo(said)
     wedged = tmp_path / "python-that-hangs"
@@ -172,7 +197,7 @@ def test_a_wedged_compiler_is_killed_after_the_answer_timeout(tmp_path, monkeypa
     wedged, said = _wedged(tmp_path)
     site = _site(tmp_path / "s")
     with BytecodePool(str(wedged), 1) as pool:
-        job = pool.submit(site, DDIR, sources(site))
+        job = pool.submit(_modules(site))
         _until_read(said)
         with pytest.raises(ServestackError, match=r"gave no answer in 1 s while compiling .*\.py"):
             job.result(timeout=30)
@@ -187,7 +212,7 @@ def test_leaving_the_pool_on_an_error_kills_a_wedged_compiler_instead_of_waiting
     def build():
         nonlocal job
         with contextlib.suppress(RuntimeError), BytecodePool(str(wedged), 1) as pool:
-            job = pool.submit(site, DDIR, sources(site))
+            job = pool.submit(_modules(site))
             _until_read(said)
             raise RuntimeError("a tree failed")
         left.set()
@@ -200,25 +225,12 @@ def test_leaving_the_pool_on_an_error_kills_a_wedged_compiler_instead_of_waiting
 
 def test_the_callers_python_variables_do_not_reach_the_compilers(tmp_path, interpreter, monkeypatch):
     """They are not part of a tree's key, yet each changed what the old pool wrote: debug ranges out
-    of every pyc, opt-1 names, the pycs outside the tree, no pyc for a file with a warning."""
-    serial, pooled = _site(tmp_path / "serial"), _site(tmp_path / "pooled")
-    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(serial), DDIR], check=True, capture_output=True,
-                   env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
-                        "PYTHONHASHSEED": "0", "PYTHONPATH": ""})
+    of every pyc, opt-1 names, the pycs outside the tree, no pyc for a module with a warning."""
+    site = _site(tmp_path / "site")
+    expected = _compile_dir(interpreter, _site(tmp_path / "serial"))
     for name, value in {"PYTHONNODEBUGRANGES": "1", "PYTHONOPTIMIZE": "1", "PYTHONWARNINGS": "error",
                         "PYTHONPYCACHEPREFIX": str(tmp_path / "elsewhere")}.items():
         monkeypatch.setenv(name, value)
     with BytecodePool(interpreter, 2) as pool:
-        pool.submit(pooled, DDIR, sources(pooled)).result(timeout=120)
-    assert _pycs(pooled) == _pycs(serial)
-    assert not (tmp_path / "elsewhere").exists()
-
-
-def test_a_pyc_that_could_not_be_written_fails_the_job_naming_the_file(tmp_path, interpreter):
-    """compile_file answers False both for a syntax error (no pyc, as compile_dir: fine) and for a write
-    that failed (disk full): the second must not count as compiled."""
-    site = _site(tmp_path / "s")
-    (site / "pkg" / "sub" / "__pycache__").write_text("a file where the directory goes\n")
-    with BytecodePool(interpreter, 1) as pool:
-        with pytest.raises(ServestackError, match=r"no pyc was written for .*/pkg/sub/deep\.py, which compiles"):
-            pool.submit(site, DDIR, sources(site)).result(timeout=120)
+        made = _made(pool.submit(_modules(site)).result(timeout=120))
+    assert made == expected

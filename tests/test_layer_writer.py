@@ -175,14 +175,3 @@ def test_a_phase_says_when_it_starts_ends_or_fails():
         raise RuntimeError("x")
     assert out.getvalue().splitlines() == ["smoke s: static probe ...", "smoke s: static probe done (0 s)",
                                            "smoke s: serving probe ...", "smoke s: serving probe failed after 0 s"]
-
-
-def test_a_scan_takes_known_hashes_only_for_files_still_of_the_known_size(tmp_path):
-    root = tmp_path / "t"
-    (root / "pkg").mkdir(parents=True)
-    (root / "pkg" / "a.py").write_text("a = 1\n")
-    (root / "pkg" / "b.py").write_text("b = 22\n")
-    fake = "f" * 64
-    entries = {e.path: e for e in layers.scan_tree(root, known={"pkg/a.py": (fake, 6), "pkg/b.py": (fake, 3)})}
-    assert entries["pkg/a.py"].sha256 == fake  # trusted: the size it was hashed at
-    assert entries["pkg/b.py"].sha256 == hashlib.sha256(b"b = 22\n").hexdigest()  # changed since: read again

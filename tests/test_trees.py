@@ -83,6 +83,107 @@ def test_a_made_tree_is_renamed_into_place_whole(tmp_path, cache):
     assert (tree.path / "entries.json").is_file() and (tree.path / "timing.json").is_file()
 
 
+def _rich_wheel(tmp_path: Path) -> tuple[Path, str]:
+    """A wheel with what installing treats specially: an entry point, a script and a header in .data, an
+    executable module, a module that does not compile, a nested package."""
+    root = tmp_path / "rich-unpacked"
+    (root / "rich" / "sub").mkdir(parents=True)
+    (root / "rich" / "__init__.py").write_text("from .sub.deep import VALUES\n")
+    (root / "rich" / "sub" / "__init__.py").write_text("")
+    (root / "rich" / "sub" / "deep.py").write_text("VALUES = {'a': frozenset({'x', 'y'}), 'b': (1000, 2.5)}\n")
+    (root / "rich" / "run.py").write_text("#!/usr/bin/env python\nprint('run')\n")
+    (root / "rich" / "run.py").chmod(0o755)
+    (root / "rich" / "broken.py").write_text("def broken(:\n")
+    (root / "rich" / "data.json").write_text("{}\n")
+    data = root / "rich-1.0.data"
+    (data / "scripts").mkdir(parents=True)
+    (data / "scripts" / "rich-tool").write_text("#!python\nprint('tool')\n")
+    (data / "scripts" / "rich-tool").chmod(0o755)
+    (data / "headers").mkdir()
+    (data / "headers" / "rich.h").write_text("int rich;\n")
+    info = root / "rich-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rich\nVersion: 1.0\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    (info / "entry_points.txt").write_text("[console_scripts]\nrich = rich:main\n")
+    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
+    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+# How trees were made before packs: installer writing files, then compile_dir over site-packages.
+COMPILE_DIR = (
+    "import compileall, py_compile, sys\n"
+    "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
+    "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+)
+
+
+def _installed_into_a_directory(wheel: Path, root: Path, interpreter: str) -> list:
+    from installer import install
+    from installer.destinations import SchemeDictionaryDestination
+    from installer.sources import WheelFile
+
+    from servestack import layers
+
+    site = root / trees.site_packages("3.11")
+    scheme = {"purelib": str(site), "platlib": str(site), "headers": str(root / "opt/venv/include/site/python3.11"),
+              "scripts": str(root / "opt/venv/bin"), "data": str(root / "opt/venv")}
+    destination = SchemeDictionaryDestination(scheme, interpreter="/opt/venv/bin/python", script_kind="posix",
+                                              bytecode_optimization_levels=())
+    with WheelFile.open(wheel) as source:
+        install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
+    subprocess.run([interpreter, "-S", "-c", COMPILE_DIR, str(site), "/" + trees.site_packages("3.11")], check=True,
+                   capture_output=True, env={**{k: v for k, v in os.environ.items() if not k.startswith("PYTHON")},
+                                             "PYTHONHASHSEED": "0", "PYTHONPATH": ""})
+    return layers.scan_tree(root)
+
+
+def test_a_tree_holds_what_installing_into_a_directory_and_compile_dir_made(tmp_path, cache):
+    """The same paths, modes and bytes, so the same layer: a tree is a pack and an entry list now, where
+    it was a directory of files that installer wrote and compile_dir compiled."""
+    from servestack import layers
+
+    interpreter = trees.compiler("3.11", None)
+    if interpreter.executable is None:
+        pytest.skip("no python3.11 on this host")
+    wheel, sha256 = _rich_wheel(tmp_path)
+    with BytecodePool(interpreter.executable, 2) as pool:
+        tree = installed_tree(wheel, sha256, "3.11", interpreter.version, pool)
+    expected = _installed_into_a_directory(wheel, tmp_path / "dir", interpreter.executable)
+    assert [e.identity() for e in tree.entries] == [e.identity() for e in expected]
+    made = {e.path: e for e in tree.entries}
+    assert made["opt/venv/bin/rich"].mode == made["opt/venv/bin/rich-tool"].mode == 0o755
+    assert made["opt/venv/lib/python3.11/site-packages/rich/run.py"].mode == 0o755
+    assert made["opt/venv/lib/python3.11/site-packages/rich/__pycache__/run.cpython-311.pyc"].mode == 0o644
+    assert not any("broken.cpython" in path for path in made)
+    assert sorted(p.name for p in tree.path.iterdir()) == ["entries.json", "files.pack", "timing.json"]
+    epoch = 1_700_000_000
+    assert layers.write_layer(list(tree.entries), epoch, key="from-pack").digest == \
+        layers.write_layer(expected, epoch, key="from-directory").digest
+
+
+def test_a_wheel_with_a_file_where_a_pyc_goes_fails_naming_both(tmp_path, cache):
+    """compile_dir could not write that pyc (a file where its __pycache__ directory goes); a pack would
+    hold both, and the layer a file and a directory at one path."""
+    root = tmp_path / "clash"
+    (root / "clash").mkdir(parents=True)
+    (root / "clash" / "__init__.py").write_text("VALUE = 1\n")
+    (root / "clash" / "__pycache__").write_text("a file where the directory goes\n")
+    info = root / "clash-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 1.0\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
+    interpreter = trees.compiler("3.11", None)
+    if interpreter.executable is None:
+        pytest.skip("no python3.11 on this host")
+    with BytecodePool(interpreter.executable, 1) as pool, pytest.raises(
+            ServestackError, match=r"the pyc of .*clash/__init__\.py cannot be at .*: the wheel installs a file at "
+                                   r"opt/venv/lib/python3\.11/site-packages/clash/__pycache__$"):
+        installed_tree(wheel, hashlib.sha256(wheel.read_bytes()).hexdigest(), "3.11", interpreter.version, pool)
+    assert list((cache / "installed").iterdir()) == []
+
+
 def _version(executable: str) -> str:
     """Asked the way a user would (`--version`), not the way trees asks."""
     out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout

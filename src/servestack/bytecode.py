@@ -1,17 +1,21 @@
-"""Bytecode for the installed trees, compiled file by file on every core.
+"""Bytecode for the installed trees, compiled module by module on every core, in memory.
 
-One compiling interpreter per core stays up for the whole build and is handed single files from a
-queue that all trees share (the earliest submitted tree first, its largest files first). A tree's
-bytecode used to be one `compileall.compile_dir` subprocess compiling one file at a time, so a large
-tree (torch, vLLM, transformers: 5-8 CPU seconds each) held one core while the other idled.
+One compiling interpreter per core stays up for the whole build and is handed single modules from a
+queue that all trees share (the earliest submitted tree first, its largest modules first). Each
+module's source is read from its tree's pack (trees.py: a tree is one file of contents, not thousands
+of files), and its pyc comes back over the pipe: no source is written out and no pyc is written in,
+each of which cost a file creation (200-700 us of kernel time here; 25,840 pycs and 41,597 files
+for dev-cpu).
 
-The pycs are byte-identical to compile_dir's: every file goes through `compileall.compile_file` with
-the arguments compile_dir gives it (its `ddir` becomes stripdir/prependdir), in an interpreter started
-the same way (-S, PYTHONHASHSEED=0: see trees.compiler) with the same modules imported. What else is
-alive in the compiling interpreter can matter (marshal flags an object for back-references by its
-refcount; site's imports changed a pyc, see trees.compiler), so the worker imports nothing more than
-compile_dir's script did, and reads the paths as hex so no codec is involved. Measured: all 25,840
-pycs of dev-cpu are byte-identical to compile_dir's; tests/test_bytecode.py compares the two.
+The pycs are byte-identical to `compileall.compile_dir`'s: each module goes through what
+py_compile.compile does (SourceFileLoader.source_to_code with the module's path in the image as its
+file name, then an unchecked-hash pyc), in an interpreter started the same way (-S, PYTHONHASHSEED=0:
+see trees.compiler) with the same modules imported. What else is alive in the compiling interpreter
+can matter (marshal flags an object for back-references by its refcount; site's imports changed a
+pyc, see trees.compiler), so the worker imports nothing compile_dir's script did not, and names its
+variables only as py_compile.compile and compileall.compile_file do: an identifier of its own that a
+module uses once would be an interned string with a second reference. tests/test_bytecode.py
+compares the pycs with compile_dir's, file by file.
 """
 
 from __future__ import annotations
@@ -31,44 +35,46 @@ from pathlib import Path
 from . import proc
 from .errors import ServestackError
 
-# Each request line: stripdir, prependdir and the file, each as the hex of its filesystem bytes.
-# Each answer line: 1 compile_file compiled it (or had nothing to do); S it wrote no pyc because the
-# file does not compile (a syntax error, a null byte: compile_dir skips those the same way); 0 it
-# wrote no pyc for a file that compiles (the write failed: disk full, a file where __pycache__ goes).
-# The check runs only after a failure, in a namespace dropped at once, so nothing it names stays
-# alive in the interpreter to change a later pyc (see the module docstring).
-CHECK = (
-    "skipped = False\n"
-    "try:\n"
-    "    with open(fullname, 'rb') as source:\n"
-    "        compile(source.read(), fullname, 'exec', dont_inherit=True)\n"
-    "except (SyntaxError, ValueError):\n"
-    "    skipped = True\n"
-    "except OSError:\n"
-    "    pass\n"
-    "sys.stdout.write('S\\n' if skipped else '0\\n')\n"
-)
+# Each request line: the pack (hex of its filesystem bytes), the source's offset and size in it, and
+# the module's path in the image (hex). Each answer: "S\n" when the module does not compile (a syntax
+# error, a null byte: compile_dir skips those the same way), else a line with the pyc's path in the
+# image (hex) and its length, then the pyc's bytes. Any other failure ends the worker, its traceback
+# on standard error.
 WORKER = (
     "import compileall, py_compile, sys\n"
-    "while fullname := sys.stdin.readline():\n"
-    "    stripdir, prependdir, fullname = map(compileall.os.fsdecode, map(bytes.fromhex, fullname.split()))\n"
-    "    if compileall.compile_file(\n"
-    "            fullname, quiet=2, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH,\n"
-    "            stripdir=stripdir, prependdir=prependdir):\n"
-    "        sys.stdout.write('1\\n')\n"
+    "while fullname := sys.stdin.buffer.readline():\n"
+    "    file, head, tail, dfile = fullname.split()\n"
+    "    with open(bytes.fromhex(file.decode()), 'rb') as loader:\n"
+    "        loader.seek(int(head))\n"
+    "        source_bytes = loader.read(int(tail))\n"
+    "    dfile = compileall.os.fsdecode(bytes.fromhex(dfile.decode()))\n"
+    "    try:\n"
+    "        code = compileall.importlib.machinery.SourceFileLoader('<py_compile>', dfile).source_to_code(\n"
+    "            source_bytes, dfile, _optimize=-1)\n"
+    "    except (SyntaxError, ValueError):\n"
+    "        sys.stdout.buffer.write(b'S\\n')\n"
     "    else:\n"
-    f"        exec({CHECK!r}, {{'fullname': fullname, 'sys': sys}})\n"
-    "    sys.stdout.flush()\n"
+    "        bytecode = compileall.importlib._bootstrap_external._code_to_hash_pyc(\n"
+    "            code, compileall.importlib.util.source_hash(source_bytes), False)\n"
+    "        cfile = compileall.importlib.util.cache_from_source(dfile)\n"
+    "        sys.stdout.buffer.write(b'%s %d\\n' % (compileall.os.fsencode(cfile).hex().encode(), len(bytecode)))\n"
+    "        sys.stdout.buffer.write(bytecode)\n"
+    "        del code, bytecode, cfile\n"
+    "    sys.stdout.buffer.flush()\n"
+    # Nothing of this module's stays alive into the next one's compiling, as nothing of compile_file's
+    # outlives its call: a code object still alive changed the refcount, so the pyc, of a later module's
+    # frozenset constant (aiohttp/multipart.py, the second time it was compiled in one interpreter).
+    "    del file, head, tail, dfile, loader, source_bytes\n"
 )
 # What the compiling interpreter is started with: see trees.compiler for why each matters. Every
 # other PYTHON* variable of the caller's is dropped: they change the pycs (PYTHONNODEBUGRANGES), their
-# names (PYTHONOPTIMIZE), where they go (PYTHONPYCACHEPREFIX) or whether they are written at all
+# names (PYTHONOPTIMIZE), where they go (PYTHONPYCACHEPREFIX) or whether they are made at all
 # (PYTHONWARNINGS=error), and they are not part of a tree's cache key. (-E or -I would drop them too,
 # and PYTHONHASHSEED with them.)
 WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONPATH": ""}
 
-# What one file may take: the build's old bound was 3600 s for a whole tree; a compiler that answers
-# nothing about a single file for this long is wedged, and is killed rather than waited for.
+# What one module may take: a compiler that answers nothing about a single module for this long is
+# wedged, and is killed rather than waited for.
 ANSWER_TIMEOUT_S = 600.0
 
 
@@ -77,37 +83,42 @@ def worker_base_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
 
 
-def sources(site: Path) -> list[Path]:
-    """The files compile_dir(site) would compile: every `.py` under it, not inside `__pycache__` and not
-    below a symlinked directory (compileall's walk; it compiles a symlinked file where the link is)."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(site):
-        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
-        found += [Path(dirpath, name) for name in sorted(filenames) if name.endswith(".py")]
-    return found
+@dataclass(frozen=True)
+class Module:
+    """A module's source: `size` bytes at `offset` in `pack`, at `path` in the image (absolute: the pyc's
+    co_filename and its __pycache__ name come from it)."""
+
+    pack: Path
+    offset: int
+    size: int
+    path: str
 
 
 @dataclass
 class _Job:
-    """One tree's files: `done` resolves when the last of them has been compiled."""
+    """One tree's modules: `done` resolves when the last of them has been compiled, with each module's
+    pyc (its path in the image and bytes) by the module's path."""
 
     left: int
+    pycs: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def finished_one(self) -> None:
+    def finished_one(self, module: str, pyc: tuple[str, bytes] | None) -> None:
         with self.lock:
+            if pyc is not None:
+                self.pycs[module] = pyc
             self.left -= 1
             if self.left == 0 and not self.done.done():
-                self.done.set_result(None)
+                self.done.set_result(self.pycs)
 
 
 class BytecodePool:
-    """`workers` compiling interpreters (`executable -S`), fed one file at a time from one queue.
+    """`workers` compiling interpreters (`executable -S`), fed one module at a time from one queue.
 
     Use as a context manager; leaving it ends the interpreters (their CPU seconds then count in
     RUSAGE_CHILDREN, as trees.children_cpu_seconds reads them). Each interpreter starts with the first
-    file it is handed.
+    module it is handed.
     """
 
     def __init__(self, executable: str, workers: int):
@@ -131,30 +142,31 @@ class BytecodePool:
         if kind is not None:
             self.stop()
         for _ in self._threads:
-            self._queue.put(((float("inf"),), next(self._order), None, ""))
+            self._queue.put(((float("inf"),), next(self._order), None, None))
         for thread in self._threads:
             thread.join()
 
-    def submit(self, site: Path, ddir: str, files: list[Path]) -> Future:
-        """Compile `files` (under `site`) as compile_dir(site, ddir=ddir) would; the future resolves when
-        all are written. Jobs are served in submission order, each one's largest files first."""
-        job = _Job(len(files))
+    def submit(self, modules: list[Module]) -> Future:
+        """Compile `modules` as compile_dir would; the future resolves with each one's pyc (its path in the
+        image and bytes) by the module's path (none for a module that does not compile). Jobs are served in submission order, each one's
+        largest modules first."""
+        job = _Job(len(modules))
         if self._failure is not None:
             job.done.set_exception(self._failure)
             return job.done
-        if not files:
-            job.done.set_result(None)
+        if not modules:
+            job.done.set_result({})
             return job.done
         number = next(self._jobs)
-        head = f"{os.fsencode(str(site)).hex()} {os.fsencode(ddir).hex()} "
-        sized = sorted(((f.lstat().st_size, f) for f in files), key=lambda pair: -pair[0])
-        for size, path in sized:
-            self._queue.put(((number, -size), next(self._order), job, f"{head}{os.fsencode(str(path)).hex()}\n"))
+        for module in sorted(modules, key=lambda m: -m.size):
+            line = b"%s %d %d %s\n" % (os.fsencode(module.pack).hex().encode(), module.offset, module.size,
+                                        os.fsencode(module.path).hex().encode())
+            self._queue.put(((number, -module.size), next(self._order), job, (module.path, line)))
         return job.done
 
     def stop(self) -> None:
         """Compile nothing more: every job still queued or under way fails (the build is stopping), and
-        the compilers are killed, so a file under way (or a wedged compiler) is not waited for."""
+        the compilers are killed, so a module under way (or a wedged compiler) is not waited for."""
         self._failure = self._failure or ServestackError("bytecode: the build stopped before these files were compiled")
         with self._running_lock:
             for worker in self._running:
@@ -168,31 +180,31 @@ class BytecodePool:
 
     def _serve(self) -> None:
         """One compiling interpreter: started here, fed until the pool closes. Whatever goes wrong with
-        a file (the compiler cannot start: EAGAIN, EMFILE; it dies or hangs; a bug here) fails that
-        file's job, and after a failure every job still queued fails with it, so no caller waits for ever."""
+        a module (the compiler cannot start: EAGAIN, EMFILE; it dies or hangs; a bug here) fails that
+        module's job, and after a failure every job still queued fails with it, so no caller waits for ever."""
         with tempfile.TemporaryFile() as errors:
-            worker = None  # started with the first file: a build of cached trees compiles nothing
+            worker = None  # started with the first module: a build of cached trees compiles nothing
             closed = False
             try:
                 while True:
-                    _, _, job, line = self._queue.get()
+                    _, _, job, request = self._queue.get()
                     if job is None:
                         closed = True
                         return
                     if self._failure is not None:
                         self._fail(job, self._failure)
                         continue
-                    path = os.fsdecode(bytes.fromhex(line.split()[2]))
+                    path, line = request
                     try:
                         if worker is None:
                             worker = self._start(errors)
-                        failure = self._compile(worker, line, path, errors)
-                    except BaseException as error:
-                        failure = ServestackError(f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}")
-                    if failure is None:
-                        job.finished_one()
-                    else:
+                        pyc = self._compile(worker, line, path, errors)
+                    except ServestackError as failure:
                         self._fail(job, failure)
+                    except BaseException as error:
+                        self._fail(job, ServestackError(f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}"))
+                    else:
+                        job.finished_one(path, pyc)
             finally:
                 if not closed:  # this thread is ending early: no job may be left waiting for it
                     self._fail_queued(ServestackError(f"bytecode: {threading.current_thread().name} ended early"))
@@ -210,29 +222,32 @@ class BytecodePool:
                 worker.kill()
         return worker
 
-    def _compile(self, worker: subprocess.Popen, line: str, path: str, errors) -> ServestackError | None:
-        """Hand the worker one file; None when compile_file said it is done."""
+    def _compile(self, worker: subprocess.Popen, line: bytes, path: str, errors) -> tuple[str, bytes] | None:
+        """Hand the worker one module: its pyc's path in the image and bytes, None when it does not compile."""
+        header: bytes | None = b""
         try:
             worker.stdin.write(line)
             worker.stdin.flush()
-            # An answer is one line written at once, and nothing else is ever written: the text
-            # stream's buffer is empty between answers, so the pipe's readiness is the answer's.
+            # The worker writes nothing but answers, each whole, and only when asked: the reader's buffer
+            # is empty between answers, so the pipe's readiness is the answer's.
             answered = select.select([worker.stdout], [], [], ANSWER_TIMEOUT_S)[0]
-            answer = worker.stdout.readline() if answered else None
+            header = worker.stdout.readline() if answered else None
+            if header == b"S\n":
+                return None
+            if header:
+                cfile, length = header.split()
+                pyc = worker.stdout.read(int(length))
+                if len(pyc) == int(length):
+                    return os.fsdecode(bytes.fromhex(cfile.decode())), pyc
         except OSError:  # the pipe broke: the interpreter is gone
-            answer = ""
-        if answer is None:
+            pass
+        if header is None:
             worker.kill()
-            return ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
-                                   f"while compiling {path}; killed it")
-        if answer in ("1\n", "S\n"):
-            return None
-        if answer == "0\n":
-            return ServestackError(f"bytecode: no pyc was written for {path}, which compiles: compileall could not "
-                                   "write it (disk full? a file where its __pycache__ directory goes?)")
+            raise ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
+                                  f"while compiling {path}; killed it")
         errors.seek(0)
-        return ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
-                               f"{errors.read()[-2000:].decode(errors='replace')}")
+        raise ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
+                              f"{errors.read()[-2000:].decode(errors='replace')}")
 
     def _fail_queued(self, failure: ServestackError) -> None:
         """Fail every job still queued (the pool's closing markers go back for the other threads)."""

@@ -12,14 +12,16 @@ other bytes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import stat
 import tarfile
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import zstandard
 
@@ -43,48 +45,54 @@ class Entry:
     size: int = 0
     sha256: str = ""
     link: str = ""
-    source: Path | None = None  # where the bytes are on this host (files only); not part of the key
+    # Where the bytes are on this host (files only), not part of the key: the file `source` itself, or,
+    # from `offset` on, `size` bytes of an installed tree's pack (trees.py).
+    source: Path | None = None
+    offset: int = -1
 
     def identity(self) -> list[object]:
         return [self.path, self.kind, self.mode, self.size, self.sha256, self.link]
 
 
-def entry_for(source: Path, path: str, sha256: str | None = None, size: int = -1) -> Entry:
-    """The entry for a host file or symlink, hashing its content unless the caller knows it (and, when
-    it gives the `size` it knew it at, the file still has that size)."""
+def entry_for(source: Path, path: str) -> Entry:
+    """The entry for a host file or symlink, its content hashed."""
     info = source.lstat()
     if stat.S_ISLNK(info.st_mode):
         return Entry(path, "symlink", 0o777, link=os.readlink(source))
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{source}: only regular files and symlinks go into a layer")
-    digest = sha256 if sha256 and size in (-1, info.st_size) else sha256_file(source)
-    return Entry(path, "file", 0o755 if info.st_mode & 0o100 else 0o644, info.st_size, digest, source=source)
+    return Entry(path, "file", 0o755 if info.st_mode & 0o100 else 0o644, info.st_size, sha256_file(source), source=source)
 
 
-def scan_tree(root: Path, prefix: str = "", known: Mapping[str, tuple[str, int]] | None = None) -> list[Entry]:
-    """Every file and symlink under `root`, as entries under `prefix`. Content is hashed, except a file
-    `known` gives (path under `root` -> sha256 and size, as the installer that wrote it hashed it) whose
-    size still matches."""
-    known = known or {}
+def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
+    """Every file and symlink under `root`, as entries under `prefix`, their content hashed."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
             full = Path(dirpath, name)
-            rel = full.relative_to(root).as_posix()
-            digest, size = known.get(rel, (None, -1))
-            out.append(entry_for(full, f"{prefix}{rel}", digest, size))
+            out.append(entry_for(full, f"{prefix}{full.relative_to(root).as_posix()}"))
     return sorted(out, key=lambda e: e.path)
+
+
+def content(e: Entry) -> bytes:
+    """A file entry's bytes, from its host file or its tree's pack."""
+    with open(e.source, "rb") as f:
+        if e.offset < 0:
+            return f.read()
+        f.seek(e.offset)
+        return f.read(e.size)
 
 
 def save_entries(path: Path, entries: list[Entry], root: Path) -> None:
     """A tree's entry list beside it (sources relative to `root`), so a cached tree is never re-hashed."""
-    atomic_write_json(path, [[*e.identity(), e.source.relative_to(root).as_posix() if e.source else ""] for e in entries])
+    atomic_write_json(path, [[*e.identity(), e.source.relative_to(root).as_posix() if e.source else "", e.offset]
+                             for e in entries])
 
 
 def load_entries(path: Path, root: Path) -> list[Entry]:
-    return [Entry(p, kind, mode, size, sha, link, root / src if src else None)
-            for p, kind, mode, size, sha, link, src in json.loads(path.read_text())]
+    return [Entry(p, kind, mode, size, sha, link, root / src if src else None, offset)
+            for p, kind, mode, size, sha, link, src, offset in json.loads(path.read_text())]
 
 
 # --------------------------------------------------------------------------- keys
@@ -212,14 +220,21 @@ def _tarinfo(e: Entry, epoch: int) -> tarfile.TarInfo:
 def write_tar(entries: list[Entry], out, epoch: int) -> None:
     """The layer's tar stream into `out` (anything with write())."""
     # Not tarfile's stream mode ("w|"): it grows one bytes object per write, quadratic on small files.
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=1 << 20) as tar:
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=1 << 20) as tar, \
+            contextlib.ExitStack() as packs:
+        opened: dict[Path, BinaryIO] = {}
         for e in with_parents(entries):
             info = _tarinfo(e, epoch)
-            if e.kind == "file":
+            if e.kind != "file":
+                tar.addfile(info)
+            elif e.offset < 0:
                 with open(e.source, "rb") as f:
                     tar.addfile(info, f)
-            else:
-                tar.addfile(info)
+            else:  # tarfile reads exactly info.size bytes from there, and fails if the pack is shorter
+                if e.source not in opened:
+                    opened[e.source] = packs.enter_context(open(e.source, "rb"))
+                opened[e.source].seek(e.offset)
+                tar.addfile(info, opened[e.source])
 
 
 def tar_size(entries: list[Entry]) -> int:

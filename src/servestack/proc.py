@@ -74,11 +74,11 @@ def run(
 
 
 def pipe(argv: Sequence[str | os.PathLike[str]], *, env: Mapping[str, str] | None = None,
-         base_env: Mapping[str, str] | None = None, stderr: int | IO[bytes] | None = None) -> subprocess.Popen[str]:
-    """A long-lived command spoken to line by line: text on its standard input and output pipes. Its
+         base_env: Mapping[str, str] | None = None, stderr: int | IO[bytes] | None = None) -> subprocess.Popen[bytes]:
+    """A long-lived command spoken to through bytes on its standard input and output pipes. Its
     environment is `base_env` (default: the caller's) plus `env`."""
     args, full_env = _prepare(argv, env, base_env)
-    return subprocess.Popen(args, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    return subprocess.Popen(args, env=full_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
 
 
 def output_bytes(
