@@ -210,8 +210,9 @@ def _install(wheel: Path, pack: BinaryIO, python: str) -> dict[str, _Packed]:
     from installer.destinations import SchemeDictionaryDestination
     from installer.records import Hash, RecordEntry
     from installer.scripts import Script
-    from installer.sources import WheelFile
     from installer.utils import Scheme, copyfileobj_with_hashing
+
+    from .wheelzip import open_wheel
 
     files: dict[str, _Packed] = {}
 
@@ -239,7 +240,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str) -> dict[str, _Packed]:
         "data": f"/{VENV}",
     }
     destination = Packing(scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=())
-    with WheelFile.open(wheel) as source, warnings.catch_warnings():
+    with open_wheel(wheel) as source, warnings.catch_warnings():
         # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns.
         warnings.simplefilter("ignore", RuntimeWarning)
         install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
