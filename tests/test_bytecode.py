@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,24 @@ def test_the_callers_python_variables_do_not_reach_the_compilers(tmp_path, inter
     with BytecodePool(interpreter, 2) as pool:
         made = _made(pool.submit(_modules(site)).result(timeout=120))
     assert made == expected
+
+
+def test_a_job_takes_modules_as_they_come_and_resolves_once_closed_and_compiled(tmp_path, interpreter):
+    """A tree hands each module over as soon as it is installed: the compilers work while the rest of
+    the wheel installs, and the tree waits only for the last."""
+    site = _site(tmp_path / "site")
+    modules = _modules(site)
+    with BytecodePool(interpreter, 2) as pool:
+        job = pool.job()
+        job.add(modules[0])
+        deadline = time.monotonic() + 60
+        while job.left and time.monotonic() < deadline:  # compiled while the job is still open
+            threading.Event().wait(0.01)
+        assert job.left == 0 and not job.done.done()
+        for module in modules[1:]:
+            job.add(module)
+        made = job.close().result(timeout=120)
+        with pytest.raises(RuntimeError, match="closed job"):
+            job.add(modules[0])
+        assert pool.job().close().result(timeout=10) == {}
+    assert _made(made) == _compile_dir(interpreter, site)

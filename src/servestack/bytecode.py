@@ -1,7 +1,7 @@
 """Bytecode for the installed trees, compiled module by module on every core, in memory.
 
 One compiling interpreter per core stays up for the whole build and is handed single modules from a
-queue that all trees share (the earliest submitted tree first, its largest modules first). Each
+queue that all trees share (the earliest started tree's first), each as soon as it is installed. Each
 module's source is read from its tree's pack (trees.py: a tree is one file of contents, not thousands
 of files), and its pyc comes back over the pipe: no source is written out and no pyc is written in,
 each of which cost a file creation (200-700 us of kernel time here; 25,840 pycs and 41,597 files
@@ -95,22 +95,42 @@ class Module:
 
 
 @dataclass
-class _Job:
-    """One tree's modules: `done` resolves when the last of them has been compiled, with each module's
-    pyc (its path in the image and bytes) by the module's path."""
+class Job:
+    """One tree's modules, handed to the pool one by one as they are installed (`add`); `close` says
+    there are no more, and its future resolves when the last has been compiled, with each module's pyc
+    (its path in the image and bytes) by the module's path (none for a module that does not compile)."""
 
-    left: int
+    pool: BytecodePool
+    number: int
+    left: int = 0
+    closed: bool = False
     pycs: dict[str, tuple[str, bytes]] = field(default_factory=dict)
     done: Future = field(default_factory=Future)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, module: Module) -> None:
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("bytecode: a module added to a closed job")
+            self.left += 1
+        self.pool._enqueue(self, module)
+
+    def close(self) -> Future:
+        with self.lock:
+            self.closed = True
+            self._resolve_if_done()
+        return self.done
 
     def finished_one(self, module: str, pyc: tuple[str, bytes] | None) -> None:
         with self.lock:
             if pyc is not None:
                 self.pycs[module] = pyc
             self.left -= 1
-            if self.left == 0 and not self.done.done():
-                self.done.set_result(self.pycs)
+            self._resolve_if_done()
+
+    def _resolve_if_done(self) -> None:
+        if self.closed and self.left == 0 and not self.done.done():
+            self.done.set_result(self.pycs)
 
 
 class BytecodePool:
@@ -146,23 +166,28 @@ class BytecodePool:
         for thread in self._threads:
             thread.join()
 
-    def submit(self, modules: list[Module]) -> Future:
-        """Compile `modules` as compile_dir would; the future resolves with each one's pyc (its path in the
-        image and bytes) by the module's path (none for a module that does not compile). Jobs are served in submission order, each one's
-        largest modules first."""
-        job = _Job(len(modules))
+    def job(self) -> Job:
+        """A new job: its modules are served after every earlier job's (a tree started earlier finishes
+        earlier, and its layer can be written)."""
+        job = Job(self, next(self._jobs))
         if self._failure is not None:
             job.done.set_exception(self._failure)
-            return job.done
-        if not modules:
-            job.done.set_result({})
-            return job.done
-        number = next(self._jobs)
+        return job
+
+    def submit(self, modules: list[Module]) -> Future:
+        """Compile `modules`, all known at once: a job of them, closed (its largest modules first)."""
+        job = self.job()
         for module in sorted(modules, key=lambda m: -m.size):
-            line = b"%s %d %d %s\n" % (os.fsencode(module.pack).hex().encode(), module.offset, module.size,
-                                        os.fsencode(module.path).hex().encode())
-            self._queue.put(((number, -module.size), next(self._order), job, (module.path, line)))
-        return job.done
+            job.add(module)
+        return job.close()
+
+    def _enqueue(self, job: Job, module: Module) -> None:
+        if self._failure is not None:
+            self._fail(job, self._failure)
+            return
+        line = b"%s %d %d %s\n" % (os.fsencode(module.pack).hex().encode(), module.offset, module.size,
+                                    os.fsencode(module.path).hex().encode())
+        self._queue.put(((job.number, next(self._order)), next(self._order), job, (module.path, line)))
 
     def stop(self) -> None:
         """Compile nothing more: every job still queued or under way fails (the build is stopping), and
@@ -172,7 +197,7 @@ class BytecodePool:
             for worker in self._running:
                 worker.kill()
 
-    def _fail(self, job: _Job, failure: ServestackError) -> None:
+    def _fail(self, job: Job, failure: ServestackError) -> None:
         self._failure = self._failure or failure
         with job.lock:
             if not job.done.done():

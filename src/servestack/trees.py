@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from . import proc
-from .bytecode import BytecodePool, Module
+from .bytecode import BytecodePool, Job, Module
 from .errors import ServestackError
 from .fsutil import atomic_write_json
 from .layers import Entry, load_entries, save_entries
@@ -163,11 +163,17 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
     staging = staging_path(tree)
     try:
         staging.mkdir(parents=True)
+        job = bytecode.job() if bytecode is not None else None
         with open(staging / PACK, "wb") as pack:
-            files = _install(wheel, pack, python)
-            pack.flush()  # the compilers read the sources from it
+            def packed(path: str, file: _Packed) -> None:
+                # A module goes to the compilers as soon as it is packed: they work while the rest installs.
+                if job is not None and _is_module(path, python):
+                    pack.flush()  # they read it from the pack
+                    job.add(Module(staging / PACK, file.offset, file.size, "/" + path))
+
+            files = _install(wheel, pack, python, packed)
             installed, install_cpu = time.monotonic(), time.thread_time() - cpu
-            for _, (pyc_path, pyc) in sorted(_compile_bytecode(staging / PACK, files, python, bytecode).items()):
+            for _, (pyc_path, pyc) in sorted(_bytecode(job, files, python, wheel).items()):
                 # Never executable: py_compile writes a pyc with its source's mode & 0o666.
                 files[pyc_path] = _Packed(pack.tell(), len(pyc), hashlib.sha256(pyc).hexdigest(), executable=False)
                 pack.write(pyc)
@@ -202,10 +208,10 @@ class _Packed:
     executable: bool
 
 
-def _install(wheel: Path, pack: BinaryIO, python: str) -> dict[str, _Packed]:
+def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _Packed], None]) -> dict[str, _Packed]:
     """Install the wheel into `pack` (pypa/installer, no code from the wheel runs): every file it would
     write, by its path in the image, is appended to the pack instead, hashed as installer hashes it for
-    RECORD."""
+    RECORD, and handed to `packed` once it is there."""
     from installer import install
     from installer.destinations import SchemeDictionaryDestination
     from installer.records import Hash, RecordEntry
@@ -226,6 +232,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str) -> dict[str, _Packed]:
             hash_, size = copyfileobj_with_hashing(stream, pack, self.hash_algorithm)
             files[target] = _Packed(offset, size, base64.urlsafe_b64decode(hash_ + "=" * (-len(hash_) % 4)).hex(),
                                     is_executable)
+            packed(target, files[target])
             return RecordEntry(path, Hash(self.hash_algorithm, hash_), size)
 
         def write_script(self, name, module, attr, section):
@@ -247,25 +254,27 @@ def _install(wheel: Path, pack: BinaryIO, python: str) -> dict[str, _Packed]:
     return files
 
 
-def _compile_bytecode(pack: Path, files: dict[str, _Packed], python: str,
-                      bytecode: BytecodePool | None) -> dict[str, tuple[str, bytes]]:
-    """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it):
-    each module's pyc (its path in the image and bytes) by the module's path.
+def _is_module(path: str, python: str) -> bool:
+    """Whether compileall.compile_dir(site-packages) would compile the file at `path` (in the image): a
+    `.py` file under site-packages, not inside a `__pycache__` directory."""
+    return path.startswith(site_packages(python) + "/") and path.endswith(".py") and "__pycache__" not in path.split("/")
 
-    The modules are the ones compileall.compile_dir(site-packages) would compile: every `.py` file not
-    inside a `__pycache__` directory. Unchecked-hash pycs carry no timestamps, and a fixed hash seed
-    keeps constant sets in one order, so the bytes depend only on the sources and the interpreter's
-    exact version (part of the tree's key, see `compiler`); bytecode is the same on every platform. The
-    modules are compiled on all cores, with every other tree's (bytecode.py).
+
+def _bytecode(job: Job | None, files: dict[str, _Packed], python: str, wheel: Path) -> dict[str, tuple[str, bytes]]:
+    """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it):
+    each module's pyc (its path in the image and bytes) by the module's path, once `job` has compiled
+    them all (None: the host has no python<X.Y>).
+
+    Unchecked-hash pycs carry no timestamps, and a fixed hash seed keeps constant sets in one order,
+    so the bytes depend only on the sources and the interpreter's exact version (part of the tree's
+    key, see `compiler`); bytecode is the same on every platform. The modules are compiled on all
+    cores, with every other tree's (bytecode.py).
     """
-    site = site_packages(python) + "/"
-    modules = [Module(pack, f.offset, f.size, "/" + path) for path, f in files.items()
-               if path.startswith(site) and path.endswith(".py") and "__pycache__" not in path.split("/")]
-    if bytecode is None:
-        if modules:
-            log.warning("no python%s on this host: the image ships no bytecode for %s", python, pack.parent.name)
+    if job is None:
+        if any(_is_module(path, python) for path in files):
+            log.warning("no python%s on this host: the image ships no bytecode for %s", python, wheel.name)
         return {}
-    pycs = {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in bytecode.submit(modules).result().items()}
+    pycs = {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in job.close().result().items()}
     for module, (pyc_path, _) in pycs.items():
         taken = next((p for p in _parents(pyc_path) if p in files), None)
         if taken is not None or pyc_path in files:
@@ -296,9 +305,10 @@ def usable_cpus() -> int:
 
 def install_all(wheels: list[tuple[Path, str]], python: str, image_version: str | None, workers: int | None = None,
                 on_tree: Callable[[str, Tree], None] | None = None) -> list[Tree]:
-    """Every (wheel, sha256) as a tree: installed `workers` at a time (default: one per core), their
-    bytecode compiled file by file by one compiling interpreter per core (bytecode.py): the host's
-    python<python> of the image's exact version `image_version` where there is one (see `compiler`).
+    """Every (wheel, sha256) as a tree, on `workers` cores (default: the usable CPUs): two trees in the
+    making per core, their modules compiled one by one, as they are installed, by one compiling
+    interpreter per core (bytecode.py): the host's python<python> of the image's exact version
+    `image_version` where there is one (see `compiler`).
 
     `on_tree(sha256, tree)` is called as each tree is ready (cached ones first), from this thread.
     """
@@ -311,8 +321,10 @@ def install_all(wheels: list[tuple[Path, str]], python: str, image_version: str 
     # Leaving the stack ends the installs first, then the compiling interpreters (their CPU is then counted).
     with contextlib.ExitStack() as stack:
         bytecode = stack.enter_context(BytecodePool(interpreter, cores)) if interpreter else None
-        # A thread waits while its tree's files compile: the compilers keep the cores busy meanwhile.
-        pool = stack.enter_context(ThreadPoolExecutor(max_workers=cores))
+        # Two trees in the making per core: while one waits for the last of its modules to compile,
+        # the other installs, so the compilers are never out of modules (measured: cold dev-cpu 57.5 s
+        # with one per core, 52.6 s with two).
+        pool = stack.enter_context(ThreadPoolExecutor(max_workers=2 * cores))
         futures = {pool.submit(installed_tree, wheels[i][0], wheels[i][1], python, chosen.version, bytecode): i for i in order}
         try:
             for future in as_completed(futures):
