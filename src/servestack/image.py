@@ -542,7 +542,7 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
                         uploads)
     children, trees_started = children_cpu_seconds(), time.monotonic()
     try:
-        with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled file by file on all cores; "
+        with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled module by module on all cores; "
                           "the large packages' layers written and pushed as their trees are ready"):
             made = install_all(list((path, sha) for sha, path in wheels.items()), python,
                                interpreter_version(lock, platform), on_tree=early.offer)
