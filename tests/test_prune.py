@@ -14,9 +14,10 @@ from servestack.fsutil import atomic_write_json
 
 
 def _tree(cache, name, mtime):
-    tree = cache / "installed" / name
-    (tree / "root").mkdir(parents=True)
-    (tree / "root" / "f.py").write_bytes(b"x" * 1000)
+    tree = cache / "installed" / name  # as trees.installed_tree leaves one: a pack and its entry list
+    tree.mkdir(parents=True)
+    (tree / trees.PACK).write_bytes(b"x" * 1000)
+    atomic_write_json(tree / "entries.json", [["f.py", "file", 0o644, 1000, "0" * 64, "", trees.PACK, 0]])
     os.utime(tree, (mtime, mtime))
     return tree
 
