@@ -35,8 +35,8 @@ def _layer(cache, key, digest_hex, mtime):
 def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_file(tmp_path):
     cache = tmp_path / "cache"
     old = time.time() - 10 * prune.GRACE_SECONDS
-    kept_tree, gone_tree = _tree(cache, "aaa-py3.11.7-pyc1", old), _tree(cache, "bbb-py3.11.7-pyc1", old)
-    fresh_tree = _tree(cache, "ccc-py3.11.7-pyc1", time.time())  # a concurrent build is making or reading it
+    kept_tree, gone_tree = _tree(cache, "aaa-py3.11.7-pyc3", old), _tree(cache, "bbb-py3.11.7-pyc3", old)
+    fresh_tree = _tree(cache, "ccc-py3.11.7-pyc3", time.time())  # a concurrent build is making or reading it
     kept_blob, gone_blob = _layer(cache, "k1", "11" * 32, old), _layer(cache, "k2", "22" * 32, old)
     (cache / "blobs").mkdir()
     (cache / "blobs" / "wheel.whl").write_bytes(b"w")  # a downloaded input: never pruned
@@ -53,6 +53,7 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
         assert prune.prune(cache).removed == 0  # ...until KEEP_BUILDS newer builds did not use it
         prune.record_use("dev-cpu", [kept_tree], [f"sha256:{'11' * 32}"], cache)
     key_size = (cache / "layers" / "keys" / "k2.json").stat().st_size
+    tree_size = sum(f.stat().st_size for f in gone_tree.iterdir())
     left_over = _tree(cache, trees.staging_path(kept_tree).name, old)  # a build killed while making kept_tree
     result = prune.prune(cache)
 
@@ -60,7 +61,7 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
     assert not left_over.exists()
     assert kept_tree.exists() and kept_blob.exists() and (cache / "layers" / "keys" / "k1.json").exists()
     assert fresh_tree.exists() and (cache / "blobs" / "wheel.whl").exists()
-    assert result == prune.Pruned(4, 1000 + 1000 + 500 + key_size)
+    assert result == prune.Pruned(4, 2 * tree_size + 500 + key_size)
     assert len(list((cache / "uses").glob("*.json"))) == prune.KEEP_BUILDS
 
 
