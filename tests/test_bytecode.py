@@ -256,3 +256,31 @@ def test_a_job_takes_modules_as_they_come_and_resolves_once_closed_and_compiled(
             job.add(modules[0])
         assert pool.job().close().result(timeout=10) == {}
     assert _made(made) == _compile_dir(interpreter, site)
+
+
+def test_a_module_that_raises_while_compiling_is_skipped_as_compile_dir_skips_it(tmp_path, interpreter):
+    """py_compile turns any exception from compiling into an error compile_dir skips the module for:
+    compiling's recursion limit too, not only a syntax error."""
+    site = _site(tmp_path / "site")
+    (site / "pkg" / "deep_sum.py").write_text("x = " + "1 + " * 200_000 + "1\n")
+    with BytecodePool(interpreter, 1) as pool:
+        made = _made(pool.submit(_modules(site)).result(timeout=120))
+    expected = _compile_dir(interpreter, site)
+    assert not any("deep_sum" in name for name in expected) and made == expected
+
+
+def test_an_abandoned_jobs_modules_are_dropped_not_read_from_its_gone_pack(tmp_path, interpreter):
+    """A tree that fails removes its pack while its modules may still be queued: a compiler reading one
+    died, and failed every other tree's job with it."""
+    failed, healthy = _site(tmp_path / "failed"), _site(tmp_path / "healthy")
+    pool = BytecodePool(interpreter, 1)
+    job = pool.job()
+    for module in _modules(failed):  # queued before any compiler serves
+        job.add(module)
+    job.abandon(ServestackError("the wheel did not install"))
+    failed.with_name(failed.name + ".pack").unlink()
+    with pool:
+        made = _made(pool.submit(_modules(healthy)).result(timeout=120))
+    assert made == _compile_dir(interpreter, healthy)
+    with pytest.raises(ServestackError, match="did not install"):
+        job.close().result(timeout=0)

@@ -184,6 +184,34 @@ def test_a_wheel_with_a_file_where_a_pyc_goes_fails_naming_both(tmp_path, cache)
     assert list((cache / "installed").iterdir()) == []
 
 
+def _wheel_with(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
+    root = tmp_path / "odd"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    info = root / "odd-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd\nVersion: 1.0\n")
+    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
+    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("files, error", [
+    ({"odd/x.py": "A = 1\n", "odd-1.0.data/purelib/odd/x.py": "A = 2\n"},
+     r"odd-1.0-py3-none-any.whl: a file cannot be at .*/odd/x\.py: the wheel installs a file at .*/odd/x\.py$"),
+    ({"odd/data": "a file\n", "odd-1.0.data/purelib/odd/data/x.txt": "below it\n"},
+     r"a file cannot be at .*/odd/data(/x\.txt)?: the wheel installs (a file at|files below) .*/odd/data$"),  # either order
+])
+def test_a_wheel_installing_two_things_at_one_path_fails_naming_it_and_leaves_nothing(tmp_path, cache, files, error):
+    """Installing into a directory failed on these (a file twice, a file where a directory goes); a pack
+    would hold both, and a layer two entries at one path."""
+    wheel, sha256 = _wheel_with(tmp_path, files)
+    with pytest.raises(ServestackError, match=error):
+        installed_tree(wheel, sha256, "3.11", "none", None)
+    assert list((cache / "installed").iterdir()) == []
+
+
 def _version(executable: str) -> str:
     """Asked the way a user would (`--version`), not the way trees asks."""
     out = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout

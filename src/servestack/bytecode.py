@@ -51,7 +51,7 @@ WORKER = (
     "    try:\n"
     "        code = compileall.importlib.machinery.SourceFileLoader('<py_compile>', dfile).source_to_code(\n"
     "            source_bytes, dfile, _optimize=-1)\n"
-    "    except (SyntaxError, ValueError):\n"
+    "    except Exception:\n"
     "        sys.stdout.buffer.write(b'S\\n')\n"
     "    else:\n"
     "        bytecode = compileall.importlib._bootstrap_external._code_to_hash_pyc(\n"
@@ -114,6 +114,12 @@ class Job:
                 raise RuntimeError("bytecode: a module added to a closed job")
             self.left += 1
         self.pool._enqueue(self, module)
+
+    def abandon(self, failure: BaseException) -> None:
+        """The tree failed: its modules still queued are dropped (its pack is going)."""
+        with self.lock:
+            if not self.done.done():
+                self.done.set_exception(failure)
 
     def close(self) -> Future:
         with self.lock:
@@ -219,6 +225,8 @@ class BytecodePool:
                     if self._failure is not None:
                         self._fail(job, self._failure)
                         continue
+                    if job.done.done():  # abandoned: its tree failed
+                        continue
                     path, line = request
                     try:
                         if worker is None:
@@ -266,6 +274,8 @@ class BytecodePool:
                     return os.fsdecode(bytes.fromhex(cfile.decode())), pyc
         except OSError:  # the pipe broke: the interpreter is gone
             pass
+        except ValueError:  # it answered nonsense: it cannot be spoken to any more
+            worker.kill()
         if header is None:
             worker.kill()
             raise ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "

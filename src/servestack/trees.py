@@ -1,7 +1,7 @@
 """Wheels installed on the host into per-wheel trees, as the image's venv holds them.
 
 Each tree is made once per (wheel hash, exact version of the compiling interpreter, bytecode recipe)
-and cached; the trees of a build are made in parallel, one per core, and each is handed on as soon
+and cached; the trees of a build are made in parallel, two per core, and each is handed on as soon
 as it is made (the image step writes its layer while the others are still being made). Installing
 runs no code from the wheel (pypa/installer); bytecode is compiled by the host's interpreter of the
 image's exact Python version where the host has one (`compiler`).
@@ -22,6 +22,7 @@ import hashlib
 import io
 import logging
 import os
+import posixpath
 import resource
 import secrets
 import shutil
@@ -61,8 +62,9 @@ class Tree:
     made: bool  # False when it came from the cache
     install_seconds: float = 0.0
     bytecode_seconds: float = 0.0
-    # CPU seconds of installing, then listing and hashing every file (this thread's): on a loaded
-    # machine the wall seconds above say little about the work. Bytecode's CPU: see install_all.
+    # CPU seconds of installing into the pack, hashing every file (this thread's): on a loaded machine
+    # the wall seconds say little about the work. Bytecode's CPU: see install_all. Modules compile while
+    # the wheel installs, so bytecode_seconds is the wait for the last of them after it, and their writing.
     install_cpu_seconds: float = 0.0
 
     @property
@@ -161,19 +163,25 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
     started, cpu = time.monotonic(), time.thread_time()
     # Made under a name of its own and renamed into place whole, so no build sees half a tree.
     staging = staging_path(tree)
+    job = None
     try:
         staging.mkdir(parents=True)
         job = bytecode.job() if bytecode is not None else None
         with open(staging / PACK, "wb") as pack:
             def packed(path: str, file: _Packed) -> None:
                 # A module goes to the compilers as soon as it is packed: they work while the rest installs.
-                if job is not None and _is_module(path, python):
+                if job is None:
+                    return
+                if job.done.done():  # the pool failed or the build stopped: install no more of this wheel
+                    job.done.result()
+                if _is_module(path, python):
                     pack.flush()  # they read it from the pack
                     job.add(Module(staging / PACK, file.offset, file.size, "/" + path))
 
             files = _install(wheel, pack, python, packed)
             installed, install_cpu = time.monotonic(), time.thread_time() - cpu
-            for _, (pyc_path, pyc) in sorted(_bytecode(job, files, python, wheel).items()):
+            for module, (pyc_path, pyc) in sorted(_bytecode(job, files, python, wheel).items()):
+                files.claim(pyc_path, f"the pyc of {module}")
                 # Never executable: py_compile writes a pyc with its source's mode & 0o666.
                 files[pyc_path] = _Packed(pack.tell(), len(pyc), hashlib.sha256(pyc).hexdigest(), executable=False)
                 pack.write(pyc)
@@ -184,9 +192,12 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
         atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
                                                     "bytecode_seconds": round(compiled - installed, 2),
                                                     "install_cpu_seconds": round(install_cpu, 2)})
-    except BaseException:
+    except BaseException as failure:
         # A wheel that does not install, bytecode that fails, an interrupt: the half-made tree is
-        # nobody's (its name is this call's own), so it goes now rather than lying in the cache.
+        # nobody's (its name is this call's own), so it goes now rather than lying in the cache, and
+        # its modules still queued are dropped, not read by a compiler from a pack that is gone.
+        if job is not None:
+            job.abandon(failure)
         shutil.rmtree(staging, ignore_errors=True)
         raise
     try:
@@ -208,7 +219,26 @@ class _Packed:
     executable: bool
 
 
-def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _Packed], None]) -> dict[str, _Packed]:
+class _Files(dict[str, _Packed]):
+    """A tree's files by path in the image, each path claimed before its file is packed: as installing
+    into a directory would fail, a path is refused when a file is already there, a directory is (a file
+    installed below it earlier), or a file is where one of its directories goes."""
+
+    def __init__(self, wheel: Path):
+        super().__init__()
+        self.wheel, self.directories = wheel, set()
+
+    def claim(self, path: str, what: str) -> None:
+        parents = _parents(path)
+        clash = path if path in self or path in self.directories else next((p for p in parents if p in self), None)
+        if clash is not None:
+            raise ServestackError(f"{self.wheel.name}: {what} cannot be at {path}: "
+                                  + (f"the wheel installs a file at {clash}" if clash in self else
+                                     f"the wheel installs files below {clash}"))
+        self.directories.update(parents)
+
+
+def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _Packed], None]) -> _Files:
     """Install the wheel into `pack` (pypa/installer, no code from the wheel runs): every file it would
     write, by its path in the image, is appended to the pack instead, hashed as installer hashes it for
     RECORD, and handed to `packed` once it is there."""
@@ -220,14 +250,17 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
 
     from .wheelzip import open_wheel
 
-    files: dict[str, _Packed] = {}
+    files = _Files(wheel)
 
     class Packing(SchemeDictionaryDestination):
         def write_to_fs(self, scheme, path, stream, is_executable):
-            # Where installer would write it (normalized, refused outside the scheme's directory).
-            target = self._path_with_destdir(scheme, path).as_posix().lstrip("/")
-            if target in files:
-                raise ServestackError(f"{wheel.name}: installs {target} twice")
+            # Where installer would write it: normalized, and refused outside the scheme's directory.
+            directory = self.scheme_dict[scheme]
+            target = posixpath.normpath(posixpath.join(directory, path))
+            if posixpath.commonpath([directory, target]) != directory:
+                raise ServestackError(f"{wheel.name}: {path} would be installed outside {directory}")
+            target = target.lstrip("/")
+            files.claim(target, "a file")
             offset = pack.tell()
             hash_, size = copyfileobj_with_hashing(stream, pack, self.hash_algorithm)
             files[target] = _Packed(offset, size, base64.urlsafe_b64decode(hash_ + "=" * (-len(hash_) % 4)).hex(),
@@ -247,9 +280,10 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
         "data": f"/{VENV}",
     }
     destination = Packing(scheme, interpreter=f"/{VENV}/bin/python", script_kind="posix", bytecode_optimization_levels=())
-    with open_wheel(wheel) as source, warnings.catch_warnings():
-        # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns.
-        warnings.simplefilter("ignore", RuntimeWarning)
+    # Some wheels ship __pycache__ files; installer skips them (we compile our own) and warns. One filter
+    # for the process: warnings.catch_warnings in each install thread would restore the filters out of order.
+    warnings.filterwarnings("ignore", message="Skip installing .*__pycache__", category=RuntimeWarning)
+    with open_wheel(wheel) as source:
         install(source, destination, additional_metadata={"INSTALLER": b"servestack\n"})
     return files
 
@@ -260,7 +294,7 @@ def _is_module(path: str, python: str) -> bool:
     return path.startswith(site_packages(python) + "/") and path.endswith(".py") and "__pycache__" not in path.split("/")
 
 
-def _bytecode(job: Job | None, files: dict[str, _Packed], python: str, wheel: Path) -> dict[str, tuple[str, bytes]]:
+def _bytecode(job: Job | None, files: _Files, python: str, wheel: Path) -> dict[str, tuple[str, bytes]]:
     """Ship bytecode, so no container compiles torch and vLLM again (read-only images cannot cache it):
     each module's pyc (its path in the image and bytes) by the module's path, once `job` has compiled
     them all (None: the host has no python<X.Y>).
@@ -274,13 +308,7 @@ def _bytecode(job: Job | None, files: dict[str, _Packed], python: str, wheel: Pa
         if any(_is_module(path, python) for path in files):
             log.warning("no python%s on this host: the image ships no bytecode for %s", python, wheel.name)
         return {}
-    pycs = {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in job.close().result().items()}
-    for module, (pyc_path, _) in pycs.items():
-        taken = next((p for p in _parents(pyc_path) if p in files), None)
-        if taken is not None or pyc_path in files:
-            raise ServestackError(f"bytecode: the pyc of {module} cannot be at {pyc_path}: the wheel installs a "
-                                  f"file at {taken or pyc_path}")
-    return pycs
+    return {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in job.close().result().items()}
 
 
 def _parents(path: str) -> list[str]:
