@@ -30,17 +30,22 @@ def cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
-def _wheel(tmp_path: Path) -> tuple[Path, str]:
-    root = tmp_path / "unpacked"
-    (root / "tiny").mkdir(parents=True)
-    (root / "tiny" / "__init__.py").write_text("VALUE = 1\n")
-    (root / "tiny" / "more.py").write_text("OTHER = 2\n")
-    info = root / "tiny-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+def _wheel_with(tmp_path: Path, name: str, files: dict[str, str], executable: tuple[str, ...] = ()) -> tuple[Path, str]:
+    """A wheel of `name` 1.0 holding `files` (path in the wheel: text), `executable` ones with mode 0755."""
+    root = tmp_path / f"{name}-unpacked"
+    info = f"{name}-1.0.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n", **files}
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+        (root / path).chmod(0o755 if path in executable else 0o644)
     wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
     return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+def _wheel(tmp_path: Path) -> tuple[Path, str]:
+    return _wheel_with(tmp_path, "tiny", {"tiny/__init__.py": "VALUE = 1\n", "tiny/more.py": "OTHER = 2\n"})
 
 
 def _compiler(tmp_path: Path, does: str) -> str:
@@ -86,28 +91,17 @@ def test_a_made_tree_is_renamed_into_place_whole(tmp_path, cache):
 def _rich_wheel(tmp_path: Path) -> tuple[Path, str]:
     """A wheel with what installing treats specially: an entry point, a script and a header in .data, an
     executable module, a module that does not compile, a nested package."""
-    root = tmp_path / "rich-unpacked"
-    (root / "rich" / "sub").mkdir(parents=True)
-    (root / "rich" / "__init__.py").write_text("from .sub.deep import VALUES\n")
-    (root / "rich" / "sub" / "__init__.py").write_text("")
-    (root / "rich" / "sub" / "deep.py").write_text("VALUES = {'a': frozenset({'x', 'y'}), 'b': (1000, 2.5)}\n")
-    (root / "rich" / "run.py").write_text("#!/usr/bin/env python\nprint('run')\n")
-    (root / "rich" / "run.py").chmod(0o755)
-    (root / "rich" / "broken.py").write_text("def broken(:\n")
-    (root / "rich" / "data.json").write_text("{}\n")
-    data = root / "rich-1.0.data"
-    (data / "scripts").mkdir(parents=True)
-    (data / "scripts" / "rich-tool").write_text("#!python\nprint('tool')\n")
-    (data / "scripts" / "rich-tool").chmod(0o755)
-    (data / "headers").mkdir()
-    (data / "headers" / "rich.h").write_text("int rich;\n")
-    info = root / "rich-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rich\nVersion: 1.0\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    (info / "entry_points.txt").write_text("[console_scripts]\nrich = rich:main\n")
-    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
-    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return _wheel_with(tmp_path, "rich", {
+        "rich/__init__.py": "from .sub.deep import VALUES\n",
+        "rich/sub/__init__.py": "",
+        "rich/sub/deep.py": "VALUES = {'a': frozenset({'x', 'y'}), 'b': (1000, 2.5)}\n",
+        "rich/run.py": "#!/usr/bin/env python\nprint('run')\n",
+        "rich/broken.py": "def broken(:\n",
+        "rich/data.json": "{}\n",
+        "rich-1.0.data/scripts/rich-tool": "#!python\nprint('tool')\n",
+        "rich-1.0.data/headers/rich.h": "int rich;\n",
+        "rich-1.0.dist-info/entry_points.txt": "[console_scripts]\nrich = rich:main\n",
+    }, executable=("rich/run.py", "rich-1.0.data/scripts/rich-tool"))
 
 
 # How trees were made before packs: installer writing files, then compile_dir over site-packages.
@@ -165,36 +159,16 @@ def test_a_tree_holds_what_installing_into_a_directory_and_compile_dir_made(tmp_
 def test_a_wheel_with_a_file_where_a_pyc_goes_fails_naming_both(tmp_path, cache):
     """compile_dir could not write that pyc (a file where its __pycache__ directory goes); a pack would
     hold both, and the layer a file and a directory at one path."""
-    root = tmp_path / "clash"
-    (root / "clash").mkdir(parents=True)
-    (root / "clash" / "__init__.py").write_text("VALUE = 1\n")
-    (root / "clash" / "__pycache__").write_text("a file where the directory goes\n")
-    info = root / "clash-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: clash\nVersion: 1.0\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
+    wheel, sha256 = _wheel_with(tmp_path, "clash", {"clash/__init__.py": "VALUE = 1\n",
+                                                    "clash/__pycache__": "a file where the directory goes\n"})
     interpreter = trees.compiler("3.11", None)
     if interpreter.executable is None:
         pytest.skip("no python3.11 on this host")
     with BytecodePool(interpreter.executable, 1) as pool, pytest.raises(
             ServestackError, match=r"the pyc of .*clash/__init__\.py cannot be at .*: the wheel installs a file at "
                                    r"opt/venv/lib/python3\.11/site-packages/clash/__pycache__$"):
-        installed_tree(wheel, hashlib.sha256(wheel.read_bytes()).hexdigest(), "3.11", interpreter.version, pool)
+        installed_tree(wheel, sha256, "3.11", interpreter.version, pool)
     assert list((cache / "installed").iterdir()) == []
-
-
-def _wheel_with(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
-    root = tmp_path / "odd"
-    for name, text in files.items():
-        (root / name).parent.mkdir(parents=True, exist_ok=True)
-        (root / name).write_text(text)
-    info = root / "odd-1.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: odd\nVersion: 1.0\n")
-    (info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    wheel = pack_wheel(root, tmp_path / "wheels", epoch=1_700_000_000)
-    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
 
 
 @pytest.mark.parametrize("files, error", [
@@ -206,7 +180,7 @@ def _wheel_with(tmp_path: Path, files: dict[str, str]) -> tuple[Path, str]:
 def test_a_wheel_installing_two_things_at_one_path_fails_naming_it_and_leaves_nothing(tmp_path, cache, files, error):
     """Installing into a directory failed on these (a file twice, a file where a directory goes); a pack
     would hold both, and a layer two entries at one path."""
-    wheel, sha256 = _wheel_with(tmp_path, files)
+    wheel, sha256 = _wheel_with(tmp_path, "odd", files)
     with pytest.raises(ServestackError, match=error):
         installed_tree(wheel, sha256, "3.11", "none", None)
     assert list((cache / "installed").iterdir()) == []
