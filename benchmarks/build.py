@@ -249,20 +249,6 @@ def vllm_overlay(record: dict, work: Path, project: Project, version: int) -> di
 # --------------------------------------------------------------------------- the physical limit
 
 
-def _copy_out(e: layers.Entry, target: Path) -> None:
-    """A layer file's bytes into `target`, a MB at a time (a GPU stack's libraries are GBs)."""
-    with open(e.source, "rb") as source, open(target, "wb") as out:
-        source.seek(max(e.offset, 0))
-        left = e.size
-        while left:
-            chunk = source.read(min(left, 1 << 20))
-            if not chunk:
-                raise ValueError(f"{e.source}: ends before the {e.size} bytes of {e.path}")
-            out.write(chunk)
-            left -= len(chunk)
-    target.chmod(e.mode)
-
-
 def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, address: str) -> dict:
     """The same layer trees (the last build's, overlays included) through tar | zstd -3 -T0 | sha256sum,
     then the same blobs pushed."""
@@ -281,7 +267,9 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
             if e.kind == "symlink":
                 target.symlink_to(e.link)
             elif e.kind == "file":
-                _copy_out(e, target)
+                with open(target, "wb") as out:
+                    layers.copy_content(e, out)
+                target.chmod(e.mode)
         dirs.append(d)
     epoch = record.source_date_epoch
     cpu, started = _cpu_seconds(), time.monotonic()

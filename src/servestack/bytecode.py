@@ -116,7 +116,8 @@ class Job:
         self.pool._enqueue(self, module)
 
     def abandon(self, failure: BaseException) -> None:
-        """The tree failed: its modules still queued are dropped (its pack is going)."""
+        """The job fails with `failure` (its tree failed, or the pool did), unless it has already
+        resolved: its modules still queued are dropped (a failed tree's pack is going)."""
         with self.lock:
             if not self.done.done():
                 self.done.set_exception(failure)
@@ -150,7 +151,7 @@ class BytecodePool:
     def __init__(self, executable: str, workers: int):
         self.executable, self.workers = executable, workers
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
-        self._order = itertools.count()  # ties: submission order
+        self._order = itertools.count()  # within a job (and among the closing markers): submission order
         self._jobs = itertools.count()
         self._failure: ServestackError | None = None
         self._threads: list[threading.Thread] = []
@@ -168,7 +169,7 @@ class BytecodePool:
         if kind is not None:
             self.stop()
         for _ in self._threads:
-            self._queue.put(((float("inf"),), next(self._order), None, None))
+            self._queue.put(((float("inf"), next(self._order)), None, None))
         for thread in self._threads:
             thread.join()
 
@@ -193,7 +194,7 @@ class BytecodePool:
             return
         line = b"%s %d %d %s\n" % (os.fsencode(module.pack).hex().encode(), module.offset, module.size,
                                     os.fsencode(module.path).hex().encode())
-        self._queue.put(((job.number, next(self._order)), next(self._order), job, (module.path, line)))
+        self._queue.put(((job.number, next(self._order)), job, (module.path, line)))
 
     def stop(self) -> None:
         """Compile nothing more: every job still queued or under way fails (the build is stopping), and
@@ -205,9 +206,7 @@ class BytecodePool:
 
     def _fail(self, job: Job, failure: ServestackError) -> None:
         self._failure = self._failure or failure
-        with job.lock:
-            if not job.done.done():
-                job.done.set_exception(self._failure)
+        job.abandon(self._failure)
 
     def _serve(self) -> None:
         """One compiling interpreter: started here, fed until the pool closes. Whatever goes wrong with
@@ -218,7 +217,7 @@ class BytecodePool:
             closed = False
             try:
                 while True:
-                    _, _, job, request = self._queue.get()
+                    _, job, request = self._queue.get()
                     if job is None:
                         closed = True
                         return
@@ -291,9 +290,9 @@ class BytecodePool:
         with contextlib.suppress(queue.Empty):
             while True:
                 item = self._queue.get_nowait()
-                if item[2] is None:
+                if item[1] is None:
                     markers.append(item)
                 else:
-                    self._fail(item[2], self._failure)
+                    self._fail(item[1], self._failure)
         for item in markers:
             self._queue.put(item)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import stat
@@ -75,13 +76,25 @@ def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
     return sorted(out, key=lambda e: e.path)
 
 
+def copy_content(e: Entry, out: BinaryIO) -> None:
+    """A file entry's bytes, from its host file or its tree's pack, into `out`, a MB at a time (a GPU
+    stack's libraries are GBs)."""
+    with open(e.source, "rb") as source:
+        source.seek(max(e.offset, 0))
+        left = e.size
+        while left:
+            chunk = source.read(min(left, 1 << 20))
+            if not chunk:
+                raise ValueError(f"{e.source}: ends before the {e.size} bytes of {e.path}")
+            out.write(chunk)
+            left -= len(chunk)
+
+
 def content(e: Entry) -> bytes:
-    """A file entry's bytes, from its host file or its tree's pack."""
-    with open(e.source, "rb") as f:
-        if e.offset < 0:
-            return f.read()
-        f.seek(e.offset)
-        return f.read(e.size)
+    """A file entry's bytes."""
+    out = io.BytesIO()
+    copy_content(e, out)
+    return out.getvalue()
 
 
 def save_entries(path: Path, entries: list[Entry], root: Path) -> None:
@@ -98,14 +111,18 @@ def load_entries(path: Path, root: Path) -> list[Entry]:
 # --------------------------------------------------------------------------- keys
 
 
+def parents(path: str) -> list[str]:
+    """Every directory `path` is below, outermost first: "a/b/c" -> ["a", "a/b"]."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def with_parents(entries: Iterable[Entry]) -> list[Entry]:
     """The entries plus every parent directory (0755), sorted so a directory precedes its contents."""
     entries = list(entries)
     dirs = {e.path for e in entries if e.kind == "dir"}
     for e in entries:
-        parts = e.path.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            dirs.add("/".join(parts[:i]))
+        dirs.update(parents(e.path))
     out = {e.path: e for e in entries}
     for d in dirs:
         out.setdefault(d, Entry(d, "dir", 0o755))

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import proc
+from . import layers, proc
 from .bytecode import BytecodePool, Job, Module
 from .errors import ServestackError
 from .fsutil import atomic_write_json
@@ -229,7 +229,7 @@ class _Files(dict[str, _Packed]):
         self.wheel, self.directories = wheel, set()
 
     def claim(self, path: str, what: str) -> None:
-        parents = _parents(path)
+        parents = layers.parents(path)
         clash = path if path in self or path in self.directories else next((p for p in parents if p in self), None)
         if clash is not None:
             raise ServestackError(f"{self.wheel.name}: {what} cannot be at {path}: "
@@ -309,11 +309,6 @@ def _bytecode(job: Job | None, files: _Files, python: str, wheel: Path) -> dict[
             log.warning("no python%s on this host: the image ships no bytecode for %s", python, wheel.name)
         return {}
     return {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in job.close().result().items()}
-
-
-def _parents(path: str) -> list[str]:
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
 def children_cpu_seconds() -> float:
