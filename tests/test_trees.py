@@ -97,6 +97,9 @@ def _rich_wheel(tmp_path: Path) -> tuple[Path, str]:
         "rich/sub/deep.py": "VALUES = {'a': frozenset({'x', 'y'}), 'b': (1000, 2.5)}\n",
         "rich/run.py": "#!/usr/bin/env python\nprint('run')\n",
         "rich/broken.py": "def broken(:\n",
+        "rich/tests/test_deep.py": "from rich.sub.deep import VALUES\n",
+        "rich/sub/test/__init__.py": "",
+        "rich/testing/__init__.py": "def assert_rich(): pass\n",
         "rich/data.json": "{}\n",
         "rich-1.0.data/scripts/rich-tool": "#!python\nprint('tool')\n",
         "rich-1.0.data/headers/rich.h": "int rich;\n",
@@ -104,10 +107,11 @@ def _rich_wheel(tmp_path: Path) -> tuple[Path, str]:
     }, executable=("rich/run.py", "rich-1.0.data/scripts/rich-tool"))
 
 
-# How trees were made before packs: installer writing files, then compile_dir over site-packages.
+# How trees were made before packs: installer writing files, then compile_dir over site-packages,
+# test suites left out.
 COMPILE_DIR = (
-    "import compileall, py_compile, sys\n"
-    "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1,\n"
+    "import compileall, py_compile, re, sys\n"
+    "compileall.compile_dir(sys.argv[1], ddir=sys.argv[2], quiet=2, workers=1, rx=re.compile('/tests?/'),\n"
     "                       invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
 )
 
@@ -150,6 +154,10 @@ def test_a_tree_holds_what_installing_into_a_directory_and_compile_dir_made(tmp_
     assert made["opt/venv/lib/python3.11/site-packages/rich/run.py"].mode == 0o755
     assert made["opt/venv/lib/python3.11/site-packages/rich/__pycache__/run.cpython-311.pyc"].mode == 0o644
     assert not any("broken.cpython" in path for path in made)
+    site = "opt/venv/lib/python3.11/site-packages/rich"
+    assert f"{site}/tests/test_deep.py" in made and not any(p.startswith(f"{site}/tests/__pycache__") for p in made)
+    assert not any(p.startswith(f"{site}/sub/test/__pycache__") for p in made)
+    assert f"{site}/testing/__pycache__/__init__.cpython-311.pyc" in made  # public API (torch.testing), compiled
     assert sorted(p.name for p in tree.path.iterdir()) == ["entries.json", "files.pack", "timing.json"]
     epoch = 1_700_000_000
     assert layers.write_layer(list(tree.entries), epoch, key="from-pack").digest == \

@@ -47,7 +47,12 @@ log = logging.getLogger("servestack.trees")
 VENV = "opt/venv"
 # Part of the installed trees' cache key: bump when the install or bytecode recipe, or the tree's
 # layout, changes.
-BYTECODE = 3
+BYTECODE = 4
+# Directories whose modules get no pyc: the test suites wheels ship (pandas/tests, sympy's and numba's
+# tests: 3,548 of dev-cpu's 24,898 modules, 6.3 of its ~30 CPU-s of compiling) are never imported by
+# what the image serves, and compile on first import if anyone runs them. As compile_dir with
+# rx=r"/tests?/". Not `testing`: torch.testing and numpy.testing are public API that code imports.
+UNCOMPILED_DIRECTORIES = frozenset({"test", "tests"})
 PACK = "files.pack"
 
 
@@ -289,9 +294,12 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
 
 
 def _is_module(path: str, python: str) -> bool:
-    """Whether compileall.compile_dir(site-packages) would compile the file at `path` (in the image): a
-    `.py` file under site-packages, not inside a `__pycache__` directory."""
-    return path.startswith(site_packages(python) + "/") and path.endswith(".py") and "__pycache__" not in path.split("/")
+    """Whether the file at `path` (in the image) gets a pyc: a `.py` file under site-packages, as
+    compileall.compile_dir(site-packages) compiles, but not inside a `__pycache__` directory or a test
+    suite (UNCOMPILED_DIRECTORIES)."""
+    site = site_packages(python) + "/"
+    return (path.startswith(site) and path.endswith(".py")
+            and not any(d == "__pycache__" or d in UNCOMPILED_DIRECTORIES for d in path[len(site):].split("/")[:-1]))
 
 
 def _bytecode(job: Job | None, files: _Files, python: str, wheel: Path) -> dict[str, tuple[str, bytes]]:
