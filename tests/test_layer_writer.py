@@ -122,6 +122,102 @@ def test_the_tar_size_known_in_advance_is_the_bytes_the_layer_writer_tars(tmp_pa
     assert layers.tar_size(entries) > sum(e.size for e in entries)
 
 
+def _tarfile_tar(entries: list[layers.Entry], epoch: int) -> bytes:
+    """The reference for write_tar: the same members through tarfile's PAX_FORMAT (how the layers were
+    written before TAR_RECIPE 1's tar got its own writer; the pinned image digests depend on these bytes)."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for e in layers.with_parents(entries):
+            tar.addfile(_tarinfo(e, epoch), io.BytesIO(layers.content(e)) if e.kind == "file" else None)
+    return out.getvalue()
+
+
+def _tarinfo(e: layers.Entry, epoch: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(e.path)
+    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = e.mode, epoch, 0, 0, "", ""
+    if e.kind == "dir":
+        info.type = tarfile.DIRTYPE
+    elif e.kind == "symlink":
+        info.type, info.linkname = tarfile.SYMTYPE, e.link
+    else:
+        info.size = e.size
+    return info
+
+
+def _written(entries: list[layers.Entry]) -> bytes:
+    out = io.BytesIO()
+    layers.write_tar(entries, out, EPOCH)
+    return out.getvalue()
+
+
+def test_the_layer_writer_writes_what_tarfile_writes_byte_for_byte(tmp_path):
+    """Every kind of member the writer must get right, each alone (so a failure names it) and all in
+    one tar (so the stream's record padding and chunking are checked too)."""
+    root = tmp_path / "t"
+    files = {"empty": b"", "one-block": b"x" * 512, "just-over": b"x" * 513,
+             "large.bin": os.urandom(3 * layers._Chunks.CHUNK + 7),  # several chunks, the last one partial
+             "caf\u00e9/na\u00efve.py": b"accent\n", _named(100): b"fits", _named(101): b"long", _named(300): b"longer",
+             os.fsdecode(b"latin1-\xe9.py"): b"not utf-8\n", _named(120) + "/" + os.fsdecode(b"\xff"): b"both\n"}
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    (root / "run").write_bytes(b"#!/bin/sh\n")
+    os.chmod(root / "run", 0o775)
+    (root / "short-link").symlink_to("large.bin")
+    (root / "long-link").symlink_to("t" * 101)
+    (root / "accent-link").symlink_to("caf\u00e9/na\u00efve.py")
+    entries = layers.scan_tree(root, "opt/venv/") + [
+        layers.Entry("opt/venv/empty-dir", "dir", 0o755),
+        layers.Entry(_named(100, "d"), "dir", 0o755),  # 101 characters with its "/": a pax path
+        layers.Entry("opt/venv/\u00e9t\u00e9", "dir", 0o755)]
+    assert {e.mode for e in entries if e.kind == "file"} == {0o644, 0o755}
+    for e in entries:
+        assert _written([e]) == _tarfile_tar([e], EPOCH), e.path
+    assert _written(entries) == _tarfile_tar(entries, EPOCH)
+
+
+def test_files_are_read_from_their_tree_pack_at_their_offset(tmp_path):
+    """An installed tree keeps its files in one pack (trees.py); the writer reads each from its offset."""
+    pack = tmp_path / "pack"
+    contents = [b"first\n", b"", os.urandom(layers._Chunks.CHUNK + 1), b"last"]
+    pack.write_bytes(b"".join(contents))
+    entries, offset = [], 0
+    for n, data in enumerate(contents):
+        entries.append(layers.Entry(f"opt/f{n}", "file", 0o644, len(data), hashlib.sha256(data).hexdigest(),
+                                    source=pack, offset=offset))
+        offset += len(data)
+    assert _written(entries) == _tarfile_tar(entries, EPOCH)
+    with tarfile.open(fileobj=io.BytesIO(_written(entries))) as tar:
+        assert [tar.extractfile(f"opt/f{n}").read() for n in range(len(contents))] == contents
+
+
+def test_a_pack_shorter_than_its_entry_says_which_file_and_entry(tmp_path):
+    pack = tmp_path / "pack"
+    pack.write_bytes(b"12345")
+    with pytest.raises(ValueError, match=f"{pack} at 2 \\(for opt/f\\): ends 7 bytes short"):
+        _written([layers.Entry("opt/f", "file", 0o644, 10, "", source=pack, offset=2)])
+
+
+@pytest.mark.parametrize("size", [8 ** 11 - 1, 8 ** 11, 2 ** 40 + 3])
+def test_a_size_past_eleven_octal_digits_goes_in_a_pax_header_as_tarfile_puts_it(size):
+    """No test writes a 8 GB file: the header alone is compared, and its length with tar_member_size."""
+    e = layers.Entry("opt/venv/model.safetensors", "file", 0o644, size)
+    header = layers.tar_header(e, EPOCH)
+    assert header == _tarinfo(e, EPOCH).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    assert len(header) == (3 if size >= 8 ** 11 else 1) * 512
+    assert layers.tar_member_size(e) == len(header) + -(-size // 512) * 512
+
+
+def test_parent_directories_are_added_once_and_before_their_contents():
+    entries = [layers.Entry("a/b/c/f", "file", 0o644), layers.Entry("a/b/g", "symlink", 0o777, link="c"),
+               layers.Entry("a/b", "dir", 0o700), layers.Entry("z", "file", 0o644)]
+    members = layers.with_parents(entries)
+    assert [(e.path, e.kind, e.mode) for e in members] == [
+        ("a", "dir", 0o755), ("a/b", "dir", 0o700), ("a/b/c", "dir", 0o755), ("a/b/c/f", "file", 0o644),
+        ("a/b/g", "symlink", 0o777), ("z", "file", 0o644)]
+    assert layers.with_parents(members) is members  # keyed, sized and written from one computation
+
+
 def test_entries_saved_beside_a_tree_load_back_equal(tmp_path):
     entries = _tree(tmp_path / "a")
     layers.save_entries(tmp_path / "entries.json", entries, tmp_path / "a")

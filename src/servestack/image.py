@@ -394,11 +394,12 @@ class EarlyLayers:
             if mine:
                 self._queue.put(mine)
 
-    def _write(self, entries: list[layers.Entry]) -> None:
-        key = layers.layer_key(entries, self.epoch)
+    def _write(self, entries: tuple[layers.Entry, ...]) -> None:
+        members = layers.with_parents(entries)
+        key = layers.layer_key(members, self.epoch)
         blob = layers.cached(key)
         if blob is None:
-            blob = layers.write_layer(entries, self.epoch, key)
+            blob = layers.write_layer(members, self.epoch, key)
             self.written[key] = blob.uncompressed
         self._upload(blob)
 
@@ -412,7 +413,7 @@ class EarlyLayers:
                 self._upload(layers.compress_tarball(self.base, key=_base_key(self.base)))
             while (batch := self._queue.get()) is not None:
                 for layer in batch:
-                    self._write(list(layer.entries))
+                    self._write(layer.entries)
         except Exception:  # noqa: BLE001 - speculation only: the layer is written again after planning
             log.warning("writing layers early failed; they are written after planning", exc_info=True)
             while self._queue.get() is not None:
@@ -462,13 +463,14 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
     """Write every layer whose key is new, pushing each blob the registry lacks as soon as it is ready.
     `early`: the layers this build already wrote while making trees (key -> bytes tarred); `uploads`
     may already be pushing them."""
-    keys = [layers.layer_key(list(layer.entries), epoch) for layer in planned]
-    todo = [layer for layer, key in zip(planned, keys) if layers.cached(key) is None]
+    members = [layers.with_parents(layer.entries) for layer in planned]  # once: keyed, sized and written
+    keys = [layers.layer_key(m, epoch) for m in members]
+    todo = [m for m, key in zip(members, keys) if layers.cached(key) is None]
     early = {key: early[key] for key in keys if key in early}
     stats = {"layers_built": len(todo) + len(early), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
     title = f"image {stack}"
     # The tar streams' bytes (headers and padding too), not the files': "tarred" counts the streams.
-    progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layers.tar_size(list(layer.entries)) for layer in todo),
+    progress = Progress(title, ("tarred", "compressed", "pushed"), total=sum(layers.tar_size(m) for m in todo),
                         paced_by="tarred")
     with progress:
         uploads.on_bytes = lambda n: progress.add("pushed", n)
@@ -477,9 +479,9 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
         for ref in base.layers:
             uploads.send(ref.digest, base.paths.get(ref.digest), ref.size, base)
         refs: list[oci.LayerRef] = []
-        for index, (layer, key) in enumerate(zip(planned, keys), 1):
+        for index, (layer, layer_members, key) in enumerate(zip(planned, members, keys), 1):
             progress.set_step(f"layer {index} of {len(planned)}: {layer.name}")
-            blob = layers.write_layer(list(layer.entries), epoch, key,
+            blob = layers.write_layer(layer_members, epoch, key,
                                       lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
             refs.append(oci.LayerRef(layer.name, blob.digest, blob.diff_id, blob.size))
             uploads.send(blob.digest, blob.path, blob.size)

@@ -12,13 +12,11 @@ other bytes.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import io
 import json
 import os
 import stat
-import tarfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,25 +115,31 @@ def parents(path: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def with_parents(entries: Iterable[Entry]) -> list[Entry]:
+class Members(tuple[Entry, ...]):
+    """A layer's tar members: with_parents' result. with_parents hands one back as it is, so a caller
+    that keys, sizes and writes a layer computes it once (~70,000 entries a build)."""
+
+
+def with_parents(entries: Iterable[Entry]) -> Members:
     """The entries plus every parent directory (0755), sorted so a directory precedes its contents."""
-    entries = list(entries)
-    dirs = {e.path for e in entries if e.kind == "dir"}
-    for e in entries:
-        dirs.update(parents(e.path))
+    if isinstance(entries, Members):
+        return entries
     out = {e.path: e for e in entries}
-    for d in dirs:
-        out.setdefault(d, Entry(d, "dir", 0o755))
-    return [out[p] for p in sorted(out)]
+    implied: set[str] = set()
+    for path in list(out):
+        end = path.rfind("/")
+        while end != -1 and (parent := path[:end]) not in implied:  # its own parents are in once it is
+            implied.add(parent)
+            out.setdefault(parent, Entry(parent, "dir", 0o755))
+            end = path.rfind("/", 0, end)
+    return Members(out[p] for p in sorted(out))
 
 
-def layer_key(entries: list[Entry], epoch: int) -> str:
+def layer_key(entries: Iterable[Entry], epoch: int) -> str:
     """Everything that decides a layer's compressed bytes: its entries and the recipe that writes them."""
     recipe = {"tar": TAR_RECIPE, "epoch": epoch, "zstd_level": ZSTD_LEVEL, "zstd": zstandard.ZSTD_VERSION}
-    h = hashlib.sha256(canonical_json(recipe).encode())
-    for e in with_parents(entries):
-        h.update(json.dumps(e.identity()).encode() + b"\n")
-    return h.hexdigest()
+    lines = "".join(json.dumps(e.identity()) + "\n" for e in with_parents(entries))  # ASCII: json escapes the rest
+    return hashlib.sha256(canonical_json(recipe).encode() + lines.encode()).hexdigest()
 
 
 # --------------------------------------------------------------------------- writing
@@ -181,125 +185,193 @@ def cached(key: str) -> Blob | None:
 
 
 class _Sink:
-    """A write-only stream that hashes and counts what passes through it on its way to `out`.
-
-    Small writes (tar headers, small files) are gathered into 1 MB chunks first: the compressor
-    and the hash then see few large calls instead of a call per 512-byte header.
-    """
-
-    CHUNK = 1 << 20
+    """A write-only stream that hashes and counts what passes through it on its way to `out` (write_tar
+    and compress_tarball hand it MB-sized chunks)."""
 
     def __init__(self, out, on_write: Callable[[int], None] | None = None):
         self.out, self.on_write = out, on_write
         self.sha256 = hashlib.sha256()
         self.count = 0
-        self._buffer = bytearray()
 
     def write(self, data) -> int:
         n = len(data)
         self.count += n
-        if n >= self.CHUNK and not self._buffer:
-            self._emit(data)
-        else:
-            self._buffer += data
-            if len(self._buffer) >= self.CHUNK:
-                self._emit(bytes(self._buffer))
-                self._buffer.clear()
-        return n
-
-    def _emit(self, data) -> None:
         self.sha256.update(data)
         self.out.write(data)
         if self.on_write:
-            self.on_write(len(data))
+            self.on_write(n)
+        return n
 
-    def tell(self) -> int:
-        return self.count
+
+# The tar is written here rather than by tarfile (TarFile.addfile copies each TarInfo, builds its header
+# field by field through dicts and checksums it twice, ~80 us an entry; a layer has up to 30,000), in
+# exactly tarfile's PAX_FORMAT bytes: tests/test_layer_writer.py holds it to tarfile's output.
+BLOCK = 512
+RECORD = 20 * BLOCK  # the archive is padded to whole records, as tarfile (and tar -b20) does
+_NAME = _LINK = 100  # ustar's name and linkname fields
+_TYPES = {"file": b"0", "symlink": b"2", "dir": b"5"}
+# After the type and link name: magic and version, empty uname and gname, no device numbers, no prefix
+# (PAX_FORMAT never splits a long name into prefix and name: the pax header holds it), 12 bytes of padding.
+_MAGIC_AND_REST = b"ustar\x0000" + bytes(32 + 32 + 8 + 8 + 155 + 12)
+_MAGIC_SUM = sum(_MAGIC_AND_REST)
+_CHECKSUM_SPACES = 8 * ord(" ")  # the checksum is taken with its own field as spaces
+
+
+def _ustar(name: str, mode: int, size: int, mtime: int, kind: bytes, link: str = "") -> bytes:
+    """One ustar header block as tarfile's PAX_FORMAT writes it: name and link name in ASCII, anything
+    else as "?", cut to 100 bytes (a pax header before it holds them whole); uid and gid 0; numbers as
+    zero-padded octal with a NUL; the checksum of the block with its field as spaces, as "%06o\\0 "."""
+    name_field, link_field = name.encode("ascii", "replace")[:_NAME], link.encode("ascii", "replace")[:_LINK]
+    numbers = b"%07o\x000000000\x000000000\x00%011o\x00%011o\x00" % (mode, size, mtime)
+    # The sum of the block's bytes, its NUL padding aside.
+    checksum = sum(name_field) + sum(numbers) + _CHECKSUM_SPACES + kind[0] + sum(link_field) + _MAGIC_SUM
+    return b"".join((name_field.ljust(_NAME, b"\0"), numbers, b"%06o\x00 " % checksum, kind,
+                     link_field.ljust(_LINK, b"\0"), _MAGIC_AND_REST))
+
+
+def _pax_fields(name: str, link: str, size: int) -> dict[str, str]:
+    """What tarfile's PAX_FORMAT puts in an extended header (in its order): the path (a directory's with
+    its "/") or link target when longer than its field or not ASCII, the size when it needs more than 11
+    octal digits."""
+    fields = {}
+    if len(name) > _NAME or not name.isascii():
+        fields["path"] = name
+    if len(link) > _LINK or not link.isascii():
+        fields["linkpath"] = link
+    if size >= 8 ** 11:
+        fields["size"] = str(size)
+    return fields
+
+
+def _pax_records(fields: dict[str, str]) -> bytes:
+    """The "<length> <keyword>=<value>\\n" records of an extended header (the length counts its own
+    digits); values that are not UTF-8 (undecodable bytes of a file name) go as their raw bytes after a
+    hdrcharset=BINARY record, as tarfile does."""
+    try:
+        values = [value.encode("utf-8") for value in fields.values()]
+        records = b""
+    except UnicodeEncodeError:
+        values = [os.fsencode(value) for value in fields.values()]
+        records = b"21 hdrcharset=BINARY\n"
+    for keyword, value in zip(fields, values):
+        bare = len(keyword) + len(value) + 3  # " ", "=", "\n"
+        length = 0
+        while (longer := bare + len(str(length))) != length:  # as tarfile finds it
+            length = longer
+        records += b"%d %s=%s\n" % (length, keyword.encode(), value)
+    return records
+
+
+def tar_header(e: Entry, epoch: int) -> bytes:
+    """The header blocks write_tar writes before an entry's contents: a pax extended header when
+    _pax_fields says so, then the ustar header."""
+    name = e.path + "/" if e.kind == "dir" else e.path
+    size = e.size if e.kind == "file" else 0
+    fields = _pax_fields(name, e.link, size)
+    header = _ustar(name, e.mode & 0o7777, size if size < 8 ** 11 else 0, epoch, _TYPES[e.kind], e.link)
+    if not fields:
+        return header
+    records = _pax_records(fields)
+    return _ustar("././@PaxHeader", 0, len(records), 0, b"x") + records + bytes(-len(records) % BLOCK) + header
+
+
+class _Chunks:
+    """The tar's bytes gathered in one reused buffer and handed on a CHUNK at a time: the hash and the
+    compressor see few large writes, and file contents are read (pread) straight into the buffer."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, out):
+        self.out = out
+        self.view = memoryview(bytearray(self.CHUNK))
+        self.fill = 0
+        self.count = 0  # bytes handed on or buffered
+
+    def add(self, data: bytes) -> None:
+        self.count += len(data)
+        if self.fill + len(data) > self.CHUNK:
+            self.flush()
+            if len(data) > self.CHUNK:
+                self.out.write(data)
+                return
+        self.view[self.fill:self.fill + len(data)] = data
+        self.fill += len(data)
+
+    def read(self, fd: int, offset: int, size: int, what: str) -> None:
+        """`size` bytes of the open file `fd` from `offset` on."""
+        self.count += size
+        while size:
+            if self.fill == self.CHUNK:
+                self.flush()
+            got = os.preadv(fd, [self.view[self.fill:self.fill + min(size, self.CHUNK - self.fill)]], offset)
+            if not got:
+                raise ValueError(f"{what}: ends {size} bytes short")
+            self.fill, offset, size = self.fill + got, offset + got, size - got
 
     def flush(self) -> None:
-        if self._buffer:
-            self._emit(bytes(self._buffer))
-            self._buffer.clear()
+        """Hand on what is buffered; `out` must be done with it when write returns (the buffer is reused)."""
+        if self.fill:
+            self.out.write(self.view[:self.fill])
+            self.fill = 0
 
 
-def _tarinfo(e: Entry, epoch: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(e.path)
-    info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = e.mode, epoch, 0, 0, "", ""
-    if e.kind == "dir":
-        info.type = tarfile.DIRTYPE
-    elif e.kind == "symlink":
-        info.type, info.linkname = tarfile.SYMTYPE, e.link
-    else:
-        info.size = e.size
-    return info
-
-
-def write_tar(entries: list[Entry], out, epoch: int) -> None:
-    """The layer's tar stream into `out` (anything with write())."""
-    # Not tarfile's stream mode ("w|"): it grows one bytes object per write, quadratic on small files.
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT, copybufsize=1 << 20) as tar, \
-            contextlib.ExitStack() as packs:
-        opened: dict[Path, BinaryIO] = {}
+def write_tar(entries: Iterable[Entry], out, epoch: int) -> None:
+    """The layer's tar stream into `out` (anything with write() that has used or copied the bytes by the
+    time it returns), byte for byte what tarfile writes in PAX_FORMAT for the same members."""
+    if not 0 <= epoch < 8 ** 11:
+        raise ValueError(f"SOURCE_DATE_EPOCH {epoch}: expected 0 to 8**11 - 1 (11 octal digits)")
+    tar = _Chunks(out)
+    fds: dict[str, int] = {}  # packs stay open: a tree's files are read from one pack, in order
+    try:
         for e in with_parents(entries):
-            info = _tarinfo(e, epoch)
-            if e.kind != "file":
-                tar.addfile(info)
-            elif e.offset < 0:
-                with open(e.source, "rb") as f:
-                    tar.addfile(info, f)
-            else:  # tarfile reads exactly info.size bytes from there, and fails if the pack is shorter
-                if e.source not in opened:
-                    opened[e.source] = packs.enter_context(open(e.source, "rb"))
-                opened[e.source].seek(e.offset)
-                tar.addfile(info, opened[e.source])
+            tar.add(tar_header(e, epoch))
+            if e.kind != "file" or not e.size:
+                continue
+            source = os.fspath(e.source)
+            if e.offset < 0:  # a file of its own
+                fd = os.open(source, os.O_RDONLY)
+                try:
+                    tar.read(fd, 0, e.size, f"{source} (for {e.path})")
+                finally:
+                    os.close(fd)
+            else:
+                if source not in fds:
+                    fds[source] = os.open(source, os.O_RDONLY)
+                tar.read(fds[source], e.offset, e.size, f"{source} at {e.offset} (for {e.path})")
+            tar.add(_ZEROS[:-e.size % BLOCK])
+        tar.add(_ZEROS[:2 * BLOCK])
+        tar.add(bytes(-tar.count % RECORD))
+        tar.flush()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
-def tar_size(entries: list[Entry]) -> int:
+_ZEROS = bytes(2 * BLOCK)
+
+
+def tar_size(entries: Iterable[Entry]) -> int:
     """The length of write_tar's stream for `entries`, from their paths and sizes alone (no file read,
     no header built: a build's layers have ~50,000 entries), so a progress total is the bytes tarred:
-    every member, two zero blocks, the whole padded to tarfile's 10240-byte record."""
+    every member, two zero blocks, the whole padded to the 10240-byte record."""
     members = sum(tar_member_size(e) for e in with_parents(entries))
-    return _padded(members + 2 * tarfile.BLOCKSIZE, tarfile.RECORDSIZE)
+    return _padded(members + 2 * BLOCK, RECORD)
 
 
 def tar_member_size(e: Entry) -> int:
-    """The bytes write_tar writes for one entry, as tarfile's PAX format does: a 512-byte header, after
-    an extended header (512 bytes and its records padded to 512) when the path (a directory's with its
-    "/") or link target is longer than 100 characters or not ASCII, or the size needs more than 11
-    octal digits; then a file's contents padded to 512. tests/test_layer_writer.py holds it to the
-    members of write_tar's real output."""
-    extended = {keyword: value for keyword, value, limit in (
-        ("path", e.path + "/" if e.kind == "dir" else e.path, tarfile.LENGTH_NAME),
-        ("linkpath", e.link, tarfile.LENGTH_LINK)) if len(value) > limit or not value.isascii()}
-    if e.kind == "file" and e.size >= 8 ** 11:
-        extended["size"] = str(e.size)
-    size = tarfile.BLOCKSIZE + (_padded(e.size, tarfile.BLOCKSIZE) if e.kind == "file" else 0)
-    if extended:
-        size += tarfile.BLOCKSIZE + _padded(_pax_records_length(extended), tarfile.BLOCKSIZE)
+    """The bytes write_tar writes for one entry: a 512-byte header, after an extended header (512 bytes
+    and its records padded to 512) when _pax_fields has any; then a file's contents padded to 512.
+    tests/test_layer_writer.py holds it to the members of write_tar's real output."""
+    contents = e.size if e.kind == "file" else 0
+    size = BLOCK + _padded(contents, BLOCK)
+    fields = _pax_fields(e.path + "/" if e.kind == "dir" else e.path, e.link, contents)
+    if fields:
+        size += BLOCK + _padded(len(_pax_records(fields)), BLOCK)
     return size
 
 
 def _padded(n: int, block: int) -> int:
     return -(-n // block) * block
-
-
-def _pax_records_length(fields: dict[str, str]) -> int:
-    """Bytes of the "<length> <keyword>=<value>\n" records tarfile writes for `fields` (the length counts
-    its own digits); a value that is not UTF-8 (undecodable bytes of a file name) goes as raw bytes after
-    a hdrcharset=BINARY record, as tarfile does."""
-    try:
-        values = [value.encode("utf-8") for value in fields.values()]
-        total = 0
-    except UnicodeEncodeError:
-        values = [os.fsencode(value) for value in fields.values()]
-        total = len(b"21 hdrcharset=BINARY\n")
-    for keyword, value in zip(fields, values):
-        bare = len(keyword) + len(value) + 3  # " ", "=", "\n"
-        guess = 0
-        while (length := bare + len(str(guess))) != guess:  # the length counts its own digits, as tarfile finds it
-            guess = length
-        total += length
-    return total
 
 
 def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], None] | None,
@@ -313,14 +385,12 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
     tmp = tmp_dir / f"{key}.{os.getpid()}"
     try:
         with open(tmp, "wb") as raw:
-            packed = _Sink(raw, compressed)  # flushed below, after the compressor
+            packed = _Sink(raw, compressed)
             # threads=-1: one worker per core; multi-threaded zstd output is the same for any count.
             compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
             with compressor.stream_writer(packed, closefd=False, write_size=1 << 20) as zstd_out:
                 plain = _Sink(zstd_out, tarred)
                 feed(plain)
-                plain.flush()
-            packed.flush()
         path = blob_path(packed.sha256.hexdigest(), BLOB_NAME, _root())
         path.parent.mkdir(parents=True, exist_ok=True)
         os.replace(tmp, path)
@@ -331,10 +401,11 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
     return blob
 
 
-def write_layer(entries: list[Entry], epoch: int, key: str | None = None,
+def write_layer(entries: Iterable[Entry], epoch: int, key: str | None = None,
                 tarred: Callable[[int], None] | None = None, compressed: Callable[[int], None] | None = None) -> Blob:
     """Write (or find) the compressed layer for `entries`; the callbacks count bytes for progress."""
-    return _compress(key or layer_key(entries, epoch), lambda out: write_tar(entries, out, epoch), tarred, compressed)
+    members = with_parents(entries)
+    return _compress(key or layer_key(members, epoch), lambda out: write_tar(members, out, epoch), tarred, compressed)
 
 
 def tarball_key(tarball: Path) -> str:
