@@ -279,7 +279,9 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
                         f"tar --sort=name --numeric-owner --owner=0 --group=0 --mtime=@{epoch} -C {d} -cf - . "
                         f"| zstd -3 -T0 -q | sha256sum >/dev/null"], check=True)
     tar_zstd_sha, tar_zstd_sha_cpu = time.monotonic() - started, _cpu_seconds() - cpu
-    blobs = [b for b in (layers.cached(layers.layer_key(list(layer.entries), epoch)) for layer in planned) if b]
+    # The base's blob too: the image pushes it, and the limit compressed it above.
+    keys = [layers.tarball_key(base_tar)] + [layers.layer_key(list(layer.entries), epoch) for layer in planned]
+    blobs = [b for b in map(layers.cached, keys) if b]
     started = time.monotonic()
     for blob in blobs:
         registry.push_blob(address, "limit/push", blob.digest, blob.path)
