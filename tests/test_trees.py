@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from servestack import image, trees
+from servestack import image, layers, trees
 from servestack.bytecode import BytecodePool
 from servestack.errors import ServestackError
 from servestack.trees import installed_tree
@@ -86,6 +86,36 @@ def test_a_made_tree_is_renamed_into_place_whole(tmp_path, cache):
     assert tree.made and [p.name for p in (cache / "installed").iterdir()] == [tree.path.name]
     assert {e.path for e in tree.entries} >= {"opt/venv/lib/python3.11/site-packages/tiny/more.py"}
     assert (tree.path / "entries.json").is_file() and (tree.path / "timing.json").is_file()
+
+
+def test_a_made_trees_entries_are_the_ones_a_later_build_reads_from_the_cache(tmp_path, cache):
+    """The made tree's entries are built in memory, not read back: they must be what entries.json holds,
+    their bytes in the pack in place (not the staging name it was made under)."""
+    wheel, sha256 = _wheel(tmp_path)
+    made = installed_tree(wheel, sha256, "3.11", "none", None)
+    again = installed_tree(wheel, sha256, "3.11", "none", None)
+    assert made.made and not again.made
+    assert made.entries == again.entries and {e.source for e in made.entries} == {made.path / trees.PACK}
+    by_path = {e.path: e for e in made.entries}
+    assert layers.content(by_path[trees.site_packages("3.11") + "/tiny/__init__.py"]) == b"VALUE = 1\n"
+
+
+@pytest.mark.parametrize("path, clash", [
+    ("a/b/c", "files below a/b/c"),
+    ("a", "files below a"),
+    ("a/b/y", "a file at a/b/y"),
+    ("a/b/y/z/w", "a file at a/b/y"),
+    ("a/b/c/x.py/deeper/still", "a file at a/b/c/x.py"),
+])
+def test_a_path_is_refused_where_a_file_is_or_its_directories_go(path, clash):
+    files = trees._Files(Path("w-1.0-py3-none-any.whl"))
+    for claimed in ("a/b/c/x.py", "a/b/y"):
+        files.claim(claimed, "a file")
+        files[claimed] = trees._Packed(0, 0, "", False)
+    with pytest.raises(ServestackError, match=f"a file cannot be at {path}: the wheel installs {clash}$"):
+        files.claim(path, "a file")
+    files.claim("a/b/c/other/deeper.py", "a file")  # beside what is there: no clash
+    assert files.directories == {"a", "a/b", "a/b/c", "a/b/c/other"}
 
 
 def _rich_wheel(tmp_path: Path) -> tuple[Path, str]:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from . import layers, proc
+from . import proc
 from .bytecode import BytecodePool, Job, Module
 from .errors import ServestackError
 from .fsutil import atomic_write_json
@@ -54,6 +54,7 @@ BYTECODE = 4
 # rx=r"/tests?/". Not `testing`: torch.testing and numpy.testing are public API that code imports.
 UNCOMPILED_DIRECTORIES = frozenset({"test", "tests"})
 PACK = "files.pack"
+COPY_CHUNK = 1 << 20
 
 
 def site_packages(python: str) -> str:
@@ -172,16 +173,16 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
     try:
         staging.mkdir(parents=True)
         job = bytecode.job() if bytecode is not None else None
-        with open(staging / PACK, "wb") as pack:
+        staged = staging / PACK
+        with open(staged, "wb") as pack:
             def packed(path: str, file: _Packed) -> None:
                 # A module goes to the compilers as soon as it is packed: they work while the rest installs.
-                if job is None:
+                if job is None or not _is_module(path, python):
                     return
                 if job.done.done():  # the pool failed or the build stopped: install no more of this wheel
                     job.done.result()
-                if _is_module(path, python):
-                    pack.flush()  # they read it from the pack
-                    job.add(Module(staging / PACK, file.offset, file.size, "/" + path))
+                pack.flush()  # they read it from the pack
+                job.add(Module(staged, file.offset, file.size, "/" + path))
 
             files = _install(wheel, pack, python, packed)
             installed, install_cpu = time.monotonic(), time.thread_time() - cpu
@@ -191,9 +192,12 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
                 files[pyc_path] = _Packed(pack.tell(), len(pyc), hashlib.sha256(pyc).hexdigest(), executable=False)
                 pack.write(pyc)
         compiled = time.monotonic()
-        entries = [Entry(path, "file", 0o755 if f.executable else 0o644, f.size, f.sha256, source=staging / PACK,
-                         offset=f.offset) for path, f in sorted(files.items())]
-        save_entries(staging / "entries.json", entries, staging)
+        # The entries as they will be once the tree is in place, all sharing its pack's one Path (a Path
+        # each, and reading them back from entries.json, cost 2 s of dev-cpu's cold build).
+        in_place = tree / PACK
+        entries = tuple(Entry(path, "file", 0o755 if f.executable else 0o644, f.size, f.sha256, source=in_place,
+                              offset=f.offset) for path, f in sorted(files.items()))
+        save_entries(staging / "entries.json", entries, tree)
         atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
                                                     "bytecode_seconds": round(compiled - installed, 2),
                                                     "install_cpu_seconds": round(install_cpu, 2)})
@@ -209,8 +213,7 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
         staging.rename(tree)
     except OSError:  # another build made it meanwhile: theirs is the same
         shutil.rmtree(staging, ignore_errors=True)
-    return Tree(tree, tuple(load_entries(tree / "entries.json", tree)), made=True,
-                install_seconds=installed - started, bytecode_seconds=compiled - installed,
+    return Tree(tree, entries, made=True, install_seconds=installed - started, bytecode_seconds=compiled - installed,
                 install_cpu_seconds=install_cpu)
 
 
@@ -234,13 +237,19 @@ class _Files(dict[str, _Packed]):
         self.wheel, self.directories = wheel, set()
 
     def claim(self, path: str, what: str) -> None:
-        parents = layers.parents(path)
-        clash = path if path in self or path in self.directories else next((p for p in parents if p in self), None)
+        clash = path if path in self or path in self.directories else None
+        # Its directories, innermost first, up to the first one already claimed: that one's own were
+        # checked when it was, and none has become a file since (a file there would have clashed).
+        parent, new = path, []
+        while clash is None and (cut := parent.rfind("/")) > 0 and (parent := parent[:cut]) not in self.directories:
+            if parent in self:
+                clash = parent
+            new.append(parent)
         if clash is not None:
             raise ServestackError(f"{self.wheel.name}: {what} cannot be at {path}: "
                                   + (f"the wheel installs a file at {clash}" if clash in self else
                                      f"the wheel installs files below {clash}"))
-        self.directories.update(parents)
+        self.directories.update(new)
 
 
 def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _Packed], None]) -> _Files:
@@ -251,7 +260,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
     from installer.destinations import SchemeDictionaryDestination
     from installer.records import Hash, RecordEntry
     from installer.scripts import Script
-    from installer.utils import Scheme, copyfileobj_with_hashing
+    from installer.utils import Scheme
 
     from .wheelzip import open_wheel
 
@@ -262,14 +271,21 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
             # Where installer would write it: normalized, and refused outside the scheme's directory.
             directory = self.scheme_dict[scheme]
             target = posixpath.normpath(posixpath.join(directory, path))
-            if posixpath.commonpath([directory, target]) != directory:
+            # posixpath.commonpath's test (both are normalized) at a tenth of its cost
+            if target != directory and not target.startswith(directory + "/"):
                 raise ServestackError(f"{wheel.name}: {path} would be installed outside {directory}")
             target = target.lstrip("/")
             files.claim(target, "a file")
-            offset = pack.tell()
-            hash_, size = copyfileobj_with_hashing(stream, pack, self.hash_algorithm)
-            files[target] = _Packed(offset, size, base64.urlsafe_b64decode(hash_ + "=" * (-len(hash_) % 4)).hex(),
-                                    is_executable)
+            offset, size = pack.tell(), 0
+            # installer's copyfileobj_with_hashing, a MB at a time rather than 64 KB: a member's reads inflate
+            # and copy its buffers once per read, and a GPU stack's libraries are GBs.
+            hasher = hashlib.new(self.hash_algorithm)
+            while chunk := stream.read(COPY_CHUNK):
+                hasher.update(chunk)
+                pack.write(chunk)
+                size += len(chunk)
+            hash_ = base64.urlsafe_b64encode(hasher.digest()).decode("ascii").rstrip("=")
+            files[target] = _Packed(offset, size, hasher.hexdigest(), is_executable)
             packed(target, files[target])
             return RecordEntry(path, Hash(self.hash_algorithm, hash_), size)
 
