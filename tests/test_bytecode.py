@@ -284,3 +284,31 @@ def test_an_abandoned_jobs_modules_are_dropped_not_read_from_its_gone_pack(tmp_p
     assert made == _compile_dir(interpreter, healthy)
     with pytest.raises(ServestackError, match="did not install"):
         job.close().result(timeout=0)
+
+
+def test_a_compiler_is_handed_more_modules_before_it_has_answered_the_first(tmp_path, monkeypatch):
+    """It starts on the next module as soon as it has written an answer, not once this process has read
+    it and sent another: this compiler reads two requests before it answers either."""
+    monkeypatch.setattr(bytecode, "ANSWER_TIMEOUT_S", 10.0)
+    pairs = tmp_path / "python-that-reads-two"
+    pairs.write_text("#!/bin/sh\nwhile read first && read second; do printf 'S\\nS\\n'; done\n")
+    pairs.chmod(0o755)
+    modules = _modules(_site(tmp_path / "s"))[:4]
+    with BytecodePool(str(pairs), 1) as pool:
+        assert pool.submit(modules).result(timeout=30) == {}  # every module answered (as not compiling)
+
+
+def test_answers_are_read_whole_however_the_pipe_splits_or_joins_them():
+    """Several in flight: one read may hold the end of one answer and the start of the next."""
+    read, write = os.pipe()
+    answers = bytecode._Answers(read)
+    try:
+        os.write(write, b"S\nab 5\nhel")
+        assert answers.line() == b"S\n" and answers.line() == b"ab 5\n"
+        threading.Timer(0.05, os.write, (write, b"lo")).start()  # the rest comes later
+        assert answers.exactly(5) == b"hello"
+        os.close(write)
+        with pytest.raises(EOFError):
+            answers.line()
+    finally:
+        os.close(read)

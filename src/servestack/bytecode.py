@@ -1,7 +1,8 @@
 """Bytecode for the installed trees, compiled module by module on every core, in memory.
 
-One compiling interpreter per core stays up for the whole build and is handed single modules from a
-queue that all trees share (the earliest started tree's first), each as soon as it is installed. Each
+One compiling interpreter per core stays up for the whole build and is handed modules from a queue
+that all trees share (the earliest started tree's first), each as soon as it is installed, a few ahead
+of its answers so it never waits for this process. Each
 module's source is read from its tree's pack (trees.py: a tree is one file of contents, not thousands
 of files), and its pyc comes back over the pipe: no source is written out and no pyc is written in,
 each of which cost a file creation (200-700 us of kernel time here; 25,840 pycs and 41,597 files
@@ -20,7 +21,9 @@ compares the pycs with compile_dir's, file by file.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import fcntl
 import itertools
 import os
 import queue
@@ -76,6 +79,9 @@ WORKER_ENV = {"PYTHONHASHSEED": "0", "PYTHONPATH": ""}
 # What one module may take: a compiler that answers nothing about a single module for this long is
 # wedged, and is killed rather than waited for.
 ANSWER_TIMEOUT_S = 600.0
+# Modules with each compiler at once (see BytecodePool._serve), and its answer pipe's size.
+IN_FLIGHT = 8
+PIPE_BYTES = 1 << 20
 
 
 def worker_base_env() -> dict[str, str]:
@@ -141,7 +147,7 @@ class Job:
 
 
 class BytecodePool:
-    """`workers` compiling interpreters (`executable -S`), fed one module at a time from one queue.
+    """`workers` compiling interpreters (`executable -S`), fed modules from one queue, a few at a time each.
 
     Use as a context manager; leaving it ends the interpreters (their CPU seconds then count in
     RUSAGE_CHILDREN, as trees.children_cpu_seconds reads them). Each interpreter starts with the first
@@ -211,35 +217,63 @@ class BytecodePool:
     def _serve(self) -> None:
         """One compiling interpreter: started here, fed until the pool closes. Whatever goes wrong with
         a module (the compiler cannot start: EAGAIN, EMFILE; it dies or hangs; a bug here) fails that
-        module's job, and after a failure every job still queued fails with it, so no caller waits for ever."""
+        module's job, and after a failure every job still queued fails with it, so no caller waits for ever.
+
+        Up to IN_FLIGHT modules are with the compiler at once: it starts on the next as soon as it has
+        written an answer, rather than waiting for this thread to read it and send another, which needs
+        the GIL that the installing threads hold for up to its switch interval (5 ms) at a time: with one
+        at a time the compilers of a cold dev-cpu build waited 38 s each."""
         with tempfile.TemporaryFile() as errors:
             worker = None  # started with the first module: a build of cached trees compiles nothing
+            answers: _Answers | None = None
+            in_flight: collections.deque[tuple[Job, str]] = collections.deque()
             closed = False
             try:
                 while True:
-                    _, job, request = self._queue.get()
-                    if job is None:
-                        closed = True
-                        return
-                    if self._failure is not None:
-                        self._fail(job, self._failure)
+                    while not closed and len(in_flight) < IN_FLIGHT:
+                        try:  # wait for a module only when the compiler has none
+                            _, job, request = self._queue.get(block=not in_flight)
+                        except queue.Empty:
+                            break
+                        if job is None:
+                            closed = True
+                        elif self._failure is not None:
+                            self._fail(job, self._failure)
+                        elif not job.done.done():  # else abandoned: its tree failed
+                            path, line = request
+                            try:
+                                if worker is None:
+                                    worker = self._start(errors)
+                                    answers = _Answers(worker.stdout.fileno())
+                                worker.stdin.write(line)
+                                worker.stdin.flush()
+                            except BaseException as error:
+                                failure = self._failed(worker, path, error, errors)
+                                for job_of, _ in [*in_flight, (job, path)]:
+                                    self._fail(job_of, failure)
+                                in_flight.clear()
+                            else:
+                                in_flight.append((job, path))
+                    if not in_flight:
+                        if closed:
+                            return
                         continue
-                    if job.done.done():  # abandoned: its tree failed
-                        continue
-                    path, line = request
+                    job, path = in_flight.popleft()
                     try:
-                        if worker is None:
-                            worker = self._start(errors)
-                        pyc = self._compile(worker, line, path, errors)
-                    except ServestackError as failure:
-                        self._fail(job, failure)
+                        pyc = self._answer(answers, path)
                     except BaseException as error:
-                        self._fail(job, ServestackError(f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}"))
+                        failure = self._failed(worker, path, error, errors)
+                        for job_of, _ in [(job, path), *in_flight]:
+                            self._fail(job_of, failure)
+                        in_flight.clear()
                     else:
                         job.finished_one(path, pyc)
             finally:
                 if not closed:  # this thread is ending early: no job may be left waiting for it
-                    self._fail_queued(ServestackError(f"bytecode: {threading.current_thread().name} ended early"))
+                    failure = ServestackError(f"bytecode: {threading.current_thread().name} ended early")
+                    for job_of, _ in in_flight:
+                        self._fail(job_of, failure)
+                    self._fail_queued(failure)
                 if worker is not None:
                     with contextlib.suppress(OSError):
                         worker.stdin.close()
@@ -252,36 +286,37 @@ class BytecodePool:
             self._running.append(worker)
             if self._failure is not None:  # stop() came while it started
                 worker.kill()
+        # A pipe as big as an unprivileged process may make it (Linux; 64 KB by default): a compiler
+        # writing a large pyc, or several answers, does not block until this thread next gets the GIL.
+        with contextlib.suppress(OSError, AttributeError):
+            fcntl.fcntl(worker.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         return worker
 
-    def _compile(self, worker: subprocess.Popen, line: bytes, path: str, errors) -> tuple[str, bytes] | None:
-        """Hand the worker one module: its pyc's path in the image and bytes, None when it does not compile."""
-        header: bytes | None = b""
-        try:
-            worker.stdin.write(line)
-            worker.stdin.flush()
-            # The worker writes nothing but answers, each whole, and only when asked: the reader's buffer
-            # is empty between answers, so the pipe's readiness is the answer's.
-            answered = select.select([worker.stdout], [], [], ANSWER_TIMEOUT_S)[0]
-            header = worker.stdout.readline() if answered else None
-            if header == b"S\n":
-                return None
-            if header:
-                cfile, length = header.split()
-                pyc = worker.stdout.read(int(length))
-                if len(pyc) == int(length):
-                    return os.fsdecode(bytes.fromhex(cfile.decode())), pyc
-        except OSError:  # the pipe broke: the interpreter is gone
-            pass
-        except ValueError:  # it answered nonsense: it cannot be spoken to any more
+    @staticmethod
+    def _answer(answers: _Answers, path: str) -> tuple[str, bytes] | None:
+        """The compiler's answer about its oldest module: its pyc's path in the image and bytes, None when
+        it does not compile."""
+        header = answers.line()
+        if header == b"S\n":
+            return None
+        cfile, length = header.split()
+        return os.fsdecode(bytes.fromhex(cfile.decode())), answers.exactly(int(length))
+
+    def _failed(self, worker: subprocess.Popen | None, path: str, error: BaseException, errors) -> ServestackError:
+        """What went wrong speaking to the compiler about `path`; the compiler is then ended (killed when
+        it may still be running)."""
+        if isinstance(error, ServestackError) or worker is None:  # it did not start
+            return error if isinstance(error, ServestackError) else ServestackError(
+                f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}")
+        if isinstance(error, TimeoutError):
             worker.kill()
-        if header is None:
+            return ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
+                                   f"while compiling {path}; killed it")
+        if not isinstance(error, (OSError, EOFError)):  # it answered nonsense (ValueError), or a bug here
             worker.kill()
-            raise ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
-                                  f"while compiling {path}; killed it")
         errors.seek(0)
-        raise ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
-                              f"{errors.read()[-2000:].decode(errors='replace')}")
+        return ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
+                               f"{errors.read()[-2000:].decode(errors='replace')}")
 
     def _fail_queued(self, failure: ServestackError) -> None:
         """Fail every job still queued (the pool's closing markers go back for the other threads)."""
@@ -296,3 +331,37 @@ class BytecodePool:
                     self._fail(item[1], self._failure)
         for item in markers:
             self._queue.put(item)
+
+
+class _Answers:
+    """A compiler's standard output, read as its answers come, into a buffer of this module's own: with
+    several modules in flight, part of the next answer may be read with this one, and a select() on the
+    pipe then says nothing about it (a BufferedReader's buffer cannot be asked)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffer = fd, bytearray()
+
+    def line(self) -> bytes:
+        while (end := self.buffer.find(b"\n")) < 0:
+            self._more()
+        return self.take(end + 1)
+
+    def exactly(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            self._more()
+        return self.take(n)
+
+    def take(self, n: int) -> bytes:
+        taken = bytes(self.buffer[:n])
+        del self.buffer[:n]
+        return taken
+
+    def _more(self) -> None:
+        """Whatever the pipe holds: TimeoutError when the compiler writes nothing for ANSWER_TIMEOUT_S,
+        EOFError when it has exited."""
+        if not select.select([self.fd], [], [], ANSWER_TIMEOUT_S)[0]:
+            raise TimeoutError
+        data = os.read(self.fd, PIPE_BYTES)
+        if not data:
+            raise EOFError
+        self.buffer += data
