@@ -12,6 +12,7 @@ import pytest
 import zstandard
 
 from servestack import layers, oci
+from servestack.fsutil import canonical_json
 from servestack.progress import Progress, phase
 
 EPOCH = 1_700_000_000
@@ -73,6 +74,19 @@ def test_a_changed_file_changes_the_key_and_a_known_key_is_not_written_again(tmp
     changed = layers.scan_tree(tmp_path / "a", "opt/venv/")
     assert layers.layer_key(changed, EPOCH) != layers.layer_key(entries, EPOCH)
     assert layers.layer_key(entries, EPOCH + 1) != layers.layer_key(entries, EPOCH)
+
+
+def test_the_key_hashes_each_entry_as_its_json_line(tmp_path):
+    """Layer keys name cached blobs on every machine: the key is the recipe's canonical JSON, then one
+    json.dumps(identity) line per member; names that JSON escapes included."""
+    odd = ['quote"', "back\\slash", "new\nline", "tab\tcontrol\x01", "caf\u00e9", "emoji\U0001f600",
+           os.fsdecode(b"latin1-\xe9"), "slash/\u2028"]
+    entries = [layers.Entry(f"opt/{name}", "file", 0o644, 2 ** 40 + n, "ab" * 32) for n, name in enumerate(odd)]
+    entries += [layers.Entry(f"opt/link-{n}", "symlink", 0o777, link=name) for n, name in enumerate(odd)]
+    recipe = {"tar": layers.TAR_RECIPE, "epoch": EPOCH, "zstd_level": layers.ZSTD_LEVEL, "zstd": zstandard.ZSTD_VERSION}
+    lines = [json.dumps([e.path, e.kind, e.mode, e.size, e.sha256, e.link]) + "\n" for e in layers.with_parents(entries)]
+    expected = hashlib.sha256((canonical_json(recipe) + "".join(lines)).encode())
+    assert layers.layer_key(entries, EPOCH) == expected.hexdigest()
 
 
 def _named(length: int, filler: str = "n") -> str:

@@ -19,6 +19,7 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps quotes a str with
 from pathlib import Path
 from typing import BinaryIO
 
@@ -146,8 +147,16 @@ def with_parents(entries: Iterable[Entry]) -> Members:
 def layer_key(entries: Iterable[Entry], epoch: int) -> str:
     """Everything that decides a layer's compressed bytes: its entries and the recipe that writes them."""
     recipe = {"tar": TAR_RECIPE, "epoch": epoch, "zstd_level": ZSTD_LEVEL, "zstd": zstandard.ZSTD_VERSION}
-    lines = "".join(json.dumps(e.identity()) + "\n" for e in with_parents(entries))  # ASCII: json escapes the rest
+    lines = "".join(map(_identity_line, with_parents(entries)))
     return hashlib.sha256(canonical_json(recipe).encode() + lines.encode()).hexdigest()
+
+
+def _identity_line(e: Entry) -> str:
+    """json.dumps(e.identity()) and a newline, the same characters (ASCII: non-ASCII escaped), for a
+    quarter of the time: json.dumps makes an encoder per call, 4 us of the ~70,000 entries every build
+    keys, cold or not."""
+    return f"[{_json_string(e.path)}, {_json_string(e.kind)}, {e.mode:d}, {e.size:d}, {_json_string(e.sha256)}, " \
+           f"{_json_string(e.link)}]\n"
 
 
 # --------------------------------------------------------------------------- writing
