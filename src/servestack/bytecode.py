@@ -338,22 +338,26 @@ class _Answers:
     several modules in flight, part of the next answer may be read with this one, and a select() on the
     pipe then says nothing about it (a BufferedReader's buffer cannot be asked)."""
 
+    READ = 1 << 16  # below malloc's mmap threshold: a read's buffer costs no mmap and munmap
+
     def __init__(self, fd: int):
-        self.fd, self.buffer = fd, bytearray()
+        self.fd, self.buffer, self.start = fd, b"", 0
 
     def line(self) -> bytes:
-        while (end := self.buffer.find(b"\n")) < 0:
+        while (end := self.buffer.find(b"\n", self.start)) < 0:
             self._more()
-        return self.take(end + 1)
+        return self._take(end + 1 - self.start)
 
     def exactly(self, n: int) -> bytes:
-        while len(self.buffer) < n:
+        while len(self.buffer) - self.start < n:
             self._more()
-        return self.take(n)
+        return self._take(n)
 
-    def take(self, n: int) -> bytes:
-        taken = bytes(self.buffer[:n])
-        del self.buffer[:n]
+    def _take(self, n: int) -> bytes:
+        # What is taken is left in place (the start moves on): dropping it from the front of a buffer
+        # would move the rest, a pipe-full at worst, once per answer.
+        taken = self.buffer[self.start:self.start + n]
+        self.start += n
         return taken
 
     def _more(self) -> None:
@@ -361,7 +365,7 @@ class _Answers:
         EOFError when it has exited."""
         if not select.select([self.fd], [], [], ANSWER_TIMEOUT_S)[0]:
             raise TimeoutError
-        data = os.read(self.fd, PIPE_BYTES)
+        data = os.read(self.fd, self.READ)
         if not data:
             raise EOFError
-        self.buffer += data
+        self.buffer, self.start = self.buffer[self.start:] + data, 0
