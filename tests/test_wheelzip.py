@@ -113,3 +113,43 @@ def test_installing_a_wheel_with_a_corrupted_crc_fails(tmp_path):
     _corrupt_crc(wheel, "demo/blob.bin")
     with open_wheel(wheel) as source, pytest.raises(zipfile.BadZipFile, match="demo/blob.bin"):
         _installed(source, tmp_path / "root")
+
+
+def test_a_read_is_as_long_as_asked_but_at_the_end_and_the_archive_stays_open_for_an_open_member(tmp_path):
+    """As zipfile's: installer and trees copy in fixed-size reads; a member opened before ZipFile.close
+    is still read whole after it."""
+    wheel = _wheel(tmp_path)
+    fast = WheelZipFile(wheel)
+    with fast.open("demo/big.py") as stream:
+        fast.close()
+        chunks = list(iter(lambda: stream.read(65536), b""))
+    assert b"".join(chunks) == _contents()["demo/big.py"]
+    assert {len(chunk) for chunk in chunks[:-1]} == {65536} and len(chunks) > 2
+
+
+def test_a_member_whose_local_header_names_another_file_fails_as_in_zipfile(tmp_path):
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("good.py", b"A = 1\n")
+    data = bytearray(archive.read_bytes())
+    data[data.find(b"good.py")] = ord("G")  # the local header's copy of the name, before the central directory's
+    archive.write_bytes(bytes(data))
+    with zipfile.ZipFile(archive) as plain, WheelZipFile(archive) as fast:
+        with pytest.raises(zipfile.BadZipFile, match="File name in directory 'good.py' and header b'Good.py' differ"):
+            plain.read("good.py")
+        with pytest.raises(zipfile.BadZipFile, match="File name in directory 'good.py' and header b'Good.py' differ"):
+            fast.read("good.py")
+
+
+def test_a_member_rewinds_and_reads_a_line_as_zipfiles_does(tmp_path):
+    """installer fixes a script's #!python line so: seek(0), read(8), seek(0), readline(), then reads."""
+    wheel = _wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as plain, WheelZipFile(wheel) as fast:
+        for archive in (plain, fast):
+            with archive.open("demo/big.py") as stream:
+                first = stream.read(8)
+                stream.seek(0)
+                line = stream.readline()
+                rest = list(iter(lambda: stream.read(65536), b""))
+            assert (first, line, b"".join(rest)) == (b"def f0(x", _contents()["demo/big.py"].split(b"\n")[0] + b"\n",
+                                                     _contents()["demo/big.py"].split(b"\n", 1)[1])
