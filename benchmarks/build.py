@@ -272,6 +272,9 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
                 target.chmod(e.mode)
         dirs.append(d)
     epoch = record.source_date_epoch
+    # The same blobs pushed below, the base's too (the image pushes it, and it is compressed below); keyed
+    # before the clock starts, as the image step keys its layers while planning.
+    keys = [layers.tarball_key(base_tar)] + [layers.layer_key(layer.entries, epoch) for layer in planned]
     cpu, started = _cpu_seconds(), time.monotonic()
     subprocess.run(["bash", "-o", "pipefail", "-c", f"zstd -3 -T0 -q -c {base_tar} | sha256sum >/dev/null"], check=True)
     for d in dirs:
@@ -279,9 +282,10 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
                         f"tar --sort=name --numeric-owner --owner=0 --group=0 --mtime=@{epoch} -C {d} -cf - . "
                         f"| zstd -3 -T0 -q | sha256sum >/dev/null"], check=True)
     tar_zstd_sha, tar_zstd_sha_cpu = time.monotonic() - started, _cpu_seconds() - cpu
-    # The base's blob too: the image pushes it, and the limit compressed it above.
-    keys = [layers.tarball_key(base_tar)] + [layers.layer_key(list(layer.entries), epoch) for layer in planned]
-    blobs = [b for b in map(layers.cached, keys) if b]
+    blobs = [layers.cached(key) for key in keys]
+    if None in blobs:
+        raise RuntimeError(f"limit: no cached blob for layer key {keys[blobs.index(None)]}: the limit pushes the "
+                           "blobs of the build it follows, so it runs right after one")
     started = time.monotonic()
     for blob in blobs:
         registry.push_blob(address, "limit/push", blob.digest, blob.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -98,6 +99,64 @@ def test_a_made_trees_entries_are_the_ones_a_later_build_reads_from_the_cache(tm
     assert made.entries == again.entries and {e.source for e in made.entries} == {made.path / trees.PACK}
     by_path = {e.path: e for e in made.entries}
     assert layers.content(by_path[trees.site_packages("3.11") + "/tiny/__init__.py"]) == b"VALUE = 1\n"
+
+
+def test_a_tree_another_build_put_in_place_first_is_the_one_returned(tmp_path, cache, monkeypatch):
+    """Two builds made the same tree at once and the other renamed its own into place first: ours goes, and
+    the entries returned are theirs, pointing into their pack (theirs may lay its files out otherwise)."""
+    wheel, sha256 = _wheel(tmp_path)
+    theirs = installed_tree(wheel, sha256, "3.11", "none", None).path
+    aside = theirs.rename(tmp_path / "theirs")
+    listed = json.loads((aside / "entries.json").read_text())
+    listed[0][-1] = 7  # their first file elsewhere in their pack than in ours
+    (aside / "entries.json").write_text(json.dumps(listed))
+    written = trees.atomic_write_json
+
+    def timing_then_theirs_lands(path, doc):  # timing.json is the last thing written before the rename
+        written(path, doc)
+        aside.rename(theirs)
+
+    monkeypatch.setattr(trees, "atomic_write_json", timing_then_theirs_lands)
+    tree = installed_tree(wheel, sha256, "3.11", "none", None)
+    assert tree.entries == tuple(layers.load_entries(theirs / "entries.json", theirs)) and tree.entries[0].offset == 7
+    assert [p.name for p in (cache / "installed").iterdir()] == [theirs.name]  # our staging is gone
+
+
+def test_a_tree_that_cannot_be_put_in_place_fails_and_leaves_nothing(tmp_path, cache, monkeypatch):
+    wheel, sha256 = _wheel(tmp_path)
+
+    def refused(self, target):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "rename", refused)
+    with pytest.raises(PermissionError):
+        installed_tree(wheel, sha256, "3.11", "none", None)
+    assert list((cache / "installed").iterdir()) == []
+
+
+def _raw_wheel(tmp_path: Path, name: str, files: dict[str, str]) -> tuple[Path, str]:
+    """A wheel whose member names are taken as they are (a directory would resolve `..`), with its RECORD."""
+    import base64
+    import zipfile
+
+    info = f"{name}-1.0.dist-info"
+    files = {f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n", **files}
+    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{info}/RECORD,,\n"
+    wheel = tmp_path / f"{name}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as out:
+        for path, text in {**files, f"{info}/RECORD": record}.items():
+            out.writestr(path, text)
+    return wheel, hashlib.sha256(wheel.read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("path", ["../../../../../../etc/passwd", "../venv2/x", "a/../../x"])
+def test_a_wheel_file_outside_its_scheme_directory_is_refused(tmp_path, cache, path):
+    wheel, sha256 = _raw_wheel(tmp_path, "escape", {"escape/__init__.py": "", f"escape-1.0.data/data/{path}": "x\n"})
+    with pytest.raises(ServestackError, match=r"escape-1\.0-py3-none-any\.whl: .* would be installed outside /opt/venv$"):
+        installed_tree(wheel, sha256, "3.11", "none", None)
+    assert list((cache / "installed").iterdir()) == []
 
 
 @pytest.mark.parametrize("path, clash", [

@@ -118,12 +118,6 @@ def load_entries(path: Path, root: Path) -> list[Entry]:
 # --------------------------------------------------------------------------- keys
 
 
-def parents(path: str) -> list[str]:
-    """Every directory `path` is below, outermost first: "a/b/c" -> ["a", "a/b"]."""
-    parts = path.split("/")
-    return ["/".join(parts[:i]) for i in range(1, len(parts))]
-
-
 class Members(tuple[Entry, ...]):
     """A layer's tar members: with_parents' result. with_parents hands one back as it is, so a caller
     that keys, sizes and writes a layer computes it once (~70,000 entries a build)."""
