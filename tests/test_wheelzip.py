@@ -153,3 +153,70 @@ def test_a_member_rewinds_and_reads_a_line_as_zipfiles_does(tmp_path):
                 rest = list(iter(lambda: stream.read(65536), b""))
             assert (first, line, b"".join(rest)) == (b"def f0(x", _contents()["demo/big.py"].split(b"\n")[0] + b"\n",
                                                      _contents()["demo/big.py"].split(b"\n", 1)[1])
+
+
+def _archive(tmp_path: Path, compression: int, members: dict[str, bytes]) -> Path:
+    archive = tmp_path / "a.zip"
+    with zipfile.ZipFile(archive, "w", compression=compression) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return archive
+
+
+@pytest.mark.parametrize("size", [1, 100, 2000])
+def test_output_inflate_still_holds_after_the_last_input_is_read(tmp_path, size):
+    """A member ending in a long run deflates to a few bytes, all consumed by the first inflate call, while
+    the run's rest is still to come: reads of `size` must go on past the input's end, not stop short."""
+    data = b"ab" * 10 + b"x" * 4000
+    archive = _archive(tmp_path, zipfile.ZIP_DEFLATED, {"run.txt": data})
+    with WheelZipFile(archive) as fast, fast.open("run.txt") as stream:
+        assert type(stream) is not zipfile.ZipExtFile
+        chunks = list(iter(lambda: stream.read(size), b""))
+    assert b"".join(chunks) == data
+    assert {len(chunk) for chunk in chunks[:-1]} <= {size}
+
+
+def test_stored_members_read_as_in_zipfile(tmp_path):
+    """Wheels hold stored members too (already-compressed files): read by our reader, whole, in fixed-size
+    reads, and a line at a time, the same bytes as zipfile's."""
+    rng = random.Random(3)
+    members = {"big.bin": rng.randbytes(700_000), "lines.py": b"#!python\nA = 1\n" * 5000, "one": b"1"}
+    archive = _archive(tmp_path, zipfile.ZIP_STORED, members)
+    with zipfile.ZipFile(archive) as plain, WheelZipFile(archive) as fast:
+        for name, data in members.items():
+            assert plain.read(name) == data
+            assert fast.read(name) == data, name
+            with fast.open(name) as stream:
+                assert type(stream) is not zipfile.ZipExtFile and stream._decompressor is None
+                assert b"".join(iter(lambda: stream.read(65536), b"")) == data, name
+            with fast.open(name) as stream:
+                line, (head, newline, _) = stream.readline(), data.partition(b"\n")
+                assert line == head + newline and line + stream.read() == data, name
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_an_empty_members_crc_is_checked_as_in_zipfile(tmp_path, compression):
+    archive = _archive(tmp_path, compression, {"good.py": b"", "bad.py": b""})
+    _corrupt_crc(archive, "bad.py")
+    with zipfile.ZipFile(archive) as plain, WheelZipFile(archive) as fast:
+        assert fast.read("good.py") == plain.read("good.py") == b""
+        with fast.open("good.py") as stream:
+            assert stream.read(65536) == b"" and stream.read(65536) == b""
+        for archive_reader in (plain, fast):
+            with pytest.raises(zipfile.BadZipFile, match="Bad CRC-32 for file 'bad.py'"):
+                archive_reader.read("bad.py")
+            with archive_reader.open("bad.py") as stream, pytest.raises(zipfile.BadZipFile, match="bad.py"):
+                stream.read(65536)  # installer's and trees' way: fixed-size reads
+
+
+@pytest.mark.parametrize("compression", [zipfile.ZIP_DEFLATED, zipfile.ZIP_STORED])
+def test_seek_returns_the_position_reached_as_zipfiles_does(tmp_path, compression):
+    data = b"0123456789" * 1000
+    archive = _archive(tmp_path, compression, {"m": data})
+    with zipfile.ZipFile(archive) as plain, WheelZipFile(archive) as fast:
+        for archive_reader in (plain, fast):
+            with archive_reader.open("m") as stream:
+                assert stream.seek(25) == 25 and stream.read(3) == b"567"
+                assert stream.seek(len(data) + 100) == len(data) and stream.read(10) == b""
+                assert stream.seek(-5) == 0 and stream.read(3) == b"012"
+                assert stream.seek(0) == 0 and stream.read() == data

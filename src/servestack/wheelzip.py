@@ -25,8 +25,8 @@ from installer.sources import WheelFile
 from zlib_ng import zlib_ng
 
 # Compressed bytes read at a time: a member's whole compressed bytes when smaller (most are: one read
-# and one inflate call each); a quarter of installing's 1 MB reads, so that one read's output seldom
-# overflows a read and leaves input to copy.
+# and one inflate call each); a quarter of the copy's read size (trees.COPY_CHUNK), so that one read's
+# output seldom overflows a read and leaves input to copy.
 READ = 1 << 18
 LINE = 1 << 13  # inflated bytes a readline asks for at a time
 LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)
@@ -66,6 +66,7 @@ class _Member:
             raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
         self.position = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
         self.compressed_left, self.left, self.crc = info.compress_size, info.file_size, 0
+        self.ended = False  # the last inflated bytes read and the CRC-32 checked (an empty member's too)
         self._decompressor = (zlib_ng.decompressobj(-zlib_ng.MAX_WBITS)  # raw deflate, as zipfile
                               if info.compress_type == zipfile.ZIP_DEFLATED else None)
         self.tail = b""  # compressed, not yet inflated (the last inflate's output was capped)
@@ -76,13 +77,13 @@ class _Member:
         if self.closed:
             raise ValueError("read from closed file.")
         if n is None or n < 0:
-            n = len(self.pending) + self.left
+            n = len(self.pending) + max(self.left, 1)  # at least one more: an empty member's CRC-32 is checked too
         parts = []
         if self.pending:
             parts.append(self.pending[:n])
             self.pending = self.pending[n:]
             n -= len(parts[0])
-        while n > 0 and self.left:
+        while n > 0 and not self.ended:
             parts.append(data := self._more(n))
             n -= len(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -90,7 +91,7 @@ class _Member:
     def readline(self) -> bytes:
         """Up to and with the next newline (installer reads a script's shebang line so)."""
         line = b""
-        while chunk := self.pending or (self._more(LINE) if self.left else b""):
+        while chunk := self.pending or (b"" if self.ended else self._more(LINE)):
             end = chunk.find(b"\n") + 1
             line, self.pending = (line + chunk[:end], chunk[end:]) if end else (line + chunk, b"")
             if end:
@@ -98,12 +99,12 @@ class _Member:
         return line
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        """Back to the start and on to `offset` (installer rewinds a script to read its shebang line)."""
+        """Back to the start and on to `offset` (installer rewinds a script to read its shebang line); as
+        zipfile's, the position reached, never past the end nor before the start."""
         if whence != os.SEEK_SET:
             raise io.UnsupportedOperation("a wheel member seeks only from its start")
         self._start(self.fd)
-        self.read(offset)
-        return offset
+        return len(self.read(max(offset, 0)))
 
     def seekable(self) -> bool:
         return True
@@ -119,16 +120,19 @@ class _Member:
             compressed = self.tail + self._compressed(READ - len(self.tail)) if self.tail else self._compressed(READ)
             data = self._decompressor.decompress(compressed, most)
             self.tail = self._decompressor.unconsumed_tail
-            if not self.compressed_left and not self.tail and len(data) < most:
-                data += self._decompressor.flush()
-            ended = self._decompressor.eof or not (self.compressed_left or self.tail)
+            # All input consumed is not the end while the output was capped: inflate may still hold output
+            # (the rest of a long match), which the next call, given no input, returns. Output short of the
+            # cap with no input left is all there is (inflate writes what it can), so no flush is needed.
+            ended = self._decompressor.eof or (not (self.compressed_left or self.tail) and len(data) < most)
         data = data[:self.left]
         self.left -= len(data)
         if ended:  # as zipfile: a member that ends short of its size ends there; its CRC-32 then tells
             self.left = 0
         self.crc = zlib_ng.crc32(data, self.crc)
-        if not self.left and self.crc != self.info.CRC:
-            raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
+        if not self.left:
+            self.ended = True
+            if self.crc != self.info.CRC:
+                raise zipfile.BadZipFile(f"Bad CRC-32 for file {self.info.filename!r}")
         return data
 
     def _compressed(self, most: int) -> bytes:
