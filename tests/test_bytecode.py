@@ -312,3 +312,101 @@ def test_answers_are_read_whole_however_the_pipe_splits_or_joins_them():
             answers.line()
     finally:
         os.close(read)
+
+
+def test_a_job_abandoned_with_modules_in_flight_fails_alone_and_the_pool_goes_on(tmp_path, interpreter, monkeypatch):
+    """A failed tree removes its pack while some of its modules are already in a compiler's standard
+    input: the compiler reading one died, and every other tree's job failed with it."""
+    failed, healthy = _site(tmp_path / "failed"), _site(tmp_path / "healthy")
+    pool = BytecodePool(interpreter, 1)
+    job = pool.job()
+    for module in _modules(failed):  # queued before any compiler serves, with the healthy job's after
+        job.add(module)
+    healthy_job = pool.submit(_modules(healthy))
+    start = BytecodePool._start
+
+    def start_then_fail_the_tree_as_its_first_module_goes_in(self, errors):
+        worker = start(self, errors)
+        write = worker.stdin.write
+
+        def write_after_the_tree_failed(line):  # the module passed the pool's check: its job was alive
+            if not job.done.done():
+                job.abandon(ServestackError("the wheel did not install"))
+                failed.with_name(failed.name + ".pack").unlink()
+            return write(line)
+
+        monkeypatch.setattr(worker.stdin, "write", write_after_the_tree_failed, raising=False)
+        return worker
+
+    monkeypatch.setattr(BytecodePool, "_start", start_then_fail_the_tree_as_its_first_module_goes_in)
+    with pool:
+        made = _made(healthy_job.result(timeout=120))
+    assert made == _compile_dir(interpreter, healthy)
+    with pytest.raises(ServestackError, match="did not install"):
+        job.close().result(timeout=0)
+
+
+def test_a_module_whose_pack_cannot_be_read_fails_its_job_naming_both_and_no_other(tmp_path, interpreter):
+    gone, healthy = _site(tmp_path / "gone"), _site(tmp_path / "healthy")
+    modules = _modules(gone)
+    pack = gone.with_name(gone.name + ".pack")
+    pack.unlink()
+    with BytecodePool(interpreter, 1) as pool:
+        failing = pool.submit(modules)
+        made = _made(pool.submit(_modules(healthy)).result(timeout=120))
+        with pytest.raises(ServestackError, match=rf"the source of {DDIR}/.*\.py could not be read from {pack}"):
+            failing.result(timeout=0)
+    assert made == _compile_dir(interpreter, healthy)
+
+
+def test_a_compiler_that_closes_its_output_but_lives_on_is_killed_not_waited_for(tmp_path):
+    """Its answers end (EOFError) while it still runs: waiting for it to exit would wait for ever."""
+    closing = tmp_path / "python-that-closes-its-output"
+    closing.write_text("#!/bin/sh\nexec >&-\nexec sleep 60\n")
+    closing.chmod(0o755)
+    with BytecodePool(str(closing), 1) as pool:
+        with pytest.raises(ServestackError, match=r"exited with -9 while compiling .*\.py"):
+            pool.submit(_modules(_site(tmp_path / "s"))).result(timeout=20)
+
+
+def test_a_failed_write_names_the_module_the_compiler_died_on_not_the_one_being_written(tmp_path, monkeypatch):
+    dying = tmp_path / "python-that-dies-on-the-first"
+    dying.write_text("#!/bin/sh\nread line\necho 'crashed' >&2\nexit 3\n")
+    dying.chmod(0o755)
+    first, second = _modules(_site(tmp_path / "s"))[:2]
+    pool = BytecodePool(str(dying), 1)
+    job = pool.job()
+    job.add(first)
+    job.add(second)
+    start = BytecodePool._start
+
+    def start_and_write_the_second_once_it_died(self, errors):
+        worker = start(self, errors)
+        write, written = worker.stdin.write, []
+
+        def write_once_it_died(line):
+            if written:
+                worker.wait()  # it read the first module and exited
+            written.append(line)
+            return write(line)
+
+        monkeypatch.setattr(worker.stdin, "write", write_once_it_died, raising=False)
+        return worker
+
+    monkeypatch.setattr(BytecodePool, "_start", start_and_write_the_second_once_it_died)
+    with pool:
+        with pytest.raises(ServestackError, match=rf"exited with 3 while compiling {first.path}: crashed"):
+            job.close().result(timeout=30)
+
+
+def test_answers_are_read_from_a_descriptor_select_would_refuse(tmp_path):
+    """select() raises ValueError from descriptor 1024 on; a build with many compilers and files open
+    gets there."""
+    read, write = os.pipe()
+    high = os.dup2(read, 1500)
+    try:
+        os.write(write, b"S\n")
+        assert bytecode._Answers(high).line() == b"S\n"
+    finally:
+        for fd in (read, write, high):
+            os.close(fd)

@@ -5,8 +5,8 @@ that all trees share (the earliest started tree's first), each as soon as it is 
 of its answers so it never waits for this process. Each
 module's source is read from its tree's pack (trees.py: a tree is one file of contents, not thousands
 of files), and its pyc comes back over the pipe: no source is written out and no pyc is written in,
-each of which cost a file creation (200-700 us of kernel time here; 25,840 pycs and 41,597 files
-for dev-cpu).
+each of which cost a file creation (200-700 us of kernel time here; 21,350 modules compiled and
+41,597 files for dev-cpu).
 
 The pycs are byte-identical to `compileall.compile_dir`'s: each module goes through what
 py_compile.compile does (SourceFileLoader.source_to_code with the module's path in the image as its
@@ -40,16 +40,23 @@ from .errors import ServestackError
 
 # Each request line: the pack (hex of its filesystem bytes), the source's offset and size in it, and
 # the module's path in the image (hex). Each answer: "S\n" when the module does not compile (a syntax
-# error, a null byte: compile_dir skips those the same way), else a line with the pyc's path in the
-# image (hex) and its length, then the pyc's bytes. Any other failure ends the worker, its traceback
-# on standard error.
+# error, a null byte: compile_dir skips those the same way), "E\n" when its pack cannot be read (a
+# failed tree's pack is removed while its modules may still be in the worker's standard input), else
+# a line with the pyc's path in the image (hex) and its length, then the pyc's bytes. Any other
+# failure ends the worker, its traceback on standard error.
 WORKER = (
     "import compileall, py_compile, sys\n"
     "while fullname := sys.stdin.buffer.readline():\n"
     "    file, head, tail, dfile = fullname.split()\n"
-    "    with open(bytes.fromhex(file.decode()), 'rb') as loader:\n"
-    "        loader.seek(int(head))\n"
-    "        source_bytes = loader.read(int(tail))\n"
+    "    try:\n"
+    "        with open(bytes.fromhex(file.decode()), 'rb') as loader:\n"
+    "            loader.seek(int(head))\n"
+    "            source_bytes = loader.read(int(tail))\n"
+    "    except OSError:\n"
+    "        sys.stdout.buffer.write(b'E\\n')\n"
+    "        sys.stdout.buffer.flush()\n"
+    "        del file, head, tail, dfile\n"
+    "        continue\n"
     "    dfile = compileall.os.fsdecode(bytes.fromhex(dfile.decode()))\n"
     "    try:\n"
     "        code = compileall.importlib.machinery.SourceFileLoader('<py_compile>', dfile).source_to_code(\n"
@@ -200,7 +207,7 @@ class BytecodePool:
             return
         line = b"%s %d %d %s\n" % (os.fsencode(module.pack).hex().encode(), module.offset, module.size,
                                     os.fsencode(module.path).hex().encode())
-        self._queue.put(((job.number, next(self._order)), job, (module.path, line)))
+        self._queue.put(((job.number, next(self._order)), job, (module, line)))
 
     def stop(self) -> None:
         """Compile nothing more: every job still queued or under way fails (the build is stopping), and
@@ -226,7 +233,7 @@ class BytecodePool:
         with tempfile.TemporaryFile() as errors:
             worker = None  # started with the first module: a build of cached trees compiles nothing
             answers: _Answers | None = None
-            in_flight: collections.deque[tuple[Job, str]] = collections.deque()
+            in_flight: collections.deque[tuple[Job, Module]] = collections.deque()
             closed = False
             try:
                 while True:
@@ -240,7 +247,7 @@ class BytecodePool:
                         elif self._failure is not None:
                             self._fail(job, self._failure)
                         elif not job.done.done():  # else abandoned: its tree failed
-                            path, line = request
+                            module, line = request
                             try:
                                 if worker is None:
                                     worker = self._start(errors)
@@ -248,26 +255,31 @@ class BytecodePool:
                                 worker.stdin.write(line)
                                 worker.stdin.flush()
                             except BaseException as error:
-                                failure = self._failed(worker, path, error, errors)
-                                for job_of, _ in [*in_flight, (job, path)]:
+                                # The compiler died on the oldest module it was handed, not this one.
+                                in_flight.append((job, module))
+                                failure = self._failed(worker, in_flight[0][1].path, error, errors)
+                                for job_of, _ in in_flight:
                                     self._fail(job_of, failure)
                                 in_flight.clear()
                             else:
-                                in_flight.append((job, path))
+                                in_flight.append((job, module))
                     if not in_flight:
                         if closed:
                             return
                         continue
-                    job, path = in_flight.popleft()
+                    job, module = in_flight.popleft()
                     try:
-                        pyc = self._answer(answers, path)
+                        pyc = self._answer(answers)
+                    except _Unreadable:  # only this job fails (nothing, when it was abandoned already)
+                        job.abandon(ServestackError(f"bytecode: the source of {module.path} could not be read "
+                                                    f"from {module.pack} (bytes {module.offset}+{module.size})"))
                     except BaseException as error:
-                        failure = self._failed(worker, path, error, errors)
-                        for job_of, _ in [(job, path), *in_flight]:
+                        failure = self._failed(worker, module.path, error, errors)
+                        for job_of, _ in [(job, module), *in_flight]:
                             self._fail(job_of, failure)
                         in_flight.clear()
                     else:
-                        job.finished_one(path, pyc)
+                        job.finished_one(module.path, pyc)
             finally:
                 if not closed:  # this thread is ending early: no job may be left waiting for it
                     failure = ServestackError(f"bytecode: {threading.current_thread().name} ended early")
@@ -293,27 +305,28 @@ class BytecodePool:
         return worker
 
     @staticmethod
-    def _answer(answers: _Answers, path: str) -> tuple[str, bytes] | None:
+    def _answer(answers: _Answers) -> tuple[str, bytes] | None:
         """The compiler's answer about its oldest module: its pyc's path in the image and bytes, None when
-        it does not compile."""
+        it does not compile; _Unreadable when its pack could not be read."""
         header = answers.line()
         if header == b"S\n":
             return None
+        if header == b"E\n":
+            raise _Unreadable
         cfile, length = header.split()
         return os.fsdecode(bytes.fromhex(cfile.decode())), answers.exactly(int(length))
 
     def _failed(self, worker: subprocess.Popen | None, path: str, error: BaseException, errors) -> ServestackError:
-        """What went wrong speaking to the compiler about `path`; the compiler is then ended (killed when
-        it may still be running)."""
+        """What went wrong speaking to the compiler about `path`; the compiler is then killed and reaped."""
         if isinstance(error, ServestackError) or worker is None:  # it did not start
             return error if isinstance(error, ServestackError) else ServestackError(
                 f"bytecode: compiling {path} with {self.executable} -S failed: {error!r}")
+        # Killed even when it seems to have exited (a broken pipe, its output closed): one still running
+        # would be waited for below, with modules in flight, for ever. Killing an exited process does nothing.
+        worker.kill()
         if isinstance(error, TimeoutError):
-            worker.kill()
             return ServestackError(f"bytecode: {self.executable} -S gave no answer in {ANSWER_TIMEOUT_S:.0f} s "
                                    f"while compiling {path}; killed it")
-        if not isinstance(error, (OSError, EOFError)):  # it answered nonsense (ValueError), or a bug here
-            worker.kill()
         errors.seek(0)
         return ServestackError(f"bytecode: {self.executable} -S exited with {worker.wait()} while compiling {path}: "
                                f"{errors.read()[-2000:].decode(errors='replace')}")
@@ -333,15 +346,23 @@ class BytecodePool:
             self._queue.put(item)
 
 
+class _Unreadable(Exception):
+    """The compiler could not read a module's source from its pack (its tree failed and removed it)."""
+
+
 class _Answers:
     """A compiler's standard output, read as its answers come, into a buffer of this module's own: with
-    several modules in flight, part of the next answer may be read with this one, and a select() on the
+    several modules in flight, part of the next answer may be read with this one, and a poll() on the
     pipe then says nothing about it (a BufferedReader's buffer cannot be asked)."""
 
     READ = 1 << 16  # below malloc's mmap threshold: a read's buffer costs no mmap and munmap
 
     def __init__(self, fd: int):
         self.fd, self.buffer, self.start = fd, b"", 0
+        # poll, not select: select refuses descriptors from 1024 on (a process with many threads and
+        # compilers, one pipe pair each, or many open files, gets there).
+        self.readable = select.poll()
+        self.readable.register(fd, select.POLLIN)
 
     def line(self) -> bytes:
         while (end := self.buffer.find(b"\n", self.start)) < 0:
@@ -363,7 +384,7 @@ class _Answers:
     def _more(self) -> None:
         """Whatever the pipe holds: TimeoutError when the compiler writes nothing for ANSWER_TIMEOUT_S,
         EOFError when it has exited."""
-        if not select.select([self.fd], [], [], ANSWER_TIMEOUT_S)[0]:
+        if not self.readable.poll(ANSWER_TIMEOUT_S * 1000):
             raise TimeoutError
         data = os.read(self.fd, self.READ)
         if not data:
