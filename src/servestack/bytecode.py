@@ -221,6 +221,12 @@ class BytecodePool:
         self._failure = self._failure or failure
         job.abandon(self._failure)
 
+    def _fail_all(self, in_flight: collections.deque[tuple[Job, Module]], failure: ServestackError) -> None:
+        """Every job with a module in flight fails with `failure`; the compiler has none left."""
+        for job, _ in in_flight:
+            self._fail(job, failure)
+        in_flight.clear()
+
     def _serve(self) -> None:
         """One compiling interpreter: started here, fed until the pool closes. Whatever goes wrong with
         a module (the compiler cannot start: EAGAIN, EMFILE; it dies or hangs; a bug here) fails that
@@ -248,6 +254,7 @@ class BytecodePool:
                             self._fail(job, self._failure)
                         elif not job.done.done():  # else abandoned: its tree failed
                             module, line = request
+                            in_flight.append((job, module))
                             try:
                                 if worker is None:
                                     worker = self._start(errors)
@@ -256,13 +263,7 @@ class BytecodePool:
                                 worker.stdin.flush()
                             except BaseException as error:
                                 # The compiler died on the oldest module it was handed, not this one.
-                                in_flight.append((job, module))
-                                failure = self._failed(worker, in_flight[0][1].path, error, errors)
-                                for job_of, _ in in_flight:
-                                    self._fail(job_of, failure)
-                                in_flight.clear()
-                            else:
-                                in_flight.append((job, module))
+                                self._fail_all(in_flight, self._failed(worker, in_flight[0][1].path, error, errors))
                     if not in_flight:
                         if closed:
                             return
@@ -274,17 +275,14 @@ class BytecodePool:
                         job.abandon(ServestackError(f"bytecode: the source of {module.path} could not be read "
                                                     f"from {module.pack} (bytes {module.offset}+{module.size})"))
                     except BaseException as error:
-                        failure = self._failed(worker, module.path, error, errors)
-                        for job_of, _ in [(job, module), *in_flight]:
-                            self._fail(job_of, failure)
-                        in_flight.clear()
+                        in_flight.appendleft((job, module))
+                        self._fail_all(in_flight, self._failed(worker, module.path, error, errors))
                     else:
                         job.finished_one(module.path, pyc)
             finally:
                 if not closed:  # this thread is ending early: no job may be left waiting for it
                     failure = ServestackError(f"bytecode: {threading.current_thread().name} ended early")
-                    for job_of, _ in in_flight:
-                        self._fail(job_of, failure)
+                    self._fail_all(in_flight, failure)
                     self._fail_queued(failure)
                 if worker is not None:
                     with contextlib.suppress(OSError):
