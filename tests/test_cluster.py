@@ -83,7 +83,7 @@ def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
 @pytest.mark.e2e
 def test_real_srtctl_validates_the_dev_cpu_recipe(srtctl):
     out = run(srtctl.argv("dry-run", "-f", str(ROOT / "recipes" / "dev-cpu" / "agg.yaml")), env=srtctl.env)
-    assert "sa-bench" in out.stdout and "tiny-qwen3" in out.stdout
+    assert "sa-bench" in out.stdout and "tiny-qwen35" in out.stdout
     # What `make setup` would download, and the job's Python environment, are in place.
     for needed in ("configs/nats-server", "configs/etcd", f"configs/{cluster.PIN_WORKER_CPUS_SCRIPT}", "bin/uv",
                    "bin/tachometer-scraper", ".venv-compute"):

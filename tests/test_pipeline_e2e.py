@@ -315,7 +315,7 @@ runner:
   python: python3
   slurm: {{container: docker, local_cluster: true, extra_sbatch: [--exclusive]}}
 retry: {{max_attempts: 3, poll_seconds: 1}}
-model_paths: {{tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}}
+model_paths: {{tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}}
 data_dir: {data}
 server: {{port: 8000, startup_timeout: 10m}}
 stages:

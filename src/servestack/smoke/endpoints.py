@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..clients import agreement
 from .containers import log_errors, log_message
-from .records import FAIL, PASS
+from .records import FAIL, NOT_RUN, PASS
 
 
 @dataclass
@@ -30,6 +31,11 @@ class Target:
     logs: dict[str, Callable[[], str]] = field(default_factory=dict)  # role -> its whole log so far
     kv_wait_s: float = 30.0  # vLLM logs KV transfer stats once per stats interval (10 s)
     decode_log_at_ready: int = 0  # how much of the decode worker's log was written before the checks
+    # The oracle (clients/agreement.py): prompt ids are drawn below this many (None: no oracle for
+    # this model, e.g. a GPU stack's real checkpoint), and the aggregated server's answers to compare with.
+    oracle_vocab: int | None = None
+    baseline: dict[str, Any] | None = None
+    gdn_layers: int = 0  # the model's Gated DeltaNet layers (0: not a hybrid)
 
 
 def usage_problem(usage: dict[str, Any] | None) -> str | None:
@@ -291,6 +297,70 @@ def check_discovery(t: Target) -> tuple[str, str]:
                   f"lease holder were starved) and the frontend dropped its worker set, so later requests get 404: {detail}")
 
 
+# vLLM 0.31 (qwen_gdn_linear_attn.py) logs the kernels its Gated DeltaNet layers run, once per engine.
+_GDN_KERNELS = re.compile(r"Using (\S+) GDN prefill kernel|GDN decode kernel: (\S+)")
+
+
+def check_hybrid(t: Target) -> tuple[str, str]:
+    """Every engine built the model's Gated DeltaNet layers (it logged their prefill and decode kernels)."""
+    if not t.gdn_layers:
+        return NOT_RUN, "the smoke model has no Gated DeltaNet layers"
+    engines = {role: read() for role, read in t.logs.items() if role != "frontend"}
+    found = {}
+    for role, log in engines.items():
+        kernels = _GDN_KERNELS.findall(log)
+        found[role] = (next((p for p, _ in kernels if p), None), next((d for _, d in kernels if d), None))
+    t.metrics["gdn_layers"] = t.gdn_layers
+    t.metrics["gdn_kernels"] = {role: {"prefill": p, "decode": d} for role, (p, d) in found.items()}
+    missing = [role for role, (p, d) in found.items() if not (p and d)]
+    shown = ", ".join(f"{role}: prefill {p}, decode {d}" for role, (p, d) in found.items())
+    if missing or not found:
+        return FAIL, f"no Gated DeltaNet kernels logged by {', '.join(missing) or 'any engine'} ({shown})"
+    return PASS, f"{t.gdn_layers} Gated DeltaNet layers served; kernels {shown}"
+
+
+def _oracle_answers(t: Target) -> tuple[dict[str, Any] | None, str]:
+    if t.oracle_vocab is None:
+        return None, "the smoke model is not one the project makes: the aggregated server is the reference only for it"
+    answers = agreement.collect(t.base, t.model, t.oracle_vocab, timeout=t.timeout)
+    errors = [f"prompt {i} ({a['kind']}, {a['length']} tokens): {a['error']}" for i, a in enumerate(answers["answers"])
+              if a.get("error")]
+    return answers, summarize(errors)
+
+
+def check_agreement_reference(t: Target) -> tuple[str, str]:
+    """The aggregated server answers the oracle's prompts (1 to 2,000 token ids, and texts), at
+    concurrency: the reference the disaggregated shape is held to, kept in smoke.json."""
+    answers, problem = _oracle_answers(t)
+    if answers is None:
+        return NOT_RUN, problem
+    t.metrics["agreement_reference"] = answers
+    if problem:
+        return FAIL, f"the aggregated server failed oracle prompts: {problem}"
+    return PASS, (f"{len(answers['answers'])} prompts (lengths {min(agreement.LENGTHS)}-{max(agreement.LENGTHS)} token ids, "
+                  f"{len(agreement.TEXTS)} texts) answered greedily with log-probs in {answers['seconds']:.1f} s")
+
+
+def check_agreement(t: Target) -> tuple[str, str]:
+    """The disaggregated shape gives the aggregated server's answers (clients/agreement.py: the same
+    tokens up to a near tie, log-probs within its bound): the KV cache and the GDN state arrived whole."""
+    if t.oracle_vocab is None:
+        return NOT_RUN, "the smoke model is not one the project makes"
+    if not t.baseline:
+        return NOT_RUN, "the aggregated serving probe recorded no reference answers to compare with"
+    answers, problem = _oracle_answers(t)
+    assert answers is not None
+    result = agreement.compare(t.baseline, answers)
+    t.metrics["agreement"] = {k: v for k, v in result.items() if k != "rows"} | {
+        "rows": [{k: v for k, v in row.items()} for row in result["rows"]]}
+    summary = (f"{result['identical']} of {result['prompts']} prompts identical, {result['near_ties']} diverged at a near "
+               f"tie, {len(result['failed'])} disagree; {result['agreed_tokens']}/{result['compared_tokens']} tokens "
+               f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bound {result['logprob_bound']})")
+    if not result["passed"]:
+        return FAIL, f"{summary}: {agreement.describe_failures(result)}"
+    return PASS, summary
+
+
 ServingCheck = tuple[str, Callable[[Target], tuple[str, str]]]
 
 ENDPOINT_CHECKS: tuple[ServingCheck, ...] = (
@@ -301,6 +371,7 @@ ENDPOINT_CHECKS: tuple[ServingCheck, ...] = (
     ("chat", check_chat),
     ("stream", check_stream),
 )
-AGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("metrics", check_vllm_metrics))
-DISAGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("kv-transfer", check_kv_transfer),
-                                                  ("discovery", check_discovery))
+AGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("metrics", check_vllm_metrics),
+                                               ("hybrid", check_hybrid), ("agreement-reference", check_agreement_reference))
+DISAGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("hybrid", check_hybrid), ("agreement", check_agreement),
+                                                  ("kv-transfer", check_kv_transfer), ("discovery", check_discovery))

@@ -14,7 +14,7 @@ from ..records.lockfile import Lock
 from ..recipes.read import engine_settings, load_recipe
 from ..recipes.validate import recipe_files
 from ..stack import normalize
-from ..tinymodel import VLLM_CPU_ENV
+from ..tinymodel import QWEN35_FLAGS, SPECIAL_TOKENS, VLLM_CPU_ENV, TinyModelSpec
 from .containers import host_docker_platform
 
 VENV_PYTHON = "/opt/venv/bin/python"
@@ -107,7 +107,9 @@ def _serve_flags(lock: Lock) -> dict[str, Any]:
         # As the stack's CPU recipes serve: eager mode (no torch.compile of the model, so no C++
         # compiler needed in the image, and ~30 s less start-up on 2 cores). vLLM's sampler compiles
         # regardless; the stack's TORCHDYNAMO_DISABLE turns that off.
-        flags.update({"max-model-len": 2048, "dtype": "bfloat16", "enforce-eager": True})
+        # The tiny model is the production's Qwen3.5 class: production's settings for it, as far as
+        # the CPU build takes them (tinymodel.QWEN35_FLAGS). GDN on CPU runs only in bfloat16.
+        flags.update({"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, **QWEN35_FLAGS})
     return flags
 
 
@@ -145,6 +147,8 @@ class ServePlan:
     volumes: dict[str, dict[str, str]] = field(default_factory=dict)
     gpus: int = 0
     shm_size: str = "2g"
+    oracle_vocab: int | None = None  # the agreement oracle's prompt ids are below it (a made model only)
+    gdn_layers: int = 0
 
     @property
     def runnable(self) -> bool:
@@ -181,7 +185,8 @@ def serve_plan(lock: Lock, platform: str) -> ServePlan:
             name,
         )
     if model.make is not None:
-        return ServePlan(serve_command(lock), model=name, environment={
+        return ServePlan(serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock),
+                         gdn_layers=gdn_layers(lock), environment={
             # The image's own environment (the stack's) is what is tested; add only what it lacks.
             k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in lock.environment
         })
@@ -217,8 +222,10 @@ DISCOVERY_DIR = "/run/servestack/discovery"
 # model's cache) and keeps stepping on its one core (PREFILL_CPUS; the recipes' pin) for 90 s
 # instead of 30. The dev-cpu disaggregated recipes set the same (tests/test_recipes.py); the GB200
 # recipes keep vLLM's default.
+# kv_load_failure_policy "fail" as production's recipes: a KV (or SSM state) load that fails ends the
+# request with an error instead of recomputing it silently, so a broken transfer cannot pass as a slow one.
 KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
-                      "kv_connector_extra_config": {"kv_lease_duration": 90}}
+                      "kv_load_failure_policy": "fail", "kv_connector_extra_config": {"kv_lease_duration": 90}}
 
 # Dynamo and UCX pick an interface address unless told: every plane stays on loopback, and
 # discovery is a shared directory (no etcd, no NATS).
@@ -268,6 +275,8 @@ class DisaggPlan:
     model: str = "smoke"
     port: int = SERVER_PORT  # the frontend's HTTP port inside the shared namespace
     shm_size: str = "2g"
+    oracle_vocab: int | None = None
+    gdn_layers: int = 0
 
     @property
     def runnable(self) -> bool:
@@ -277,11 +286,6 @@ class DisaggPlan:
 def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
     serve = _serve_flags(lock)
     engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
-    if "dtype" in engine:
-        # vLLM 0.31's CPU attention takes its AMX kernels for bfloat16 where the CPU has AMX; the
-        # decode worker's first step after a NIXL KV pull then dies on SIGILL (faulthandler:
-        # "Illegal instruction" in cpu_attention_with_kv_cache). float32 takes the AVX-512 kernels.
-        engine["dtype"] = "float32"
     base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in lock.environment}
     frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
         # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
@@ -311,4 +315,20 @@ def disagg_plan(lock: Lock, platform: str) -> DisaggPlan:
     if lock.smoke_model.make is None:
         return DisaggPlan((), "the disaggregated shape is served on CPU with the stack's tiny model; this stack's "
                               "smoke model needs GPUs (its recipes run the shape on the cluster)", name)
-    return DisaggPlan(_disagg_roles(lock), model=name)
+    return DisaggPlan(_disagg_roles(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
+
+
+def _made_model(lock: Lock) -> TinyModelSpec | None:
+    make = lock.smoke_model.make
+    return None if make is None else TinyModelSpec.from_dict({"name": lock.smoke_model.name.rsplit("/", 1)[-1], **make})
+
+
+def oracle_vocab(lock: Lock) -> int | None:
+    """The made smoke model's ordinary token ids (below its special tokens): the oracle's prompts."""
+    spec = _made_model(lock)
+    return None if spec is None else spec.vocab_size - len(SPECIAL_TOKENS)
+
+
+def gdn_layers(lock: Lock) -> int:
+    spec = _made_model(lock)
+    return 0 if spec is None else spec.layer_types.count("linear_attention")

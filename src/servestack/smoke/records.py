@@ -44,6 +44,12 @@ class SmokeResult:
                 f"{d.get('first_token_latency_s') or 0:.3f} s, "
                 f"KV transfers over NIXL {d.get('kv_transfers', 0)} (failed {d.get('kv_transfers_failed', 0)})"
             )
+        if d.get("gdn_layers"):
+            lines.append(f"  hybrid   {d['gdn_layers']} Gated DeltaNet layers served in both shapes")
+        a = d.get("agreement") or {}
+        if a:
+            lines.append(f"  oracle   disagg vs agg: {a['identical']}/{a['prompts']} prompts identical, {a['near_ties']} "
+                         f"near ties, {len(a['failed'])} disagree; max log-prob difference {a['max_logprob_diff']:.4f}")
         for c in r.failed:
             lines.append(f"  FAIL     {c.probe}/{c.name}: {_first_lines(c.detail, 12)}")
         not_run = [c for c in r.checks if c.status == NOT_RUN]

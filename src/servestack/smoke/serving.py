@@ -152,7 +152,8 @@ def run_serving_probe(
                                     round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
-        target = Target(_published(container, port), plan.model, http, request_timeout, metrics)
+        target = Target(_published(container, port), plan.model, http, request_timeout, metrics,
+                        logs={"server": _log_reader(container)}, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers)
         return [Check("serving", "ready", PASS, f"GET /health 200 after {ready_s:.1f} s", round(ready_s, 3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
@@ -271,8 +272,10 @@ def run_disagg_probe(
     stack: str = "stack",
     ready_timeout: float = DEFAULT_READY_TIMEOUT,
     request_timeout: float = 120.0,
+    baseline: dict[str, Any] | None = None,
 ) -> tuple[list[Check], dict[str, Any]]:
-    """Start frontend + prefill + decode, probe through the frontend, require KV moved over NIXL."""
+    """Start frontend + prefill + decode, probe through the frontend, require KV moved over NIXL and
+    the aggregated server's answers (`baseline`, its oracle answers) from it."""
     import docker.errors
 
     metrics: dict[str, Any] = {}
@@ -317,7 +320,8 @@ def run_disagg_probe(
         metrics["time_to_ready_s"] = round(ready_s, 2)
         logs = {role: _log_reader(c) for role, c in containers.items()}
         target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics, logs=logs,
-                        decode_log_at_ready=len(logs["decode"]()))
+                        decode_log_at_ready=len(logs["decode"]()), oracle_vocab=plan.oracle_vocab, baseline=baseline,
+                        gdn_layers=plan.gdn_layers)
         return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
                       round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics

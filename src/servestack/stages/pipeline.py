@@ -13,7 +13,7 @@ The models below are the file's format: each option is declared once, with its d
       disaggregated: null          # the runner for disaggregated recipes `kind` cannot start (srtctl)
     retry: {max_attempts: 3, poll_seconds: 5}  # retry_on: the end states resubmitted (runners.base.RETRYABLE)
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
-    model_paths: {tiny-qwen3: /opt/servestack/models/servestack/tiny-qwen3}  # alias -> dir in the image
+    model_paths: {tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}  # alias -> dir in the image
     data_dir: data/gsm8k           # relative to the project root (default: the shipped GSM8K)
     server: {port: 8000, startup_timeout: 15m, extra_flags: {}}
     stages:

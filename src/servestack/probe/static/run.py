@@ -16,13 +16,14 @@ from .imports import check_entry_points, section_imports
 from .installed import check_excluded, check_lock, check_model, check_overlays, check_versions, load_stack_json
 from .report import FAIL, check, site_packages
 from .runtime_build import runtime_builds, section_runtime_build
+from .tokenizer import section_tokenizer
 
 # The package directory: `python PACKAGE_DIR ...` runs it (see __main__), here and in the children.
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # What runs in a child interpreter (vLLM imported): a crash or a hang there is a failed check, not a lost report.
 SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path, "loads": section_loads,
-            "runtime_build": section_runtime_build}
+            "runtime_build": section_runtime_build, "tokenizer": section_tokenizer}
 
 
 def run_section(config_path: str, config: dict, section: str) -> list[dict]:
@@ -73,6 +74,7 @@ def probe(config_path: str, config: dict) -> dict:
     checks.extend(check_fast_path_files(config, site))
     if config.get("model_dir"):
         checks.append(check_model(config["model_dir"]))
+        checks.extend(run_section(config_path, config, "tokenizer"))
     if config.get("modules"):
         checks.extend(run_section(config_path, config, "imports"))
     if config.get("engine"):

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""The correctness oracle that needs no trained weights: one server's greedy answers against another's.
+
+A random-weight model scores nothing on GSM8K, but the same weights must give the same answers
+however they are served. So the same prompts go, greedy and with log-probs, to the aggregated
+server (one vLLM engine) and to the disaggregated one (Dynamo's frontend, a prefill worker, a
+decode worker, the KV cache and the Gated DeltaNet state moved between them over NIXL), and the
+two are compared token by token, as vLLM's own model tests compare two runs (check_logprobs_close):
+
+- up to the first position where the two chose different tokens, every chosen token's log-prob
+  agrees within LOGPROB_BOUND nats;
+- a different choice is allowed only at a near tie: there the reference's two best candidates are
+  within TIE_TOLERANCE nats and each side's choice is among the other's two best; after it the
+  continuations differ and are not compared.
+
+A state transfer that loses or corrupts the SSM state is off by whole nats from the first
+generated token; float noise between the two paths (the decode worker computes the last prompt
+token with the recurrent kernel, aggregated prefill with the chunked one) is hundredths.
+
+Standalone (standard library only): it is bind-mounted into the image under test and run with the
+image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark alike:
+
+    python agreement.py collect --base-url http://127.0.0.1:8000 --model NAME --vocab-size 1017 \
+        --out answers.json
+    python agreement.py compare --reference agg.json --candidate disagg.json
+
+The prompts are token IDs (no tokenizer in between), of lengths that span several KV blocks, plus
+a few texts with digits and newlines (those go through each server's own tokenizer: the
+frontend's and the engine's must read the text alike). Results are written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+SCHEMA = "servestack.agreement/1"
+LOGPROB_BOUND = 0.1  # nats: bf16 noise between the two paths measured at most 0.05 here
+TIE_TOLERANCE = 0.1  # nats between the reference's two best candidates
+# 1 and 2 tokens: the one-token prefill on each side (prefill holds one token back for GDN layers);
+# the rest span the attention layer's KV blocks and the GDN kernels' chunks several times over.
+LENGTHS = (1, 2, 5, 16, 33, 100, 257, 511, 777, 1024, 1500, 2000)
+TEXTS = (
+    "Natalia sold 48 clips in April, and then she sold half as many clips in May.\nHow many clips did she sell?",
+    "Question: 17 + 25 = ?\nAnswer: 42\n\nQuestion: 42 - 9 = ?\nAnswer:",
+    "def add(a, b):\n    return a + b\n\nprint(add(12, 30))",
+)
+MAX_TOKENS = 16
+TOP = 2
+
+
+def token_prompts(vocab_size: int, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> list[list[int]]:
+    """Deterministic token-ID prompts: SHA-256 counter stream, ids below vocab_size (the ordinary tokens)."""
+    prompts = []
+    for index, length in enumerate(lengths):
+        ids: list[int] = []
+        counter = 0
+        while len(ids) < length:
+            block = hashlib.sha256(f"servestack-agreement/{seed}/{index}/{counter}".encode()).digest()
+            ids.extend(int.from_bytes(block[i:i + 2], "big") % vocab_size for i in range(0, len(block), 2))
+            counter += 1
+        prompts.append(ids[:length])
+    return prompts
+
+
+def _token_id(token: str) -> int | str:
+    """vLLM's return_tokens_as_token_ids writes each token as "token_id:<n>"."""
+    return int(token[len("token_id:"):]) if token.startswith("token_id:") else token
+
+
+def _request(base_url: str, model: str, prompt: list[int] | str, max_tokens: int, timeout: float) -> dict:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "logprobs": TOP,
+            "ignore_eos": True, "return_tokens_as_token_ids": True}
+    req = urllib.request.Request(base_url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the server under test
+        return json.loads(r.read())
+
+
+def _answer(kind: str, prompt: list[int] | str, response: dict) -> dict:
+    choice = response["choices"][0]
+    lp = choice.get("logprobs") or {}
+    tokens = [_token_id(t) for t in lp.get("tokens") or []]
+    top = [sorted(((_token_id(t), v) for t, v in (entry or {}).items()), key=lambda kv: -kv[1])
+           for entry in lp.get("top_logprobs") or []]
+    return {"kind": kind, "length": len(prompt), "prompt": prompt, "text": choice.get("text"),
+            "tokens": tokens, "logprobs": lp.get("token_logprobs") or [], "top": top,
+            "prompt_tokens": (response.get("usage") or {}).get("prompt_tokens"), "error": None}
+
+
+def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = 4, max_tokens: int = MAX_TOKENS,
+            timeout: float = 300.0, lengths: tuple[int, ...] = LENGTHS, texts: tuple[str, ...] = TEXTS) -> dict:
+    """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time."""
+    work = [("tokens", p) for p in token_prompts(vocab_size, lengths)] + [("text", t) for t in texts]
+
+    def one(item: tuple[str, list[int] | str]) -> dict:
+        kind, prompt = item
+        try:
+            return _answer(kind, prompt, _request(base_url, model, prompt, max_tokens, timeout))
+        except (OSError, urllib.error.URLError, ValueError, KeyError, IndexError) as e:
+            detail = e.read().decode(errors="replace")[:300] if isinstance(e, urllib.error.HTTPError) else ""
+            return {"kind": kind, "length": len(prompt), "prompt": prompt, "error": f"{type(e).__name__}: {e} {detail}".strip()}
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        answers = list(pool.map(one, work))
+    return {"schema": SCHEMA, "model": model, "base_url": base_url, "concurrency": concurrency,
+            "max_tokens": max_tokens, "seconds": round(time.monotonic() - start, 3), "answers": answers}
+
+
+def _top_ids(top: list) -> list:
+    return [t for t, _ in top[:TOP]]
+
+
+def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, tie: float = TIE_TOLERANCE) -> dict:
+    """One prompt: how far the two agree, and whether that is agreement (see the module doc)."""
+    row = {"kind": ref.get("kind"), "length": ref.get("length"), "agreed": 0, "compared": 0,
+           "max_logprob_diff": 0.0, "verdict": "agree", "detail": ""}
+    for side, answer in (("reference", ref), ("candidate", cand)):
+        if answer.get("error"):
+            row.update(verdict="error", detail=f"{side}: {answer['error']}")
+            return row
+    if ref.get("prompt_tokens") != cand.get("prompt_tokens"):
+        row.update(verdict="disagree", detail=f"the prompt was {ref.get('prompt_tokens')} tokens to the reference and "
+                                              f"{cand.get('prompt_tokens')} to the candidate (their tokenizers differ)")
+        return row
+    n = min(len(ref["tokens"]), len(cand["tokens"]))
+    row["compared"] = n
+    if n == 0 or len(ref["tokens"]) != len(cand["tokens"]):
+        row.update(verdict="disagree", detail=f"{len(ref['tokens'])} tokens from the reference, {len(cand['tokens'])} "
+                                              "from the candidate")
+        return row
+    for i in range(n):
+        a, b = ref["tokens"][i], cand["tokens"][i]
+        if a == b:
+            diff = abs(ref["logprobs"][i] - cand["logprobs"][i])
+            row["max_logprob_diff"] = round(max(row["max_logprob_diff"], diff), 6)
+            if diff > bound:
+                row.update(verdict="disagree", detail=f"token {i} ({a!r}): log-prob {ref['logprobs'][i]:.4f} vs "
+                                                      f"{cand['logprobs'][i]:.4f} (bound {bound})")
+                return row
+            row["agreed"] = i + 1
+            continue
+        ref_top, cand_top = ref["top"][i], cand["top"][i]
+        gap = ref_top[0][1] - ref_top[1][1] if len(ref_top) > 1 else float("inf")
+        if gap <= tie and b in _top_ids(ref_top) and a in _top_ids(cand_top):
+            row["detail"] = f"near tie at token {i}: {a!r} vs {b!r}, the reference's two best {gap:.4f} nats apart"
+        else:
+            row.update(verdict="disagree", detail=f"token {i}: {a!r} vs {b!r}, where the reference's two best are "
+                                                  f"{gap:.4f} nats apart (tolerance {tie}); reference top {ref_top}, "
+                                                  f"candidate top {cand_top}")
+        return row
+    return row
+
+
+def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, tie: float = TIE_TOLERANCE) -> dict:
+    """Every prompt compared; `passed` when none disagrees and none failed."""
+    refs, cands = reference.get("answers") or [], candidate.get("answers") or []
+    if len(refs) != len(cands) or any(r.get("prompt") != c.get("prompt") for r, c in zip(refs, cands)):
+        raise ValueError("the two runs did not answer the same prompts")
+    rows = [compare_answer(r, c, bound=bound, tie=tie) for r, c in zip(refs, cands)]
+    bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
+    generated = sum(row["compared"] for row in rows)
+    agreed = sum(row["agreed"] for row in rows)
+    return {"schema": SCHEMA, "passed": bool(rows) and not bad, "prompts": len(rows),
+            "identical": sum(1 for row in rows if row["verdict"] == "agree" and row["agreed"] == row["compared"]),
+            "near_ties": sum(1 for row in rows if row["verdict"] == "agree" and row["agreed"] < row["compared"]),
+            "failed": bad, "agreed_tokens": agreed, "compared_tokens": generated,
+            "max_logprob_diff": max((row["max_logprob_diff"] for row in rows), default=0.0),
+            "logprob_bound": bound, "tie_tolerance": tie, "rows": rows}
+
+
+def describe_failures(result: dict, most: int = 4) -> str:
+    """The prompts that did not agree, each with why: what a failed check or gate says."""
+    rows = result["rows"]
+    shown = [f"prompt {i} ({rows[i]['kind']}, {rows[i]['length']} tokens): {rows[i]['verdict']}: {rows[i]['detail']}"
+             for i in result["failed"][:most]]
+    more = len(result["failed"]) - most
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def _write_json(path: str, data: dict) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".agreement.")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _wait_ready(base_url: str, model: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=5) as r:  # noqa: S310
+                if any(m.get("id") == model for m in json.loads(r.read()).get("data", [])):
+                    return
+        except (OSError, ValueError):
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"agreement: {base_url} did not list {model!r} within {timeout:.0f} s")
+        time.sleep(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("collect", help="ask a server the oracle's prompts")
+    c.add_argument("--base-url", required=True)
+    c.add_argument("--model", required=True)
+    c.add_argument("--vocab-size", type=int, required=True, help="prompt ids are drawn below it")
+    c.add_argument("--concurrency", type=int, default=4)
+    c.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the server to list the model")
+    c.add_argument("--out", required=True)
+    k = sub.add_parser("compare", help="compare a candidate's answers with a reference's")
+    k.add_argument("--reference", required=True)
+    k.add_argument("--candidate", required=True)
+    k.add_argument("--out")
+    args = parser.parse_args(argv)
+    if args.command == "collect":
+        if args.wait:
+            _wait_ready(args.base_url, args.model, args.wait)
+        result = collect(args.base_url, args.model, args.vocab_size, concurrency=args.concurrency,
+                         max_tokens=args.max_tokens)
+        _write_json(args.out, result)
+        errors = [a["error"] for a in result["answers"] if a.get("error")]
+        print(f"agreement: {len(result['answers'])} prompts answered in {result['seconds']:.1f} s, {len(errors)} failed")
+        return 1 if errors else 0
+    with open(args.reference) as f:
+        reference = json.load(f)
+    with open(args.candidate) as f:
+        candidate = json.load(f)
+    result = compare(reference, candidate)
+    if args.out:
+        _write_json(args.out, result)
+    print(f"agreement: {result['identical']} identical, {result['near_ties']} near ties, {len(result['failed'])} "
+          f"disagree of {result['prompts']} prompts; max log-prob difference {result['max_logprob_diff']:.4f}")
+    if result["failed"]:
+        print("agreement: " + describe_failures(result), file=sys.stderr)
+    return 0 if result["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
