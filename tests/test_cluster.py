@@ -65,11 +65,12 @@ def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
     cluster._install_setup_scripts(tree)
     pin = cluster.PIN_WORKER_CPUS_ENV
     everything, _ = _after_setup_script(tree, {pin: ""}, allowed)
-    assert everything == _after_setup_script(tree, {}, allowed)[0] and everything != str(allowed[0])
-    # Narrowed from every allowed CPU to the first.
-    assert _after_setup_script(tree, {pin: "1"}, allowed) == (str(allowed[0]), "")
-    # A step whose cpuset lacks the host's first CPU: the first CPU it has (not an EINVAL).
-    assert _after_setup_script(tree, {pin: "1"}, allowed[1:2]) == (str(allowed[1]), "")
+    assert everything == _after_setup_script(tree, {}, allowed)[0] and everything != str(allowed[-1])
+    # Narrowed from every allowed CPU to the last (vLLM's "auto" OpenMP binding of an unpinned
+    # worker takes the first ones).
+    assert _after_setup_script(tree, {pin: "1"}, allowed) == (str(allowed[-1]), "")
+    # A step whose cpuset lacks the host's last CPU: the last CPU it has (not an EINVAL).
+    assert _after_setup_script(tree, {pin: "1"}, allowed[:1]) == (str(allowed[0]), "")
     # More than the step has: said, and pinned to what there is.
     pinned, said = _after_setup_script(tree, {pin: "64"}, allowed[1:2])
     assert pinned == str(allowed[1])

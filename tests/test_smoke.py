@@ -278,15 +278,22 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == smoke.plan.KV_TRANSFER_CONFIG
         assert smoke.plan.KV_TRANSFER_CONFIG["kv_buffer_device"] == "cpu"  # NIXL registers host memory
         assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen35"
-        assert argv[argv.index("--dtype") + 1] == "float32"  # not bfloat16: its AMX decode kernel dies after a KV pull
+        assert argv[argv.index("--dtype") + 1] == "bfloat16"  # Gated DeltaNet on CPU runs in bfloat16 only
+        for flag in ("--language-model-only", "--no-enable-prefix-caching", "--no-disable-hybrid-kv-cache-manager"):
+            assert flag in argv, flag  # production's Qwen3.5 settings
+        assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "bfloat16"
+    assert smoke.plan.KV_TRANSFER_CONFIG["kv_load_failure_policy"] == "fail"  # a failed load is an error, not a recompute
+    assert shape.oracle_vocab == 1024 - 7 and shape.gdn_layers == 3
     for role in shape.roles:
         env = role.environment
         assert env["DYN_DISCOVERY_BACKEND"] == "file" and env["UCX_TLS"] == "tcp,self"
         assert all(env[k] == "127.0.0.1" for k in env if k.endswith(("_HOST", "_HOST_IP")))
         assert "VLLM_TARGET_DEVICE" not in env  # the image's own environment is what is tested
     assert prefill.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"]
-    # The prefill worker busy-polls while its KV waits for the pull: one core at most, the rest uncapped.
-    assert prefill.cpus == 1.0 and frontend.cpus is None and decode.cpus is None
+    # Each engine's OpenMP threads on CPUs of their own: prefill the last, decode the others.
+    cpus = sorted(os.sched_getaffinity(0))
+    assert prefill.environment["VLLM_CPU_OMP_THREADS_BIND"] == str(cpus[-1])
+    assert decode.environment["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cpus[:-1] or cpus))
 
 
 def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:

@@ -51,11 +51,11 @@ def test_same_bytes_every_time(tmp_path: Path) -> None:
 # The default spec's bytes, pinned: the same on every machine and Python (checked on CPython
 # 3.11.2 and 3.11.7). A change here changes the model every stack serves: bump deliberately.
 GOLDEN = {
-    "config.json": "326374ddb85cbd230660c86adb2e4c40337002f9a2f25f3c151f04384f104bd8",
-    "generation_config.json": "f70584169f5cd75a086db87b1ab42211e6b4134b4095013417541350b28224fa",
-    "model.safetensors": "9745fb4ef9e30386af2247f0db69f9545d9e2576f9ac490dfc62a478131ebb78",
-    "tokenizer.json": "e73b86855b3b57d92ab602ad00e6d4f4d7bdd5cb9881bdcf98d4ebadec357ef4",
-    "tokenizer_config.json": "2d14150dff11068641f4e1800bec839836cf6fa7417f493d60f3668772322bab",
+    "config.json": "63fb05f008a5b9b21cbdebfe6bd3b452e7b4741c03019d08f0eb37ad7e8c8623",
+    "generation_config.json": "8d5db6937987592a6231a18174cdaeca978dfa706ad9878b47b49a8e75da76c0",
+    "model.safetensors": "1fde9039b35e943af335a4a5d1d4326d0f89d89909c5c0c50206e6379bb63487",
+    "tokenizer.json": "9659570bcc8d5a35d056d893476ab0bb252af038b457650a469028028e516505",
+    "tokenizer_config.json": "7f476e43c7643117b4461c093bbba202db5abb4f238d2c051f53f3fdff0e086c",
 }
 
 
@@ -70,11 +70,13 @@ def test_safetensors_package_reads_it(tmp_path: Path) -> None:
     make_model(tmp_path, spec)
     tensors = st_numpy.load_file(str(tmp_path / "model.safetensors"))
     assert {k: tuple(v.shape) for k, v in tensors.items()} == tensor_shapes(spec)
-    assert float(tensors["model.norm.weight"].min()) == 1.0
+    # Qwen3.5's (1 + weight) RMSNorms start at zero, the GDN layers' gated norm at one.
+    assert float(abs(tensors["model.language_model.norm.weight"]).max()) == 0.0
+    assert float(tensors["model.language_model.layers.0.linear_attn.norm.weight"].min()) == 1.0
 
 
 def test_safetensors_layout(tmp_path: Path) -> None:
-    spec = TinyModelSpec(dtype="float32", layers=1)
+    spec = TinyModelSpec(dtype="float32", layers=2, full_attention_interval=2)
     make_model(tmp_path, spec)
     raw = (tmp_path / "model.safetensors").read_bytes()
     (n,) = struct.unpack("<Q", raw[:8])
@@ -96,8 +98,8 @@ def test_safetensors_layout(tmp_path: Path) -> None:
         assert stop - begin == 4 * count
         end = stop
     assert 8 + n + end == len(raw)
-    norm = header["model.norm.weight"]["data_offsets"]
-    assert set(struct.unpack(f"<{spec.hidden_size}f", raw[8 + n + norm[0] : 8 + n + norm[1]])) == {1.0}
+    norm = header["model.language_model.layers.0.linear_attn.norm.weight"]["data_offsets"]
+    assert set(struct.unpack(f"<{spec.linear_value_head_dim}f", raw[8 + n + norm[0] : 8 + n + norm[1]])) == {1.0}
 
 
 def _split_safetensors(raw: bytes) -> tuple[dict, bytes]:
@@ -110,8 +112,8 @@ def test_bf16_holds_the_same_values_as_f32(tmp_path: Path) -> None:
     make_model(tmp_path / "b", TinyModelSpec(dtype="bfloat16"))
     hf, df = _split_safetensors((tmp_path / "f" / "model.safetensors").read_bytes())
     hb, db = _split_safetensors((tmp_path / "b" / "model.safetensors").read_bytes())
-    assert hb["model.embed_tokens.weight"]["dtype"] == "BF16"
-    name = "model.layers.0.self_attn.q_proj.weight"
+    assert hb["model.language_model.embed_tokens.weight"]["dtype"] == "BF16"
+    name = "model.language_model.layers.3.self_attn.q_proj.weight"
     fo, bo = hf[name]["data_offsets"], hb[name]["data_offsets"]
     fvals = struct.unpack(f"<{(fo[1] - fo[0]) // 4}f", df[fo[0] : fo[1]])
     bvals = struct.unpack(f"<{(bo[1] - bo[0]) // 2}H", db[bo[0] : bo[1]])
@@ -122,25 +124,27 @@ def test_bf16_holds_the_same_values_as_f32(tmp_path: Path) -> None:
 
 
 def test_config_matches_spec(tmp_path: Path) -> None:
-    spec = TinyModelSpec(name="t2", hidden_size=256, layers=3, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=32, intermediate_size=512, vocab_size=2048, max_position_embeddings=8192,
-                         dtype="float32", seed=7)
+    spec = TinyModelSpec(name="t2", hidden_size=128, layers=6, full_attention_interval=3, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2, vocab_size=2048,
+                         max_position_embeddings=8192, dtype="float32", seed=7)
     make_model(tmp_path, spec)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForCausalLM"]
-    assert config["model_type"] == "qwen3"
-    assert config["hidden_size"] == 256
-    assert config["num_hidden_layers"] == 3
-    assert config["num_attention_heads"] == 4
-    assert config["num_key_value_heads"] == 2
-    assert config["head_dim"] == 32
-    assert config["intermediate_size"] == 512
-    assert config["vocab_size"] == 2048
-    assert config["max_position_embeddings"] == 8192
-    assert config["torch_dtype"] == "float32"
-    assert config["tie_word_embeddings"] is True
+    assert config["architectures"] == ["Qwen3_5MoeForCausalLM"]
+    assert config["model_type"] == "qwen3_5_moe_text"
+    assert config["layer_types"] == ["linear_attention", "linear_attention", "full_attention"] * 2
+    assert (config["hidden_size"], config["num_hidden_layers"], config["head_dim"]) == (128, 6, 32)
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert (config["num_experts"], config["num_experts_per_tok"]) == (8, 2)
+    assert config["vocab_size"] == 2048 and config["max_position_embeddings"] == 8192
+    assert config["dtype"] == "float32"
+    assert config["tie_word_embeddings"] is False
+    shapes = tensor_shapes(spec)
+    assert shapes["model.language_model.layers.2.self_attn.q_proj.weight"] == (2 * 4 * 32, 128)  # query + its gate
+    assert "model.language_model.layers.0.linear_attn.conv1d.weight" in shapes
+    assert "model.language_model.layers.2.linear_attn.conv1d.weight" not in shapes
+    assert shapes["model.language_model.layers.5.mlp.experts.7.down_proj.weight"] == (128, spec.moe_intermediate_size)
     ids = spec.special_token_ids
-    assert config["eos_token_id"] == ids["<|im_end|>"] == 2047
+    assert config["eos_token_id"] == ids["<|im_end|>"] == 2048 - len(SPECIAL_TOKENS) + 2
     gen = json.loads((tmp_path / "generation_config.json").read_text())
     assert ids["<|im_end|>"] in gen["eos_token_id"]
     tok_config = json.loads((tmp_path / "tokenizer_config.json").read_text())
@@ -153,11 +157,25 @@ def test_config_matches_spec(tmp_path: Path) -> None:
     assert TinyModelSpec.from_dict(spec.to_dict()) == spec
 
 
+def test_transformers_loads_every_tensor_under_its_name(tmp_path: Path) -> None:
+    pytest.importorskip("torch")  # not in the test extras: the image's static probe and smoke load it there
+    transformers = pytest.importorskip("transformers")
+    make_model(tmp_path, TinyModelSpec())
+    _, info = transformers.Qwen3_5MoeForCausalLM.from_pretrained(str(tmp_path), output_loading_info=True)
+    assert {k: v for k, v in info.items() if v} == {}
+
+
 def test_spec_rejects_what_cannot_serve() -> None:
     with pytest.raises(ServestackError):
         TinyModelSpec(head_dim=16)
     with pytest.raises(ServestackError):
         TinyModelSpec(architecture="LlamaForCausalLM")
+    with pytest.raises(ServestackError, match="not a hybrid"):
+        TinyModelSpec(layers=3, full_attention_interval=4)  # no full attention layer
+    with pytest.raises(ServestackError, match="not a hybrid"):
+        TinyModelSpec(full_attention_interval=1)  # no Gated DeltaNet layer
+    with pytest.raises(ServestackError, match="num_experts_per_tok"):
+        TinyModelSpec(num_experts=2, num_experts_per_tok=3)
     with pytest.raises(ServestackError):
         TinyModelSpec(dtype="float16")
     with pytest.raises(ServestackError):
@@ -194,10 +212,24 @@ def test_tokenizer_round_trips(tmp_path: Path) -> None:
     assert len(tok.encode(TEXTS[1]).ids) < len(TEXTS[1].encode()) / 2
     chat = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(chat).ids
-    assert ids[0] == tok.token_to_id("<|im_start|>") == 1022
+    assert ids[0] == tok.token_to_id("<|im_start|>") == 1024 - len(SPECIAL_TOKENS) + 1
     assert tok.token_to_id("<|im_end|>") in ids
-    assert tok.token_to_id("<|endoftext|>") == 1021
+    assert tok.token_to_id("<|endoftext|>") == 1024 - len(SPECIAL_TOKENS)
     assert tok.decode(ids, skip_special_tokens=False) == chat
+
+
+def test_the_file_as_written_and_transformers_tokenize_alike(tmp_path: Path) -> None:
+    """Dynamo's frontend reads tokenizer.json as written; vLLM reads it through transformers'
+    Qwen2Tokenizer, which installs Qwen's own pre-tokenizer: the file says the same, so both give the
+    same ids for digits and newlines (with GPT-2's pattern they split "48 + 24" differently)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    make_model(tmp_path, TinyModelSpec())
+    as_written = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    engine = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    for text in [*TEXTS, "He has 17 + 25 = 42 sheep.\n\nQuestion: 1,234?\r\n"]:
+        assert as_written.encode(text, add_special_tokens=False).ids == engine.encode(text, add_special_tokens=False), text
+    assert len(as_written.encode("2026").ids) == 4  # Qwen splits numbers digit by digit
 
 
 def test_chat_template_renders(tmp_path: Path) -> None:

@@ -213,8 +213,11 @@ PIN_WORKER_CPUS_ENV = "PIN_WORKER_CPU_COUNT"
 _PIN_WORKER_CPUS = r"""#!/bin/bash
 # srt-slurm setup_script, written by servestack (cluster.py). With PIN_WORKER_CPU_COUNT=N in a
 # worker's environment, the shell srtctl starts the worker from, and so the worker with every
-# process it starts, may run only on the first N of the CPUs this shell may run on
-# (Cpus_allowed_list). Fewer are allowed: it says so and pins to those. Without it, nothing changes.
+# process it starts, may run only on the last N of the CPUs this shell may run on
+# (Cpus_allowed_list). The last: vLLM's CPU engine binds its OpenMP threads ("auto") to the first
+# CPUs and leaves the last to other processes, so a worker left unpinned computes on the first ones
+# and this one on CPUs of its own. Fewer are allowed: it says so and pins to those. Without it,
+# nothing changes.
 set -euo pipefail
 count="${PIN_WORKER_CPU_COUNT:-}"
 [ -n "$count" ] || exit 0
@@ -232,7 +235,8 @@ if (( count > ${#allowed[@]} )); then
     echo "pin-worker-cpus.sh: PIN_WORKER_CPU_COUNT=$count, but only ${#allowed[@]} CPU(s) are allowed here ($allowed_list): pinning to those" >&2
     count=${#allowed[@]}
 fi
-chosen=$(IFS=,; echo "${allowed[*]:0:count}")
+start=$(( ${#allowed[@]} - count ))
+chosen=$(IFS=,; echo "${allowed[*]:start:count}")
 taskset --pid --cpu-list "$chosen" "$PPID"
 """
 

@@ -43,6 +43,15 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
                          f"{'-' if a.accuracy_flexible is None else f'{a.accuracy_flexible:.4f}'} | {a.n} "
                          f"| {a.invalid} | {a.errors} | {_fmt(a.seconds)} |")
         lines.append("")
+    for c in result.agreement:
+        lines += [f"Agreement of `{c['recipe']}` with `{c['reference']}` (greedy, token ids; log-probs within "
+                  f"{c['logprob_bound']} nats, a different token only at a near tie within {c['tie_tolerance']} nats):",
+                  "", "| prompt | kind | tokens in | agreed / compared | max log-prob diff | verdict | detail |",
+                  "|---:|---|---:|---:|---:|---|---|"]
+        for i, row in enumerate(c["rows"]):
+            lines.append(f"| {i} | {row['kind']} | {row['length']} | {row['agreed']} / {row['compared']} "
+                         f"| {row['max_logprob_diff']:.4f} | {row['verdict']} | {row['detail'] or '-'} |")
+        lines.append("")
     if result.missing:
         lines += [f"Missing points: {', '.join(f'`{m}`' for m in sorted(result.missing))}", ""]
     if result.verdict is not None:

@@ -1,8 +1,8 @@
 """A tiny random-weight Qwen3.5 hybrid model directory that vLLM serves, made offline, bit-for-bit.
 
-The production checkpoint's architecture (Qwen3_5MoeForConditionalGeneration: Gated DeltaNet and
-gated full attention layers, a sparse MoE with a shared expert in every layer, a vision tower) at
-toy size: 4 layers (3 GDN + 1 attention), hidden 256, 4 experts, 13 MB in bfloat16.
+The production checkpoint's language model (Qwen3_5MoeForCausalLM: Gated DeltaNet and gated full
+attention layers, a sparse MoE with a shared expert in every layer; ARCHITECTURE says why not the
+vision-language wrapper) at toy size: 4 layers (3 GDN + 1 attention), hidden 256, 4 experts, 7.6 MB.
 
 No model hub is reachable, so smoke tests serve a model this module writes:
 config.json, generation_config.json, model.safetensors, tokenizer.json and
@@ -41,11 +41,16 @@ from .engine import server_argv
 from .errors import ServestackError
 from .fsutil import atomic_write_bytes, canonical_json, sha256_bytes
 
-# The production checkpoint's class (Qwen3.5-397B-A17B: a vision-language MoE whose language model
-# is a hybrid of Gated DeltaNet and full attention), served text-only as production serves it
-# (`--language-model-only`). vLLM's CPU build serves every part of it: the GDN layers (its CPU GDN
-# prefill and decode kernels), the MoE (its CPU unquantized experts), the vision tower left unused.
-ARCHITECTURE = "Qwen3_5MoeForConditionalGeneration"
+# The language model of the production checkpoint (Qwen3.5-397B-A17B is Qwen3_5MoeForConditionalGeneration:
+# this model under model.language_model., plus a vision tower production never runs, serving with
+# --language-model-only): Gated DeltaNet and gated full attention layers, a sparse MoE with a shared
+# expert in every layer. Not the vision-language class itself, though vLLM's CPU server serves it
+# (measured: --language-model-only builds the tower and never runs it), because Dynamo 1.6.1's vLLM
+# worker builds the model's multimodal processor even with --language-model-only (vLLM's
+# get_mm_max_tokens_per_item -> qwen3_vl get_hf_processor), and Qwen3-VL's video processor requires
+# torchvision, which cannot load beside torch+cpu: the disaggregated shape would never start.
+# vLLM loads this class with the same Qwen3_5Model as the language model of the production class.
+ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>",
                   "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 EOS_TOKEN = "<|im_end|>"
@@ -53,11 +58,6 @@ PAD_TOKEN = "<|endoftext|>"
 DTYPES = {"bfloat16": ("BF16", 2), "float32": ("F32", 4)}
 # Head sizes vLLM's CPU attention backend accepts (16 is refused).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
-# The vision tower the checkpoint carries (never run: served with --language-model-only), as small
-# as Qwen3.5's vision config allows.
-VISION = {"depth": 1, "hidden_size": 64, "intermediate_size": 128, "num_heads": 2, "in_channels": 3,
-          "patch_size": 16, "temporal_patch_size": 2, "spatial_merge_size": 2, "num_position_embeddings": 2304}
-
 # ChatML, as Qwen's templates render it (without Qwen's default system prompt or tools).
 CHAT_TEMPLATE = (
     "{%- for message in messages %}"
@@ -364,9 +364,10 @@ def tokenizer_config(spec: TinyModelSpec) -> dict[str, Any]:
 
 
 def model_config(spec: TinyModelSpec) -> dict[str, Any]:
-    """config.json as transformers 5.17's save_pretrained writes Qwen3_5MoeConfig for this spec."""
+    """config.json as transformers 5.17's save_pretrained writes Qwen3_5MoeTextConfig for this spec."""
     ids = spec.special_token_ids
-    text = {
+    return {
+        "architectures": [spec.architecture],
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": None,
@@ -401,28 +402,6 @@ def model_config(spec: TinyModelSpec) -> dict[str, Any]:
         "use_cache": True,
         "vocab_size": spec.vocab_size,
     }
-    vision = {
-        "deepstack_visual_indexes": [],
-        "dtype": spec.dtype,
-        "hidden_act": "gelu_pytorch_tanh",
-        "initializer_range": 0.02,
-        "model_type": "qwen3_5_moe_vision",
-        "out_hidden_size": spec.hidden_size,
-        "rope_parameters": {"rope_theta": 10000.0, "rope_type": "axial"},
-        **VISION,
-    }
-    return {
-        "architectures": [spec.architecture],
-        "dtype": spec.dtype,
-        "image_token_id": ids["<|image_pad|>"],
-        "model_type": "qwen3_5_moe",
-        "text_config": text,
-        "tie_word_embeddings": False,
-        "video_token_id": ids["<|video_pad|>"],
-        "vision_config": vision,
-        "vision_end_token_id": ids["<|vision_end|>"],
-        "vision_start_token_id": ids["<|vision_start|>"],
-    }
 
 
 def generation_config(spec: TinyModelSpec) -> dict[str, Any]:
@@ -438,9 +417,9 @@ def generation_config(spec: TinyModelSpec) -> dict[str, Any]:
 
 
 def tensor_shapes(spec: TinyModelSpec) -> dict[str, tuple[int, ...]]:
-    """Qwen3_5MoeForConditionalGeneration's parameters under the names its checkpoints use (what
-    transformers' save_pretrained writes: experts one by one, the language model under
-    model.language_model., the vision tower under model.visual.)."""
+    """Qwen3_5MoeForCausalLM's parameters under the names Qwen3.5 checkpoints use (what transformers'
+    save_pretrained writes: experts one by one, the layers under model.language_model. as in the
+    production checkpoint, which vLLM maps to model.)."""
     h, hd = spec.hidden_size, spec.head_dim
     nk, nv, dk, dv = (spec.linear_num_key_heads, spec.linear_num_value_heads,
                       spec.linear_key_head_dim, spec.linear_value_head_dim)
@@ -491,28 +470,6 @@ def tensor_shapes(spec: TinyModelSpec) -> dict[str, tuple[int, ...]]:
                 p + f"mlp.experts.{e}.up_proj.weight": (mi, h),
                 p + f"mlp.experts.{e}.down_proj.weight": (h, mi),
             })
-    v, vi, merged = VISION["hidden_size"], VISION["intermediate_size"], VISION["hidden_size"] * VISION["spatial_merge_size"] ** 2
-    vis = "model.visual."
-    shapes.update({
-        vis + "patch_embed.proj.weight": (v, VISION["in_channels"], VISION["temporal_patch_size"], VISION["patch_size"], VISION["patch_size"]),
-        vis + "patch_embed.proj.bias": (v,),
-        vis + "pos_embed.weight": (VISION["num_position_embeddings"], v),
-        vis + "merger.norm.weight": (v,),
-        vis + "merger.norm.bias": (v,),
-        vis + "merger.linear_fc1.weight": (merged, merged),
-        vis + "merger.linear_fc1.bias": (merged,),
-        vis + "merger.linear_fc2.weight": (h, merged),
-        vis + "merger.linear_fc2.bias": (h,),
-    })
-    for n in range(VISION["depth"]):
-        p = f"{vis}blocks.{n}."
-        shapes.update({
-            p + "norm1.weight": (v,), p + "norm1.bias": (v,), p + "norm2.weight": (v,), p + "norm2.bias": (v,),
-            p + "attn.qkv.weight": (3 * v, v), p + "attn.qkv.bias": (3 * v,),
-            p + "attn.proj.weight": (v, v), p + "attn.proj.bias": (v,),
-            p + "mlp.linear_fc1.weight": (vi, v), p + "mlp.linear_fc1.bias": (vi,),
-            p + "mlp.linear_fc2.weight": (v, vi), p + "mlp.linear_fc2.bias": (v,),
-        })
     return shapes
 
 
@@ -604,7 +561,7 @@ VLLM_CPU_ENV: dict[str, str] = {
 # for every server of this model: smoke's and the dev-cpu recipes' (tests/test_recipes.py holds the
 # recipes to them and names each production setting dev-cpu departs from).
 QWEN35_FLAGS: dict[str, Any] = {
-    "language-model-only": True,  # text only: the vision tower is built but never run
+    "language-model-only": True,  # production's; a no-op for a text-only class, kept so the flag is exercised
     "mamba-ssm-cache-dtype": "bfloat16",
     "no-enable-prefix-caching": True,
     "no-disable-hybrid-kv-cache-manager": True,  # one KV cache manager for attention and GDN state

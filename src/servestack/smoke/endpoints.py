@@ -351,8 +351,8 @@ def check_agreement(t: Target) -> tuple[str, str]:
     answers, problem = _oracle_answers(t)
     assert answers is not None
     result = agreement.compare(t.baseline, answers)
-    t.metrics["agreement"] = {k: v for k, v in result.items() if k != "rows"} | {
-        "rows": [{k: v for k, v in row.items()} for row in result["rows"]]}
+    t.metrics["agreement"] = result
+    t.metrics["agreement_answers"] = answers  # beside the reference's, for whoever reads a failure
     summary = (f"{result['identical']} of {result['prompts']} prompts identical, {result['near_ties']} diverged at a near "
                f"tie, {len(result['failed'])} disagree; {result['agreed_tokens']}/{result['compared_tokens']} tokens "
                f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bound {result['logprob_bound']})")

@@ -248,14 +248,19 @@ DISAGG_ENV = {
 }
 
 
-# While its KV blocks wait for the decode worker's NIXL pull (up to kv_lease_duration, see above)
-# the prefill worker busy-polls (EngineCore steps every 1 ms; its model runner spins in sched_yield
-# on the shared-memory queue). Traced at load ~40 on 2 cores: the prefill container then ran more
-# than one core's worth while the decode worker's 16 runnable threads got no CPU for seconds at a
-# time, so the pull that would end the window could not run (see serving._hold_leases). No vLLM or
-# Dynamo setting bounds that polling; a CFS quota of one core on the prefill container does, and
-# leaves the other core to the decode worker, the frontend and the probe.
-PREFILL_CPUS = 1.0
+# While its KV blocks wait for the decode worker's NIXL pull the prefill worker busy-polls (EngineCore
+# steps every 1 ms; its model runner spins in sched_yield on the shared-memory queue), and so does the
+# decode worker between steps. Each engine's compute runs in OpenMP threads bound by
+# VLLM_CPU_OMP_THREADS_BIND; "auto" binds every engine to the same first CPUs (it reserves the last
+# one for other processes), so the two engines' compute shared one core while the other ran the
+# spinners. Measured with the hybrid model on 2 cores (a 16-token stream through the frontend):
+# both "auto" with the prefill container under a one-core CFS quota: 24 s for a 5-token prefill
+# (its OpenMP threads spin at barriers while one of them waits out the throttled period); prefill
+# in a one-CPU cpuset: 14 chunks in 21.5 s (the decode engine's compute shared CPU 0 with every
+# spinner); each engine's OpenMP threads bound to CPUs of their own, nothing capped: 14 chunks in
+# 1.2 s, first token 0.34 s. The prefill worker takes the last PREFILL_CPUS CPUs this process may
+# use, the decode worker the others.
+PREFILL_CPUS = 1
 
 
 @dataclass(frozen=True)
@@ -265,7 +270,6 @@ class Role:
     name: str  # "frontend", "prefill", "decode"
     command: tuple[str, ...]
     environment: dict[str, str]
-    cpus: float | None = None  # a CFS quota for the container (docker --cpus); None: no cap
 
 
 @dataclass(frozen=True)
@@ -297,8 +301,18 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
         workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
         })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
-              "VLLM_CPU_OMP_THREADS_BIND": "auto"}, cpus=PREFILL_CPUS if mode == "prefill" else None))
+              "VLLM_CPU_OMP_THREADS_BIND": engine_cpus(mode)}))
     return (frontend, *workers)
+
+
+def engine_cpus(mode: str) -> str:
+    """The CPUs an engine's OpenMP threads are bound to (VLLM_CPU_OMP_THREADS_BIND): the prefill
+    worker the last PREFILL_CPUS of those this process may use, the decode worker the rest."""
+    import os
+
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = cpus[-PREFILL_CPUS:] if mode == "prefill" else cpus[:-PREFILL_CPUS] or cpus
+    return ",".join(str(c) for c in mine)
 
 
 def disagg_plan(lock: Lock, platform: str) -> DisaggPlan:

@@ -299,7 +299,6 @@ def run_disagg_probe(
                     reference, list(role.command), name=names[role.name], detach=True,
                     platform=platform, shm_size=plan.shm_size, environment=role.environment,
                     volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
-                    **({"nano_cpus": int(role.cpus * 1e9)} if role.cpus else {}),
                 )
             except docker.errors.APIError as e:
                 return _failed_to_start("disagg", DISAGG_CHECKS, f"cannot start the {role.name} container: {e.explanation or e}",

@@ -2,7 +2,8 @@
 
 Always (structural): every expected point has a result; per point completed == requested,
 failed == 0 and output tokens > 0; every accuracy repeat answered at least one request.
-Accuracy: mean strict-match accuracy over repeats >= threshold, per recipe.
+Accuracy: mean strict-match accuracy over repeats >= threshold, per recipe; or, with the oracle,
+every prompt of every recipe agrees with the reference recipe's answers (clients/agreement.py).
 Throughput: total tokens/s per GPU >= baseline x (1 - tolerance), per point that has a baseline.
 """
 
@@ -88,6 +89,27 @@ def evaluate_accuracy(runs: list[AccuracyRun], expected: dict[str, int], gate: G
                 f"GSM8K strict accuracy {mean:.4f} (mean of {len(rs)} repeat(s): "
                 f"{', '.join(f'{r.accuracy:.4f}' for r in sorted(rs, key=lambda r: r.repeat))}) "
                 f"< threshold {gate.accuracy_threshold:.4f}", mean, gate.accuracy_threshold))
+    return v
+
+
+def evaluate_agreement(comparisons: list[dict], reference: str, recipes: list[str], answered: set[str],
+                       stage: str = "accuracy") -> Verdict:
+    """Every recipe answered, and each one held to `reference` agrees on every prompt; a failure
+    names the prompts that did not, and why."""
+    from ..clients.agreement import describe_failures
+
+    v = Verdict(stage)
+    for recipe in recipes:
+        if recipe not in answered:
+            v.failures.append(Failure("missing", recipe, "answers", "no oracle answers from this recipe"
+                                      + (" (the reference: nothing can be compared)" if recipe == reference else "")))
+    for c in comparisons:
+        agreed = c["prompts"] - len(c["failed"])
+        v.checks.append(Check("agreement", c["recipe"], f"vs {reference}", agreed, c["prompts"], c["passed"]))
+        if not c["passed"]:
+            v.failures.append(Failure("agreement", c["recipe"], f"vs {reference}",
+                                      f"{len(c['failed'])} of {c['prompts']} prompts disagree with {reference}: "
+                                      + describe_failures(c), agreed, c["prompts"]))
     return v
 
 

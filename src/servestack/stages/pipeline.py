@@ -134,7 +134,18 @@ class Gsm8kSettings(_Model):
 
 
 class AccuracyGate(_Model):
-    threshold: Fraction  # the minimum mean GSM8K accuracy
+    """GSM8K: `threshold`, the minimum mean strict accuracy. Or the oracle for a model without trained
+    weights (clients/agreement.py): `agreement_with`, the recipe whose greedy answers every other
+    recipe of the stage must give (same tokens up to a near tie, log-probs within the bound)."""
+
+    threshold: Fraction | None = None
+    agreement_with: Name | None = None
+
+    @model_validator(mode="after")
+    def _one_gate(self) -> "AccuracyGate":
+        if (self.threshold is None) == (self.agreement_with is None):
+            raise ValueError("expected exactly one of threshold (GSM8K) or agreement_with (the oracle's reference recipe)")
+        return self
 
     def config(self) -> GateConfig:
         return GateConfig(accuracy_threshold=self.threshold)
@@ -159,6 +170,25 @@ class AccuracyStage(_Stage):
     name: ClassVar[str] = "accuracy"
     gate: AccuracyGate
     gsm8k: Gsm8kSettings = Gsm8kSettings()
+
+    @model_validator(mode="after")
+    def _reference_is_run(self) -> "AccuracyStage":
+        ref = self.gate.agreement_with
+        if ref is not None and (ref not in self.recipes or len(self.recipes) < 2):
+            raise yamlfile.FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
+                                        f"({', '.join(self.recipes)}), beside at least one other to hold to it")
+        return self
+
+    @property
+    def points(self) -> tuple[str, ...]:
+        """One answers file per recipe for the oracle; one result per GSM8K repeat."""
+        if self.gate.agreement_with is not None:
+            return (AGREEMENT_POINT,)
+        return tuple(f"repeat-{i}" for i in range(self.gsm8k.repeats))
+
+
+# The oracle's one point per recipe: clients/agreement.py's answers.
+AGREEMENT_POINT = "answers"
 
 
 def _distinct(points: tuple[int, ...] | None) -> tuple[int, ...] | None:

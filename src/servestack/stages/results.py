@@ -129,6 +129,9 @@ class StageResult:
     out_dir: Path
     throughput: list[ThroughputPoint] = field(default_factory=list)
     accuracy: list[AccuracyRun] = field(default_factory=list)
+    # The oracle's comparisons (clients/agreement.py compare, plus "recipe" and "reference"), one per
+    # recipe held to the reference; its AccuracyRun is the fraction of prompts that agree.
+    agreement: list[dict[str, Any]] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # "<recipe>/<point>" with no result
     verdict: Verdict | None = None
     jobs: list[dict[str, Any]] = field(default_factory=list)  # job ids, attempts, end states
@@ -151,6 +154,7 @@ class StageResult:
             "passed": self.passed,
             "throughput": [p.to_dict() for p in sorted(self.throughput, key=lambda p: (p.recipe, p.concurrency))],
             "accuracy": [a.to_dict() for a in sorted(self.accuracy, key=lambda a: (a.recipe, a.repeat))],
+            "agreement": self.agreement,
             "missing": sorted(self.missing),
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "jobs": self.jobs,
@@ -282,3 +286,36 @@ def parse_gsm8k_result(source: Path | dict[str, Any], *, recipe: str) -> list[Ac
                             invalid=round(float(data.get("invalid_rate", 0.0)) * n),
                             seconds=data.get("latency"), source=where)]
     raise InputError(where, "", "not a GSM8K result (expected 'repeats' or 'accuracy' + 'num_questions')")
+
+
+def load_answers(source: Path) -> dict[str, Any]:
+    """One recipe's oracle answers (clients/agreement.py collect), checked for their schema."""
+    from ..clients import agreement
+
+    data, where = _load_json(source)
+    if data.get("schema") != agreement.SCHEMA or not isinstance(data.get("answers"), list) or not data["answers"]:
+        raise InputError(where, "schema", f"expected {agreement.SCHEMA} answers (clients/agreement.py collect)")
+    return data
+
+
+def compare_answers(answers: dict[str, dict[str, Any]], reference: str) -> tuple[list[dict[str, Any]], list[AccuracyRun]]:
+    """Every recipe's answers against the reference recipe's: the comparisons, and per recipe the
+    fraction of prompts that agree as an AccuracyRun (n prompts, errors those that failed)."""
+    from ..clients import agreement
+
+    if reference not in answers:
+        return [], []
+    comparisons, runs = [], []
+    for recipe in sorted(answers):
+        if recipe == reference:
+            continue
+        try:
+            result = agreement.compare(answers[reference], answers[recipe])
+        except ValueError as e:
+            raise InputError(Path(f"{recipe}/answers"), "answers", f"not comparable with {reference}'s: {e}") from e
+        comparisons.append({"recipe": recipe, "reference": reference, **result})
+        errors = sum(1 for row in result["rows"] if row["verdict"] == "error")
+        agreed = result["prompts"] - len(result["failed"])
+        runs.append(AccuracyRun(recipe, 0, agreed / result["prompts"], result["prompts"], errors=errors,
+                                seconds=answers[recipe].get("seconds"), source=f"agreement with {reference}"))
+    return comparisons, runs

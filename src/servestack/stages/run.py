@@ -28,9 +28,9 @@ from ..recipes.read import RecipeView
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import run_job
 from ..runners.registry import RUNNERS, make_runner, starting
-from .gates import Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
+from .gates import Verdict, evaluate_accuracy, evaluate_agreement, evaluate_throughput, format_verdict
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
-from .results import StageResult, parse_gsm8k_result, parse_vllm_result
+from .results import StageResult, compare_answers, load_answers, parse_gsm8k_result, parse_vllm_result
 
 log = logging.getLogger("servestack.stages")
 
@@ -146,7 +146,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                                  f"no concurrency points (set them here or in {pipeline.file} stages.throughput)")
             points = tuple(str(c) for c in concs)
         else:
-            points = tuple(f"repeat-{i}" for i in range(stage.gsm8k.repeats))
+            points = stage.points
         if RUNNERS[kind].submits_recipes:
             extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
             if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
@@ -157,8 +157,10 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                     raise InputError(pipeline.file, "model_dir", f"{host} is not a directory "
                                      f"(`nox -s build -- --stack {pipeline.stack}` writes the stack's model)")
                 extra["model_dir"] = str(host)
-            if stage.name == "accuracy":
+            if stage.name == "accuracy" and stage.gate.agreement_with is None:
                 extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
+            elif stage.name == "accuracy":
+                extra["clients_dir"] = str(CLIENTS_DIR)  # the recipe's custom benchmark runs agreement.py
             spec = JobSpec(
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
                 time_limit_s=stage.time_limit,
@@ -191,6 +193,13 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                 "prompts_per_point": mult, "min_prompts": stage.min_prompts,
                 "timeout": stage.time_limit,
             }
+        elif stage.gate.agreement_with is not None:
+            point = {
+                "argv": [python, f"{CONTAINER_DIR}/agreement.py", "collect", "--base-url", base_url,
+                         "--model", recipe.served_model_name, "--vocab-size", str(_oracle_vocab(project, pipeline)),
+                         "--out", "{out}"],
+                "timeout": stage.time_limit,
+            }
         else:
             data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
             mounts.append(Mount(data, DATA))
@@ -216,6 +225,17 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
         )
         planned.append(_Planned(name, recipe, spec, points, gpus, kind, job))
     return planned
+
+
+def _oracle_vocab(project: Project, pipeline: Pipeline) -> int:
+    from ..lock import load_lock
+    from ..smoke.plan import oracle_vocab
+
+    vocab = oracle_vocab(load_lock(project, pipeline.stack))
+    if vocab is None:
+        raise InputError(pipeline.file, "stages.accuracy.gate.agreement_with",
+                         f"the oracle needs a smoke model the project makes; {pipeline.stack}'s is a checkpoint (use threshold)")
+    return vocab
 
 
 def write_job_files(planned: list[_Planned]) -> None:
@@ -277,6 +297,7 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     measured_now: list[str] = []
     reported_client: dict[str, float] = {}
     problems: list[str] = []
+    answers: dict[str, dict] = {}  # the oracle's, by recipe
     for p in planned:
         for point in p.points:
             f = p.spec.point_file(point)
@@ -289,6 +310,9 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
                     tp = parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=int(point))
                     result.throughput.append(tp)
                     secs = tp.duration_s
+                elif stage.gate.agreement_with is not None:
+                    answers[p.key] = load_answers(f)
+                    secs = float(answers[p.key].get("seconds") or 0.0)
                 else:
                     runs = parse_gsm8k_result(f, recipe=p.key)
                     idx = int(point.rsplit("-", 1)[-1])
@@ -318,6 +342,9 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     if stage.name == "throughput":
         expected = {p.key: [int(x) for x in p.points] for p in planned}
         verdict = evaluate_throughput(result.throughput, expected, stage.gate.config())
+    elif stage.gate.agreement_with is not None:
+        result.agreement, result.accuracy = compare_answers(answers, stage.gate.agreement_with)
+        verdict = evaluate_agreement(result.agreement, stage.gate.agreement_with, [p.key for p in planned], set(answers))
     else:
         verdict = evaluate_accuracy(result.accuracy, {p.key: len(p.points) for p in planned}, stage.gate.config())
     for msg in problems:
@@ -341,6 +368,14 @@ def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, 
     out = {}
     for name, settings in defined.items():
         kept = tuple(r for r in settings.recipes if r in recipes)
+        reference = getattr(settings.gate, "agreement_with", None)
+        if reference is not None and kept:
+            if kept == (reference,):
+                raise InputError(pipeline.file, f"stages.{name}.gate.agreement_with",
+                                 f"{reference} is the reference the other recipes are held to; alone it is judged by "
+                                 f"nothing (select one of {', '.join(r for r in settings.recipes if r != reference)} too)")
+            # A recipe is judged against the reference's answers: the reference runs with it.
+            kept = tuple(r for r in settings.recipes if r in kept or r == reference)
         if kept:
             out[name] = settings.model_copy(update={"recipes": kept})
     return out
