@@ -66,6 +66,18 @@ def test_results_are_read_from_srt_slurms_own_layout(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["1.json"]  # only this job's points
 
 
+
+def test_the_oracles_answers_are_read_and_its_client_is_mounted(tmp_path):
+    from servestack.runners.srtctl import CLIENTS_IN_CONTAINER, bind_recipe
+
+    logs = tmp_path / "7" / "logs" / "accuracy"
+    logs.mkdir(parents=True)
+    (logs / "agreement.json").write_text("{}")  # the custom benchmark's --out /logs/accuracy/agreement.json
+    assert results_in(tmp_path / "7") == {"answers": logs / "agreement.json"}
+    bound = bind_recipe({"benchmark": {"type": "custom"}}, None, ("answers",), None, clients=tmp_path / "clients")
+    assert bound["container_mounts"] == {str(tmp_path / "clients"): CLIENTS_IN_CONTAINER}
+
+
 # ----------------------------------------------------------------------------- the real srtctl
 
 

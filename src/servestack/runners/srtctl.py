@@ -35,6 +35,7 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
+from ..clients import agreement
 from ..errors import ServestackError
 from ..fsutil import atomic_write_bytes, atomic_write_text
 from ..proc import run
@@ -112,9 +113,7 @@ def results_in(output_dir: Path) -> dict[str, Path]:
         if index.isdigit():
             found.setdefault(f"repeat-{int(index) - 1}", path)
     if (logs / AGREEMENT_ANSWERS).is_file():
-        from ..stages.pipeline import AGREEMENT_POINT
-
-        found[AGREEMENT_POINT] = logs / AGREEMENT_ANSWERS
+        found[agreement.POINT] = logs / AGREEMENT_ANSWERS
     return found
 
 

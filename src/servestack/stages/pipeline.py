@@ -46,6 +46,7 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 
 from .. import yamlfile
+from ..clients import agreement
 from ..runners.base import RETRYABLE, JobState
 from ..runners.driver import RetryPolicy
 from ..runners.registry import RUNNERS, starting
@@ -183,12 +184,9 @@ class AccuracyStage(_Stage):
     def points(self) -> tuple[str, ...]:
         """One answers file per recipe for the oracle; one result per GSM8K repeat."""
         if self.gate.agreement_with is not None:
-            return (AGREEMENT_POINT,)
+            return (agreement.POINT,)
         return tuple(f"repeat-{i}" for i in range(self.gsm8k.repeats))
 
-
-# The oracle's one point per recipe: clients/agreement.py's answers.
-AGREEMENT_POINT = "answers"
 
 
 def _distinct(points: tuple[int, ...] | None) -> tuple[int, ...] | None:

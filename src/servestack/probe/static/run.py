@@ -16,6 +16,7 @@ from .imports import check_entry_points, section_imports
 from .installed import check_excluded, check_lock, check_model, check_overlays, check_versions, load_stack_json
 from .report import FAIL, check, site_packages
 from .runtime_build import runtime_builds, section_runtime_build
+from .cpu_isa import section_cpu_isa
 from .tokenizer import section_tokenizer
 
 # The package directory: `python PACKAGE_DIR ...` runs it (see __main__), here and in the children.
@@ -23,7 +24,8 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # What runs in a child interpreter (vLLM imported): a crash or a hang there is a failed check, not a lost report.
 SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path, "loads": section_loads,
-            "runtime_build": section_runtime_build, "tokenizer": section_tokenizer}
+            "runtime_build": section_runtime_build, "tokenizer": section_tokenizer,
+            "cpu_isa": section_cpu_isa}
 
 
 def run_section(config_path: str, config: dict, section: str) -> list[dict]:
@@ -84,6 +86,8 @@ def probe(config_path: str, config: dict) -> dict:
         checks.extend(run_section(config_path, config, "loads"))  # a fresh interpreter: only these imports loaded
     if (config.get("fast_path") or {}).get("gdn_prefill"):
         checks.extend(run_section(config_path, config, "fast_path"))
+    if config.get("cpu_attention_without_amx"):
+        checks.extend(run_section(config_path, config, "cpu_isa"))
     if runtime_builds(config):
         checks.extend(run_section(config_path, config, "runtime_build"))
     return {

@@ -1,0 +1,116 @@
+"""The correctness oracle (servestack/clients/agreement.py): two runs' greedy answers agree token for
+token up to a near tie, log-probs within the bound; anything else names the prompt and why. And the
+pipeline's accuracy gate built on it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servestack.clients import agreement
+from servestack.errors import InputError
+from servestack.stages.gates import evaluate_agreement
+from servestack.stages.results import compare_answers, load_answers
+
+
+def answer(tokens, logprobs, tops, *, kind="tokens", prompt=(1, 2, 3), prompt_tokens=3, error=None):
+    if error:
+        return {"kind": kind, "length": len(prompt), "prompt": list(prompt), "error": error}
+    return {"kind": kind, "length": len(prompt), "prompt": list(prompt), "text": "", "tokens": list(tokens),
+            "logprobs": list(logprobs), "top": [list(map(list, t)) for t in tops], "prompt_tokens": prompt_tokens,
+            "error": None}
+
+
+def run(*answers):
+    return {"schema": agreement.SCHEMA, "seconds": 1.0, "answers": list(answers)}
+
+
+# Three greedy steps: token 7 (2 nats clear of 8), then 5 (a near tie with 6: 0.0625 apart), then 9.
+REF = answer([7, 5, 9], [-0.1, -0.70, -0.3], [[(7, -0.1), (8, -2.1)], [(5, -0.70), (6, -0.7625)], [(9, -0.3), (4, -1.5)]])
+
+
+def test_the_same_answers_agree_with_float_noise_below_the_bound():
+    noisy = answer([7, 5, 9], [-0.13, -0.69, -0.35], REF["top"])
+    row = agreement.compare_answer(REF, noisy)
+    assert row["verdict"] == "agree" and row["agreed"] == row["compared"] == 3
+    assert row["max_logprob_diff"] == pytest.approx(0.05)
+
+
+def test_a_different_token_at_a_near_tie_ends_the_comparison_there():
+    other = answer([7, 6, 1], [-0.1, -0.69, -5.0], [[(7, -0.1), (8, -2.1)], [(6, -0.69), (5, -0.72)], [(1, -5.0), (2, -6)]])
+    row = agreement.compare_answer(REF, other)
+    assert row["verdict"] == "agree" and row["agreed"] == 1
+    assert "near tie at token 1: 5 vs 6" in row["detail"]
+
+
+def test_a_lost_state_disagrees_from_its_first_token_naming_the_gap():
+    lost = answer([3, 3, 3], [-0.2, -0.2, -0.2], [[(3, -0.2), (7, -3.0)]] * 3)
+    row = agreement.compare_answer(REF, lost)
+    assert row["verdict"] == "disagree" and row["agreed"] == 0
+    assert "token 0: 7 vs 3" in row["detail"] and "2.0000 nats apart" in row["detail"]
+
+
+def test_the_same_token_with_a_log_prob_off_by_more_than_the_bound_disagrees():
+    off = answer([7, 5, 9], [-0.1, -0.70, -0.9], REF["top"])
+    row = agreement.compare_answer(REF, off)
+    assert row["verdict"] == "disagree" and row["agreed"] == 2
+    assert "token 2 (9): log-prob -0.3000 vs -0.9000" in row["detail"]
+
+
+def test_text_tokenized_differently_by_the_two_servers_disagrees():
+    row = agreement.compare_answer(answer([7], [-1], [[(7, -1), (8, -2)]], kind="text", prompt_tokens=25),
+                                   answer([7], [-1], [[(7, -1), (8, -2)]], kind="text", prompt_tokens=22))
+    assert row["verdict"] == "disagree" and "25 tokens to the reference and 22 to the candidate" in row["detail"]
+
+
+def test_a_failed_request_is_an_error_and_the_run_fails_naming_it():
+    result = agreement.compare(run(REF, REF), run(REF, answer((), (), (), error="HTTPError: HTTP Error 500")))
+    assert not result["passed"] and result["failed"] == [1] and result["identical"] == 1
+    assert "prompt 1 (tokens, 3 tokens): error: candidate: HTTPError: HTTP Error 500" in agreement.describe_failures(result)
+
+
+def test_runs_of_different_prompts_are_not_compared():
+    with pytest.raises(ValueError, match="same prompts"):
+        agreement.compare(run(REF), run(answer([7], [-1], [[(7, -1)]], prompt=(9,))))
+
+
+def test_prompts_are_token_ids_of_the_stated_lengths_the_same_every_time():
+    prompts = agreement.token_prompts(1017)
+    assert [len(p) for p in prompts] == list(agreement.LENGTHS)
+    assert prompts == agreement.token_prompts(1017) and prompts != agreement.token_prompts(1017, seed=1)
+    assert all(0 <= t < 1017 for p in prompts for t in p) and len({t for p in prompts for t in p}) > 900
+
+
+def test_the_gate_holds_every_recipe_to_the_reference(tmp_path: Path):
+    lost = answer([3, 3, 3], [-0.2, -0.2, -0.2], [[(3, -0.2), (7, -3.0)]] * 3)
+    answers = {"agg-acc": run(REF, REF), "disagg-acc": run(REF, lost)}
+    comparisons, runs = compare_answers(answers, "agg-acc")
+    [(c, r)] = zip(comparisons, runs)
+    assert c["recipe"] == "disagg-acc" and c["reference"] == "agg-acc" and r.accuracy == 0.5 and r.n == 2
+    verdict = evaluate_agreement(comparisons, "agg-acc", ["agg-acc", "disagg-acc"], set(answers))
+    [failure] = verdict.failures
+    assert failure.gate == "agreement" and failure.recipe == "disagg-acc" and failure.point == "vs agg-acc"
+    assert "1 of 2 prompts disagree with agg-acc: prompt 1 (tokens, 3 tokens): disagree: token 0: 7 vs 3" in failure.message
+    # No answers from the reference: nothing is compared, and that is a failure, not a pass.
+    comparisons, _ = compare_answers({"disagg-acc": answers["disagg-acc"]}, "agg-acc")
+    verdict = evaluate_agreement(comparisons, "agg-acc", ["agg-acc", "disagg-acc"], {"disagg-acc"})
+    assert [f.gate for f in verdict.failures] == ["missing"] and "the reference" in verdict.failures[0].message
+    # Answers that are not the oracle's are refused, naming the file.
+    f = tmp_path / "answers.json"
+    f.write_text(json.dumps({"accuracy": 0.5}))
+    with pytest.raises(InputError, match="answers.json"):
+        load_answers(f)
+
+
+def test_selecting_a_recipe_the_oracle_judges_runs_its_reference_too():
+    from servestack.stages.pipeline import load_pipeline
+    from servestack.stages.run import _selected
+
+    root = Path(__file__).resolve().parents[1]
+    pipeline = load_pipeline(root / "pipelines" / "dev-cpu.yaml", root)
+    assert _selected(pipeline, ("disagg-acc",))["accuracy"].recipes == ("agg-acc", "disagg-acc")
+    assert "accuracy" not in _selected(pipeline, ("agg",))
+    with pytest.raises(InputError, match="agg-acc is the reference the other recipes are held to; alone it is judged by nothing"):
+        _selected(pipeline, ("agg-acc",))
