@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -104,9 +105,12 @@ def test_the_oracle_fails_an_image_that_loses_the_transferred_ssm_state():
     assert agreement.status == "fail", agreement
     # Prompt by prompt, answered (not errors: the engine lives), and off by far more than float noise.
     rows = metrics["agreement"]["rows"]
-    assert all(row["verdict"] != "error" for row in rows), rows
+    assert all(row["verdict"] != "error" for row in rows), [(row["verdict"], row["detail"][:300]) for row in rows]
     disagree = [row for row in rows if row["verdict"] == "disagree"]
     assert len(disagree) >= len(rows) // 2, rows
-    assert "prompt 0 (tokens, 1 tokens): disagree" in agreement.detail, agreement.detail
+    assert re.search(r"prompt \d+ \(tokens, \d+ tokens\): disagree: token \d+", agreement.detail), agreement.detail
+    # The state matters most where the prompt is long: there the answers part at the first token.
+    long = [row for row in rows if row["kind"] == "tokens" and row["length"] >= 100]
+    assert sum(row["agreed"] == 0 for row in long) >= len(long) // 2, long
     # The transfer itself went through: only the state's content was wrong.
     assert by_name["kv-transfer"].status == "pass", by_name["kv-transfer"]
