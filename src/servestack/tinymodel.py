@@ -195,10 +195,14 @@ class TinyModelSpec:
         return cls(**data)
 
     @property
+    def ordinary_tokens(self) -> int:
+        """How many ids come before the special tokens (the oracle draws its token-id prompts below it)."""
+        return self.vocab_size - len(SPECIAL_TOKENS)
+
+    @property
     def special_token_ids(self) -> dict[str, int]:
         """The special tokens take the last ids, like Qwen's."""
-        base = self.vocab_size - len(SPECIAL_TOKENS)
-        return {tok: base + i for i, tok in enumerate(SPECIAL_TOKENS)}
+        return {tok: self.ordinary_tokens + i for i, tok in enumerate(SPECIAL_TOKENS)}
 
 
 # ---------------------------------------------------------------- tokenizer

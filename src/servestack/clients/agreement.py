@@ -22,7 +22,8 @@ image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark 
 
     python agreement.py collect --base-url http://127.0.0.1:8000 --model NAME --vocab-size 1017 \
         --out answers.json
-    python agreement.py compare --reference agg.json --candidate disagg.json
+
+and `compare` holds one run's answers to another's (servestack's smoke and pipeline call it).
 
 The prompts are token IDs (no tokenizer in between), of lengths that span several KV blocks, plus
 a few texts with digits and newlines (those go through each server's own tokenizer: the
@@ -230,32 +231,15 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the server to list the model")
     c.add_argument("--out", required=True)
-    k = sub.add_parser("compare", help="compare a candidate's answers with a reference's")
-    k.add_argument("--reference", required=True)
-    k.add_argument("--candidate", required=True)
-    k.add_argument("--out")
     args = parser.parse_args(argv)
-    if args.command == "collect":
-        if args.wait:
-            _wait_ready(args.base_url, args.model, args.wait)
-        result = collect(args.base_url, args.model, args.vocab_size, concurrency=args.concurrency,
-                         max_tokens=args.max_tokens)
-        _write_json(args.out, result)
-        errors = [a["error"] for a in result["answers"] if a.get("error")]
-        print(f"agreement: {len(result['answers'])} prompts answered in {result['seconds']:.1f} s, {len(errors)} failed")
-        return 1 if errors else 0
-    with open(args.reference) as f:
-        reference = json.load(f)
-    with open(args.candidate) as f:
-        candidate = json.load(f)
-    result = compare(reference, candidate)
-    if args.out:
-        _write_json(args.out, result)
-    print(f"agreement: {result['identical']} identical, {result['near_ties']} near ties, {len(result['failed'])} "
-          f"disagree of {result['prompts']} prompts; max log-prob difference {result['max_logprob_diff']:.4f}")
-    if result["failed"]:
-        print("agreement: " + describe_failures(result), file=sys.stderr)
-    return 0 if result["passed"] else 1
+    if args.wait:
+        _wait_ready(args.base_url, args.model, args.wait)
+    result = collect(args.base_url, args.model, args.vocab_size, concurrency=args.concurrency,
+                     max_tokens=args.max_tokens)
+    _write_json(args.out, result)
+    errors = [a["error"] for a in result["answers"] if a.get("error")]
+    print(f"agreement: {len(result['answers'])} prompts answered in {result['seconds']:.1f} s, {len(errors)} failed")
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":

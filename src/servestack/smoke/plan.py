@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +15,7 @@ from ..records.lockfile import Lock
 from ..recipes.read import engine_settings, load_recipe
 from ..recipes.validate import recipe_files
 from ..stack import normalize
-from ..tinymodel import QWEN35_FLAGS, SPECIAL_TOKENS, VLLM_CPU_ENV, TinyModelSpec
+from ..tinymodel import QWEN35_FLAGS, VLLM_CPU_ENV, TinyModelSpec
 from .containers import host_docker_platform
 
 VENV_PYTHON = "/opt/venv/bin/python"
@@ -310,8 +311,6 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
 def engine_cpus(mode: str) -> str:
     """The CPUs an engine's OpenMP threads are bound to (VLLM_CPU_OMP_THREADS_BIND): the prefill
     worker the last PREFILL_CPUS of those this process may use, the decode worker the rest."""
-    import os
-
     cpus = sorted(os.sched_getaffinity(0))
     mine = cpus[-PREFILL_CPUS:] if mode == "prefill" else cpus[:-PREFILL_CPUS] or cpus
     return ",".join(str(c) for c in mine)
@@ -342,7 +341,7 @@ def _made_model(lock: Lock) -> TinyModelSpec | None:
 def oracle_vocab(lock: Lock) -> int | None:
     """The made smoke model's ordinary token ids (below its special tokens): the oracle's prompts."""
     spec = _made_model(lock)
-    return None if spec is None else spec.vocab_size - len(SPECIAL_TOKENS)
+    return None if spec is None else spec.ordinary_tokens
 
 
 def gdn_layers(lock: Lock) -> int:

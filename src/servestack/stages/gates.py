@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..clients.agreement import describe_failures
 from .results import AccuracyRun, Check, Failure, ThroughputPoint, Verdict
 
 
@@ -96,8 +97,6 @@ def evaluate_agreement(comparisons: list[dict], reference: str, recipes: list[st
                        stage: str = "accuracy") -> Verdict:
     """Every recipe answered, and each one held to `reference` agrees on every prompt; a failure
     names the prompts that did not, and why."""
-    from ..clients.agreement import describe_failures
-
     v = Verdict(stage)
     for recipe in recipes:
         if recipe not in answered:

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..clients import agreement
 from ..errors import InputError
 
 
@@ -290,8 +291,6 @@ def parse_gsm8k_result(source: Path | dict[str, Any], *, recipe: str) -> list[Ac
 
 def load_answers(source: Path) -> dict[str, Any]:
     """One recipe's oracle answers (clients/agreement.py collect), checked for their schema."""
-    from ..clients import agreement
-
     data, where = _load_json(source)
     if data.get("schema") != agreement.SCHEMA or not isinstance(data.get("answers"), list) or not data["answers"]:
         raise InputError(where, "schema", f"expected {agreement.SCHEMA} answers (clients/agreement.py collect)")
@@ -301,8 +300,6 @@ def load_answers(source: Path) -> dict[str, Any]:
 def compare_answers(answers: dict[str, dict[str, Any]], reference: str) -> tuple[list[dict[str, Any]], list[AccuracyRun]]:
     """Every recipe's answers against the reference recipe's: the comparisons, and per recipe the
     fraction of prompts that agree as an AccuracyRun (n prompts, errors those that failed)."""
-    from ..clients import agreement
-
     if reference not in answers:
         return [], []
     comparisons, runs = [], []
