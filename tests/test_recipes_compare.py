@@ -23,9 +23,23 @@ def test_our_set_is_nvidias_point_for_point():
     for c in comparisons:
         assert c.ours is not None and c.theirs is not None, c
         assert c.same, format_comparisons([c])
-        # what differs, differs on purpose: the container, Dynamo's install block, the identity block
-        assert {d.path[0] for d in c.differences} == {"model", "dynamo", "identity"}, c.differences
+        # what differs, differs on purpose: the container, Dynamo's install block, the identity block,
+        # and the one setting whose srt-slurm default changed, written out
+        assert {d.path[0] for d in c.differences} == {"model", "dynamo", "identity", "backend"}, c.differences
         assert {d.path for d in c.differences if d.path[0] == "model"} == {("model", "container")}
+        assert [(d.path, d.ours, d.theirs) for d in c.differences if d.path[0] == "backend"] == [
+            (("backend", "dp_launch_mode"), "per_gpu", "(absent)")]
+        assert "backend.dp_launch_mode: ours \"per_gpu\", theirs unset (written out: srt-slurm's vLLM default until v1.0.68" \
+            in format_comparisons([c])
+
+
+def test_a_written_out_default_that_disagrees_with_theirs_is_a_difference(tmp_path: Path):
+    theirs = _copy(tmp_path)
+    f = theirs / "4xdep2-1xdep8.yaml"
+    f.write_text(f.read_text().replace("  type: vllm\n", "  type: vllm\n  dp_launch_mode: per_node\n", 1))
+    [c] = [c for c in compare_dirs(OURS, theirs) if c.name == f.name]
+    assert not c.same
+    assert "backend.dp_launch_mode: ours \"per_gpu\", theirs \"per_node\"" in format_comparisons([c])
 
 
 def _copy(tmp_path: Path) -> Path:

@@ -10,6 +10,7 @@ involved. The same lock and the same code give the same manifest digest on any m
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import hashlib
 import json
@@ -149,6 +150,7 @@ def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePla
         model_dir, name = Path(record.model.path), record.model.name
         model = _chunks("model", [layers.entry_for(p, f"opt/servestack/models/{name}/{p.name}")
                                   for p in sorted(model_dir.iterdir()) if p.is_file()], spec.max_layer_bytes)
+    top += link_entries(lock, seen)
     stack_json = canonical_json({
         "lock_sha256": record.lock_sha256,
         "lock": lock.to_json(),
@@ -161,6 +163,21 @@ def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePla
     by_source = {"venv": [Layer("venv", tuple(_venv_entries(work, python)))], "packages": package_layers,
                  "model": model, "top": [Layer("top", tuple(sorted(top, key=lambda e: e.path)))]}
     return [layer for source in spec.layers if source.source != "base" for layer in by_source[source.source]]
+
+
+def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:
+    """The stack's links, each to the one installed file its target glob matches under site-packages."""
+    site = site_packages(lock.python)
+    entries = []
+    for path, link in sorted(lock.links.items()):
+        pattern = f"{site}/{link['target']}"
+        matches = sorted(p for p in installed if fnmatch.fnmatchcase(p, pattern))
+        if len(matches) != 1:
+            raise ServestackError(
+                f"{lock.file}: links.{path}.target {link['target']!r} matches {len(matches)} installed files "
+                f"({', '.join(matches[:5]) or 'none'}); expected exactly one under {site}")
+        entries.append(layers.Entry(path.lstrip("/"), "symlink", 0o777, link="/" + matches[0]))
+    return entries
 
 
 # --------------------------------------------------------------------------- the base

@@ -312,6 +312,10 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     }
     if stack.fast_path:
         document["fast_path"] = stack.fast_path.model_dump(exclude_none=True)
+    if stack.links:
+        document["links"] = {path: link.model_dump() for path, link in sorted(stack.links.items())}
+    if stack.gpu_node:
+        document["gpu_node"] = stack.gpu_node.model_dump(exclude_none=True)
     # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
     return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
 

@@ -179,6 +179,27 @@ class FastPath(_Model):
     gdn_prefill: GdnPrefill | None = None
 
 
+class Link(_Model):
+    """A symlink the image's top layer adds: its path (the key) points at the one installed file `target` matches."""
+
+    target: Annotated[str, Field(pattern=r"^[^/].*$")]  # a glob under site-packages, matching exactly one file
+    reason: Annotated[str, Field(min_length=10)]
+
+
+class GpuNode(_Model):
+    """What a GPU node's runtime needs from the image; the static probe's gpu-node section proves each."""
+
+    # What enroot's nvidia hook must ask nvidia-container-cli for, given the image's environment.
+    capabilities: Annotated[list[Literal["compute", "utility", "video", "graphics", "display", "compat32"]],
+                            Field(min_length=1)]
+    require_cuda: Annotated[str | None, Field(pattern=r"^\d+\.\d+$")] = None  # the hook's --require=cuda>=X.Y
+    min_driver: Annotated[int | None, Field(gt=0)] = None  # the node preflight's NVIDIA driver minimum (major)
+    verbs_providers: list[Annotated[str, Field(pattern=r"^[a-z0-9_]+$")]] = []  # every libibverbs copy finds these
+    cuda_arch: Annotated[str | None, Field(pattern=r"^sm_\d+a?$")] = None  # the in-image nvcc builds a cubin for it
+    # FlashInfer JIT modules the recipes reach ("module:generator"): the probe says which are prebuilt.
+    kernels: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]] = []
+
+
 class Stack(_Model):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     platforms: Annotated[list[Literal["linux/amd64", "linux/arm64"]], Field(min_length=1)]
@@ -194,6 +215,8 @@ class Stack(_Model):
     packages: Annotated[list[Package], Field(min_length=1)]
     exclude: list[Exclusion] = []
     environment: dict[str, str] = {}
+    links: dict[Annotated[str, Field(pattern=r"^/[^*?\[\]]+$")], Link] = {}
+    gpu_node: GpuNode | None = None
     smoke_model: SmokeModel
 
     @field_validator("environment")

@@ -28,6 +28,14 @@ from .structure import concurrency_list
 from ..yamlfile import load_nodes as load
 
 IGNORED: tuple[tuple[str, ...], ...] = (("model", "container"), ("dynamo",), ("identity",))
+
+# Settings srt-slurm has changed the default of, which ours write out so a recipe runs the same on any
+# srtctl: path -> (the value theirs ran with by leaving it unset, why). Ours holding that value where
+# theirs leaves the field unset is intended, and said so.
+WRITTEN_OUT: dict[tuple[str, ...], tuple[Any, str]] = {
+    ("backend", "dp_launch_mode"): (
+        "per_gpu", "srt-slurm's vLLM default until v1.0.68 (per_node since), the mode the published numbers ran with"),
+}
 _ABSENT = "(absent)"
 
 
@@ -126,7 +134,8 @@ def compare_recipes(ours: dict, theirs: dict) -> tuple[Difference, ...]:
     for path in sorted(set(a) | set(b)):
         va, vb = a.get(path, _ABSENT), b.get(path, _ABSENT)
         if va != vb:
-            diffs.append(Difference(path, va, vb, _ignored(path)))
+            written_out = vb == _ABSENT and path in WRITTEN_OUT and WRITTEN_OUT[path][0] == va
+            diffs.append(Difference(path, va, vb, _ignored(path) or written_out))
     return tuple(diffs)
 
 
@@ -183,9 +192,13 @@ def format_comparisons(comparisons: list[FileComparison]) -> str:
             lines.append(f"{c.name}: only in ours ({c.ours})")
             continue
         real = [d for d in c.differences if not d.ignored]
-        ignored = sorted({".".join(next(p for p in IGNORED if d.path[: len(p)] == p)) for d in c.differences if d.ignored})
+        ignored = sorted({".".join(next(p for p in IGNORED if d.path[: len(p)] == p)) for d in c.differences
+                          if d.ignored and _ignored(d.path)})
         note = f" (differs as intended in: {', '.join(ignored)})" if ignored else ""
         lines.append(f"{c.name}: {'same' if not real else f'{len(real)} difference(s)'}{note}")
+        for d in c.differences:
+            if d.ignored and d.path in WRITTEN_OUT and not _ignored(d.path):
+                lines.append(f"  {d.key}: ours {_show(d.ours)}, theirs unset (written out: {WRITTEN_OUT[d.path][1]})")
         for d in real:
             lines.append(f"  {d.key}: ours {_show(d.ours)}, theirs {_show(d.theirs)}")
     return "\n".join(lines)

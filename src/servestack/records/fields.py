@@ -104,9 +104,9 @@ class Fields:
             return value
         return tuple(read(Fields(item, self.file, f"{self.path(key)}[{i}]")) for i, item in enumerate(value))
 
-    def entries(self, key: str, read: Callable[["Fields"], T]) -> dict[str, T]:
+    def entries(self, key: str, read: Callable[["Fields"], T], default: Any = _MISSING) -> dict[str, T]:
         """An object of objects, each read by `read`."""
-        value = self._get(key, lambda v: isinstance(v, dict), "an object", _MISSING)
+        value = self._get(key, lambda v: isinstance(v, dict), "an object", default)
         return {name: read(Fields(item, self.file, f"{self.path(key)}.{name}")) for name, item in value.items()}
 
     def only(self, *known: str) -> None:

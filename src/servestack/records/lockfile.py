@@ -231,6 +231,8 @@ class Lock:
     smoke_model: SmokeModel
     local_patches: tuple[LocalPatch, ...] = ()
     fast_path: dict[str, Any] | None = None  # stack.FastPath, as the stack file gives it
+    links: dict[str, dict[str, str]] = field(default_factory=dict)  # image path -> stack.Link
+    gpu_node: dict[str, Any] | None = None  # stack.GpuNode, as the stack file gives it
     file: Path | str = field(default="", compare=False)  # where it was read from, for messages
 
     def wheels(self, platform: str) -> tuple[LockedWheel, ...]:
@@ -256,12 +258,17 @@ class Lock:
             document["local_patches"] = [p.to_json() for p in self.local_patches]
         if self.fast_path is not None:
             document["fast_path"] = self.fast_path
+        if self.links:
+            document["links"] = self.links
+        if self.gpu_node is not None:
+            document["gpu_node"] = self.gpu_node
         return document
 
     @classmethod
     def from_json(cls, f: Fields) -> "Lock":
         f.only("lock_version", "stack", "python", "resolved_at", "source_date_epoch", "base", "environment", "excluded",
-               "packages", "platforms", "pull_requests", "local_patches", "smoke_model", "fast_path")
+               "packages", "platforms", "pull_requests", "local_patches", "smoke_model", "fast_path",
+               "links", "gpu_node")
         stack = f.obj("stack")
         stack.only("name", "file", "sha256")
         model = f.obj("smoke_model")
@@ -293,8 +300,15 @@ class Lock:
             smoke_model=SmokeModel(model.str("name"), model.str_or_none("path", None), model.json("make", None)),
             local_patches=f.items("local_patches", _local_patch, ()),
             fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
+            links=f.entries("links", _link, {}),
+            gpu_node=f.obj("gpu_node").data if f.has("gpu_node") else None,
             file=f.file,
         )
+
+
+def _link(f: Fields) -> dict[str, str]:
+    f.only("target", "reason")
+    return {"target": f.str("target"), "reason": f.str("reason")}
 
 
 def read_lock(path: Path, remedy: str = "", shown: Path | str | None = None) -> Lock:
