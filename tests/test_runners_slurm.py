@@ -11,6 +11,7 @@ import textwrap
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from servestack.clients import CLIENTS_DIR
 from servestack.proc import run
 from servestack.runners.base import JobSpec, JobState, Mount
 from servestack.runners.driver import RetryPolicy, run_job
+from servestack.runners.preflight import NodePreflight
 from servestack.errors import ServestackError
 from servestack.runners.slurm import (SlurmConfig, SlurmRunner, choose_container, format_time_limit,
                                       render_batch_script)
@@ -185,3 +187,32 @@ def test_preflight_finds_pyxis_and_enroot_on_the_gb200_shaped_node():
     assert node.enroot.version >= ENROOT_MIN_VERSION
     assert preflight(SlurmConfig(env=node.env)) == "pyxis"  # srun has --container-image, enroot is recent
     assert preflight(SlurmConfig(env=node.env, container="docker")) == "docker"
+
+
+GB200_PREFLIGHT = NodePreflight(min_driver=580, gpus_per_node=4, nodes=2)
+
+
+def test_the_preflight_runs_on_every_node_before_the_server(tmp_path):
+    s = render_batch_script(replace(image_spec(tmp_path), preflight=GB200_PREFLIGHT), SlurmConfig(container="pyxis"))
+    preflight, server = s.index("srun --ntasks-per-node=1 bash"), s.index("--container-image=")
+    assert preflight < server and "export SERVESTACK_PREFLIGHT_MIN_DRIVER=580" in s and "exit 3" in s
+    skipped = render_batch_script(replace(image_spec(tmp_path), preflight=replace(GB200_PREFLIGHT, skipped=True)),
+                                  SlurmConfig(container="pyxis"))
+    assert "servestack-preflight.sh" not in skipped
+
+
+@pytest.mark.e2e
+def test_the_preflight_ends_the_job_in_seconds_on_a_node_without_driver_or_gpus(tmp_path, slurm_env):
+    r = SlurmRunner(SlurmConfig(env=slurm_env, poll_seconds=0.5))
+    t0 = time.monotonic()
+    out = run_job(r, replace(command_spec(tmp_path, ["1"], 0.1), preflight=GB200_PREFLIGHT), RetryPolicy(max_attempts=1))
+    took = time.monotonic() - t0
+    assert out.final_state == "FAILED" and out.remaining == ("1",), out.to_dict()
+    assert took < 60, f"the preflight took {took:.0f} s"
+    log = "".join(p.read_text() for p in (tmp_path / "agg" / ".jobs").glob("slurm-*.out"))
+    assert "no NVIDIA driver: nvidia-smi is not on PATH (driver >= 580 needed)" in log, log
+    assert "no GPUs: 0 of the 4 per node the recipe places" in log
+    assert "no IMEX channel" in log
+    assert out.to_dict()["preflight"] == {"min_driver": 580, "gpus_per_node": 4, "nodes": 2}
+    skipped = run_job(r, replace(command_spec(tmp_path, ["1"], 0.1), preflight=replace(GB200_PREFLIGHT, skipped=True)))
+    assert skipped.final_state == "COMPLETED" and skipped.to_dict()["preflight"]["skipped"] == "--skip-preflight"

@@ -103,3 +103,17 @@ def test_real_srtctl_refuses_a_bad_recipe_with_its_json_error_contract(tmp_path,
     with pytest.raises(ServestackError, match=r"srtctl apply -f .*agg\.\d+\.yaml failed \(exit 1\)"):
         runner.submit(spec)
     assert not list((tmp_path / "o").iterdir())  # nothing submitted
+
+
+def test_the_preflight_is_srt_slurms_setup_script_with_its_limits_in_every_workers_environment(tmp_path):
+    from servestack.runners.preflight import SCRIPT_NAME, NodePreflight
+    from servestack.runners.srtctl import bind_preflight
+
+    recipe = {"resources": {"prefill_nodes": 2, "decode_nodes": 2}, "backend": {"prefill_environment": {"A": "1"}}}
+    bind_preflight(recipe, NodePreflight(580, 4, 4), tmp_path / "r.yaml")
+    assert recipe["setup_script"] == SCRIPT_NAME
+    assert recipe["backend"]["prefill_environment"] == {"A": "1", "SERVESTACK_PREFLIGHT_MIN_DRIVER": "580",
+                                                        "SERVESTACK_PREFLIGHT_GPUS": "4", "SERVESTACK_PREFLIGHT_NODES": "4"}
+    assert recipe["backend"]["decode_environment"]["SERVESTACK_PREFLIGHT_GPUS"] == "4"
+    with pytest.raises(ServestackError, match="setup_script is 'pin-worker-cpus.sh'; the node preflight"):
+        bind_preflight({"setup_script": "pin-worker-cpus.sh"}, NodePreflight(580, 4), tmp_path / "r.yaml")

@@ -174,6 +174,9 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
                    help="only these of the pipeline's recipes, comma-separated (e.g. agg-acc,agg)")
     p.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
                                     "image digest and the pipeline file, so a rerun resumes)")
+    p.add_argument("--skip-preflight", action="store_true",
+                   help="start servers without the GPU node preflight (named in each job record), e.g. a GPU stack "
+                        "on CPU nodes")
 
 
 def _runner(project: Project, pipeline_name: str, kind: str):
@@ -191,7 +194,7 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     runner = _runner(project, name, args.runner) if args.runner else None
     started = time.monotonic()
     results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id,
-                           recipes=args.recipes)
+                           recipes=args.recipes, skip_preflight=args.skip_preflight)
     for result in results:
         _say(format_verdict(result.verdict))
         _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")

@@ -242,9 +242,12 @@ taskset --pid --cpu-list "$chosen" "$PPID"
 
 
 def _install_setup_scripts(tree: Path) -> None:
-    script = tree / "configs" / PIN_WORKER_CPUS_SCRIPT
-    if not script.is_file() or script.read_text() != _PIN_WORKER_CPUS:
-        _executable(script, _PIN_WORKER_CPUS)
+    from .runners import preflight
+
+    for name, text in ((PIN_WORKER_CPUS_SCRIPT, _PIN_WORKER_CPUS), (preflight.SCRIPT_NAME, preflight.SCRIPT)):
+        script = tree / "configs" / name
+        if not script.is_file() or script.read_text() != text:
+            _executable(script, text)
 
 
 def srtslurm_config(source: Path, *, partition: str, account: str,

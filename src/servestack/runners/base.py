@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from .preflight import NodePreflight
+
 
 class JobState(str, enum.Enum):
     PENDING = "PENDING"
@@ -92,6 +94,7 @@ class JobSpec:
     recipe_name: str = ""
     # srtctl: where in the recipe the points live ("benchmark.concurrencies"); used to bind remaining points
     extra: dict[str, object] = field(default_factory=dict)
+    preflight: NodePreflight | None = None  # checked on every allocated node before any server starts
 
     @property
     def jobs_dir(self) -> Path:

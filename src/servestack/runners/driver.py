@@ -68,6 +68,7 @@ class JobOutcome:
             "remaining": list(self.remaining),
             "final_state": self.final_state,
             "skipped": self.skipped,
+            **({"preflight": self.spec.preflight.to_json()} if self.spec.preflight else {}),
         }
 
 

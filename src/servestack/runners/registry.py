@@ -37,6 +37,8 @@ class RunnerKind:
     # The deployment shapes (recipes.schema.deployment_shape) it can start: one vLLM server per job
     # ("aggregated"), or also Dynamo's frontend with prefill and decode workers ("disaggregated").
     shapes: tuple[str, ...] = ("aggregated",)
+    # It places jobs on allocated cluster nodes, so it runs the node preflight (runners.preflight) there.
+    allocates_nodes: bool = False
 
 
 SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
@@ -84,8 +86,8 @@ def _srtctl(pipeline: Any) -> Runner:
 
 RUNNERS: dict[str, RunnerKind] = {
     "local": RunnerKind(_local),  # docker on this host
-    "slurm": RunnerKind(_slurm, settings=SlurmSettings),  # sbatch, the image by docker or pyxis
-    "srtctl": RunnerKind(_srtctl, settings=SrtctlSettings, submits_recipes=True,  # srt-slurm's `srtctl apply`
+    "slurm": RunnerKind(_slurm, settings=SlurmSettings, allocates_nodes=True),  # sbatch, the image by docker or pyxis
+    "srtctl": RunnerKind(_srtctl, settings=SrtctlSettings, submits_recipes=True, allocates_nodes=True,  # srt-slurm's `srtctl apply`
                          shapes=("aggregated", "disaggregated")),  # srt-slurm starts etcd, NATS, Dynamo
 }
 

@@ -23,6 +23,8 @@ from ..fsutil import atomic_write_text
 from ..imageref import ImageRef
 from ..proc import CommandError, run
 from .base import JobHandle, JobSpec, JobState, PollingWait
+from .preflight import MARKER, SCRIPT_NAME
+from .preflight import SCRIPT as PREFLIGHT_SCRIPT
 
 log = logging.getLogger("servestack.runners.slurm")
 
@@ -140,6 +142,12 @@ def render_batch_script(spec: JobSpec, cfg: SlurmConfig) -> str:
     lines += ["", "set -u", f"mkdir -p {shlex.quote(str(spec.out_dir))}", f"cd {shlex.quote(str(jobs_dir))}"]
     for k, v in sorted(spec.env.items()):
         lines.append(f"export {k}={shlex.quote(v)}")
+    if spec.preflight is not None and spec.preflight.runs:
+        script = jobs_dir / SCRIPT_NAME
+        lines += ["# the node preflight, on every node, before any server starts"]
+        lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(spec.preflight.env().items())]
+        lines += [f"srun --ntasks-per-node=1 bash {shlex.quote(str(script))} || "
+                  f"{{ echo '{MARKER} failed: the job ends before any server starts' >&2; exit 3; }}"]
     argv = spec.argv()
     if spec.image is None:
         body = shlex.join(argv)
@@ -200,6 +208,8 @@ class SlurmRunner(PollingWait):
     def submit(self, job: JobSpec) -> JobHandle:
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         job.out_dir.mkdir(parents=True, exist_ok=True)
+        if job.preflight is not None and job.preflight.runs:
+            atomic_write_text(job.jobs_dir / SCRIPT_NAME, PREFLIGHT_SCRIPT)
         script = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.sbatch"
         cfg = self.cfg
         if job.image is not None and cfg.container == "auto":

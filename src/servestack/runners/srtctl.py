@@ -42,6 +42,7 @@ from ..proc import run
 from ..recipes.read import load_recipe
 from ..yamlfile import RelativePath, relative_to_base
 from .base import JobHandle, JobSpec, JobState, PollingWait
+from .preflight import SCRIPT_NAME, NodePreflight
 from .slurm import pull_reference, scancel, slurm_state
 
 log = logging.getLogger("servestack.runners.srtctl")
@@ -87,6 +88,20 @@ def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ..
     if clients is not None:
         bound.setdefault("container_mounts", {})[str(clients)] = CLIENTS_IN_CONTAINER
     return bound
+
+
+def bind_preflight(bound: dict[str, Any], preflight: NodePreflight, recipe_file: Path) -> None:
+    """srt-slurm runs a recipe's setup_script (from its configs/) in every worker's container before the
+    worker starts, and a failing one ends the sweep: the preflight goes there, its limits in the workers'
+    environment."""
+    if bound.get("setup_script") not in (None, SCRIPT_NAME):
+        raise ServestackError(f"{recipe_file}: setup_script is {bound['setup_script']!r}; the node preflight runs as "
+                              f"srt-slurm's setup_script ({SCRIPT_NAME}): call it from yours, or pass --skip-preflight")
+    bound["setup_script"] = SCRIPT_NAME
+    backend = bound.setdefault("backend", {})
+    disaggregated = (bound.get("resources") or {}).get("prefill_nodes") is not None
+    for key in ("prefill_environment", "decode_environment") if disaggregated else ("aggregated_environment",):
+        backend[key] = {**(backend.get(key) or {}), **preflight.env()}
 
 
 def parse_apply_output(stdout: str) -> list[dict[str, Any]]:
@@ -154,6 +169,8 @@ class SrtctlRunner(PollingWait):
                             model_dir=Path(str(model_dir)).resolve() if model_dir else None,
                             gsm8k=self._gsm8k_copy(job),
                             clients=Path(str(job.extra["clients_dir"])) if job.extra.get("clients_dir") else None)
+        if job.preflight is not None and job.preflight.runs:
+            bind_preflight(bound, job.preflight, job.recipe_file)
         bound_file = job.jobs_dir / f"{job.name}.{int(time.time() * 1000)}.yaml"
         atomic_write_text(bound_file, yaml.safe_dump(bound, sort_keys=False))
         base = (self.output_base or (job.jobs_dir / "srtctl-outputs")).resolve()

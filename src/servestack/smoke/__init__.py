@@ -48,6 +48,7 @@ from .junit import render_junit
 from .plan import DisaggPlan, ServePlan, detect_gpus, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
 from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
+from .nvidia_hook import check_nvidia_hook
 from .static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
 
 def run_smoke(
@@ -109,6 +110,9 @@ def run_smoke(
             t0 = time.monotonic()
             config = probe_config(project, stack, lock, platform, lock_sha256)
             checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
+            if lock.gpu_node:
+                image_env = (client.images.get(reference).attrs.get("Config") or {}).get("Env") or []
+                checks.append(check_nvidia_hook(image_env, lock.gpu_node))
             metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
             if echo:
                 echo(f"smoke {stack}: static probe done ({metrics['static_probe_s']:.0f} s)")

@@ -138,6 +138,7 @@ def probe_config(project: Project, stack: str, lock: Lock, platform: str, lock_s
         "model_dir": _serve_flags(lock)["model"] if lock.smoke_model.make is not None else None,
         # The stack keeps vLLM's CPU attention off AMX (its environment, by a local patch): proven here.
         "cpu_attention_without_amx": "SERVESTACK_CPU_ATTN_NO_AMX" in lock.environment,
+        "gpu_node": lock.gpu_node,
     }
 
 

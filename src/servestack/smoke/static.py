@@ -20,6 +20,9 @@ PROBE_MOUNT = "/opt/servestack-probe"
 DEFAULT_STATIC_TIMEOUT = 1800.0  # an arm64 vLLM import under qemu-user takes minutes
 
 
+# A home directory that does not exist in the container, as on a node that does not mount it.
+NODE_HOME = "/home/servestack-node-user"
+
 # Neoverse V2, the Grace CPU of GB200 nodes.
 GRACE_MIDR = "0x00000000410fd4f0"
 
@@ -60,6 +63,10 @@ def run_static_probe(
         if platform == "linux/arm64" and host_docker_platform() != platform:
             volumes[_emulated_arm64_cpus(Path(tmp))] = {"bind": "/sys/devices/system/cpu", "mode": "ro"}
         container = None
+        # A GPU stack's probe runs as srt-slurm starts the image under enroot: the root read-only, the
+        # home directory absent (--no-container-mount-home), a tmpfs on /tmp.
+        node_like = {"HOME": NODE_HOME} if config.get("gpu_node") else {}
+        runtime = {"read_only": True, "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}} if config.get("gpu_node") else {}
         try:
             container = client.containers.run(
                 reference,
@@ -69,7 +76,8 @@ def run_static_probe(
                 platform=platform,
                 network_disabled=True,
                 volumes=volumes,
-                environment={"PYTHONDONTWRITEBYTECODE": "1"},
+                environment={"PYTHONDONTWRITEBYTECODE": "1", **node_like},
+                **runtime,
             )
             try:
                 status = container.wait(timeout=2 * timeout + 300)  # two isolated sections + the scans

@@ -27,6 +27,7 @@ from ..project import Project
 from ..recipes.read import RecipeView
 from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import run_job
+from ..runners.preflight import NodePreflight
 from ..runners.registry import RUNNERS, make_runner, starting
 from .gates import Verdict, evaluate_accuracy, evaluate_agreement, evaluate_throughput, format_verdict
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
@@ -125,8 +126,22 @@ def _runner_kind(pipeline: Pipeline, kind: str, recipe: RecipeView) -> str:
                      f"to one of {', '.join(starting(recipe.shape))})")
 
 
+def _preflight(project: Project, pipeline: Pipeline, recipe: RecipeView, skip: bool) -> NodePreflight | None:
+    """The node preflight a GPU stack's recipe gets on Slurm (its driver minimum is the stack's gpu_node.min_driver)."""
+    from ..lock import load_lock
+
+    if not project.lock_file(pipeline.stack).exists():
+        return None  # nothing without a lock runs; the stage names the missing lock where it needs one
+    min_driver = (load_lock(project, pipeline.stack).gpu_node or {}).get("min_driver")
+    if not min_driver:
+        return None
+    res = recipe.raw.get("resources") or {}
+    nodes = int(res.get("prefill_nodes") or 0) + int(res.get("decode_nodes") or 0) or int(res.get("agg_nodes") or 1)
+    return NodePreflight(int(min_driver), int(res.get("gpus_per_node") or 0), nodes, skipped=skip)
+
+
 def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str,
-               stage_dir: Path, runner_kind: str | None = None) -> list[_Planned]:
+               stage_dir: Path, runner_kind: str | None = None, *, skip_preflight: bool = False) -> list[_Planned]:
     """One job per recipe for `runner_kind` (default: the pipeline's runner), or for the pipeline's
     runner.disaggregated where that runner cannot start the recipe's shape, as data: nothing is
     written (`write_job_files` does, when the jobs are about to run)."""
@@ -138,6 +153,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
         recipe = _recipe(project, pipeline, name)
         kind = _runner_kind(pipeline, default_kind, recipe)
         out_dir = stage_dir / name
+        preflight = _preflight(project, pipeline, recipe, skip_preflight) if RUNNERS[kind].allocates_nodes else None
         gpus = stage.gpus or recipe.gpus
         if stage.name == "throughput":
             concs = list(stage.concurrencies or recipe.concurrencies)
@@ -165,7 +181,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                 name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
                 time_limit_s=stage.time_limit,
                 gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
-                extra=extra,
+                extra=extra, preflight=preflight,
             )
             planned.append(_Planned(name, recipe, spec, points, gpus, kind))
             continue
@@ -221,7 +237,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             image=image_ref, mounts=tuple(mounts), env=dict(PYCACHE_ENV),
             time_limit_s=stage.time_limit,
             gpus=recipe.accelerators if stage.gpus is None else gpus,
-            recipe_file=recipe.file, recipe_name=name,
+            recipe_file=recipe.file, recipe_name=name, preflight=preflight,
         )
         planned.append(_Planned(name, recipe, spec, points, gpus, kind, job))
     return planned
@@ -383,7 +399,7 @@ def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, 
 
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
               runner: Runner | None = None, *, run_id: str | None = None,
-              recipes: tuple[str, ...] | None = None) -> StageResult:
+              recipes: tuple[str, ...] | None = None, skip_preflight: bool = False) -> StageResult:
     """Run one stage (accuracy | throughput) of pipelines/<pipeline_name>.yaml against image_ref.
 
     `runner` (default: the pipeline's) runs the recipes it can start; disaggregated ones it cannot
@@ -411,7 +427,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     runner = runner or make_runner(pipeline)
     # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
     kind = runner.name if runner.name in RUNNERS else pipeline.runner.kind
-    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir, kind)
+    planned = plan_stage(project, pipeline, settings, image_ref, stage_dir, kind, skip_preflight=skip_preflight)
     write_job_files(planned)
     policy = pipeline.retry.policy()
     runners = {kind: runner}
@@ -432,7 +448,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
 
 def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: Runner | None = None,
                  stages: tuple[str, ...] | None = None, *, run_id: str | None = None,
-                 recipes: tuple[str, ...] | None = None) -> list[StageResult]:
+                 recipes: tuple[str, ...] | None = None, skip_preflight: bool = False) -> list[StageResult]:
     """Every stage the pipeline defines (accuracy, then throughput), then the run-level report;
     `recipes` narrows the run to those recipes (stages that run none of them are skipped)."""
     from .. import report
@@ -444,7 +460,7 @@ def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: R
     for stage in wanted:
         with phase(f"pipeline {pipeline_name}", f"stage {stage} ({wanted.index(stage) + 1} of {len(wanted)})"):
             results.append(run_stage(project, pipeline_name, stage, image_ref, runner, run_id=run_id,
-                                     recipes=recipes))
+                                     recipes=recipes, skip_preflight=skip_preflight))
     if results:
         timing = {"runner": results[0].runner, **_sum_timing([r.timing for r in results])}
         _finish_timing(timing, time.monotonic() - t0)

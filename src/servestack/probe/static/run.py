@@ -17,6 +17,7 @@ from .installed import check_excluded, check_lock, check_model, check_overlays, 
 from .report import FAIL, check, site_packages
 from .runtime_build import runtime_builds, section_runtime_build
 from .cpu_isa import section_cpu_isa
+from .gpu_node import section_gpu_node
 from .tokenizer import section_tokenizer
 
 # The package directory: `python PACKAGE_DIR ...` runs it (see __main__), here and in the children.
@@ -25,7 +26,7 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # What runs in a child interpreter (vLLM imported): a crash or a hang there is a failed check, not a lost report.
 SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path, "loads": section_loads,
             "runtime_build": section_runtime_build, "tokenizer": section_tokenizer,
-            "cpu_isa": section_cpu_isa}
+            "cpu_isa": section_cpu_isa, "gpu_node": section_gpu_node}
 
 
 def run_section(config_path: str, config: dict, section: str) -> list[dict]:
@@ -90,6 +91,8 @@ def probe(config_path: str, config: dict) -> dict:
         checks.extend(run_section(config_path, config, "cpu_isa"))
     if runtime_builds(config):
         checks.extend(run_section(config_path, config, "runtime_build"))
+    if config.get("gpu_node"):
+        checks.extend(run_section(config_path, config, "gpu_node"))
     return {
         "probe": "static",
         "stack": config.get("stack"),
