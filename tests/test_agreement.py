@@ -5,10 +5,14 @@ pipeline's accuracy gate built on it."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from fixtures.servers import JsonHandler
 from servestack.clients import agreement
 from servestack.errors import InputError
 from servestack.stages.gates import evaluate_agreement
@@ -69,6 +73,60 @@ def test_a_failed_request_is_an_error_and_the_run_fails_naming_it():
     result = agreement.compare(run(REF, REF), run(REF, answer((), (), (), error="HTTPError: HTTP Error 500")))
     assert not result["passed"] and result["failed"] == [1] and result["identical"] == 1
     assert "prompt 1 (tokens, 3 tokens): error: candidate: HTTPError: HTTP Error 500" in agreement.describe_failures(result)
+
+
+class _PairStillHandshaking(JsonHandler):
+    """A server that lists its model but fails its first completions with HTTP 500, as a
+    disaggregated pair does while the decode worker's NIXL handshake with prefill times out."""
+
+    failures_left = 0
+    completions = 0
+
+    def do_GET(self):  # noqa: N802
+        self.send_json(200, {"data": [{"id": "tiny"}]})
+
+    def do_POST(self):  # noqa: N802
+        body = self.read_json()
+        cls = type(self)
+        cls.completions += 1
+        if cls.failures_left:
+            cls.failures_left -= 1
+            return self.send_json(500, {"message": "Internal server error", "code": 500})
+        n = body["max_tokens"]
+        self.send_json(200, {"choices": [{"text": "", "logprobs": {"tokens": ["token_id:7"] * n, "token_logprobs": [-0.5] * n,
+                                                                     "top_logprobs": [{"token_id:7": -0.5, "token_id:8": -1.5}] * n}}],
+                             "usage": {"prompt_tokens": len(body["prompt"]) if isinstance(body["prompt"], list) else 3}})
+
+
+@pytest.fixture
+def handshaking_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _PairStillHandshaking)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+
+
+def test_the_oracle_asks_its_prompts_only_after_the_server_served_one_completion_and_keeps_what_failed_before(
+        handshaking_server, tmp_path: Path):
+    _PairStillHandshaking.failures_left, _PairStillHandshaking.completions = 2, 0
+    warmup = agreement.warm_up(handshaking_server, "tiny", 1017, time.monotonic() + 30, pause=0.05)
+    assert warmup["served"] and warmup["failed_attempts"] == 2
+    assert all("HTTP Error 500" in e for e in warmup["errors"])
+
+    _PairStillHandshaking.failures_left = 1
+    out = tmp_path / "answers.json"
+    assert agreement.main(["collect", "--base-url", handshaking_server, "--model", "tiny", "--vocab-size", "1017",
+                           "--wait", "30", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert not any(a["error"] for a in result["answers"]) and result["warmup"]["failed_attempts"] == 1
+
+
+def test_a_server_that_never_serves_is_named_by_the_warm_up_and_its_prompts_still_fail(handshaking_server):
+    _PairStillHandshaking.failures_left, _PairStillHandshaking.completions = 10**6, 0
+    warmup = agreement.warm_up(handshaking_server, "tiny", 1017, time.monotonic() + 0.5, pause=0.1)
+    assert not warmup["served"] and warmup["failed_attempts"] >= 2 and len(warmup["errors"]) <= 5
+    answers = agreement.collect(handshaking_server, "tiny", 1017, lengths=(1, 2), texts=())
+    assert all(a["error"] for a in answers["answers"])
 
 
 def test_runs_of_different_prompts_are_not_compared():

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from fixtures.servers import JsonHandler
 from servestack.clients import gsm8k
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k"  # shipped with the project
@@ -61,27 +62,19 @@ def test_score_counts_strict_flexible_invalid_and_errors():
                  "accuracy_flexible": 0.5, "invalid_strict": 2, "invalid_flexible": 1, "errors": 1}
 
 
-class _Fake(BaseHTTPRequestHandler):
+class _Fake(JsonHandler):
     answers: dict[str, str] = {}
     requests: list[dict] = []
 
     def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.read_json()
         type(self).requests.append(body)
         question = body["prompt"].rsplit("Question: ", 1)[1].split("\nAnswer:")[0]
         gold = self.answers[question]
         # Every other question right, the rest with a wrong strict answer and a right trailing number.
         idx = list(self.answers).index(question)
         text = f" work... #### {gold}" if idx % 2 == 0 else f" #### 0 but really {gold}"
-        out = json.dumps({"choices": [{"text": text}], "usage": {"completion_tokens": 7}}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *a):
-        pass
+        self.send_json(200, {"choices": [{"text": text}], "usage": {"completion_tokens": 7}})
 
 
 def test_whole_run_against_a_fake_server(tmp_path):

@@ -194,6 +194,17 @@ def test_a_compiler_that_writes_no_cuda_binary_fails(tmp_path, monkeypatch):
 def test_a_kernel_generator_the_stack_names_must_still_answer():
     c = check_kernels({"gpu_node": {"kernels": ["servestack.no_such_module:gen_module"]}})
     assert c["status"] == "fail" and "servestack.no_such_module:gen_module" in c["detail"]
-    listed = check_kernels({"gpu_node": {"kernels": []}})
-    assert listed["status"] == "pass" and "flashinfer-cubin: not installed" in listed["detail"]
-    assert "downloaded from FlashInfer's artifact server" in listed["detail"]
+    let_go = [{"package": name, "why": "index 'flashinfer' has no location here", "accepted_because": "JIT instead"}
+              for name in ("flashinfer-cubin", "flashinfer-jit-cache")]
+    listed = check_kernels({"gpu_node": {"kernels": []}, "unavailable": let_go})
+    assert listed["status"] == "pass" and "flashinfer-cubin: not installed (unavailable when locked" in listed["detail"]
+    assert "downloaded at first start: fused_moe_trtllm_sm100" in listed["detail"]
+
+
+def test_prebuilt_kernels_missing_without_the_lock_accepting_it_fail_the_kernel_check():
+    """This test's interpreter has neither FlashInfer wheel: as an image built from a lock that did
+    not record them unavailable would be."""
+    c = check_kernels({"gpu_node": {"kernels": []}, "unavailable": [
+        {"package": "flashinfer-jit-cache", "why": "no location", "accepted_because": "JIT instead"}]})
+    assert c["status"] == "fail" and c["detail"].startswith("flashinfer-cubin not installed")
+    assert "if_unavailable" in c["detail"]

@@ -15,7 +15,7 @@ import pytest
 
 from fixtures.tinystack import DEBIAN_BASE, github, pr_items, tinyserve_stack
 from servestack import lock
-from servestack.errors import InputError, NetworkError
+from servestack.errors import InputError, InputErrors, NetworkError
 from servestack.project import Project
 from servestack.sources.github import GitHub
 
@@ -201,3 +201,82 @@ def test_the_github_token_is_sent_but_never_written_or_logged(tmp_path, world, m
     written = b"".join(p.read_bytes() for p in project.root.rglob("*") if p.is_file())
     assert secret.encode() not in written
     assert secret not in caplog.text
+
+
+KERNELS = ("  - name: tinykernels\n    version: 1.0.0\n    index: kernels\n"
+           "    if_unavailable: the server JIT-compiles these kernels at first start instead\n")
+
+
+def kernels_project(tmp_path: Path, world, package: str = KERNELS) -> Project:
+    """The tiny stack plus a package pinned on index `kernels`, which it lets go if it cannot be had."""
+    (tmp_path / "pins").mkdir()
+    text = tinyserve_stack(world, "tiny", pr_items(world, (1,)), package=package)
+    (tmp_path / "pins" / "tiny.yaml").write_text(text.replace("indexes:\n", "indexes:\n  - name: kernels\n", 1))
+    return Project(tmp_path)
+
+
+@pytest.fixture
+def kernels_index_unconfigured(tmp_path, monkeypatch):
+    """No location for index `kernels` on this machine: no variable, no [[index]] in uv.toml."""
+    monkeypatch.delenv("SERVESTACK_INDEX_KERNELS", raising=False)
+    (tmp_path / "uv.toml").write_text("")
+    monkeypatch.setenv("UV_CONFIG_FILE", str(tmp_path / "uv.toml"))
+
+
+def test_a_package_its_index_cannot_give_is_locked_as_unavailable_by_name_with_the_stack_s_reason(
+        tmp_path, world, kernels_index_unconfigured):
+    project = kernels_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    (entry,) = lock.load_lock(project, "tiny").to_json()["unavailable"]
+    assert (entry["package"], entry["version"], entry["index"]) == ("tinykernels", "1.0.0", "kernels")
+    assert "index 'kernels' has no location here: set SERVESTACK_INDEX_KERNELS" in entry["why"]
+    assert entry["accepted_because"] == "the server JIT-compiles these kernels at first start instead"
+    assert "tinykernels" not in lock.load_lock(project, "tiny").packages
+
+    report = lock.check(project, "tiny")  # what `build` runs first
+    assert report.ok, report.problems
+    assert any("tinykernels 1.0.0 is not in the image" in w and "accepted because" in w for w in report.warnings)
+
+
+def test_an_index_that_answers_without_the_pinned_version_is_named_in_the_lock(tmp_path, world, monkeypatch):
+    monkeypatch.setenv("SERVESTACK_INDEX_KERNELS", world["index"])  # a real index, without tinykernels
+    project = kernels_project(tmp_path, world)
+    lock.lock(project, "tiny", github(world))
+    (entry,) = lock.load_lock(project, "tiny").unavailable
+    assert "gave no wheel of tinykernels==1.0.0 for linux/amd64" in entry.why and "SERVESTACK_INDEX_KERNELS" in entry.why
+
+
+def test_a_package_its_index_does_give_is_locked_like_any_other(tmp_path, world, monkeypatch):
+    monkeypatch.setenv("SERVESTACK_INDEX_KERNELS", world["index"])  # the index that has tinyserve
+    project = kernels_project(tmp_path, world, package="")
+    stack = project.pins / "tiny.yaml"
+    stack.write_text(stack.read_text().replace("    index: local\n", "    index: kernels\n    if_unavailable: "
+                                               "never needed, this index answers\n", 1))
+    lock.lock(project, "tiny", github(world))
+    locked = lock.load_lock(project, "tiny")
+    assert not locked.unavailable and [(w.name, w.index) for w in locked.wheels("linux/amd64")] == [("tinyserve", "kernels")]
+
+
+def test_a_lock_that_lets_a_package_go_without_the_stack_s_reason_is_refused_before_the_build(
+        tmp_path, world, kernels_index_unconfigured):
+    project = kernels_project(tmp_path, world)
+    path = lock.lock(project, "tiny", github(world))
+    stack = project.pins / "tiny.yaml"
+    stack.write_text(stack.read_text().replace(
+        "    if_unavailable: the server JIT-compiles these kernels at first start instead\n", ""))
+    problems = lock.check(project, "tiny").problems
+    assert any("unavailable[0]: tinykernels 1.0.0 could not be had from index 'kernels'" in p
+               and "does not accept that" in p and "if_unavailable" in p for p in problems)
+
+    document = json.loads(path.read_text())
+    document["unavailable"][0]["accepted_because"] = " "
+    path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match=r"unavailable\[0\]\.accepted_because: empty"):
+        lock.load_lock(project, "tiny")
+
+
+def test_if_unavailable_is_only_for_a_package_on_a_named_index(tmp_path, world):
+    project = kernels_project(tmp_path, world, KERNELS.replace("    index: kernels\n", ""))
+    with pytest.raises(InputErrors, match=r"tiny.yaml:\d+:\d+: packages\[1\]: `if_unavailable` is for a `version` pinned "
+                                          "on a named index"):
+        lock.lock(project, "tiny", github(world))

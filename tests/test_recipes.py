@@ -410,6 +410,8 @@ def test_dev_cpu_disagg_recipes_serve_the_shape_smoke_proves_on_cpu():
             env = recipe["backend"][f"{mode}_environment"]
             for key in ("UCX_TLS", "UCX_RCACHE_MAX_UNRELEASED", "PYTHONFAULTHANDLER"):
                 assert env[key] == DISAGG_ENV[key], key
+        # The frontend waits as long for a worker in both: srtctl gives it the recipe's top-level environment.
+        assert recipe["environment"]["DYN_TCP_REQUEST_TIMEOUT"] == DISAGG_ENV["DYN_TCP_REQUEST_TIMEOUT"]
 
 
 # Every production Qwen3.5 setting (recipes/families/qwen35-gb200.yaml) the dev-cpu recipes do not

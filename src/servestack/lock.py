@@ -275,6 +275,14 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     stack = load_stack(stack_file)
     if stack.name != stack_name:
         raise InputError(stack_file, "name", f"is {stack.name!r}, but the file is named for {stack_name!r}")
+    stack_packages = stack.packages
+    # What the stack lets go and its index cannot give here is left out of the resolution, with the
+    # indexes only it used (an index without a location cannot be passed to uv).
+    unavailable = pypi.unavailable(stack, stack_file)
+    wanted = [p for p in stack.packages if normalize(p.name) not in unavailable]
+    used = {p.index for p in wanted}
+    kept = [i for i in stack.indexes if i.name in used or not any(p.index == i.name for p in stack.packages)]
+    stack = stack.model_copy(update={"packages": wanted, "indexes": kept})
     platforms = {platform: _with_sizes(pypi.resolve(stack, stack_file, platform)) for platform in stack.platforms}
     for platform, resolved_wheels in platforms.items():
         pairing.check_locked(stack, stack_file, platform, resolved_wheels)
@@ -316,6 +324,11 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         document["links"] = {path: link.model_dump() for path, link in sorted(stack.links.items())}
     if stack.gpu_node:
         document["gpu_node"] = stack.gpu_node.model_dump(exclude_none=True)
+    if unavailable:
+        document["unavailable"] = [
+            {"package": normalize(p.name), "version": p.version, "index": p.index, "why": unavailable[normalize(p.name)],
+             "accepted_because": p.if_unavailable}
+            for p in stack_packages if normalize(p.name) in unavailable]
     # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
     return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
 
@@ -434,6 +447,17 @@ def check(project: Project, stack_name: str) -> CheckReport:
         )
     if document.lock_version != LOCK_VERSION:
         problems.append(f"{where}: lock_version: is {document.lock_version}, this servestack writes {LOCK_VERSION}; re-lock")
+    let_go = {u.package: u for u in document.unavailable}
+    for i, entry in enumerate(document.unavailable):
+        package = stack.package(entry.package)
+        if package is None or package.if_unavailable is None:
+            problems.append(
+                f"{where}: unavailable[{i}]: {entry.package} {entry.version} could not be had from index "
+                f"{entry.index!r} ({entry.why[:200]}), and {_relative(project, stack_file)} does not accept that: "
+                f"configure the index and re-lock, or state the package's `if_unavailable`")
+        else:
+            warnings.append(f"{where}: unavailable[{i}]: {entry.package} {entry.version} is not in the image "
+                            f"(index {entry.index!r}: {entry.why[:160]}); accepted because: {entry.accepted_because[:200]}")
     for platform in stack.platforms:
         wheels_here = document.wheels(platform)
         if not wheels_here:
@@ -441,7 +465,7 @@ def check(project: Project, stack_name: str) -> CheckReport:
             continue
         names = {normalize(w.name) for w in wheels_here}
         for package in stack.packages:
-            if normalize(package.name) not in names:
+            if normalize(package.name) not in names and normalize(package.name) not in let_go:
                 problems.append(f"{where}: platforms.{platform}: no wheel for package {package.name}")
         known_indexes = {"pypi"} | {i.name for i in stack.indexes}
         for i, wheel in enumerate(wheels_here):
@@ -451,11 +475,11 @@ def check(project: Project, stack_name: str) -> CheckReport:
             if wheel.index and wheel.index not in known_indexes:
                 problems.append(f"{where}: platforms.{platform}[{i}].index: {wheel.index!r} is not an index of the stack")
     for package in stack.packages:
-        if normalize(package.name) not in document.packages:
+        if normalize(package.name) not in document.packages and normalize(package.name) not in let_go:
             problems.append(f"{where}: packages.{normalize(package.name)}: entry missing")
     locked_prs = {(e.repo, e.number): e for e in document.pull_requests}
     for package in stack.packages:
-        for pr in package.prs:
+        for pr in package.prs if normalize(package.name) not in let_go else ():
             entry = locked_prs.get((pr.repo, pr.number))
             label = f"pull_requests[{pr.repo}#{pr.number}]"
             if entry is None:

@@ -95,6 +95,10 @@ class Package(_Model):
     extras: list[str] = []
     git: GitSource | None = None
     index: str | None = None
+    # Why the stack accepts an image without this package when its index cannot be had where the
+    # lock is made (not configured, unreachable, or without the pinned version): the lock then
+    # records it as unavailable, by name, with this reason. Without it such a package fails the lock.
+    if_unavailable: Annotated[str | None, Field(min_length=10)] = None
     prs: list[PullRequest] = []
     patches: list[LocalPatch] = []
 
@@ -102,6 +106,8 @@ class Package(_Model):
     def _one_source(self) -> "Package":
         if (self.version is None) == (self.git is None):
             raise ValueError("give exactly one of `version` (from a package index) or `git` (url + commit)")
+        if self.if_unavailable is not None and (self.index in (None, "pypi") or self.version is None):
+            raise ValueError("`if_unavailable` is for a `version` pinned on a named index other than pypi (`index`)")
         return self
 
     @property

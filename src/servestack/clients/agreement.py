@@ -65,6 +65,7 @@ TEXTS = (
 # transfer; a lost or corrupted state is off by whole nats from the first token.
 MAX_TOKENS = 8
 TOP = 2
+FIRST_COMPLETION_WAIT_S = 300.0  # without --wait: how long the warm-up completion is retried
 
 
 def token_prompts(vocab_size: int, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> list[list[int]]:
@@ -220,6 +221,33 @@ def _wait_ready(base_url: str, model: str, timeout: float) -> None:
         time.sleep(2)
 
 
+def warm_up(base_url: str, model: str, vocab_size: int, deadline: float, *, timeout: float = 300.0,
+            pause: float = 2.0) -> dict:
+    """One completion served before the oracle's prompts, retried until `deadline` (time.monotonic()).
+
+    A server that lists the model has not yet served through it: on a disaggregated pair the first
+    request also makes the decode worker's NIXL handshake with the prefill worker, whose reply
+    vLLM waits 5 s for (nixl base_worker: RCVTIMEO 5000, no setting), and a failed handshake fails
+    every request waiting on it. Smoke's disaggregated probe is ready only after a first completion
+    (smoke/firstrequest.py) for that reason; this client, run by srt-slurm's custom benchmark right
+    after the model is listed, had no such step, and the fresh-clone CI run of a2edfda lost its
+    first 4 prompts (asked at once) to HTTP 500 while the rest agreed. Failed attempts are kept."""
+    prompt = token_prompts(vocab_size, (16,), seed=1)[0]
+    start, errors, served = time.monotonic(), [], False
+    while not served:
+        try:
+            _request(base_url, model, prompt, 2, max(1.0, min(timeout, deadline - time.monotonic())))
+            served = True
+        except (OSError, urllib.error.URLError, ValueError) as e:
+            detail = e.read().decode(errors="replace")[:200] if isinstance(e, urllib.error.HTTPError) else ""
+            errors.append(f"{type(e).__name__}: {e} {detail}".strip())
+            if time.monotonic() + pause > deadline:
+                break
+            time.sleep(pause)
+    return {"served": served, "failed_attempts": len(errors), "errors": errors[:5],
+            "seconds": round(time.monotonic() - start, 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -229,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--vocab-size", type=int, required=True, help="prompt ids are drawn below it")
     c.add_argument("--concurrency", type=int, default=4)
     c.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
-    c.add_argument("--wait", type=float, default=0.0, help="seconds to wait for the server to list the model")
+    c.add_argument("--wait", type=float, default=0.0,
+                   help="seconds to wait for the server to list the model and serve one completion")
     c.add_argument("--out", required=True)
     args = parser.parse_args(argv)
+    deadline = time.monotonic() + (args.wait or FIRST_COMPLETION_WAIT_S)
     if args.wait:
         _wait_ready(args.base_url, args.model, args.wait)
+    warmup = warm_up(args.base_url, args.model, args.vocab_size, deadline)
     result = collect(args.base_url, args.model, args.vocab_size, concurrency=args.concurrency,
                      max_tokens=args.max_tokens)
+    result["warmup"] = warmup
     _write_json(args.out, result)
     errors = [a["error"] for a in result["answers"] if a.get("error")]
     print(f"agreement: {len(result['answers'])} prompts answered in {result['seconds']:.1f} s, {len(errors)} failed")

@@ -216,6 +216,30 @@ class SmokeModel:
 
 
 @dataclass(frozen=True)
+class Unavailable:
+    """A package the stack pins on a named index that could not be had where the lock was made."""
+
+    package: str
+    version: str
+    index: str
+    why: str  # what locking found (no location configured, the index did not answer, no such file)
+    accepted_because: str  # the stack's `if_unavailable`: without it the package fails the lock
+
+    def to_json(self) -> dict[str, Any]:
+        return {"package": self.package, "version": self.version, "index": self.index, "why": self.why,
+                "accepted_because": self.accepted_because}
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "Unavailable":
+        f.only("package", "version", "index", "why", "accepted_because")
+        accepted = f.str("accepted_because")
+        if not accepted.strip():
+            raise f.error("accepted_because", "empty (expected the stack's `if_unavailable`: why an image without "
+                                              "this package is acceptable; without one the package must be locked)")
+        return cls(f.str("package"), f.str("version"), f.str("index"), f.str("why"), accepted)
+
+
+@dataclass(frozen=True)
 class Lock:
     lock_version: int
     stack: StackRef
@@ -233,6 +257,7 @@ class Lock:
     fast_path: dict[str, Any] | None = None  # stack.FastPath, as the stack file gives it
     links: dict[str, dict[str, str]] = field(default_factory=dict)  # image path -> stack.Link
     gpu_node: dict[str, Any] | None = None  # stack.GpuNode, as the stack file gives it
+    unavailable: tuple[Unavailable, ...] = ()
     file: Path | str = field(default="", compare=False)  # where it was read from, for messages
 
     def wheels(self, platform: str) -> tuple[LockedWheel, ...]:
@@ -262,13 +287,15 @@ class Lock:
             document["links"] = self.links
         if self.gpu_node is not None:
             document["gpu_node"] = self.gpu_node
+        if self.unavailable:
+            document["unavailable"] = [u.to_json() for u in self.unavailable]
         return document
 
     @classmethod
     def from_json(cls, f: Fields) -> "Lock":
         f.only("lock_version", "stack", "python", "resolved_at", "source_date_epoch", "base", "environment", "excluded",
                "packages", "platforms", "pull_requests", "local_patches", "smoke_model", "fast_path",
-               "links", "gpu_node")
+               "links", "gpu_node", "unavailable")
         stack = f.obj("stack")
         stack.only("name", "file", "sha256")
         model = f.obj("smoke_model")
@@ -302,6 +329,7 @@ class Lock:
             fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
             links=f.entries("links", _link, {}),
             gpu_node=f.obj("gpu_node").data if f.has("gpu_node") else None,
+            unavailable=f.items("unavailable", Unavailable.from_json, ()),
             file=f.file,
         )
 

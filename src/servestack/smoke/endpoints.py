@@ -16,6 +16,7 @@ from typing import Any
 
 from ..clients import agreement
 from .containers import log_errors, log_message
+from .plan import FRONTEND_REQUEST_TIMEOUT_S
 from .records import FAIL, NOT_RUN, PASS
 
 
@@ -297,8 +298,6 @@ def check_discovery(t: Target) -> tuple[str, str]:
                   f"lease holder were starved) and the frontend dropped its worker set, so later requests get 404: {detail}")
 
 
-ORACLE_REQUEST_TIMEOUT_S = 300.0
-
 # vLLM 0.31 (qwen_gdn_linear_attn.py) logs the kernels its Gated DeltaNet layers run, once per engine.
 _GDN_KERNELS = re.compile(r"Using (\S+) GDN prefill kernel|GDN decode kernel: (\S+)")
 
@@ -327,10 +326,8 @@ NO_ORACLE = "the smoke model is not one the project makes: the oracle's prompts 
 def _oracle_answers(t: Target) -> tuple[dict[str, Any], str]:
     """The oracle's answers from the target, and its failed prompts (empty: none). Needs t.oracle_vocab."""
     assert t.oracle_vocab is not None
-    # As long as the frontend waits for a worker (the recipes' DYN_TCP_REQUEST_TIMEOUT): on 2 shared
-    # cores a disaggregated request has waited 18-64 s for its first token behind the prefill
-    # worker's busy-polling, and 2,000-token prompts queue 4 at a time behind it.
-    answers = agreement.collect(t.base, t.model, t.oracle_vocab, timeout=max(t.timeout, ORACLE_REQUEST_TIMEOUT_S))
+    # As long as the frontend waits for a worker: 2,000-token prompts queue 4 at a time behind it.
+    answers = agreement.collect(t.base, t.model, t.oracle_vocab, timeout=max(t.timeout, FRONTEND_REQUEST_TIMEOUT_S))
     errors = [f"prompt {i} ({a['kind']}, {a['length']} tokens): {a['error']}" for i, a in enumerate(answers["answers"])
               if a.get("error")]
     return answers, summarize(errors)

@@ -139,6 +139,7 @@ def probe_config(project: Project, stack: str, lock: Lock, platform: str, lock_s
         # The stack keeps vLLM's CPU attention off AMX (its environment, by a local patch): proven here.
         "cpu_attention_without_amx": "SERVESTACK_CPU_ATTN_NO_AMX" in lock.environment,
         "gpu_node": lock.gpu_node,
+        "unavailable": [u.to_json() for u in lock.unavailable],
     }
 
 
@@ -231,9 +232,17 @@ DISCOVERY_DIR = "/run/servestack/discovery"
 KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu",
                       "kv_load_failure_policy": "fail", "kv_connector_extra_config": {"kv_lease_duration": 90}}
 
+# How long Dynamo's frontend waits for a worker's answer over the TCP request plane before it
+# answers HTTP 504 "Request deadline exceeded" (Dynamo's default is 10 s). On 2 shared cores a
+# disaggregated request has waited 18-64 s for its first token behind the prefill worker's
+# busy-polling (the fresh-clone CI run of a2edfda lost one oracle prompt of 15 to the default); the
+# dev-cpu recipes set the same.
+FRONTEND_REQUEST_TIMEOUT_S = 300
+
 # Dynamo and UCX pick an interface address unless told: every plane stays on loopback, and
 # discovery is a shared directory (no etcd, no NATS).
 DISAGG_ENV = {
+    "DYN_TCP_REQUEST_TIMEOUT": str(FRONTEND_REQUEST_TIMEOUT_S),
     "DYN_DISCOVERY_BACKEND": "file",
     "DYN_FILE_KV": DISCOVERY_DIR,
     "DYN_REQUEST_PLANE": "tcp",

@@ -190,6 +190,14 @@ def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable
 # the request plane: a failed request only takes an instance out of routing for
 # DYN_RUNTIME_INHIBITED_DURATION_SECS (lib/runtime/src/component/client.rs report_instance_down).
 LEASE_REFRESH_S = 1.0
+# How far ahead of now the holder sets each entry's mtime. Refreshing to now left a 10 s margin: in
+# a smoke run beside a qemu image build (load 5-6), the holder and the prefill worker's own
+# keep-alive both missed it and another worker expired the prefill worker's entries ("FileStore::
+# keep_alive failed opening owned file"; the frontend dropped it and the oracle got 503s). An
+# mtime a minute ahead survives a minute of starvation; a worker's own refresh sets it back to now,
+# and the holder's next one forward again. A worker that dies is expired that much later (its
+# container's exit already fails the probe).
+LEASE_AHEAD_S = 60.0
 
 
 def _container_alive(container) -> bool:
@@ -225,9 +233,9 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
     progress for ~30 s while the prefill worker ran; the prefill worker expired the decode worker's
     entries (12 s old) and the frontend dropped the model; every later request got 404. The window
     closed when the prefill worker released the unclaimed blocks ("Releasing expired KV blocks").
-    The holder narrows that hazard (it refreshes far more often than the 10 s TTL, and does not wait
-    on the docker daemon between refreshes) but cannot remove it: it starves with the rest. The
-    `discovery` check fails, naming the lines, if an entry is lost anyway.
+    The holder narrows that hazard (it refreshes far more often than the 10 s TTL, each entry to a
+    minute ahead, and does not wait on the docker daemon between refreshes) but cannot remove it:
+    it starves with the rest. The `discovery` check fails, naming the lines, if an entry is lost anyway.
     """
     stop = threading.Event()
 
@@ -245,9 +253,10 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
                 for name in files:
                     if name.startswith(".tmp_"):  # Dynamo's atomic-write temporaries
                         continue
+                    ahead = time.time() + LEASE_AHEAD_S
                     with contextlib.suppress(FileNotFoundError):
                         try:
-                            os.utime(os.path.join(folder, name))
+                            os.utime(os.path.join(folder, name), (ahead, ahead))
                         except PermissionError:
                             log.warning("cannot refresh Dynamo discovery entries in %s (owned by the containers' "
                                         "user): the workers hold their own leases", discovery)

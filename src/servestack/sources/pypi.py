@@ -24,6 +24,7 @@ from ..errors import InputError, NetworkError, ServestackError
 from ..indexes import DEFAULT_INDEX, IndexLocation, locate
 from ..records import lockfile
 from ..stack import Stack
+from ..wheels import normalize
 
 # Oldest glibc the image's base satisfies; manylinux wheels up to it are acceptable.
 GLIBC = (2, 36)
@@ -125,6 +126,45 @@ def resolve(stack: Stack, stack_file: Path, platform: str) -> list[FoundWheel]:
             raise ServestackError(f"resolving wheels for {platform} failed:\n{result.stdout.strip()[-1500:]}")
         pylock = tomllib.loads((work / "pylock.toml").read_text())
     return _pick_wheels(pylock, stack, stack_file, platform, locations)
+
+
+def unavailable(stack: Stack, stack_file: Path) -> dict[str, str]:
+    """The packages the stack lets go (`if_unavailable`) that their named index cannot give here,
+    each with why: the index has no location on this machine, does not answer, or has no wheel of
+    the pinned version for a platform of the stack. Normalized name -> why."""
+    defaults = {i.name: i.url for i in stack.indexes}
+    found: dict[str, str] = {}
+    for package in stack.packages:
+        if package.if_unavailable is None:
+            continue
+        try:
+            location = locate(package.index, defaults, where=str(stack_file))
+        except InputError as e:
+            found[normalize(package.name)] = e.problem
+            continue
+        for platform in stack.platforms:
+            why = _offers(location, package.name, package.version, platform, stack.python)
+            if why:
+                found[normalize(package.name)] = why
+                break
+    return found
+
+
+def _offers(location: IndexLocation, name: str, version: str, platform: str, python: str) -> str | None:
+    """None when `location` has a wheel of name==version for the platform, else why not."""
+    with tempfile.TemporaryDirectory(prefix="servestack-offers-") as tmp:
+        work = Path(tmp)
+        (work / "requirements.in").write_text(f"{name}=={version}\n")
+        argv = [
+            _uv(), "pip", "compile", "requirements.in", "--no-deps", "--only-binary", ":all:",
+            "--python-platform", f"{ARCH[platform]}-manylinux_{GLIBC[0]}_{GLIBC[1]}",
+            "--python-version", python, "--no-header", "--quiet", "-o", "out.txt", *location.uv_args(only=True),
+        ]
+        result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
+    if result.returncode == 0:
+        return None
+    said = " ".join(line.strip() for line in result.stdout.strip().splitlines()[-3:])
+    return f"{location.describe()} gave no wheel of {name}=={version} for {platform}: {said[-400:]}"
 
 
 def _pick_wheels(

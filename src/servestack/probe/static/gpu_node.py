@@ -177,10 +177,10 @@ def check_cuda_compiler(config: dict) -> dict:
 
 def section_gpu_node(config: dict) -> list[dict]:
     from .gpu_caches import check_caches
-    from .gpu_kernels import check_kernels
+    from .gpu_kernels import check_flashinfer_path, check_kernels
 
     checks = [check_verbs_providers(config), check_nixl_capi(config), check_caches(config)]
     if (config.get("gpu_node") or {}).get("cuda_arch"):
         checks.append(check_cuda_compiler(config))
-    checks.append(check_kernels(config))
+    checks += [check_flashinfer_path(), check_kernels(config)]
     return checks
