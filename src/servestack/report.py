@@ -45,7 +45,8 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
         lines.append("")
     for c in result.agreement:
         lines += [f"Agreement of `{c['recipe']}` with `{c['reference']}` (greedy, token ids; log-probs within "
-                  f"{c['logprob_bound']} nats, a different token only at a near tie within {c['tie_tolerance']} nats):",
+                  f"{c['logprob_bound']} nats at the first token and {c.get('later_logprob_bound', c['logprob_bound'])} "
+                  f"after, a different token only at a near tie within {c['tie_tolerance']} nats):",
                   "", "| prompt | kind | tokens in | agreed / compared | max log-prob diff | verdict | detail |",
                   "|---:|---|---:|---:|---:|---|---|"]
         for i, row in enumerate(c["rows"]):

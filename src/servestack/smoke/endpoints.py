@@ -326,7 +326,7 @@ NO_ORACLE = "the smoke model is not one the project makes: the oracle's prompts 
 def _oracle_answers(t: Target) -> tuple[dict[str, Any], str]:
     """The oracle's answers from the target, and its failed prompts (empty: none). Needs t.oracle_vocab."""
     assert t.oracle_vocab is not None
-    # As long as the frontend waits for a worker: 2,000-token prompts queue 4 at a time behind it.
+    # As long as the frontend waits for a worker (a 2,000-token prefill on a starved core).
     answers = agreement.collect(t.base, t.model, t.oracle_vocab, timeout=max(t.timeout, FRONTEND_REQUEST_TIMEOUT_S))
     errors = [f"prompt {i} ({a['kind']}, {a['length']} tokens): {a['error']}" for i, a in enumerate(answers["answers"])
               if a.get("error")]
@@ -359,7 +359,8 @@ def check_agreement(t: Target) -> tuple[str, str]:
     t.metrics["agreement_answers"] = answers  # beside the reference's, for whoever reads a failure
     summary = (f"{result['identical']} of {result['prompts']} prompts identical, {result['near_ties']} diverged at a near "
                f"tie, {len(result['failed'])} disagree; {result['agreed_tokens']}/{result['compared_tokens']} tokens "
-               f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bound {result['logprob_bound']})")
+               f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bounds {result['logprob_bound']} at "
+               f"the first token, {result['later_logprob_bound']} after)")
     if not result["passed"]:
         return FAIL, f"{summary}: {agreement.describe_failures(result)}"
     return PASS, summary

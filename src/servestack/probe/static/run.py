@@ -37,6 +37,12 @@ def run_section(config_path: str, config: dict, section: str) -> list[dict]:
     if section in ("engine", "fast_path"):
         # The CUDA build cannot infer a device without a GPU; the parser itself is device-free.
         env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    arch = (config.get("gpu_node") or {}).get("cuda_arch")
+    if section == "gpu_node" and arch:
+        # FlashInfer takes its target from the GPUs at import, and refuses to make a JIT spec with
+        # none; told the node's architecture (sm_100a -> "10.0a"), it answers as on the node.
+        digits = arch.removeprefix("sm_").rstrip("abf")
+        env.setdefault("FLASHINFER_CUDA_ARCH_LIST", f"{digits[:-1]}.{digits[-1]}{arch[len('sm_') + len(digits):]}")
     timeout = float(config.get("section_timeout") or 1800)
     try:
         proc = subprocess.run(

@@ -1,0 +1,150 @@
+"""The GPU-node checks on the real qwen35-gb200 image: each passes on the image as built, and fails,
+naming what is missing, on the same image with that one piece taken out.
+
+A piece that is a file is taken out of a fixture image (the built image with the file removed,
+committed); a piece that is the image's environment is taken out with `env -u` in front of the
+check, as an image whose config lacks it would start. Each check runs inside the image, as the
+smoke's static probe runs it: the probe package mounted read-only, the root read-only, no home,
+a tmpfs on /tmp, no network, and under qemu here (the image is arm64).
+
+These need the GB200 image built on this machine (`nox -s build image -- --stack qwen35-gb200`:
+about 13 minutes cold); CI builds the dev-cpu image only, so there they skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from servestack import services
+from servestack.lock import load_lock
+from servestack.project import Project
+from servestack.smoke.nvidia_hook import check_nvidia_hook
+from servestack.smoke.plan import VENV_PYTHON
+from servestack.smoke.static import NODE_HOME, PROBE_MOUNT, PROBE_PACKAGE, _emulated_arm64_cpus
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[1]
+STACK = "qwen35-gb200"
+SITE = "/opt/venv/lib/python3.11/site-packages"
+CUDA_BIN = f"{SITE}/nvidia/cu13/bin"
+
+
+@pytest.fixture(scope="module")
+def gb200():
+    record = ROOT / "build" / STACK / "image.json"
+    if not record.exists():
+        pytest.skip(f"the {STACK} image is not built here (nox -s build image -- --stack {STACK})")
+    reference = json.loads(record.read_text())["reference"]
+    client = services.docker_client()
+    client.images.pull(reference)
+    lock = load_lock(Project(ROOT), STACK)
+    config = {"gpu_node": lock.gpu_node, "unavailable": [u.to_json() for u in lock.unavailable]}
+    derived = []
+    yield {"client": client, "reference": reference, "config": config, "image_env": _image_env(client, reference),
+           "derived": derived}
+    for image in derived:
+        client.images.remove(image, force=True)
+
+
+def _image_env(client, reference: str) -> list[str]:
+    return (client.images.get(reference).attrs.get("Config") or {}).get("Env") or []
+
+
+def without_files(gb200, *paths: str) -> str:
+    """A fixture image: the built image with PATHS removed."""
+    client = gb200["client"]
+    container = client.containers.run(gb200["reference"], ["rm", "-f", *paths], detach=True, platform="linux/arm64",
+                                      network_disabled=True)
+    try:
+        assert container.wait(timeout=300)["StatusCode"] == 0
+        image = container.commit(repository="servestack-test/gpu-node-fixture")
+    finally:
+        container.remove(force=True)
+    gb200["derived"].append(image.id)
+    return image.id
+
+
+def run_check(gb200, function: str, *, image: str | None = None, unset: tuple[str, ...] = (),
+              set_env: dict[str, str] | None = None, config: dict | None = None) -> dict:
+    """One check of the probe's gpu_node section (`module:function`) inside IMAGE, as the smoke runs it."""
+    client = gb200["client"]
+    module, name = function.split(":")
+    code = (f"import json, sys; sys.path.insert(0, {PROBE_MOUNT!r}); "
+            f"from {PROBE_PACKAGE.name}.{module} import {name}; "
+            f"print(json.dumps({name}(json.load(open({PROBE_MOUNT + '/config.json'!r})))))")
+    env_args = ["env", *[f"--unset={v}" for v in unset], *[f"{k}={v}" for k, v in (set_env or {}).items()]]
+    with tempfile.TemporaryDirectory(prefix="servestack-gpu-node-") as tmp:
+        shutil.copytree(PROBE_PACKAGE, Path(tmp) / PROBE_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
+        (Path(tmp) / "config.json").write_text(json.dumps(config if config is not None else gb200["config"]))
+        Path(tmp).chmod(0o755)
+        volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"},
+                   _emulated_arm64_cpus(Path(tmp)): {"bind": "/sys/devices/system/cpu", "mode": "ro"}}
+        container = client.containers.run(
+            image or gb200["reference"], [*env_args, VENV_PYTHON, "-c", code], detach=True, platform="linux/arm64",
+            network_disabled=True, volumes=volumes, read_only=True, tmpfs={"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
+            environment={"HOME": NODE_HOME, "PYTHONDONTWRITEBYTECODE": "1"})
+        try:
+            status = container.wait(timeout=1800)
+            out = container.logs(stdout=True, stderr=False).decode(errors="replace").strip().splitlines()
+            assert status["StatusCode"] == 0 and out, container.logs(tail=30).decode(errors="replace")
+            return json.loads(out[-1])
+        finally:
+            container.remove(force=True)
+
+
+def test_enroot_s_nvidia_hook_asks_for_compute_and_utility_and_nothing_without_the_image_s_nvidia_environment(gb200):
+    env, gpu_node = gb200["image_env"], gb200["config"]["gpu_node"]
+    passed = check_nvidia_hook(env, gpu_node)
+    assert passed.status == "pass" and "--compute" in passed.detail and "--utility" in passed.detail
+    for name in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA"):
+        failed = check_nvidia_hook([v for v in env if not v.startswith(name + "=")], gpu_node)
+        assert failed.status == "fail", name
+
+
+def test_both_libibverbs_copies_find_the_mlx5_provider_and_each_fails_without_its_own(gb200):
+    assert run_check(gb200, "gpu_node:check_verbs_providers")["status"] == "pass"
+    bundled = run_check(gb200, "gpu_node:check_verbs_providers",
+                        image=without_files(gb200, "/usr/lib64/libibverbs/libmlx5-rdmav34.so"))
+    assert bundled["status"] == "fail" and "/usr/lib64/libibverbs/libmlx5-rdmav34.so, which is not in the image" in bundled["detail"]
+    debian = run_check(gb200, "gpu_node:check_verbs_providers",
+                       image=without_files(gb200, "/usr/lib/aarch64-linux-gnu/libibverbs/libmlx5-rdmav34.so"))
+    assert debian["status"] == "fail" and "/usr/lib/aarch64-linux-gnu/libibverbs/libmlx5-rdmav34.so" in debian["detail"]
+
+
+def test_dynamo_finds_libnixl_capi_by_bare_name_only_with_the_image_s_loader_path(gb200):
+    found = run_check(gb200, "gpu_node:check_nixl_capi")
+    assert found["status"] == "pass" and ".nixl_cu13.mesonpy.libs/libnixl_capi.so" in found["detail"]
+    lost = run_check(gb200, "gpu_node:check_nixl_capi", unset=("LD_LIBRARY_PATH",))
+    assert lost["status"] == "fail" and "runs NIXL stubs" in lost["detail"]
+
+
+def test_every_cache_is_writable_with_a_read_only_root_and_no_home_only_with_the_image_s_cache_settings(gb200):
+    assert run_check(gb200, "gpu_caches:check_caches")["status"] == "pass"
+    unset = ("XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT",
+             "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "XDG_CONFIG_HOME")
+    homeless = run_check(gb200, "gpu_caches:check_caches", unset=unset)
+    assert homeless["status"] == "fail" and f"writes {NODE_HOME}/" in homeless["detail"]
+
+
+def test_without_nvcc_no_sm100a_cubin_is_built_and_vllm_leaves_flashinfer_s_kernels(gb200):
+    """The compiler's pass case is the smoke's (an sm_100a cubin under qemu takes minutes)."""
+    assert run_check(gb200, "gpu_kernels:check_flashinfer_path")["status"] == "pass"
+    no_nvcc = without_files(gb200, f"{CUDA_BIN}/nvcc")
+    compiler = run_check(gb200, "gpu_node:check_cuda_compiler", image=no_nvcc)
+    assert compiler["status"] == "fail" and "no nvcc" in compiler["detail"]
+    path = run_check(gb200, "gpu_kernels:check_flashinfer_path", set_env={"PATH": "/opt/venv/bin:/usr/bin:/bin"})
+    assert path["status"] == "fail" and "CUTLASS" in path["detail"]
+
+
+def test_the_kernel_list_passes_only_where_the_lock_accepts_the_missing_prebuilt_kernels(gb200):
+    listed = run_check(gb200, "gpu_kernels:check_kernels")
+    assert listed["status"] == "pass"
+    assert "gen_sampling_module" in listed["detail"] and "fused_moe_trtllm_sm100" in listed["detail"]
+    unaccepted = run_check(gb200, "gpu_kernels:check_kernels", config={**gb200["config"], "unavailable": []})
+    assert unaccepted["status"] == "fail" and "flashinfer-cubin and flashinfer-jit-cache not installed" in unaccepted["detail"]
