@@ -88,7 +88,8 @@ def run_check(gb200, function: str, *, image: str | None = None, unset: tuple[st
         container = client.containers.run(
             image or gb200["reference"], [*env_args, VENV_PYTHON, "-c", code], detach=True, platform="linux/arm64",
             network_disabled=True, volumes=volumes, read_only=True, tmpfs={"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
-            environment={"HOME": NODE_HOME, "PYTHONDONTWRITEBYTECODE": "1"})
+            environment={"HOME": NODE_HOME, "PYTHONDONTWRITEBYTECODE": "1"},
+            cpu_shares=256)  # minutes of qemu: whatever else runs here comes first
         try:
             status = container.wait(timeout=1800)
             out = container.logs(stdout=True, stderr=False).decode(errors="replace").strip().splitlines()
