@@ -22,6 +22,7 @@ import pytest
 
 from servestack import services
 from servestack.lock import load_lock
+from servestack.probe.static.run import section_environment
 from servestack.project import Project
 from servestack.smoke.nvidia_hook import check_nvidia_hook
 from servestack.smoke.plan import VENV_PYTHON
@@ -78,10 +79,12 @@ def run_check(gb200, function: str, *, image: str | None = None, unset: tuple[st
     code = (f"import json, sys; sys.path.insert(0, {PROBE_MOUNT!r}); "
             f"from {PROBE_PACKAGE.name}.{module} import {name}; "
             f"print(json.dumps({name}(json.load(open({PROBE_MOUNT + '/config.json'!r})))))")
-    env_args = ["env", *[f"--unset={v}" for v in unset], *[f"{k}={v}" for k, v in (set_env or {}).items()]]
+    config = config if config is not None else gb200["config"]
+    told = {**section_environment("gpu_node", config), **(set_env or {})}  # as the probe's section is told
+    env_args = ["env", *[f"--unset={v}" for v in unset], *[f"{k}={v}" for k, v in told.items()]]
     with tempfile.TemporaryDirectory(prefix="servestack-gpu-node-") as tmp:
         shutil.copytree(PROBE_PACKAGE, Path(tmp) / PROBE_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
-        (Path(tmp) / "config.json").write_text(json.dumps(config if config is not None else gb200["config"]))
+        (Path(tmp) / "config.json").write_text(json.dumps(config))
         Path(tmp).chmod(0o755)
         volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"},
                    _emulated_arm64_cpus(Path(tmp)): {"bind": "/sys/devices/system/cpu", "mode": "ro"}}

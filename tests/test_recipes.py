@@ -412,6 +412,10 @@ def test_dev_cpu_disagg_recipes_serve_the_shape_smoke_proves_on_cpu():
                 assert env[key] == DISAGG_ENV[key], key
         # The frontend waits as long for a worker in both: srtctl gives it the recipe's top-level environment.
         assert recipe["environment"]["DYN_TCP_REQUEST_TIMEOUT"] == DISAGG_ENV["DYN_TCP_REQUEST_TIMEOUT"]
+        # A worker's etcd lease outlives twice the longest busy-poll its KV lease can cause (the
+        # prefill worker holding blocks a failed handshake left unclaimed, on a starved core).
+        lease = KV_TRANSFER_CONFIG["kv_connector_extra_config"]["kv_lease_duration"]
+        assert int(recipe["environment"]["ETCD_LEASE_TTL"]) >= 2 * lease
 
 
 # Every production Qwen3.5 setting (recipes/families/qwen35-gb200.yaml) the dev-cpu recipes do not

@@ -34,7 +34,7 @@ def _prebuilt(spec) -> bool | None:
     return None
 
 
-def check_flashinfer_path() -> dict:
+def check_flashinfer_path(config: dict) -> dict:
     """vLLM takes FlashInfer's kernels (the TRT-LLM NVFP4 MoE, the CuTe DSL NVFP4 GEMM) only where it
     counts FlashInfer as present: flashinfer-cubin installed, or nvcc on PATH to JIT-compile with.
     Otherwise it takes its own CUTLASS kernels, without a word: not the path the recipes were measured on."""

@@ -182,5 +182,5 @@ def section_gpu_node(config: dict) -> list[dict]:
     checks = [check_verbs_providers(config), check_nixl_capi(config), check_caches(config)]
     if (config.get("gpu_node") or {}).get("cuda_arch"):
         checks.append(check_cuda_compiler(config))
-    checks += [check_flashinfer_path(), check_kernels(config)]
+    checks += [check_flashinfer_path(config), check_kernels(config)]
     return checks

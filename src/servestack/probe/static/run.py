@@ -29,20 +29,25 @@ SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": s
             "cpu_isa": section_cpu_isa, "gpu_node": section_gpu_node}
 
 
-def run_section(config_path: str, config: dict, section: str) -> list[dict]:
-    """Run one section in a child interpreter; a crash, hang or garbage is a failed check."""
-    fd, out = tempfile.mkstemp(prefix=f"probe-{section}-", suffix=".json")
-    os.close(fd)
-    env = dict(os.environ)
+def section_environment(section: str, config: dict) -> dict[str, str]:
+    """What a section's interpreter is told beyond the image's environment (which wins)."""
     if section in ("engine", "fast_path"):
         # The CUDA build cannot infer a device without a GPU; the parser itself is device-free.
-        env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        return {"VLLM_TARGET_DEVICE": "cpu"}
     arch = (config.get("gpu_node") or {}).get("cuda_arch")
     if section == "gpu_node" and arch:
         # FlashInfer takes its target from the GPUs at import, and refuses to make a JIT spec with
         # none; told the node's architecture (sm_100a -> "10.0a"), it answers as on the node.
         digits = arch.removeprefix("sm_").rstrip("abf")
-        env.setdefault("FLASHINFER_CUDA_ARCH_LIST", f"{digits[:-1]}.{digits[-1]}{arch[len('sm_') + len(digits):]}")
+        return {"FLASHINFER_CUDA_ARCH_LIST": f"{digits[:-1]}.{digits[-1]}{arch[len('sm_') + len(digits):]}"}
+    return {}
+
+
+def run_section(config_path: str, config: dict, section: str) -> list[dict]:
+    """Run one section in a child interpreter; a crash, hang or garbage is a failed check."""
+    fd, out = tempfile.mkstemp(prefix=f"probe-{section}-", suffix=".json")
+    os.close(fd)
+    env = {**section_environment(section, config), **os.environ}
     timeout = float(config.get("section_timeout") or 1800)
     try:
         proc = subprocess.run(
