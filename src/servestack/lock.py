@@ -275,14 +275,13 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     stack = load_stack(stack_file)
     if stack.name != stack_name:
         raise InputError(stack_file, "name", f"is {stack.name!r}, but the file is named for {stack_name!r}")
-    stack_packages = stack.packages
     # What the stack lets go and its index cannot give here is left out of the resolution, with the
     # indexes only it used (an index without a location cannot be passed to uv).
     unavailable = pypi.unavailable(stack, stack_file)
+    let_go = [p for p in stack.packages if normalize(p.name) in unavailable]
     wanted = [p for p in stack.packages if normalize(p.name) not in unavailable]
-    used = {p.index for p in wanted}
-    kept = [i for i in stack.indexes if i.name in used or not any(p.index == i.name for p in stack.packages)]
-    stack = stack.model_copy(update={"packages": wanted, "indexes": kept})
+    dropped = {p.index for p in let_go} - {p.index for p in wanted}
+    stack = stack.model_copy(update={"packages": wanted, "indexes": [i for i in stack.indexes if i.name not in dropped]})
     platforms = {platform: _with_sizes(pypi.resolve(stack, stack_file, platform)) for platform in stack.platforms}
     for platform, resolved_wheels in platforms.items():
         pairing.check_locked(stack, stack_file, platform, resolved_wheels)
@@ -328,7 +327,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         document["unavailable"] = [
             {"package": normalize(p.name), "version": p.version, "index": p.index, "why": unavailable[normalize(p.name)],
              "accepted_because": p.if_unavailable}
-            for p in stack_packages if normalize(p.name) in unavailable]
+            for p in let_go]
     # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
     return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
 
@@ -479,7 +478,9 @@ def check(project: Project, stack_name: str) -> CheckReport:
             problems.append(f"{where}: packages.{normalize(package.name)}: entry missing")
     locked_prs = {(e.repo, e.number): e for e in document.pull_requests}
     for package in stack.packages:
-        for pr in package.prs if normalize(package.name) not in let_go else ():
+        if normalize(package.name) in let_go:
+            continue  # not locked: its PRs could not be looked for
+        for pr in package.prs:
             entry = locked_prs.get((pr.repo, pr.number))
             label = f"pull_requests[{pr.repo}#{pr.number}]"
             if entry is None:

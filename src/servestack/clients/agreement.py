@@ -56,11 +56,8 @@ POINT = "answers"  # the pipeline's one point per recipe for the oracle: this cl
 # to 0.057 nats on long prompts (batch shapes change the rounding) and not at all at equal batching;
 # disaggregated against aggregated, at most 0.07 in the first 8 tokens of 15 prompts.
 # So the prompts go one at a time: which requests share a batch then depends on nothing but the
-# shape. At 4 at a time it depends on arrival order, and under load (a CI run beside an image build,
-# load ~20) the aggregated reference gave one 1024-token prompt's third token a log-prob 0.57 nats
-# off the disaggregated answer, whose other 7 tokens agreed within 0.06: one batch, not the state.
-# One at a time costs little: the aggregated server answers the 15 prompts in 1.3-1.6 s (0.7-1.0 s
-# at 4), and answers them identically run after run, as at 4 with nothing else running.
+# shape, not on arrival order, which load changes. It costs little: the aggregated server answers
+# the 15 prompts in 1.3-1.6 s (0.7-1.0 s at 4), identically run after run.
 CONCURRENCY = 1
 LOGPROB_BOUND = 0.15  # nats, between the two runs' log-probs of the first generated token
 LATER_LOGPROB_BOUND = 1.0  # nats, of the same chosen token after the first

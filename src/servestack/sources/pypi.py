@@ -152,19 +152,28 @@ def unavailable(stack: Stack, stack_file: Path) -> dict[str, str]:
 
 def _offers(location: IndexLocation, name: str, version: str, platform: str, python: str) -> str | None:
     """None when `location` has a wheel of name==version for the platform, else why not."""
-    with tempfile.TemporaryDirectory(prefix="servestack-offers-") as tmp:
+    result, pylock = _compile_pins(location, [f"{name}=={version}"], platform, python)
+    if pylock is not None and any(package.get("wheels") for package in pylock.get("packages", [])):
+        return None
+    said = " ".join(line.strip() for line in result.stdout.strip().splitlines()[-3:]) or "no wheel, only sources"
+    return f"{location.describe()} gave no wheel of {name}=={version} for {platform}: {said[-400:]}"
+
+
+def _compile_pins(location: IndexLocation, pins: list[str], platform: str, python: str):
+    """uv's answer for exact PINS on `location` alone, without dependencies, and its pylock (None
+    when uv failed): so uv's own idea of its default index is never used."""
+    with tempfile.TemporaryDirectory(prefix="servestack-pins-") as tmp:
         work = Path(tmp)
-        (work / "requirements.in").write_text(f"{name}=={version}\n")
+        (work / "requirements.in").write_text("".join(p + "\n" for p in pins))
         argv = [
-            _uv(), "pip", "compile", "requirements.in", "--no-deps", "--only-binary", ":all:",
+            _uv(), "pip", "compile", "requirements.in", "--no-deps",
+            "--format", "pylock.toml", "-o", "pylock.toml",
             "--python-platform", f"{ARCH[platform]}-manylinux_{GLIBC[0]}_{GLIBC[1]}",
-            "--python-version", python, "--no-header", "--quiet", "-o", "out.txt", *location.uv_args(only=True),
+            "--python-version", python, "--no-header", "--quiet", *location.uv_args(only=True),
         ]
         result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
-    if result.returncode == 0:
-        return None
-    said = " ".join(line.strip() for line in result.stdout.strip().splitlines()[-3:])
-    return f"{location.describe()} gave no wheel of {name}=={version} for {platform}: {said[-400:]}"
+        pylock = tomllib.loads((work / "pylock.toml").read_text()) if result.returncode == 0 else None
+    return result, pylock
 
 
 def _pick_wheels(
@@ -240,20 +249,9 @@ def wheel_urls(location: IndexLocation, wheels: list[lockfile.LockedWheel], plat
     if directory is not None:
         found = {f: (directory / f).as_uri() for f in wanted if (directory / f).is_file()}
     else:
-        with tempfile.TemporaryDirectory(prefix="servestack-fetch-") as tmp:
-            work = Path(tmp)
-            pins = sorted({f"{w.name}=={w.version}" for w in wheels})
-            (work / "requirements.in").write_text("".join(p + "\n" for p in pins))
-            argv = [
-                _uv(), "pip", "compile", "requirements.in", "--no-deps",
-                "--format", "pylock.toml", "-o", "pylock.toml",
-                "--python-platform", f"{ARCH[platform]}-manylinux_{GLIBC[0]}_{GLIBC[1]}",
-                "--python-version", python, "--no-header", "--quiet", *location.uv_args(only=True),
-            ]
-            result = proc.run(argv, cwd=work, check=False, env={"UV_NO_CONFIG": "1"})
-            if result.returncode != 0:
-                raise NetworkError(f"{location.describe()}: cannot list the locked files:\n{result.stdout.strip()[-800:]}")
-            pylock = tomllib.loads((work / "pylock.toml").read_text())
+        result, pylock = _compile_pins(location, sorted({f"{w.name}=={w.version}" for w in wheels}), platform, python)
+        if pylock is None:
+            raise NetworkError(f"{location.describe()}: cannot list the locked files:\n{result.stdout.strip()[-800:]}")
         found = {}
         for package in pylock.get("packages", []):
             for wheel in package.get("wheels", []):

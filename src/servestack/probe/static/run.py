@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,8 +39,8 @@ def section_environment(section: str, config: dict) -> dict[str, str]:
     if section == "gpu_node" and arch:
         # FlashInfer takes its target from the GPUs at import, and refuses to make a JIT spec with
         # none; told the node's architecture (sm_100a -> "10.0a"), it answers as on the node.
-        digits = arch.removeprefix("sm_").rstrip("abf")
-        return {"FLASHINFER_CUDA_ARCH_LIST": f"{digits[:-1]}.{digits[-1]}{arch[len('sm_') + len(digits):]}"}
+        major, minor, suffix = re.fullmatch(r"sm_(\d+)(\d)([a-z]?)", arch).groups()
+        return {"FLASHINFER_CUDA_ARCH_LIST": f"{major}.{minor}{suffix}"}
     return {}
 
 
