@@ -92,6 +92,7 @@ class _PairStillHandshaking(JsonHandler):
     disaggregated pair does while the decode worker's NIXL handshake with prefill times out."""
 
     failures_left = 0
+    failure_status = 500
     completions = 0
 
     def do_GET(self):  # noqa: N802
@@ -103,7 +104,9 @@ class _PairStillHandshaking(JsonHandler):
         cls.completions += 1
         if cls.failures_left:
             cls.failures_left -= 1
-            return self.send_json(500, {"message": "Internal server error", "code": 500})
+            status = cls.failure_status
+            return self.send_json(status, {"message": "Model `tiny` is not ready to serve requests yet" if status == 503
+                                           else "Internal server error", "code": status})
         n = body["max_tokens"]
         self.send_json(200, {"choices": [{"text": "", "logprobs": {"tokens": ["token_id:7"] * n, "token_logprobs": [-0.5] * n,
                                                                      "top_logprobs": [{"token_id:7": -0.5, "token_id:8": -1.5}] * n}}],
@@ -116,6 +119,7 @@ def handshaking_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    _PairStillHandshaking.failure_status = 500
 
 
 def test_the_oracle_asks_its_prompts_only_after_the_server_served_one_completion_and_keeps_what_failed_before(
@@ -139,6 +143,26 @@ def test_a_server_that_never_serves_is_named_by_the_warm_up_and_its_prompts_stil
     assert not warmup["served"] and warmup["failed_attempts"] >= 2 and len(warmup["errors"]) <= 5
     answers = agreement.collect(handshaking_server, "tiny", 1017, lengths=(1, 2), texts=())
     assert all(a["error"] for a in answers["answers"])
+
+
+def test_a_prompt_refused_as_unavailable_is_asked_again_and_the_refusals_are_kept(handshaking_server):
+    # Dynamo's frontend holds its decode worker out of routing for 5 s after a transport error and
+    # answers 503 "not ready ... retry shortly" meanwhile: the prompt is asked again after a pause.
+    _PairStillHandshaking.failures_left, _PairStillHandshaking.failure_status = 3, 503
+    result = agreement.collect(handshaking_server, "tiny", 1017, lengths=(1, 2), texts=(), unavailable_pause=0.01)
+    first, second = result["answers"]
+    assert not first["error"] and len(first["refused"]) == 3 and "HTTP Error 503" in first["refused"][0]
+    assert not second["error"] and second["refused"] == [] and result["refused_attempts"] == 3
+
+
+def test_an_unavailable_server_fails_the_prompt_once_the_retry_time_is_spent_and_other_errors_at_once(handshaking_server):
+    _PairStillHandshaking.failures_left, _PairStillHandshaking.failure_status = 10**6, 503
+    [answer_] = agreement.collect(handshaking_server, "tiny", 1017, lengths=(1,), texts=(),
+                                  unavailable_pause=0.05, unavailable_retry=0.3)["answers"]
+    assert "HTTP Error 503" in answer_["error"] and 2 <= len(answer_["refused"]) <= 6
+    _PairStillHandshaking.failure_status = 500
+    [answer_] = agreement.collect(handshaking_server, "tiny", 1017, lengths=(1,), texts=(), unavailable_pause=0.05)["answers"]
+    assert "HTTP Error 500" in answer_["error"] and answer_["refused"] == []
 
 
 def test_runs_of_different_prompts_are_not_compared():
@@ -172,6 +196,19 @@ def test_the_gate_holds_every_recipe_to_the_reference(tmp_path: Path):
     f.write_text(json.dumps({"accuracy": 0.5}))
     with pytest.raises(InputError, match="answers.json"):
         load_answers(f)
+
+
+def test_the_report_names_what_was_asked_again(tmp_path: Path):
+    from servestack.report import markdown_stage
+    from servestack.stages.results import StageResult
+
+    candidate = {**run(REF), "warmup": {"served": True, "failed_attempts": 1}, "refused_attempts": 2}
+    comparisons, runs = compare_answers({"agg-acc": run(REF), "disagg-acc": candidate}, "agg-acc")
+    result = StageResult("dev-cpu", "dev-cpu", "accuracy", "img@sha256:" + "0" * 64, "local", tmp_path,
+                         accuracy=runs, agreement=comparisons)
+    md = markdown_stage(result)
+    assert ("Asked again: `disagg-acc`: 1 failed warm-up attempts, 2 attempts refused as unavailable (HTTP 503) "
+            "and asked again.") in md and "`agg-acc`:" not in md.split("Asked again:")[1]
 
 
 def test_selecting_a_recipe_the_oracle_judges_runs_its_reference_too():

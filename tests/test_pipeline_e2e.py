@@ -259,9 +259,23 @@ def disagg_run(image_ref, slurm_env, cluster_node):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+def _srtctl_log_lines(run_dir: Path, most: int = 12) -> str:
+    """What srt-slurm's logs of a failed run say about it: the warnings and errors of the frontend
+    and each worker (CI shows a failing test's message, not the run directory it kept)."""
+    wanted = re.compile(r"WARN|ERROR|Error|error|lease|Removed|Traceback|Killed|exit", re.ASCII)
+    parts = []
+    for log in sorted(run_dir.glob("**/srtctl-outputs/*/logs/*.out")):
+        text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+        lines = [line[:300] for line in text.splitlines() if wanted.search(line)]
+        parts.append(f"--- {log.name}: {len(lines)} such lines, the last {min(most, len(lines))}\n"
+                     + "\n".join(lines[-most:]))
+    return "\n".join(parts)
+
+
 def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_run, slurm_env):
     proc, results = disagg_run["proc"], disagg_run["results"]
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-2000:] + "\n"
+                                  + _srtctl_log_lines(disagg_run["dir"]))
     assert "accuracy: PASS" in proc.stdout
     assert results["passed"]
     [acc] = results["stages"]
@@ -304,10 +318,13 @@ def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_
     assert not [int(n) for n in re.findall(r"Num failed transfers=(\d+)", decode) if int(n)]
     assert "GDN prefill kernel" in decode  # the hybrid's Gated DeltaNet layers ran on the decode side too
     # Dynamo's discovery kept both workers for the whole run (an etcd lease that lapsed under load
-    # dropped the decode worker: "Removed worker set", then 404s).
+    # dropped the decode worker: "Removed worker set", then 404s), and every error the frontend sent
+    # is one the oracle's answers record as a failed warm-up attempt or a refused, re-asked prompt.
     frontend = re.sub(r"\x1b\[[0-9;]*m", "", (logs / "vm_frontend_0.out").read_text())  # Dynamo colours its log
-    assert "Removed worker set" not in frontend and not re.search(r"http response sent status=5\d\d", frontend)
-    assert (logs / "accuracy" / "agreement.json").exists()
+    answers = json.loads((logs / "accuracy" / "agreement.json").read_text())
+    recorded = answers["warmup"]["failed_attempts"] + answers["refused_attempts"]
+    assert "Removed worker set" not in frontend
+    assert len(re.findall(r"http response sent status=5\d\d", frontend)) <= recorded, frontend[-3000:]
     assert not set(_job_ids(acc)) & _squeue_ids(slurm_env)
 
 

@@ -53,6 +53,12 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
             lines.append(f"| {i} | {row['kind']} | {row['length']} | {row['agreed']} / {row['compared']} "
                          f"| {row['max_logprob_diff']:.4f} | {row['verdict']} | {row['detail'] or '-'} |")
         lines.append("")
+        asked_again = [f"`{side}`: {(warmup or {}).get('failed_attempts', 0)} failed warm-up attempts, "
+                       f"{c.get('refused_attempts', {}).get(side, 0)} attempts refused as unavailable (HTTP 503) and asked again"
+                       for side, warmup in (c.get("warmup") or {}).items()
+                       if (warmup or {}).get("failed_attempts") or c.get("refused_attempts", {}).get(side)]
+        if asked_again:
+            lines += ["Asked again: " + "; ".join(asked_again) + ".", ""]
     if result.missing:
         lines += [f"Missing points: {', '.join(f'`{m}`' for m in sorted(result.missing))}", ""]
     if result.verdict is not None:

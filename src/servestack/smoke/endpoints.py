@@ -361,6 +361,8 @@ def check_agreement(t: Target) -> tuple[str, str]:
                f"tie, {len(result['failed'])} disagree; {result['agreed_tokens']}/{result['compared_tokens']} tokens "
                f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bounds {result['logprob_bound']} at "
                f"the first token, {result['later_logprob_bound']} after)")
+    if answers["refused_attempts"]:
+        summary += f"; {answers['refused_attempts']} attempts refused as unavailable (HTTP 503) and asked again"
     if not result["passed"]:
         return FAIL, f"{summary}: {agreement.describe_failures(result)}"
     return PASS, summary

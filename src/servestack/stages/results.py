@@ -311,7 +311,9 @@ def compare_answers(answers: dict[str, dict[str, Any]], reference: str) -> tuple
         except ValueError as e:
             raise InputError(Path(f"{recipe}/answers"), "answers", f"not comparable with {reference}'s: {e}") from e
         comparisons.append({"recipe": recipe, "reference": reference, **result,
-                            "warmup": {side: answers[side].get("warmup") for side in (reference, recipe)}})
+                            "warmup": {side: answers[side].get("warmup") for side in (reference, recipe)},
+                            "refused_attempts": {side: answers[side].get("refused_attempts", 0)
+                                                 for side in (reference, recipe)}})
         errors = sum(1 for row in result["rows"] if row["verdict"] == "error")
         agreed = result["prompts"] - len(result["failed"])
         runs.append(AccuracyRun(recipe, 0, agreed / result["prompts"], result["prompts"], errors=errors,
