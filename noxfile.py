@@ -86,6 +86,12 @@ def pipeline(session: nox.Session) -> None:
 
 
 @nox.session
+def compare(session: nox.Session) -> None:
+    """Two runs or published digests side by side; fails on a regression beyond the noise (`-- A B`)."""
+    _servestack(session, "compare", "report")
+
+
+@nox.session
 def cancel(session: nox.Session) -> None:
     """Cancel the jobs a run left live after its process was killed (`-- --stack S --run-id ID`)."""
     _servestack(session, "cancel")

@@ -44,7 +44,29 @@ class ReplayRunner(PollingWait):
         return handle.spec.out_dir
 
 
-def make_project(tmp_path: Path, baselines: str = "{}") -> Project:
+class RepeatingRunner(ReplayRunner):
+    """Replays the real results for every repeat of a point, each as fast as `speed(concurrency,
+    repeat)` says (tokens/s multiplied, TPOT divided): a server measured again, or a slower one."""
+
+    def __init__(self, speed):
+        super().__init__()
+        self.speed = speed
+
+    def submit(self, job: JobSpec) -> JobHandle:
+        self.submitted.append(job)
+        for p in job.points:
+            conc, _, repeat = p.partition("-r")
+            f = self.speed(int(conc), int(repeat or 0))
+            data = json.loads((DATA / f"{conc}.json").read_text())
+            for key in ("total_token_throughput", "output_throughput", "request_throughput"):
+                data[key] *= f
+            for key in ("median_tpot_ms", "p99_tpot_ms"):
+                data[key] /= f
+            job.point_file(p).write_text(json.dumps(data))
+        return JobHandle(self.name, str(len(self.submitted)), job)
+
+
+def make_project(tmp_path: Path, baselines: str = "{}", throughput: str = "") -> Project:
     root = tmp_path / "proj"
     (root / "pipelines").mkdir(parents=True)
     (root / "recipes" / "dev-cpu").mkdir(parents=True)
@@ -70,7 +92,7 @@ stages:
     prompts_per_concurrency: 4
     min_prompts: 8
     gate: {{tolerance: 0.1, baselines: {baselines}}}
-""")
+{throughput}""")
     return Project(root)
 
 
@@ -109,6 +131,43 @@ def test_regression_fails_the_stage_with_a_readable_verdict(tmp_path):
     with pytest.raises(StageFailed, match=r"FAIL throughput\s+agg c=16: .* tok/s/GPU < 90000.0"):
         raise_for_verdict(result)
     assert "**FAIL**" in (result.out_dir / "report.md").read_text()
+
+
+NOISE = (1.00, 1.03, 0.98)
+
+
+def test_repeats_measure_each_point_again_and_a_baseline_gate_holds_the_run_to_another(tmp_path):
+    project = make_project(tmp_path, throughput="    repeats: 3\n")
+    base = run_stage(project, "dev-cpu", "throughput", IMAGE, RepeatingRunner(lambda c, k: NOISE[k]), run_id="base")
+    assert base.passed and sorted((p.concurrency, p.repeat) for p in base.throughput) == [
+        (c, k) for c in (1, 4, 16) for k in range(3)]
+    assert base.conditions["agg"]["isl"] == 128 and base.conditions["agg"]["runner"] == "local"
+    job = json.loads((base.out_dir / "agg" / ".jobs" / "job.json").read_text())
+    assert job["point"]["argv"][job["point"]["argv"].index("--max-concurrency") + 1] == "{concurrency}"
+
+    pipeline = project.pipelines / "dev-cpu.yaml"  # the next runs are held to this one, by its run id
+    pipeline.write_text(pipeline.read_text().replace("baselines: {}}", "baselines: {}, baseline: base}"))
+    same = run_stage(project, "dev-cpu", "throughput", IMAGE, RepeatingRunner(lambda c, k: (1.01, 0.99, 1.02)[k]),
+                     run_id="same")
+    assert same.passed, same.verdict  # A/A: no regression at any point
+    assert [c.gate for c in same.verdict.checks].count("regression") == 3
+    assert "**no regression**" in (same.out_dir / "baseline" / "comparison.md").read_text()
+
+    slow = run_stage(project, "dev-cpu", "throughput", IMAGE,
+                     RepeatingRunner(lambda c, k: (0.70, 0.72, 0.69)[k] if c == 16 else NOISE[k]), run_id="slow")
+    assert not slow.passed
+    [failure] = slow.verdict.failures
+    assert failure.gate == "regression" and failure.recipe == "agg" and failure.point == "c=16"
+    with pytest.raises(StageFailed, match=r"FAIL regression\s+agg c=16: tokens_per_s_per_gpu -30.0% against the baseline"):
+        raise_for_verdict(slow)
+
+
+def test_a_baseline_that_is_not_there_is_named_in_the_pipeline_file(tmp_path):
+    project = make_project(tmp_path)
+    pipeline = project.pipelines / "dev-cpu.yaml"
+    pipeline.write_text(pipeline.read_text().replace("baselines: {}}", "baselines: {}, baseline: no-such-run}"))
+    with pytest.raises(InputError, match=r"dev-cpu.yaml.*stages.throughput.gate.baseline.*not a run id under"):
+        run_stage(project, "dev-cpu", "throughput", IMAGE, ReplayRunner())
 
 
 def test_pipeline_runs_accuracy_then_throughput(tmp_path):

@@ -362,6 +362,31 @@ def _pull(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    for side in ("a", "b"):
+        p.add_argument(side, help=f"{side.upper()}: a run id (build/<stack>/runs/<id>), a run directory, a directory "
+                                  "`pull` wrote, or REGISTRY/REPO@sha256:<64 hex> (its verified publication's results)")
+    p.add_argument("--key", type=Path, help="the publisher's public key (PEM), for a side named by digest")
+    p.add_argument("--out", type=Path, help="where comparison.md, .json and the overlay plot go "
+                                            "(default: build/<stack>/comparisons/<A>-vs-<B>)")
+    p.add_argument("--threshold", type=float, default=None, help="relative change a regression must exceed (0.10)")
+    p.add_argument("--alpha", type=float, default=None, help="one-sided Mann-Whitney level (0.05)")
+
+
+@command("compare", "two images side by side by their results; exit 1 on a regression beyond the noise", _compare_args)
+def _compare(args: argparse.Namespace, project: Project) -> int:
+    from . import compare
+
+    policy = compare.RegressionPolicy(
+        threshold=compare.DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
+        alpha=compare.DEFAULT_ALPHA if args.alpha is None else args.alpha)
+    result, report = compare.compare_references(project, args.stack, args.a, args.b, key=args.key, out=args.out,
+                                                policy=policy)
+    _say(report.read_text())
+    _say(f"-> {report}")
+    return 1 if result.regressions else 0
+
+
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex>")
     p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")

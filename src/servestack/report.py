@@ -94,13 +94,20 @@ def _timing_line(t: dict) -> str:
             f"{_fmt(t.get('overhead_seconds'))} s")
 
 
-def _pareto(points: list[ThroughputPoint]) -> list[ThroughputPoint]:
-    """Points not dominated in (per-user, per-GPU) — both larger is better."""
-    best = []
-    for p in sorted(points, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu)):
-        if not best or p.tokens_per_s_per_gpu > best[-1].tokens_per_s_per_gpu:
-            best.append(p)
+def _pareto_xy(xy: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(per-user, per-GPU) pairs not dominated by another: both larger is better."""
+    best: list[tuple[float, float]] = []
+    for x, y in sorted(xy, key=lambda p: (-p[0], -p[1])):
+        if not best or y > best[-1][1]:
+            best.append((x, y))
     return best
+
+
+def _pareto(points: list[ThroughputPoint]) -> list[ThroughputPoint]:
+    """Points not dominated in (per-user, per-GPU)."""
+    front = set(_pareto_xy([(p.tokens_per_s_per_user, p.tokens_per_s_per_gpu) for p in points]))
+    best = [p for p in points if (p.tokens_per_s_per_user, p.tokens_per_s_per_gpu) in front]
+    return sorted(best, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu))
 
 
 def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "") -> dict[str, str]:

@@ -10,6 +10,8 @@ The spec (JSON) says:
   server:   {"argv": [...], "env": {...}, "health_url": "http://127.0.0.1:8000/health",
              "startup_timeout": 900}          (optional: no server for command jobs)
   point:    {"argv": [... "{point}" ... "{out}" ...], "env": {...}, "timeout": 3600}
+            (a throughput point is <concurrency>[-r<repeat>]; its argv also gets {concurrency}
+            and {num_prompts})
   out_dir:  where `<point>.json` files go (inside the container)
 
 Each point's client writes to a temporary file name ({out}, {out_dir}/{out_name}); the file is
@@ -130,9 +132,11 @@ def run_point(spec: dict, point: str) -> bool:
     values = {"point": point, "out": tmp, "out_dir": out_dir, "out_name": tmp_name}
     digits = "".join(ch for ch in point if ch.isdigit())
     values["index"] = str(int(digits)) if digits else "0"
-    if point.isdigit() and pspec.get("prompts_per_point"):
+    concurrency = point.partition("-r")[0]  # a throughput point: <concurrency>[-r<repeat>]
+    if concurrency.isdigit() and pspec.get("prompts_per_point"):
         # throughput: num_prompts = concurrency x multiplier, at least min_prompts
-        values["num_prompts"] = str(max(int(pspec.get("min_prompts", 1)), int(point) * int(pspec["prompts_per_point"])))
+        values["concurrency"] = concurrency
+        values["num_prompts"] = str(max(int(pspec.get("min_prompts", 1)), int(concurrency) * int(pspec["prompts_per_point"])))
     argv = fill(pspec["argv"], values)
     env = dict(os.environ)
     env.update({k: str(v) for k, v in (pspec.get("env") or {}).items()})

@@ -23,9 +23,13 @@ class GateConfig:
     tolerance: float = 0.0
 
 
+def _where(p: ThroughputPoint) -> str:
+    return f"c={p.concurrency}" + (f" repeat {p.repeat}" if p.repeat else "")
+
+
 def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:
     for p in points:
-        where = f"c={p.concurrency}"
+        where = _where(p)
         if p.completed != p.requested:
             out.append(Failure("completed", p.recipe, where,
                                f"completed {p.completed} of {p.requested} requests", p.completed, p.requested))
@@ -36,14 +40,16 @@ def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:
 
 
 def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[int]], gate: GateConfig,
-                        stage: str = "throughput") -> Verdict:
-    """`expected`: {recipe: [concurrency, ...]} that should each have a point."""
+                        stage: str = "throughput", repeats: int = 1) -> Verdict:
+    """`expected`: {recipe: [concurrency, ...]} that should each have `repeats` points."""
     v = Verdict(stage)
-    have = {(p.recipe, p.concurrency) for p in points}
+    have = {(p.recipe, p.concurrency, p.repeat) for p in points}
     for recipe, concs in expected.items():
         for c in concs:
-            if (recipe, c) not in have:
-                v.failures.append(Failure("missing", recipe, f"c={c}", "no result for this point"))
+            for k in range(repeats):
+                if (recipe, c, k) not in have:
+                    v.failures.append(Failure("missing", recipe, f"c={c}" + (f" repeat {k}" if k else ""),
+                                              "no result for this point"))
     _structural(points, v.failures)
     for p in points:
         base = gate.baselines.get(p.recipe, {}).get(p.concurrency)
@@ -51,10 +57,10 @@ def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[
             continue
         floor = base * (1.0 - gate.tolerance)
         ok = p.tokens_per_s_per_gpu >= floor
-        v.checks.append(Check("throughput", p.recipe, f"c={p.concurrency}", p.tokens_per_s_per_gpu, floor, ok))
+        v.checks.append(Check("throughput", p.recipe, _where(p), p.tokens_per_s_per_gpu, floor, ok))
         if not ok:
             v.failures.append(Failure(
-                "throughput", p.recipe, f"c={p.concurrency}",
+                "throughput", p.recipe, _where(p),
                 f"{p.tokens_per_s_per_gpu:.1f} tok/s/GPU < {floor:.1f} "
                 f"(baseline {base:.1f} - {gate.tolerance:.0%})", p.tokens_per_s_per_gpu, floor))
     return v

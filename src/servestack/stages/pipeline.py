@@ -155,6 +155,14 @@ class AccuracyGate(_Model):
 class ThroughputGate(_Model):
     tolerance: Fraction = 0.0
     baselines: dict[str, dict[Positive, Annotated[float, Field(ge=0.0)]]] = {}  # {recipe: {concurrency: tok/s/GPU}}
+    # Held to another image's results (compare.py): a run id of this stack, a run directory, a
+    # directory `servestack pull` wrote, or REGISTRY/REPO@sha256:... (its publication is pulled and
+    # verified with baseline_key). A point fails when its tokens/s per GPU regressed beyond both
+    # regression_threshold and the repeats' noise, or when the repeats are too few to tell.
+    baseline: str | None = None
+    baseline_key: Path | None = None
+    regression_threshold: Fraction = 0.10
+    regression_alpha: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
 
     def config(self) -> GateConfig:
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
@@ -204,6 +212,9 @@ class ThroughputStage(_Stage):
     output_len: Positive | None = None
     prompts_per_concurrency: Positive | None = None
     min_prompts: Positive = 1
+    # Each point measured this many times: what a regression verdict against a baseline reads the
+    # noise from (compare.py: 3 is the fewest that can show one).
+    repeats: Positive = 1
 
     @model_validator(mode="after")
     def _baselines_for_own_recipes(self) -> "ThroughputStage":

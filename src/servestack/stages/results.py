@@ -53,6 +53,7 @@ class ThroughputPoint:
     p99_tpot_ms: float | None = None
     p99_itl_ms: float | None = None
     source: str = ""
+    repeat: int = 0  # the point measured again (stages.throughput.repeats): 0, 1, ...
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -139,6 +140,10 @@ class StageResult:
     # wall_seconds, client_seconds (inside the benchmark clients), server_startup_seconds,
     # benchmark_seconds, overhead_seconds (wall - client): see stages.run
     timing: dict[str, Any] = field(default_factory=dict)
+    # {recipe: what makes two runs of it the same experiment}: input and output lengths, prompts,
+    # accelerators, the runner, the recipe's resources and benchmark (stages.run.conditions;
+    # compare.py compares only recipes whose conditions match)
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -153,13 +158,14 @@ class StageResult:
             "image": self.image,
             "runner": self.runner,
             "passed": self.passed,
-            "throughput": [p.to_dict() for p in sorted(self.throughput, key=lambda p: (p.recipe, p.concurrency))],
+            "throughput": [p.to_dict() for p in sorted(self.throughput, key=lambda p: (p.recipe, p.concurrency, p.repeat))],
             "accuracy": [a.to_dict() for a in sorted(self.accuracy, key=lambda a: (a.recipe, a.repeat))],
             "agreement": self.agreement,
             "missing": sorted(self.missing),
             "verdict": self.verdict.to_dict() if self.verdict is not None else None,
             "jobs": self.jobs,
             "timing": self.timing,
+            "conditions": self.conditions,
         }
 
 
@@ -187,6 +193,19 @@ def _num(data: dict[str, Any], key: str, where: str, *, required: bool = True) -
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(where, key, f"expected a number, got {value!r}")
     return float(value)
+
+
+def throughput_point(concurrency: int, repeat: int = 0) -> str:
+    """A throughput point's name (its result file's stem): the concurrency, and `-r<k>` for a repeat."""
+    return str(concurrency) if repeat == 0 else f"{concurrency}-r{repeat}"
+
+
+def parse_throughput_point(name: str) -> tuple[int, int]:
+    """(concurrency, repeat) from a throughput point's name."""
+    conc, _, repeat = name.partition("-r")
+    if not conc.isdigit() or (repeat and not repeat.isdigit()):
+        raise ValueError(f"not a throughput point name (<concurrency>[-r<repeat>]): {name!r}")
+    return int(conc), int(repeat or 0)
 
 
 def parse_vllm_result(source: Path | dict[str, Any], *, recipe: str, gpus: int,

@@ -31,7 +31,15 @@ from ..runners.preflight import NodePreflight
 from ..runners.registry import RUNNERS, make_runner, starting
 from .gates import Verdict, evaluate_accuracy, evaluate_agreement, evaluate_throughput, format_verdict
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
-from .results import StageResult, compare_answers, load_answers, parse_gsm8k_result, parse_vllm_result
+from .results import (
+    StageResult,
+    compare_answers,
+    load_answers,
+    parse_gsm8k_result,
+    parse_throughput_point,
+    parse_vllm_result,
+    throughput_point,
+)
 
 log = logging.getLogger("servestack.stages")
 
@@ -160,10 +168,15 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             if not concs:
                 raise InputError(recipe.file, "benchmark.concurrencies",
                                  f"no concurrency points (set them here or in {pipeline.file} stages.throughput)")
-            points = tuple(str(c) for c in concs)
+            points = tuple(throughput_point(c, k) for c in concs for k in range(stage.repeats))
         else:
             points = stage.points
         if RUNNERS[kind].submits_recipes:
+            if stage.name == "throughput" and stage.repeats > 1:
+                raise InputError(pipeline.file, "stages.throughput.repeats",
+                                 f"{name} runs through {kind}, whose job sweeps each of the recipe's "
+                                 "benchmark.concurrencies once; repeats > 1 need a runner that starts the server "
+                                 f"itself ({', '.join(k for k, r in RUNNERS.items() if not r.submits_recipes)})")
             extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
             if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
                 # srtctl mounts a host model directory at /model: the pipeline's, else the model
@@ -199,7 +212,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                          "--model", model, "--served-model-name", recipe.served_model_name,
                          "--tokenizer", model, "--dataset-name", "random",
                          "--random-input-len", str(isl), "--random-output-len", str(osl),
-                         "--num-prompts", "{num_prompts}", "--max-concurrency", "{point}",
+                         "--num-prompts", "{num_prompts}", "--max-concurrency", "{concurrency}",
                          "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--temperature", "0",
                          "--ready-check-timeout-sec", "60",
                          "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
@@ -305,6 +318,55 @@ def _reported_client_seconds(f: Path) -> float | None:
     return None
 
 
+def conditions(p: _Planned, stage: Stage) -> dict[str, object]:
+    """What makes two throughput runs of a recipe the same experiment (compare.py holds them equal):
+    the workload and the hardware it ran on. Not the serving flags: changing those, like changing
+    the image, is what a comparison is for."""
+    bench = p.recipe.benchmark
+    resources = p.recipe.raw.get("resources") or {}
+    placement = json.dumps({"resources": resources, "benchmark": {k: v for k, v in bench.items() if k != "concurrencies"}},
+                           sort_keys=True, default=str)
+    return {"isl": stage.input_len or int(bench.get("isl") or 128),
+            "osl": stage.output_len or int(bench.get("osl") or 32),
+            "prompts_per_concurrency": stage.prompts_per_concurrency or int(bench.get("num_prompts_mult") or 10),
+            "gpus": p.gpus, "gpu_type": resources.get("gpu_type"), "runner": p.runner_kind,
+            "resources_and_benchmark_sha256": hashlib.sha256(placement.encode()).hexdigest()}
+
+
+def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result: StageResult) -> None:
+    """The stage's results against gate.baseline's (compare.py), written to <stage>/baseline/; a
+    regression, or a change the repeats cannot judge, is a failure of the stage's verdict."""
+    from .. import compare
+    from .gates import Check, Failure
+
+    gate = stage.gate
+    out = result.out_dir / "baseline"
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)  # judged afresh each time: the baseline's publication is pulled again
+    key = None if gate.baseline_key is None else (project.root / gate.baseline_key)
+    try:
+        base, invalid = compare.load_side(gate.baseline, runs=project.artifacts(pipeline.stack) / "runs",
+                                          pulled=out / "pulled", key=key, label=f"baseline {gate.baseline}")
+    except InputError as exc:
+        raise InputError(pipeline.file, "stages.throughput.gate.baseline", str(exc)) from exc
+    here, _ = compare.side_from_results({"stages": [result.to_dict()]}, "this run", result.out_dir)
+    policy = compare.RegressionPolicy(gate.regression_threshold, gate.regression_alpha)
+    comparison = compare.compare(base, here, policy, invalid=invalid)
+    compare.write(comparison, out)
+    failing = {(ch.recipe, ch.concurrency, ch.metric): msg for ch, msg in compare.gate_failures(comparison)}
+    for ch in comparison.gated():
+        where = f"c={ch.concurrency}"
+        msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
+        result.verdict.checks.append(Check("regression", ch.recipe, where, ch.change, -policy.threshold, msg is None))
+        if msg is not None:
+            result.verdict.failures.append(Failure("regression", ch.recipe, where, msg, ch.change, -policy.threshold))
+    if not comparison.gated():
+        result.verdict.failures.append(Failure("regression", "-", None, f"nothing to hold to {gate.baseline}: "
+                                               + ("; ".join(comparison.not_compared) or "no point in common")))
+
+
 def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], image_ref: str,
                   runner_name: str, stage_dir: Path, jobs: list[dict], since: float = 0.0) -> StageResult:
     result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
@@ -323,7 +385,8 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
             fresh = f.stat().st_mtime >= since
             try:
                 if stage.name == "throughput":
-                    tp = parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=int(point))
+                    conc, repeat = parse_throughput_point(point)
+                    tp = replace(parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=conc), repeat=repeat)
                     result.throughput.append(tp)
                     secs = tp.duration_s
                 elif stage.gate.agreement_with is not None:
@@ -356,8 +419,9 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
         "benchmark_seconds": round(bench, 3),  # the benchmarks' own durations (vLLM duration, gsm8k seconds)
     }
     if stage.name == "throughput":
-        expected = {p.key: [int(x) for x in p.points] for p in planned}
-        verdict = evaluate_throughput(result.throughput, expected, stage.gate.config())
+        result.conditions = {p.key: conditions(p, stage) for p in planned}
+        expected = {p.key: sorted({parse_throughput_point(x)[0] for x in p.points}) for p in planned}
+        verdict = evaluate_throughput(result.throughput, expected, stage.gate.config(), repeats=stage.repeats)
     elif stage.gate.agreement_with is not None:
         result.agreement, result.accuracy = compare_answers(answers, stage.gate.agreement_with)
         verdict = evaluate_agreement(result.agreement, stage.gate.agreement_with, [p.key for p in planned], set(answers))
@@ -440,6 +504,8 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         jobs.append({**outcome.to_dict(), "runner": job_runner.name})
     used = "+".join(dict.fromkeys(j["runner"] for j in jobs)) or runner.name
     result = collect_stage(pipeline, settings, planned, image_ref, used, stage_dir, jobs, since=started)
+    if settings.name == "throughput" and settings.gate.baseline:
+        hold_to_baseline(project, pipeline, settings, result)
     _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
     log.info("%s", format_verdict(result.verdict))

@@ -1,0 +1,174 @@
+"""Comparing two images by their results: what regresses beyond the noise, what cannot be judged,
+and what is not compared at all. The points are real vLLM benchmark results (tests/data/dev-cpu),
+measured again with known changes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from servestack import compare
+from servestack.errors import InputError
+from servestack.project import Project
+from servestack.stages.results import StageResult, parse_vllm_result
+
+DATA = Path(__file__).parent / "data" / "dev-cpu"
+CONDITIONS = {"isl": 128, "osl": 32, "prompts_per_concurrency": 4, "gpus": 1, "gpu_type": "cpu", "runner": "local",
+              "resources_and_benchmark_sha256": "ab" * 32}
+
+
+def measured(c: int, factors: list[float], recipe: str = "agg"):
+    """The c-point of the real result, measured len(factors) times: tokens/s scaled by each factor,
+    TPOT inversely, as a slower or faster server would give."""
+    base = parse_vllm_result(DATA / f"{c}.json", recipe=recipe, gpus=1, concurrency=c)
+    return [replace(base, repeat=k, tokens_per_s_per_gpu=base.tokens_per_s_per_gpu * f,
+                    tokens_per_s_per_user=base.tokens_per_s_per_user * f, median_tpot_ms=base.median_tpot_ms / f,
+                    p99_tpot_ms=base.p99_tpot_ms / f)
+            for k, f in enumerate(factors)]
+
+
+def run_results(points, conditions=CONDITIONS, image="127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64) -> dict:
+    stage = StageResult("dev-cpu", "dev-cpu", "throughput", image, "local", Path("."), throughput=points,
+                        conditions={"agg": conditions})
+    return {"passed": True, "stages": [stage.to_dict()]}
+
+
+def side(points, label, **kw):
+    return compare.side_from_results(run_results(points, **kw), label, Path(f"{label}/results.json"))
+
+
+NOISE_A = [1.00, 1.03, 0.98]
+NOISE_B = [1.01, 0.99, 1.02]
+
+
+def test_the_same_image_measured_twice_has_no_regression_at_any_point():
+    a, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_A)], "A")
+    b, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_B)], "B")
+    result = compare.compare(a, b)
+    assert result.changes and not result.regressions
+    assert {ch.verdict for ch in result.changes} == {"within noise"}
+    assert len(result.changes) == 3 * len(compare.METRICS)
+
+
+def test_a_slowdown_beyond_threshold_and_noise_is_a_regression_at_the_points_it_slows():
+    a, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_A)], "A")
+    b, _ = side([*measured(1, NOISE_B), *measured(4, NOISE_B), *measured(16, [0.70, 0.72, 0.69])], "B")
+    result = compare.compare(a, b)
+    regressed = {(ch.concurrency, ch.metric) for ch in result.regressions}
+    assert regressed == {(16, "tokens_per_s_per_gpu"), (16, "tokens_per_s_per_user"), (16, "median_tpot_ms"),
+                         (16, "p99_tpot_ms")}
+    tps = next(ch for ch in result.regressions if ch.metric == "tokens_per_s_per_gpu")
+    assert tps.change == pytest.approx(0.70 / 1.00 - 1, abs=0.01) and tps.p_value == pytest.approx(0.05)
+    assert tps.low < tps.change < tps.high < -compare.DEFAULT_THRESHOLD
+    [(ch, message)] = compare.gate_failures(result)
+    assert ch is tps and "tokens_per_s_per_gpu -30.0% against the baseline" in message and "p = 0.050" in message
+
+
+def test_a_faster_image_is_an_improvement_not_a_regression():
+    a, _ = side(measured(4, NOISE_A), "A")
+    b, _ = side(measured(4, [1.30, 1.32, 1.28]), "B")
+    verdicts = {ch.metric: ch.verdict for ch in compare.compare(a, b).changes}
+    assert verdicts["tokens_per_s_per_gpu"] == "improvement" and verdicts["median_tpot_ms"] == "improvement"
+    assert verdicts["median_ttft_ms"] == "within noise"  # unchanged by the scaling
+
+
+def test_a_change_the_spread_covers_is_noise_however_large():
+    a, _ = side(measured(4, [0.70, 1.30, 1.00]), "A")
+    b, _ = side(measured(4, [0.75, 1.25, 0.85]), "B")  # median -15%, but the repeats overlap
+    [tps] = [ch for ch in compare.compare(a, b).changes if ch.metric == "tokens_per_s_per_gpu"]
+    assert tps.change == pytest.approx(-0.15) and tps.p_value > compare.DEFAULT_ALPHA and tps.verdict == "within noise"
+
+
+def test_too_few_repeats_cannot_show_a_regression_and_the_gate_does_not_pass_them():
+    a, _ = side(measured(4, [1.0]), "A")
+    b, _ = side(measured(4, [0.5]), "B")
+    result = compare.compare(a, b)
+    [tps] = [ch for ch in result.changes if ch.metric == "tokens_per_s_per_gpu"]
+    assert tps.verdict == "inconclusive" and tps.p_value is None and tps.low is None
+    assert not result.regressions
+    [(_, message)] = compare.gate_failures(result)
+    assert "1 and 1 repeats cannot show whether it is noise" in message and "stages.throughput.repeats" in message
+
+
+def test_a_point_that_is_not_a_result_is_named_and_never_compared():
+    failed = replace(measured(4, [1.0])[0], failed=2, completed=14, repeat=2)
+    silent = replace(measured(16, [1.0])[0], output_tokens=0)
+    a, invalid_a = side(measured(4, NOISE_A), "A")
+    b, invalid_b = side([*measured(4, NOISE_B[:2]), failed, silent], "B")
+    assert invalid_b == ["B: agg c=4 repeat 2: 2 failed requests", "B: agg c=16 repeat 0: no output tokens"]
+    result = compare.compare(a, b, invalid=invalid_a + invalid_b)
+    assert all(len(ch.b) == 2 for ch in result.changes)  # the two valid repeats only
+    assert "B: agg c=16 repeat 0: no output tokens" in result.not_compared
+
+
+def test_different_experiments_are_named_instead_of_compared():
+    a, _ = side(measured(4, NOISE_A), "A")
+    b, _ = side(measured(4, NOISE_B), "B", conditions={**CONDITIONS, "isl": 1024, "gpu_type": "gb200"})
+    result = compare.compare(a, b)
+    assert not result.changes
+    assert result.not_compared == ["throughput/agg: not the same experiment: gpu_type 'cpu' vs 'gb200'; isl 128 vs 1024"]
+    c, _ = side(measured(16, NOISE_B), "C")
+    assert compare.compare(a, c).not_compared == ["agg c=4: measured only in A", "agg c=16: measured only in C"]
+
+
+def test_the_report_the_json_and_the_overlay_plot(tmp_path: Path):
+    a, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_A)], "A")
+    b, _ = side([*measured(1, NOISE_B), *measured(4, NOISE_B), *measured(16, [0.70, 0.72, 0.69])], "B")
+    report = compare.write(compare.compare(a, b), tmp_path)
+    md = report.read_text()
+    assert md.startswith("# Comparison: `B` against `A`") and "**4 regressions** in 24 compared metric values." in md
+    assert "| agg | 16 | tok/s/GPU |" in md and "| **regression** |" in md
+    assert "![tokens/s per GPU against tokens/s per user, both sides](comparison_pareto.png)" in md
+    assert (tmp_path / "comparison_pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((tmp_path / "comparison.json").read_text())
+    assert data["schema"] == compare.SCHEMA and data["regressions"] == 4 and data["policy"]["min_repeats"] == 3
+
+
+def test_sides_are_named_by_run_id_run_directory_or_pulled_publication(tmp_path: Path):
+    runs = tmp_path / "build" / "dev-cpu" / "runs"
+    (runs / "r1").mkdir(parents=True)
+    (runs / "r1" / "results.json").write_text(json.dumps(run_results(measured(4, NOISE_A))))
+    pulled = tmp_path / "servestack-abc"
+    (pulled / "runs" / "r1").mkdir(parents=True)
+    (pulled / "publication.json").write_text("{}")
+    (pulled / "runs" / "r1" / "results.json").write_text((runs / "r1" / "results.json").read_text())
+    for reference in ("r1", str(runs / "r1"), str(pulled)):
+        s, _ = compare.load_side(reference, runs=runs, pulled=tmp_path / "unused")
+        assert len(s.points[("agg", 4)]) == 3
+    with pytest.raises(InputError, match="not a run id under"):
+        compare.load_side("r2", runs=runs, pulled=tmp_path / "unused")
+    with pytest.raises(InputError, match="publisher's public key"):
+        compare.load_side("127.0.0.1:5000/x@sha256:" + "a" * 64, runs=runs, pulled=tmp_path / "unused")
+    (runs / "bad").mkdir()
+    (runs / "bad" / "results.json").write_text("{}")
+    with pytest.raises(InputError, match="stages"):
+        compare.load_side("bad", runs=runs, pulled=tmp_path / "unused")
+
+
+def test_compare_references_writes_under_the_stacks_comparisons(tmp_path: Path):
+    runs = tmp_path / "build" / "dev-cpu" / "runs"
+    for name, factors in (("a1", NOISE_A), ("b1", [0.70, 0.72, 0.69])):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
+    result, report = compare.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
+    assert report == tmp_path / "build" / "dev-cpu" / "comparisons" / "a1-vs-b1" / "comparison.md"
+    assert {ch.metric for ch in result.regressions} >= {"tokens_per_s_per_gpu"}
+
+
+def test_the_command_line_exits_1_on_a_regression_and_0_without(tmp_path: Path, capsys):
+    from servestack import cli
+
+    runs = tmp_path / "build" / "dev-cpu" / "runs"
+    for name, factors in (("a1", NOISE_A), ("a2", NOISE_B), ("b1", [0.70, 0.72, 0.69])):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
+    (tmp_path / "pins").mkdir()
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "a2"]) == 0
+    assert "**no regression**" in capsys.readouterr().out
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1", "--threshold", "0.5"]) == 0  # -30% < 50%
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1"]) == 1
+    assert "| **regression** |" in capsys.readouterr().out
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "nowhere"]) == 2
