@@ -92,6 +92,12 @@ def compare(session: nox.Session) -> None:
 
 
 @nox.session
+def bump(session: nox.Session) -> None:
+    """lock --upgrade, build, image, smoke, stages, compare with the last published baseline: a drift report."""
+    _servestack(session, "bump", "report")
+
+
+@nox.session
 def cancel(session: nox.Session) -> None:
     """Cancel the jobs a run left live after its process was killed (`-- --stack S --run-id ID`)."""
     _servestack(session, "cancel")

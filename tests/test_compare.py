@@ -172,3 +172,69 @@ def test_the_command_line_exits_1_on_a_regression_and_0_without(tmp_path: Path, 
     assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1"]) == 1
     assert "| **regression** |" in capsys.readouterr().out
     assert cli.main(["--project", str(tmp_path), "compare", "a1", "nowhere"]) == 2
+
+
+# ----------------------------------------------------------------------------- bump's drift report
+
+def _bump_project(tmp_path: Path, published: dict | None) -> Project:
+    project = Project(tmp_path)
+    runs = project.artifacts("dev-cpu") / "runs"
+    (runs / "published").mkdir(parents=True)
+    (runs / "published" / "results.json").write_text(json.dumps(run_results(measured(4, NOISE_A))))
+    if published is not None:
+        (project.artifacts("dev-cpu") / "publish.json").write_text(json.dumps(published))
+    return project
+
+
+def _stages_leaving_a_run(project: Project, drift, factors: list[float]):
+    """What the stages step leaves: a run of the bumped image, its stage directory recorded."""
+    def stages():
+        run = project.artifacts("dev-cpu") / "runs" / "bumped"
+        (run / "throughput").mkdir(parents=True)
+        (run / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
+        drift.stages = [{"stage": "throughput", "passed": True, "dir": str(run / "throughput")}]
+        return True, "throughput pass"
+    return stages
+
+
+def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_path: Path):
+    from servestack import bump
+
+    project = _bump_project(tmp_path, {"image": "published", "run": "published"})
+    assert bump.last_published(project, "dev-cpu") == "published"
+    drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
+        ("lock --upgrade", lambda: (True, "2 changes")), ("stages", _stages_leaving_a_run(project, d, [0.70, 0.72, 0.69]))])
+    assert not drift.passed and [s.name for s in drift.steps] == ["lock --upgrade", "stages", "compare"]
+    assert drift.steps[-1].detail == "4 regressions against published"
+    md = report.read_text()
+    assert report == project.artifacts("dev-cpu") / "bump" / "drift.md"
+    assert "**FAIL**" in md and "**4 regressions** against `published`" in md and "| compare | **FAIL** |" in md
+    assert json.loads((report.parent / "drift.json").read_text())["schema"] == bump.SCHEMA
+    unchanged = _bump_project(tmp_path / "aa", {"image": "published", "run": "published"})
+    drift, report = bump.bump(unchanged, "dev-cpu", echo=None, steps=lambda d: [
+        ("stages", _stages_leaving_a_run(unchanged, d, NOISE_B))])
+    assert drift.passed and "no regression against `published`" in report.read_text()
+
+
+def test_a_bump_stops_at_the_first_failed_step_and_says_so(tmp_path: Path):
+    from servestack import bump
+    from servestack.errors import ServestackError
+
+    project = _bump_project(tmp_path, {"image": "published", "run": "published"})
+
+    def broken():
+        raise ServestackError("build dev-cpu: vllm-0.32.0.whl: sha256 mismatch\nmore")
+    ran = []
+    drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
+        ("lock --upgrade", lambda: (True, "1 change")), ("build", broken), ("image", lambda: ran.append(1))])
+    assert not ran and not drift.passed and drift.comparison is None
+    assert "| build | **FAIL** | 0 | build dev-cpu: vllm-0.32.0.whl: sha256 mismatch |" in report.read_text()
+
+
+def test_a_bump_needs_a_baseline_with_results(tmp_path: Path):
+    from servestack import bump
+
+    with pytest.raises(InputError, match="no publication of this stack"):
+        bump.last_published(_bump_project(tmp_path / "a", None), "dev-cpu")
+    with pytest.raises(InputError, match="carries no run's results"):
+        bump.last_published(_bump_project(tmp_path / "b", {"image": "x@sha256:" + "1" * 64, "run": None}), "dev-cpu")

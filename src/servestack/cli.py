@@ -387,6 +387,25 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
     return 1 if result.regressions else 0
 
 
+def _bump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", help="what to hold the bumped image to: a run id, a directory, or REF@sha256:... "
+                                      "(default: the image build/<stack>/publish.json records, with its run)")
+    p.add_argument("--key", type=Path, default=Path("servestack.pub"), help="the publisher's public key, for a "
+                                                                           "baseline by digest (default: servestack.pub)")
+    p.add_argument("--run-id", help="the bumped image's run (default: derived from its digest and the pipeline)")
+
+
+@command("bump", "lock --upgrade, build, image, smoke, stages, compare with the last published baseline: "
+                 "build/<stack>/bump/drift.md", _bump_args)
+def _bump(args: argparse.Namespace, project: Project) -> int:
+    from . import bump
+
+    drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say)
+    _say(report.read_text())
+    _say(f"-> {report}")
+    return 0 if drift.passed else 1
+
+
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex>")
     p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")

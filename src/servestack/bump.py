@@ -1,0 +1,169 @@
+"""`nox -s bump`: move a stack's pins forward, and say what that did to the image and to serving.
+
+lock --upgrade, build, image, smoke, the pipeline's stages, then the new run held to the last
+published baseline for the stack (build/<stack>/publish.json: the image it published, with the
+run whose results went in the bundle; or the baseline given). One drift report,
+build/<stack>/bump/drift.md (and .json): the lock's changes (versions, PRs now upstream, overlays
+that can go), the digest before and after, each step's outcome, the stages' verdicts and the
+performance verdict (compare.py). A step that fails ends the bump there and the report says
+which; the relocked pins stay, for whoever reads why.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError, ServestackError
+from .fsutil import atomic_write_json, atomic_write_text
+from .project import Project
+
+SCHEMA = "servestack.drift/1"
+
+
+@dataclass
+class Step:
+    name: str
+    ok: bool
+    detail: str
+    seconds: float
+
+
+@dataclass
+class Drift:
+    stack: str
+    baseline: str | None = None
+    digest_before: str | None = None
+    digest_after: str | None = None
+    lock_changes: list[str] = field(default_factory=list)
+    steps: list[Step] = field(default_factory=list)
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    comparison: dict[str, Any] | None = None
+    comparison_report: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.steps) and all(s.ok for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "stack": self.stack, "passed": self.passed, "baseline": self.baseline,
+                "digest_before": self.digest_before, "digest_after": self.digest_after,
+                "lock_changes": self.lock_changes, "steps": [s.__dict__ for s in self.steps],
+                "stages": self.stages, "comparison": self.comparison, "comparison_report": self.comparison_report}
+
+
+def last_published(project: Project, stack: str) -> str:
+    """The image the stack last published with a run's results (its baseline by default)."""
+    record = project.artifacts(stack) / "publish.json"
+    published = project.read_json(record, f"publish the stack with a run (`nox -s publish -- --stack {stack} --run "
+                                          "RUN_ID`) or name a baseline (--baseline)") if record.exists() else None
+    if not published:
+        raise InputError(record, "", "no publication of this stack to hold the bump to: name a baseline (--baseline "
+                                     "RUN_ID | DIR | REF@sha256:...)")
+    if not published.get("run"):
+        raise InputError(record, "run", f"the last publication ({published.get('image')}) carries no run's results "
+                                        "(publish --run RUN_ID), so nothing to compare with: name a baseline")
+    return str(published["image"])
+
+
+def markdown(d: Drift) -> str:
+    lines = [f"# Drift report: {d.stack}", "", f"**{'PASS' if d.passed else 'FAIL'}**", "",
+             f"- digest before: `{d.digest_before or '-'}`", f"- digest after: `{d.digest_after or '-'}`",
+             f"- baseline: `{d.baseline or '-'}`", "", "## The lock", ""]
+    lines += [f"- {c}" for c in d.lock_changes] or ["- (not relocked)"]
+    lines += ["", "## Steps", "", "| step | outcome | seconds | detail |", "|---|---|---:|---|"]
+    for s in d.steps:
+        lines.append(f"| {s.name} | {'ok' if s.ok else '**FAIL**'} | {s.seconds:.0f} | {s.detail.replace('|', '/')} |")
+    if d.stages:
+        lines += ["", "## Stages", ""] + [f"- {s['stage']}: {'pass' if s['passed'] else '**FAIL**'}" for s in d.stages]
+    lines += ["", "## Performance", ""]
+    if d.comparison is None:
+        lines.append("not compared (the bump stopped before, or there was no baseline)")
+    else:
+        n = d.comparison["regressions"]
+        lines.append(f"{'**' + str(n) + ' regressions**' if n else 'no regression'} against `{d.baseline}`: "
+                     f"{len(d.comparison['changes'])} metric values compared, {len(d.comparison['not_compared'])} "
+                     f"not compared ({d.comparison_report})")
+    return "\n".join(lines) + "\n"
+
+
+def write(project: Project, d: Drift) -> Path:
+    out = project.artifacts(d.stack) / "bump"
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "drift.json", d.to_dict())
+    report = out / "drift.md"
+    atomic_write_text(report, markdown(d))
+    return report
+
+
+def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
+    """Each step as (name, action -> (ok, detail)); they run in order and the first failure ends the bump."""
+    from . import build, image, lock
+    from .smoke import run_smoke
+    from .stages import run_pipeline
+
+    def relock() -> tuple[bool, str]:
+        _, d.lock_changes = lock.upgrade(project, stack)
+        return True, f"{len(d.lock_changes)} changes"
+
+    def built() -> tuple[bool, str]:
+        build.build(project, stack)
+        return True, "every locked input fetched and verified"
+
+    def imaged() -> tuple[bool, str]:
+        record = image.build_image(project, stack)
+        d.digest_after = record.reference
+        return True, record.reference
+
+    def smoked() -> tuple[bool, str]:
+        result = run_smoke(project, stack, d.digest_after, echo=None)
+        return result.exit_code == 0, f"smoke exit status {result.exit_code}"
+
+    def staged() -> tuple[bool, str]:
+        results = run_pipeline(project, stack, d.digest_after, run_id=run_id)
+        d.stages = [{"stage": r.stage, "passed": r.passed, "dir": str(r.out_dir)} for r in results]
+        return bool(results) and all(r.passed for r in results), ", ".join(
+            f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results)
+
+    return [("lock --upgrade", relock), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
+
+
+def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,
+         run_id: str | None = None, echo: Callable[[str], None] | None = print,
+         steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
+         ) -> tuple[Drift, Path]:
+    """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
+    from . import compare
+    from .image import load_image
+
+    d = Drift(stack, baseline=baseline or last_published(project, stack))
+    try:
+        d.digest_before = load_image(project, stack).reference
+    except ServestackError:
+        d.digest_before = None  # never built here
+    for name, action in (steps or (lambda drift: _steps(project, stack, drift, run_id)))(d):
+        started = time.monotonic()
+        try:
+            ok, detail = action()
+        except ServestackError as exc:
+            ok, detail = False, str(exc).splitlines()[0]
+        d.steps.append(Step(name, ok, detail, round(time.monotonic() - started, 1)))
+        if echo:
+            echo(f"bump {stack}: {name}: {'ok' if ok else 'FAIL'}: {detail}")
+        if not ok:
+            return d, write(project, d)
+    run = Path(d.stages[0]["dir"]).parent if d.stages else None
+    if run is not None:
+        started = time.monotonic()
+        try:
+            result, report = compare.compare_references(project, stack, d.baseline, str(run), key=key)
+            d.comparison, d.comparison_report = result.to_dict(), str(report)
+            ok = not result.regressions
+            detail = f"{len(result.regressions)} regressions against {d.baseline}"
+        except ServestackError as exc:
+            ok, detail = False, str(exc).splitlines()[0]
+        d.steps.append(Step("compare", ok, detail, round(time.monotonic() - started, 1)))
+    return d, write(project, d)
