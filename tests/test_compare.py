@@ -205,7 +205,7 @@ def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_pat
     drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
         ("lock --upgrade", lambda: (True, "2 changes")), ("stages", _stages_leaving_a_run(project, d, [0.70, 0.72, 0.69]))])
     assert not drift.passed and [s.name for s in drift.steps] == ["lock --upgrade", "stages", "compare"]
-    assert drift.steps[-1].detail == "4 regressions against published"
+    assert drift.steps[-1].detail == "4 regressions, 0 gated points the repeats cannot judge, against published"
     md = report.read_text()
     assert report == project.artifacts("dev-cpu") / "bump" / "drift.md"
     assert "**FAIL**" in md and "**4 regressions** against `published`" in md and "| compare | **FAIL** |" in md

@@ -406,3 +406,72 @@ def test_impossible_gate_fails_with_a_verdict_naming_recipe_point_and_numbers(ga
     assert "throughput: FAIL (1 failure)" in gated_run["out"]
     report = (gated_run["out_dir"].parent / "report.md").read_text()
     assert "**FAIL**" in report and line.strip() in report
+
+
+# ----------------------------------------------------------------------------- held to a baseline
+
+REPEATED_PIPELINE = """
+stack: dev-cpu
+runner: {{kind: local, python: python3}}
+model_paths: {{tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}}
+data_dir: {data}
+server: {{port: 8000, startup_timeout: 10m, extra_flags: {flags}}}
+stages:
+  throughput:
+    recipes: [agg]
+    time_limit: 20m
+    concurrencies: [1, 4]
+    input_len: 64
+    output_len: 16
+    prompts_per_concurrency: 4
+    min_prompts: 8
+    repeats: 3
+    gate: {gate}
+"""
+
+
+@pytest.fixture(scope="module")
+def baseline_runs(image_ref, tmp_path_factory):
+    """One image measured three times, each point 3 times: the baseline, the same again held to it
+    (A/A), and with the server's batch capped to one sequence held to it (A/B: c=4 slows, c=1 not)."""
+    root = tmp_path_factory.mktemp("baseline")
+    (root / "pipelines").mkdir()
+    (root / "recipes").symlink_to(ROOT / "recipes")
+    data = ROOT / "data" / "gsm8k"
+    held = "{regression_threshold: 0.25, baseline: reference}"
+    for name, flags, gate in (("reference", "{}", "{}"), ("again", "{}", held), ("capped", "{max-num-seqs: 1}", held)):
+        (root / "pipelines" / f"{name}.yaml").write_text(REPEATED_PIPELINE.format(data=data, flags=flags, gate=gate))
+    runs = {}
+    for name in ("reference", "again", "capped"):
+        t0 = time.monotonic()
+        proc = subprocess.run(_cli("throughput", "--stack", STACK, "--pipeline", name, "--image", image_ref,
+                                   "--run-id", name, project=root), capture_output=True, text=True, timeout=1800)
+        stage = root / "build" / STACK / "runs" / name / "throughput"
+        runs[name] = {"proc": proc, "dir": stage, "results": json.loads((stage / "results.json").read_text())}
+        print(f"{name}: {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f})")
+    return runs
+
+
+def test_the_same_image_measured_again_shows_no_regression_against_its_baseline(baseline_runs):
+    ref, again = baseline_runs["reference"], baseline_runs["again"]
+    assert ref["proc"].returncode == 0, ref["proc"].stdout[-3000:]
+    assert sorted((p["concurrency"], p["repeat"]) for p in ref["results"]["throughput"]) == [
+        (c, k) for c in (1, 4) for k in range(3)]
+    assert again["proc"].returncode == 0, again["proc"].stdout[-3000:] + (again["dir"] / "baseline" / "comparison.md").read_text()
+    checks = [c for c in again["results"]["verdict"]["checks"] if c["gate"] == "regression"]
+    assert [(c["point"], c["passed"]) for c in checks] == [("c=1", True), ("c=4", True)]
+    assert "**no regression**" in (again["dir"] / "baseline" / "comparison.md").read_text()
+
+
+def test_a_capped_batch_is_flagged_where_it_slows_and_fails_the_pipeline(baseline_runs):
+    capped = baseline_runs["capped"]
+    report = (capped["dir"] / "baseline" / "comparison.md").read_text()
+    assert capped["proc"].returncode == 1, capped["proc"].stdout[-3000:] + report
+    failures = capped["results"]["verdict"]["failures"]
+    assert [(f["gate"], f["recipe"], f["point"]) for f in failures] == [("regression", "agg", "c=4")], report
+    assert "FAIL regression    agg c=4: tokens_per_s_per_gpu -" in capped["proc"].stdout
+    comparison = json.loads((capped["dir"] / "baseline" / "comparison.json").read_text())
+    gated = {c["concurrency"]: c for c in comparison["changes"] if c["metric"] == "tokens_per_s_per_gpu"}
+    assert gated[4]["verdict"] == "regression" and gated[4]["p_value"] <= 0.05 and gated[4]["change"] < -0.25
+    assert gated[1]["verdict"] != "regression"
+    assert (capped["dir"] / "baseline" / "comparison_pareto.png").read_bytes()[:8] == PNG

@@ -367,3 +367,38 @@ def test_no_password_or_private_key_in_any_log_bundle_layer_or_record(env, tmp_p
         needle = secret.encode()
         leaks = [name for name, data in searched if needle in data]
         assert not leaks, f"the {what} appears in {leaks}"
+
+
+def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp_path):
+    """`compare A B` with two digests: each publication is pulled into a fresh directory, verified,
+    and its run's results are the side; the slower image's regression is named at its point."""
+    from dataclasses import replace
+
+    from servestack import compare
+    from servestack.report import write_run
+    from servestack.stages.results import StageResult, parse_vllm_result
+
+    data = REPO_ROOT / "tests" / "data" / "dev-cpu"
+    private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
+    images = []
+    for label, factors in (("fast", (1.00, 1.03, 0.98)), ("slow", (0.70, 0.72, 0.69))):
+        image, _ = new_image(env, salt=label)
+        project = make_project(tmp_path / label, image)
+        stage_dir = project.artifacts(STACK) / "runs" / label / "throughput"
+        stage_dir.mkdir(parents=True)
+        base = parse_vllm_result(data / "4.json", recipe="agg", gpus=1, concurrency=4)
+        points = [replace(base, repeat=k, tokens_per_s_per_gpu=base.tokens_per_s_per_gpu * f) for k, f in enumerate(factors)]
+        write_run(stage_dir.parent, [StageResult(STACK, STACK, "throughput", image, "local", stage_dir, throughput=points,
+                                                 conditions={"agg": {"isl": 128, "osl": 32, "gpu_type": "cpu"}})])
+        publish.publish(project, STACK, key=private, run_id=label, echo=None)
+        images.append(image)
+    here = Project(tmp_path / "reader")
+    result, report = compare.compare_references(here, STACK, images[0], images[1], key=public)
+    assert [(ch.recipe, ch.concurrency, ch.metric) for ch in result.regressions] == [("agg", 4, "tokens_per_s_per_gpu")]
+    out = report.parent
+    for side in ("a", "b"):
+        assert json.loads((out / "pulled" / side / "publication.json").read_text())["image"] in images
+    assert f"image `{images[1]}`" in report.read_text()
+    with pytest.raises(ServestackError):  # a key that did not sign them verifies nothing
+        compare.compare_references(here, STACK, images[0], images[1], key=signing.keygen(tmp_path / "other.key")[1],
+                                   out=tmp_path / "refused")

@@ -67,6 +67,20 @@ def test_results_are_read_from_srt_slurms_own_layout(tmp_path):
 
 
 
+def test_a_repeat_of_a_sweep_is_one_job_whose_results_are_that_repeats_points(tmp_path):
+    bound = bind_recipe(RECIPE, IMAGE, ("16-r2", "64-r2"), "benchmark.concurrencies")
+    assert bound["benchmark"]["concurrencies"] == [16, 64]
+    logs = tmp_path / "43" / "logs" / "sa-bench_isl_128_osl_32"
+    logs.mkdir(parents=True)
+    for c in (16, 64):
+        (logs / f"results_concurrency_{c}_gpus_1.json").write_text(json.dumps({"c": c}))
+    spec = JobSpec(name="throughput-agg-r2", points=("16-r2", "64-r2"), out_dir=tmp_path / "out", command=(),
+                   extra={"points_field": "benchmark.concurrencies"})
+    SrtctlRunner().collect(JobHandle("srtctl", "43", spec, output_dir=tmp_path / "43"))
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["16-r2.json", "64-r2.json"]
+    assert json.loads((tmp_path / "out" / "64-r2.json").read_text()) == {"c": 64}
+
+
 def test_the_oracles_answers_are_read_and_its_client_is_mounted(tmp_path):
     from servestack.runners.srtctl import CLIENTS_IN_CONTAINER, bind_recipe
 

@@ -268,6 +268,17 @@ def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
     assert spec.command == () and spec.recipe_file.name == "agg.yaml"
     assert spec.extra["points_field"] == "benchmark.concurrencies"
 
+    # Repeats: the recipe's job sweeps each concurrency once, so each repeat is its own job.
+    from servestack.stages.pipeline import load_pipeline
+    from servestack.stages.run import plan_stage
+
+    pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
+    stage = pipeline.stages.throughput.model_copy(update={"repeats": 3})
+    planned = plan_stage(project, pipeline, stage, IMAGE, tmp_path / "repeated", "srtctl")
+    assert [(p.spec.name, p.points) for p in planned] == [
+        ("throughput-agg", ("1", "4", "16")), ("throughput-agg-r1", ("1-r1", "4-r1", "16-r1")),
+        ("throughput-agg-r2", ("1-r2", "4-r2", "16-r2"))]
+
 
 def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
     """The committed dev-cpu pipeline on its local runner: agg runs as a vLLM server job, disagg

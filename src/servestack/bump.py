@@ -131,6 +131,17 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
     return [("lock --upgrade", relock), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
 
 
+def _policy(project: Project, stack: str):
+    """The stack's pipeline's regression threshold and level (its throughput gate), else the defaults."""
+    from .compare import RegressionPolicy
+    from .stages.pipeline import load_pipeline
+
+    pipeline = load_pipeline(project.pipelines / f"{stack}.yaml", project.root) \
+        if (project.pipelines / f"{stack}.yaml").exists() else None
+    gate = pipeline.stages.throughput.gate if pipeline and pipeline.stages.throughput else None
+    return RegressionPolicy(gate.regression_threshold, gate.regression_alpha) if gate else RegressionPolicy()
+
+
 def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,
          run_id: str | None = None, echo: Callable[[str], None] | None = print,
          steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
@@ -159,10 +170,14 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
     if run is not None:
         started = time.monotonic()
         try:
-            result, report = compare.compare_references(project, stack, d.baseline, str(run), key=key)
+            result, report = compare.compare_references(project, stack, d.baseline, str(run), key=key,
+                                                        policy=_policy(project, stack))
             d.comparison, d.comparison_report = result.to_dict(), str(report)
-            ok = not result.regressions
-            detail = f"{len(result.regressions)} regressions against {d.baseline}"
+            failing = compare.gate_failures(result)
+            ok = not failing
+            detail = (f"{len(result.regressions)} regressions, "
+                      f"{sum(1 for ch, _ in failing if ch.verdict == 'inconclusive')} gated points the repeats "
+                      f"cannot judge, against {d.baseline}")
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]
         d.steps.append(Step("compare", ok, detail, round(time.monotonic() - started, 1)))

@@ -81,7 +81,8 @@ def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ..
     if points_field:
         section, _, key = points_field.partition(".")
         target = bound.setdefault(section, {})
-        target[key] = [int(p) if p.isdigit() else p for p in points]
+        # A throughput point is <concurrency>[-r<repeat>]; one job measures one repeat of each.
+        target[key] = [int(c) if c.isdigit() else c for c in dict.fromkeys(p.split("-r")[0] for p in points)]
     if gsm8k is not None:
         bound.setdefault("container_mounts", {})[str(gsm8k)] = GSM8K_IN_CONTAINER
         bound.setdefault("environment", {})["TMPDIR"] = GSM8K_IN_CONTAINER
@@ -208,8 +209,11 @@ class SrtctlRunner(PollingWait):
         """Copy srt-slurm's result files to `<out_dir>/<point>.json` (atomically); keep the originals."""
         out = handle.spec.out_dir
         out.mkdir(parents=True, exist_ok=True)
-        for point, path in self._results(handle).items():
-            if point in handle.spec.points and not (out / f"{point}.json").exists():
+        found = self._results(handle)
+        repeated = bool(handle.spec.extra.get("points_field"))  # throughput: "4" is this job's repeat of 4
+        for point in handle.spec.points:
+            path = found.get(point) or (found.get(point.split("-r")[0]) if repeated else None)
+            if path is not None and not (out / f"{point}.json").exists():
                 atomic_write_bytes(out / f"{point}.json", path.read_bytes())
                 log.info("collected %s -> %s", path, out / f"{point}.json")
         # Keep where srt-slurm put its logs, for the report.

@@ -172,11 +172,6 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
         else:
             points = stage.points
         if RUNNERS[kind].submits_recipes:
-            if stage.name == "throughput" and stage.repeats > 1:
-                raise InputError(pipeline.file, "stages.throughput.repeats",
-                                 f"{name} runs through {kind}, whose job sweeps each of the recipe's "
-                                 "benchmark.concurrencies once; repeats > 1 need a runner that starts the server "
-                                 f"itself ({', '.join(k for k, r in RUNNERS.items() if not r.submits_recipes)})")
             extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
             if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
                 # srtctl mounts a host model directory at /model: the pipeline's, else the model
@@ -190,13 +185,18 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                 extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
             elif stage.name == "accuracy":
                 extra["clients_dir"] = str(CLIENTS_DIR)  # the recipe's custom benchmark runs agreement.py
-            spec = JobSpec(
-                name=f"{stage.name}-{name}", points=points, out_dir=out_dir, command=(), image=image_ref,
-                time_limit_s=stage.time_limit,
-                gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
-                extra=extra, preflight=preflight,
-            )
-            planned.append(_Planned(name, recipe, spec, points, gpus, kind))
+            # The recipe's job sweeps each concurrency once: one job per repeat (a fresh deployment each,
+            # so the repeats also show how much one deployment differs from the next).
+            repeats = stage.repeats if stage.name == "throughput" else 1
+            for k in range(repeats):
+                mine = tuple(p for p in points if repeats == 1 or parse_throughput_point(p)[1] == k)
+                spec = JobSpec(
+                    name=f"{stage.name}-{name}" + (f"-r{k}" if k else ""), points=mine, out_dir=out_dir, command=(),
+                    image=image_ref, time_limit_s=stage.time_limit,
+                    gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
+                    extra=extra, preflight=preflight,
+                )
+                planned.append(_Planned(name, recipe, spec, mine, gpus, kind))
             continue
         model, mounts = _model_mount(pipeline, recipe)
         pycache = pycache_dir(project, pipeline.stack, image_ref)
