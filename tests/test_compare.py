@@ -234,6 +234,12 @@ def test_a_bump_stops_at_the_first_failed_step_and_says_so(tmp_path: Path):
 def test_a_bump_needs_a_baseline_with_results(tmp_path: Path):
     from servestack import bump
 
+    nothing = _bump_project(tmp_path / "none", None)
+    drift, report = bump.bump(nothing, "dev-cpu", echo=None, steps=lambda d: [
+        ("stages", _stages_leaving_a_run(nothing, d, NOISE_B))])
+    assert not drift.passed and drift.steps[-1].name == "compare"
+    assert "no publication of this stack to hold the bump to" in report.read_text()
+
     with pytest.raises(InputError, match="no publication of this stack"):
         bump.last_published(_bump_project(tmp_path / "a", None), "dev-cpu")
     with pytest.raises(InputError, match="carries no run's results"):

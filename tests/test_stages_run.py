@@ -162,6 +162,12 @@ def test_repeats_measure_each_point_again_and_a_baseline_gate_holds_the_run_to_a
         raise_for_verdict(slow)
 
 
+def test_a_bump_measures_each_point_at_least_as_often_as_a_verdict_needs(tmp_path):
+    project = make_project(tmp_path)  # repeats: 1 in the file
+    result = run_stage(project, "dev-cpu", "throughput", IMAGE, RepeatingRunner(lambda c, k: NOISE[k]), min_repeats=3)
+    assert sorted({p.repeat for p in result.throughput}) == [0, 1, 2]
+
+
 def test_a_baseline_that_is_not_there_is_named_in_the_pipeline_file(tmp_path):
     project = make_project(tmp_path)
     pipeline = project.pipelines / "dev-cpu.yaml"

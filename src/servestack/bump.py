@@ -2,7 +2,8 @@
 
 lock --upgrade, build, image, smoke, the pipeline's stages, then the new run held to the last
 published baseline for the stack (build/<stack>/publish.json: the image it published, with the
-run whose results went in the bundle; or the baseline given). One drift report,
+run whose results went in the bundle; or the baseline given), each throughput point measured
+at least compare.MIN_REPEATS times so the verdict can be reached. One drift report,
 build/<stack>/bump/drift.md (and .json): the lock's changes (versions, PRs now upstream, overlays
 that can go), the digest before and after, each step's outcome, the stages' verdicts and the
 performance verdict (compare.py). A step that fails ends the bump there and the report says
@@ -123,7 +124,9 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return result.exit_code == 0, f"smoke exit status {result.exit_code}"
 
     def staged() -> tuple[bool, str]:
-        results = run_pipeline(project, stack, d.digest_after, run_id=run_id)
+        from .compare import MIN_REPEATS
+
+        results = run_pipeline(project, stack, d.digest_after, run_id=run_id, min_repeats=MIN_REPEATS)
         d.stages = [{"stage": r.stage, "passed": r.passed, "dir": str(r.out_dir)} for r in results]
         return bool(results) and all(r.passed for r in results), ", ".join(
             f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results)
@@ -150,7 +153,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
     from . import compare
     from .image import load_image
 
-    d = Drift(stack, baseline=baseline or last_published(project, stack))
+    d = Drift(stack, baseline=baseline)
     try:
         d.digest_before = load_image(project, stack).reference
     except ServestackError:
@@ -170,6 +173,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
     if run is not None:
         started = time.monotonic()
         try:
+            d.baseline = d.baseline or last_published(project, stack)
             result, report = compare.compare_references(project, stack, d.baseline, str(run), key=key,
                                                         policy=_policy(project, stack))
             d.comparison, d.comparison_report = result.to_dict(), str(report)

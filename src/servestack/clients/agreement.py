@@ -44,6 +44,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -77,14 +78,15 @@ TEXTS = (
 MAX_TOKENS = 8
 TOP = 2
 FIRST_COMPLETION_WAIT_S = 300.0  # without --wait: how long the warm-up completion is retried
-# Dynamo's frontend answers 503 "not ready ... Please retry shortly" while it holds its one decode
-# worker out of routing: for DYN_RUNTIME_INHIBITED_DURATION_SECS (5 s) after a request to it failed
-# on the transport, nothing restarted. The fresh-clone CI run of 0aeef82, at load 41 on 2 cores, lost
-# prompts 5-14 to it within one second. A prompt is asked again after the hold, for a bounded time;
-# every refused attempt stays in its answer.
+# Dynamo's frontend answers 503 "not ready ... Please retry shortly" while a worker is out of its
+# routing: for DYN_RUNTIME_INHIBITED_DURATION_SECS (5 s) after a request to it failed on the
+# transport, nothing restarted. The fresh-clone CI run of 0aeef82, at load 41 on 2 cores, lost
+# prompts 5-14 to it within one second. A refused prompt is asked again after the hold; the waits
+# of all prompts together are bounded, so a worker that is gone for good (its discovery entry
+# expired) costs that much once, not per prompt. Every refused attempt stays in its answer.
 UNAVAILABLE = 503
 UNAVAILABLE_PAUSE_S = 6.0
-UNAVAILABLE_RETRY_S = 90.0
+UNAVAILABLE_RETRY_S = 90.0  # the most all prompts together wait on refusals
 
 
 def token_prompts(vocab_size: int, lengths: tuple[int, ...] = LENGTHS, seed: int = 0) -> list[list[int]]:
@@ -135,20 +137,29 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
             timeout: float = 300.0, lengths: tuple[int, ...] = LENGTHS, texts: tuple[str, ...] = TEXTS,
             unavailable_pause: float = UNAVAILABLE_PAUSE_S, unavailable_retry: float = UNAVAILABLE_RETRY_S) -> dict:
     """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time; a prompt
-    the server refused as unavailable (HTTP 503) is asked again for up to `unavailable_retry` s."""
+    the server refused as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while
+    the prompts' pauses together stay within `unavailable_retry` s."""
     work = [("tokens", p) for p in token_prompts(vocab_size, lengths)] + [("text", t) for t in texts]
+    budget = {"left": unavailable_retry}
+    spending = threading.Lock()
+
+    def may_wait() -> bool:
+        with spending:
+            if budget["left"] < unavailable_pause:
+                return False
+            budget["left"] -= unavailable_pause
+            return True
 
     def one(item: tuple[str, list[int] | str]) -> dict:
         kind, prompt = item
         refused: list[str] = []
-        give_up = time.monotonic() + unavailable_retry
         while True:
             try:
                 answer = _answer(kind, prompt, _request(base_url, model, prompt, max_tokens, timeout))
                 return {**answer, "refused": refused}
             except (OSError, urllib.error.URLError, ValueError, KeyError, IndexError) as e:
                 failure = _failure(e)
-                if getattr(e, "code", None) != UNAVAILABLE or time.monotonic() + unavailable_pause > give_up:
+                if getattr(e, "code", None) != UNAVAILABLE or not may_wait():
                     return {"kind": kind, "length": len(prompt), "prompt": prompt, "error": failure, "refused": refused}
                 refused.append(failure)
                 time.sleep(unavailable_pause)

@@ -463,8 +463,12 @@ def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, 
 
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
               runner: Runner | None = None, *, run_id: str | None = None,
-              recipes: tuple[str, ...] | None = None, skip_preflight: bool = False) -> StageResult:
+              recipes: tuple[str, ...] | None = None, skip_preflight: bool = False,
+              min_repeats: int = 1) -> StageResult:
     """Run one stage (accuracy | throughput) of pipelines/<pipeline_name>.yaml against image_ref.
+
+    `min_repeats` raises the throughput stage's repeats to at least that many (bump: enough for a
+    regression verdict).
 
     `runner` (default: the pipeline's) runs the recipes it can start; disaggregated ones it cannot
     go to the pipeline's runner.disaggregated. `recipes` narrows the stage to those names.
@@ -484,6 +488,8 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     settings = _selected(pipeline, recipes).get(stage)
     if settings is None:
         raise InputError(pipeline.file, f"stages.{stage}.recipes", f"runs none of {', '.join(recipes or ())}")
+    if stage == "throughput" and settings.repeats < min_repeats:
+        settings = settings.model_copy(update={"repeats": min_repeats})
     rid = run_id or run_id_for(pipeline, image_ref)
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
@@ -514,7 +520,8 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
 
 def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: Runner | None = None,
                  stages: tuple[str, ...] | None = None, *, run_id: str | None = None,
-                 recipes: tuple[str, ...] | None = None, skip_preflight: bool = False) -> list[StageResult]:
+                 recipes: tuple[str, ...] | None = None, skip_preflight: bool = False,
+                 min_repeats: int = 1) -> list[StageResult]:
     """Every stage the pipeline defines (accuracy, then throughput), then the run-level report;
     `recipes` narrows the run to those recipes (stages that run none of them are skipped)."""
     from .. import report
@@ -526,7 +533,7 @@ def run_pipeline(project: Project, pipeline_name: str, image_ref: str, runner: R
     for stage in wanted:
         with phase(f"pipeline {pipeline_name}", f"stage {stage} ({wanted.index(stage) + 1} of {len(wanted)})"):
             results.append(run_stage(project, pipeline_name, stage, image_ref, runner, run_id=run_id,
-                                     recipes=recipes, skip_preflight=skip_preflight))
+                                     recipes=recipes, skip_preflight=skip_preflight, min_repeats=min_repeats))
     if results:
         timing = {"runner": results[0].runner, **_sum_timing([r.timing for r in results])}
         _finish_timing(timing, time.monotonic() - t0)
