@@ -135,7 +135,12 @@ def test_sides_are_named_by_run_id_run_directory_or_pulled_publication(tmp_path:
     (pulled / "runs" / "r1").mkdir(parents=True)
     (pulled / "publication.json").write_text("{}")
     (pulled / "runs" / "r1" / "results.json").write_text((runs / "r1" / "results.json").read_text())
-    for reference in ("r1", str(runs / "r1"), str(pulled)):
+    stages_only = tmp_path / "servestack-def"  # a run of single stages: no run-level results.json
+    (stages_only / "runs" / "r1" / "throughput").mkdir(parents=True)
+    (stages_only / "publication.json").write_text("{}")
+    (stages_only / "runs" / "r1" / "throughput" / "results.json").write_text(
+        json.dumps(run_results(measured(4, NOISE_A))["stages"][0]))
+    for reference in ("r1", str(runs / "r1"), str(pulled), str(stages_only)):
         s, _ = compare.load_side(reference, runs=runs, pulled=tmp_path / "unused")
         assert len(s.points[("agg", 4)]) == 3
     with pytest.raises(InputError, match="not a run id under"):

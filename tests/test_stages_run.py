@@ -152,6 +152,7 @@ def test_repeats_measure_each_point_again_and_a_baseline_gate_holds_the_run_to_a
     assert same.passed, same.verdict  # A/A: no regression at any point
     assert [c.gate for c in same.verdict.checks].count("regression") == 3
     assert "**no regression**" in (same.out_dir / "baseline" / "comparison.md").read_text()
+    assert "(baseline/comparison.md)" in (same.out_dir / "report.md").read_text()
 
     slow = run_stage(project, "dev-cpu", "throughput", IMAGE,
                      RepeatingRunner(lambda c, k: (0.70, 0.72, 0.69)[k] if c == 16 else NOISE[k]), run_id="slow")

@@ -7,13 +7,15 @@ bootstrap interval (scipy.stats.bootstrap, percentile method, fixed seed). A poi
 metric only when both hold:
 
   - the change is worse than `threshold` (relative: 0.10 = ten per cent slower or later), and
-  - a one-sided Mann-Whitney U test (scipy.stats.mannwhitneyu, exact) says B is worse than A at
-    `alpha`: with 3 repeats a side the smallest p it can give is 0.05, so 3 is the least number
-    of repeats that can show a regression; with fewer the point is `inconclusive`, never a pass.
+  - a one-sided Mann-Whitney U test (scipy.stats.mannwhitneyu, exact) says B's values moved that
+    way at `alpha` (the p reported is that test's, in the direction of the change). With 3
+    repeats a side the smallest p it can give is 0.05, so 3 is the fewest that can show a
+    regression; with fewer, a change beyond the threshold is `inconclusive`, never a pass.
 
 A point that is not valid (a failed request, no output tokens, fewer completed than requested)
 is never compared: it is named, with the reason. So is a recipe whose conditions differ between
-the two sides (input and output lengths, accelerators, the recipe's own values).
+the two sides (stages.run.conditions: the workload and the hardware; serving flags may differ,
+as images do, since that is what is being compared).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class Change:
     change: float  # median(b) / median(a) - 1
     low: float | None  # the 95% bootstrap interval of `change` (None: fewer than 2 repeats a side)
     high: float | None
-    p_value: float | None  # one-sided Mann-Whitney, "B worse than A" (None: fewer than MIN_REPEATS)
+    p_value: float | None  # one-sided Mann-Whitney in the direction of the change (None: fewer than MIN_REPEATS)
     verdict: str  # regression | improvement | within noise | inconclusive
 
     def to_dict(self) -> dict[str, Any]:
@@ -175,14 +177,15 @@ def load_run(path: Path, label: str | None = None) -> tuple[Side, list[str]]:
     data = _read(f)
     if data.get("schema") == STAGE_SCHEMA:
         data = {"stages": [data]}
-    return side_from_results(data, label or (f.parent.parent.name if STAGE_SCHEMA in f.read_text() else f.parent.name), f)
+    return side_from_results(data, label or f.parent.name, f)
 
 
 def load_pulled(directory: Path, label: str | None = None) -> tuple[Side, list[str]]:
     """A publication `servestack pull` wrote: its one run's results (a bundle without results has none to compare)."""
-    found = sorted(directory.glob("runs/*/results.json"))
+    found = sorted({f.parent for f in directory.glob("runs/*/results.json")}
+                   | {f.parent.parent for f in directory.glob("runs/*/*/results.json")})
     if len(found) != 1:
-        raise InputError(directory, "runs/", f"expected one published run's results.json, found {len(found)} "
+        raise InputError(directory, "runs/", f"expected one published run, found {len(found)} "
                                              "(publish --run RUN_ID puts a run's results in the bundle)")
     return load_run(found[0], label)
 
@@ -233,14 +236,13 @@ def _interval(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float | None,
     return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
-def _p_worse(a: tuple[float, ...], b: tuple[float, ...], higher_is_better: bool) -> float | None:
+def _p_higher(a: tuple[float, ...], b: tuple[float, ...], higher: bool) -> float | None:
+    """One-sided exact Mann-Whitney p that B's values are higher (else lower) than A's."""
     if len(a) < MIN_REPEATS or len(b) < MIN_REPEATS:
         return None
     from scipy import stats
 
-    # "B worse": lower values when higher is better, else higher.
-    alternative = "less" if higher_is_better else "greater"
-    return float(stats.mannwhitneyu(b, a, alternative=alternative, method="exact").pvalue)
+    return float(stats.mannwhitneyu(b, a, alternative="greater" if higher else "less", method="exact").pvalue)
 
 
 def judge(recipe: str, concurrency: int, metric: Metric, a: tuple[float, ...], b: tuple[float, ...],
@@ -248,16 +250,13 @@ def judge(recipe: str, concurrency: int, metric: Metric, a: tuple[float, ...], b
     change = _median(b) / _median(a) - 1 if _median(a) else math.inf
     worse = -change if metric.higher_is_better else change  # > 0: B is worse by this fraction
     low, high = _interval(a, b)
-    p = _p_worse(a, b, metric.higher_is_better)
-    p_better = _p_worse(a, b, not metric.higher_is_better)
+    p = _p_higher(a, b, change > 0)  # that the values moved the way the medians did
     if abs(worse) <= policy.threshold:
         verdict = "within noise"
     elif p is None:
         verdict = "inconclusive"
-    elif worse > 0 and p <= policy.alpha:
-        verdict = "regression"
-    elif worse < 0 and p_better is not None and p_better <= policy.alpha:
-        verdict = "improvement"
+    elif p <= policy.alpha:
+        verdict = "regression" if worse > 0 else "improvement"
     else:
         verdict = "within noise"
     return Change(recipe, concurrency, metric.key, a, b, change, low, high, p, verdict)
