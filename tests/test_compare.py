@@ -191,12 +191,12 @@ def _bump_project(tmp_path: Path, published: dict | None) -> Project:
     return project
 
 
-def _stages_leaving_a_run(project: Project, drift, factors: list[float]):
+def _stages_leaving_a_run(project: Project, drift, factors: list[float], conditions=CONDITIONS):
     """What the stages step leaves: a run of the bumped image, its stage directory recorded."""
     def stages():
         run = project.artifacts("dev-cpu") / "runs" / "bumped"
         (run / "throughput").mkdir(parents=True)
-        (run / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
+        (run / "results.json").write_text(json.dumps(run_results(measured(4, factors), conditions)))
         drift.stages = [{"stage": "throughput", "passed": True, "dir": str(run / "throughput")}]
         return True, "throughput pass"
     return stages
@@ -219,6 +219,10 @@ def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_pat
     drift, report = bump.bump(unchanged, "dev-cpu", echo=None, steps=lambda d: [
         ("stages", _stages_leaving_a_run(unchanged, d, NOISE_B))])
     assert drift.passed and "no regression against `published`" in report.read_text()
+    elsewhere = _bump_project(tmp_path / "other", {"image": "published", "run": "published"})
+    drift, _ = bump.bump(elsewhere, "dev-cpu", echo=None, steps=lambda d: [
+        ("stages", _stages_leaving_a_run(elsewhere, d, NOISE_B, {**CONDITIONS, "isl": 1024}))])
+    assert not drift.passed and drift.steps[-1].detail.startswith("nothing in common with published to compare")
 
 
 def test_a_bump_stops_at_the_first_failed_step_and_says_so(tmp_path: Path):

@@ -178,10 +178,11 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
                                                         policy=_policy(project, stack))
             d.comparison, d.comparison_report = result.to_dict(), str(report)
             failing = compare.gate_failures(result)
-            ok = not failing
+            ok = bool(result.gated()) and not failing
             detail = (f"{len(result.regressions)} regressions, "
                       f"{sum(1 for ch, _ in failing if ch.verdict == 'inconclusive')} gated points the repeats "
-                      f"cannot judge, against {d.baseline}")
+                      f"cannot judge, against {d.baseline}") if result.gated() else (
+                f"nothing in common with {d.baseline} to compare: " + ("; ".join(result.not_compared) or "no point"))
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]
         d.steps.append(Step("compare", ok, detail, round(time.monotonic() - started, 1)))
