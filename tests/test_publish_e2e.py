@@ -4,6 +4,7 @@ in Docker's config.json, cross-checked with oras and cosign from Debian trixie."
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -173,6 +174,38 @@ def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published
                               str(envelope), "--type", "slsaprovenance1", "--insecure-ignore-tlog", str(lock)],
                              check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
     assert refused.returncode != 0
+
+
+def test_stock_cosign_verifies_the_image_signature_and_its_slsa_provenance_offline(published, tmp_path):
+    """cosign 2.5.0 as Debian ships it, by the image digest alone: `verify` finds the signature at
+    the .sig tag, `verify-attestation --type slsaprovenance1` the SLSA v1 statement at .att; another
+    key verifies neither. Re-publishing adds no second signature by the same key."""
+    image = ImageRef.parse(published["image"])
+    cosign = tools.trixie_tool("cosign")
+    ca = Path(os.environ["SERVESTACK_CERTS_D"]) / image.registry / "ca.crt"
+    env = {**os.environ, "HOME": str(tmp_path), "SSL_CERT_FILE": str(ca)}  # Go reads the CA from here
+
+    def cosign_run(*args: str, key: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([str(cosign), *args, "--key", str(key), "--insecure-ignore-tlog", str(image)],
+                              check=False, capture_output=True, text=True, env=env, timeout=120)
+
+    verified = cosign_run("verify", key=published["pub"])
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    [claim] = json.loads(verified.stdout)
+    assert claim["critical"]["image"]["docker-manifest-digest"] == image.digest
+    attested = cosign_run("verify-attestation", "--type", "slsaprovenance1", key=published["pub"])
+    assert attested.returncode == 0, attested.stdout + attested.stderr
+    statement = json.loads(base64.b64decode(json.loads(attested.stdout.splitlines()[0])["payload"]))
+    assert statement["predicateType"] == publish.PROVENANCE_V1
+    assert image.hex in [s["digest"]["sha256"] for s in statement["subject"]]
+    other = signing.keygen(tmp_path / "other.key")[1]
+    assert cosign_run("verify", key=other).returncode != 0
+    assert cosign_run("verify-attestation", "--type", "slsaprovenance1", key=other).returncode != 0
+
+    publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    client = published["client"]
+    layers = json.loads(client.get_manifest(f"sha256-{image.hex}.sig")[0])["layers"]
+    assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 1
 
 
 def _blob_file(reg: TlsRegistry, digest: str) -> Path:

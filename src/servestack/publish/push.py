@@ -31,7 +31,8 @@ from .bundle import (
     created_timestamp,
     publication_manifest,
 )
-from .provenance import Source, provenance
+from . import cosign
+from .provenance import PROVENANCE_V1, Source, provenance
 
 
 def image_client(image: ImageRef) -> Client:
@@ -115,12 +116,14 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation), ATTESTATION_TYPE,
                                                  ((BUNDLE_ANNOTATION, bundle_digest), (CREATED, created))),
                         attestation_headers)
+    tags = cosign.attach(client, target, signer, envelope, PROVENANCE_V1)  # where stock cosign 2 looks
     record = {
         "image": str(target),
         "bundle": f"{target.name}@{bundle_digest}",
         "bundle_digest": bundle_digest,
         "attestation": f"{target.name}@{attestation_digest}",
         "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(target.digest)}",
+        "cosign": tags,
         "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
         "bundle_size": len(manifest) + sum(len(f.data) for f in files),
         "run": run_id,
@@ -130,5 +133,6 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     if echo:
         echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
              f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
+             f"\n  cosign      {tags['signature']}, {tags['attestation']}"
              f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
     return record
