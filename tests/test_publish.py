@@ -144,6 +144,28 @@ def test_stack_json_is_read_from_a_layer_in_every_compression(compress, media_ty
     assert publish.fetch.file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
 
 
+def test_stack_json_is_refused_when_the_layer_holds_it_twice_or_names_it_from_outside_the_root():
+    twice = tar_layer({"opt/servestack/stack.json": b"{}", "./opt/servestack/stack.json": b'{"lock": 1}'})
+    with pytest.raises(ServestackError, match="holds /opt/servestack/stack.json twice"):
+        publish.fetch.file_in_layer(twice, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
+    climbing = tar_layer({"../../opt/servestack/stack.json": b"{}"})
+    with pytest.raises(ServestackError, match="climbs out of the image's root"):
+        publish.fetch.file_in_layer(climbing, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
+
+
+def test_pull_refuses_a_symlinked_out_directory_naming_it(keys, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(InputError, match=r"link: --out: is a symbolic link"):
+        publish.pull(IMAGE, key=keys[1], out=tmp_path / "link", echo=None)
+
+
+def test_bundle_titles_that_clash_as_file_and_directory_are_refused():
+    assert publish.bundle.titles_problem(["runs/a/results.json", "runs/a"]) == (
+        "file title 'runs/a' is also the directory of 'runs/a/results.json'")
+    assert publish.bundle.titles_problem(["pins/x.lock", "runs/a/results.json"]) is None
+
+
 def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_path):
     with pytest.raises(ImageRefError, match="is a tag, not a digest"):
         publish.pull("127.0.0.1:5000/servestack/dev-cpu:latest", key=keys[1], out=tmp_path / "o", echo=None)
@@ -154,6 +176,6 @@ def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_pa
     assert (tmp_path / "used" / "mine.txt").read_text() == "keep"
 
 
-@pytest.mark.parametrize("title", ["../etc/passwd", "/abs", "a/../b", ".hidden", "a//b", ""])
+@pytest.mark.parametrize("title", ["../etc/passwd", "/abs", "a/../b", ".hidden", "a//b", "", "a\x00b", "a\\b"])
 def test_a_bundle_file_title_must_be_a_plain_relative_path(title):
     assert publish.bundle.title_problem(title)

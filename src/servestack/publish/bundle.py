@@ -54,6 +54,18 @@ class BundleFile:
 def title_problem(title: str) -> str | None:
     if not title or any(part in ("", ".", "..") or part.startswith(".") for part in title.split("/")):
         return f"file title {title!r} is not a plain relative path"
+    if any(ch == "\\" or ord(ch) < 32 for ch in title):
+        return f"file title {title!r} holds a control character or a backslash"
+    return None
+
+
+def titles_problem(titles: list[str]) -> str | None:
+    """The first title that is not a plain relative path, or that another title uses as its directory."""
+    for title in titles:
+        problem = title_problem(title) or next((f"file title {title!r} is also the directory of {other!r}"
+                                                for other in titles if other.startswith(title + "/")), None)
+        if problem:
+            return problem
     return None
 
 

@@ -29,7 +29,7 @@ from .bundle import (
     TITLE,
     BundleFile,
     PublishError,
-    title_problem,
+    titles_problem,
 )
 from .push import image_client, image_subject
 
@@ -108,11 +108,11 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> P
         raise PublishError(f"bundle {bundle_digest}: its subject is {(bundle.get('subject') or {}).get('digest')}, "
                            f"not {image.digest}")
     files = []
+    problem = titles_problem([(layer.get("annotations") or {}).get(TITLE, "") for layer in bundle.get("layers", [])])
+    if problem:
+        raise PublishError(f"bundle {bundle_digest}: {problem}")
     for layer in bundle.get("layers", []):
         title = (layer.get("annotations") or {}).get(TITLE, "")
-        problem = title_problem(title)
-        if problem:
-            raise PublishError(f"bundle {bundle_digest}: {problem}")
         if subjects.get(title) != layer["digest"].split(":")[-1]:
             raise PublishError(f"bundle {bundle_digest}: {title} has digest {layer['digest']}, the signed statement "
                                f"says sha256:{subjects.get(title, '(not signed)')}")
@@ -172,12 +172,22 @@ def file_in_layer(blob: bytes, media_type: str, path: str) -> bytes | None:
         blob = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)).read()
     elif media_type.endswith("gzip") or blob[:2] == b"\x1f\x8b":
         blob = zlib.decompress(blob, 16 + zlib.MAX_WBITS)
+    found: bytes | None = None
     with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
         for member in tar:
-            if member.name.lstrip("./") == path and member.isfile():
-                extracted = tar.extractfile(member)
-                return extracted.read() if extracted else None
-    return None
+            parts = [p for p in member.name.split("/") if p not in ("", ".")]
+            if ".." in parts:
+                raise PublishError(f"layer entry {member.name!r} climbs out of the image's root: no runtime would put "
+                                   f"it where its name says, so the layer is not read")
+            if "/".join(parts) != path:
+                continue
+            if found is not None:
+                raise PublishError(f"the layer holds /{path} twice: which one a runtime sees depends on the unpacker")
+            extracted = tar.extractfile(member) if member.isfile() else None
+            if extracted is None:
+                raise PublishError(f"/{path} in the layer is not a regular file ({member.type!r})")
+            found = extracted.read()
+    return found
 
 
 def _default_out(image: ImageRef) -> Path:
@@ -190,6 +200,9 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
     started = time.monotonic()
     image = ImageRef.parse(reference)
     out = (out or _default_out(image)).absolute()
+    if out.is_symlink():
+        raise InputError(out, "--out", f"is a symbolic link (to {os.readlink(out)}); pull writes a fresh directory: "
+                                       "name the directory itself")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     publication = fetch_publication(reference, key, bundle)
