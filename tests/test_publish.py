@@ -98,7 +98,8 @@ def test_the_statement_signs_the_image_the_bundle_and_every_file():
 
     image = ImageRef.parse(IMAGE)
     document = publish.provenance("dev-cpu", image, "sha256:" + "cd" * 32, _files(),
-                                  publish.Source("1" * 40, None, False), None, "2023-11-14T22:13:20Z")
+                                  publish.Source("1" * 40, None, False), None, "2023-11-14T22:13:20Z",
+                                  "2026-12-02T20:00:00.000001Z")
     subjects = {s["name"]: s["digest"]["sha256"] for s in document["subject"]}
     assert subjects[IMAGE] == "ab" * 32 and subjects["publication"] == "cd" * 32
     assert set(subjects) == {IMAGE, "publication", "pins/dev-cpu.lock", "recipes/agg.yaml"}

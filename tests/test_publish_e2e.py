@@ -435,3 +435,51 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
     with pytest.raises(ServestackError):  # a key that did not sign them verifies nothing
         compare.compare_references(here, STACK, images[0], images[1], key=signing.keygen(tmp_path / "other.key")[1],
                                    out=tmp_path / "refused")
+
+
+def test_of_three_publications_pull_takes_the_newest_in_every_index_order_and_a_replay_blocks_nothing(env, tmp_path):
+    """One digest published three times (the build's, then two runs' results), and beside them a
+    validly signed publication of another image replayed into its index: pull takes the newest
+    whatever the index order, names the others with why, and the replay changes nothing."""
+    import itertools
+
+    from servestack.sources.registry import OCI_INDEX
+
+    image, client = new_image(env)
+    project = make_project(tmp_path / "checkout", image)
+    private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
+    records = [publish.publish(project, STACK, key=private, echo=None)]
+    for run_id in ("run-1", "run-2"):
+        stage = project.artifacts(STACK) / "runs" / run_id / "throughput"
+        atomic_write_json(stage / "results.json", {"run": run_id})
+        records.append(publish.publish(project, STACK, key=private, run_id=run_id, echo=None))
+    assert len({r["bundle"] for r in records}) == 3
+    again = publish.publish(project, STACK, key=private, run_id="run-2", echo=None)
+    assert again["attestation"] == records[2]["attestation"]  # the same content again adds nothing
+
+    other, other_client = new_image(env, salt="other")
+    other_record = publish.publish(make_project(tmp_path / "other", other), STACK, key=private, echo=None)
+    replayed = other_record["attestation"].split("@")[1]
+    other_manifest = other_client.get_manifest(replayed)[0]
+    for layer in json.loads(other_manifest)["layers"] + [json.loads(other_manifest)["config"]]:
+        client.push_blob(other_client.get_blob(layer["digest"]))
+    client.put_manifest(replayed, other_manifest, OCI_MANIFEST)
+
+    tag = client.fallback_tag(ImageRef.parse(image).digest)
+    index = json.loads(client.get_manifest(tag)[0])
+    attestations = [m for m in index["manifests"] if m.get("artifactType") == publish.bundle.ATTESTATION_TYPE]
+    attestations.append({"mediaType": OCI_MANIFEST, "digest": replayed, "size": len(other_manifest),
+                         "artifactType": publish.bundle.ATTESTATION_TYPE})
+    bundles = [m for m in index["manifests"] if m not in attestations]
+    newest = records[2]["attestation"].split("@")[1]
+    for n, order in enumerate(itertools.permutations(attestations)):  # the 24 orders of the four candidates
+        if n % 5:  # every fifth (with the first and the reversed last): each candidate in each place
+            continue
+        client.put_manifest(tag, json.dumps({**index, "manifests": [*bundles, *order]}).encode(), OCI_INDEX)
+        chosen = publish.fetch.fetch_publication(image, public)
+        assert chosen.attestation_digest == newest, n
+        assert len(chosen.skipped) == 3
+        assert any(replayed in s and f"its subject is {ImageRef.parse(other).digest}" in s for s in chosen.skipped)
+        assert sum("older than the one taken" in s for s in chosen.skipped) == 2
+    out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=None)
+    assert json.loads((out / "runs" / "run-2" / "throughput" / "results.json").read_text()) == {"run": "run-2"}

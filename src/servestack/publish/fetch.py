@@ -12,7 +12,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ class Publication:
     statement: dict[str, Any]
     files: tuple[BundleFile, ...]
     referrers: str  # "api" or "tag"
+    skipped: tuple[str, ...] = ()  # the other candidates, each with why it was not taken
 
     def file(self, title: str) -> BundleFile:
         return next(f for f in self.files if f.title == title)
@@ -57,11 +58,17 @@ class Publication:
         return self.statement["predicate"]["buildDefinition"]["externalParameters"]["repository"]
 
 
-def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> Publication:
-    """Find the image's bundle, verify its signature with KEY and every file against the statement.
+def published_at(statement: dict[str, Any]) -> str:
+    """When a publication was made, as its signed statement says (older ones: the lock's time)."""
+    metadata = (statement.get("predicate") or {}).get("runDetails", {}).get("metadata") or {}
+    return str(metadata.get("finishedOn") or metadata.get("startedOn") or "")
 
-    An image can have several publications (the build's, then each cluster run's results); they
-    share the lock's timestamp, so without BUNDLE (a digest) the one signing the most files is taken."""
+
+def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> Publication:
+    """Find the image's publications, verify each (its signature with KEY, that it is for this
+    image, every file against its statement) and take the newest valid one, or the one naming
+    BUNDLE. A candidate that fails (another key, a replay for another digest, a missing file) is
+    skipped and named in `skipped`; only when none verifies does this fail."""
     image = ImageRef.parse(reference)
     public_key = signing.load_public_key(key)
     client = image_client(image)
@@ -73,44 +80,50 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> P
     bundles = {r.digest for r in referrers if r.artifact_type == PUBLICATION_TYPE}
     if not attestations:
         raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
-    problems, verified = [], []
-    for descriptor in attestations:
-        what = f"attestation {descriptor.digest}"
+    valid, skipped = [], []
+    for descriptor in sorted(attestations, key=lambda d: d.digest):
         try:
-            manifest = _referrer_manifest(client, descriptor.digest, image, what)
-            envelope = client.get_blob(manifest["layers"][0]["digest"])
-            statement = signing.verify_envelope(envelope, public_key, what)
-            verified.append((descriptor, manifest, statement))
-        except (ServestackError, KeyError, IndexError) as exc:
-            problems.append(str(exc))
-    if not verified:
-        raise PublishError(f"{image}: no publication signed by {key}:\n  " + "\n  ".join(problems))
+            valid.append(_verified(client, image, descriptor.digest, public_key, where))
+        except (ServestackError, KeyError, IndexError, TypeError, ValueError) as exc:
+            skipped.append(f"attestation {descriptor.digest}: {exc}")
     if bundle:
-        verified = [v for v in verified if v[1].get("annotations", {}).get(BUNDLE_ANNOTATION) == bundle]
-        if not verified:
-            raise PublishError(f"{image}: no attestation signed by {key} names bundle {bundle}")
-    verified.sort(key=lambda v: (-len(v[2].get("subject", [])), v[0].digest))
-    descriptor, manifest, statement = verified[0]
+        named = [v for v in valid if v.bundle_digest == bundle]
+        skipped += [f"attestation {v.attestation_digest}: names bundle {v.bundle_digest}, not {bundle}" for v in valid
+                    if v.bundle_digest != bundle]
+        valid = named
+    if not valid:
+        raise PublishError(f"{image}: no publication signed by {key} verifies"
+                           + (f" and names bundle {bundle}" if bundle else "") + ":\n  " + "\n  ".join(skipped))
+    valid.sort(key=lambda v: (published_at(v.statement), v.attestation_digest), reverse=True)
+    chosen, *older = valid
+    skipped += [f"attestation {v.attestation_digest}: verifies, published {published_at(v.statement)}, older than "
+                f"the one taken" for v in older]
+    return replace(chosen, skipped=tuple(skipped))
+
+
+def _verified(client: Client, image: ImageRef, attestation: str, public_key, where: str) -> Publication:
+    what = f"attestation {attestation}"
+    manifest = _referrer_manifest(client, attestation, image, what)
+    envelope = client.get_blob(manifest["layers"][0]["digest"])
+    statement = signing.verify_envelope(envelope, public_key, what)
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
     if subjects.get(str(image)) != image.hex:
         signed_for = [n for n in subjects if "@sha256:" in n]
-        raise PublishError(f"attestation {descriptor.digest}: signed for {', '.join(signed_for) or 'another image'}, "
-                           f"not {image}")
+        raise PublishError(f"signed for {', '.join(signed_for) or 'another image'}, not {image}")
     bundle_digest = manifest.get("annotations", {}).get(BUNDLE_ANNOTATION, "")
     if subjects.get("publication") != bundle_digest.split(":")[-1]:
-        raise PublishError(f"attestation {descriptor.digest}: names bundle {bundle_digest}, which its statement "
-                           f"does not sign")
+        raise PublishError(f"names bundle {bundle_digest}, which its statement does not sign")
     bundle_bytes = client.get_manifest(bundle_digest) if bundle_digest else None
     if bundle_bytes is None:
-        raise PublishError(f"{image}: the signed bundle {bundle_digest} is missing from {client.registry}")
+        raise PublishError(f"the signed bundle {bundle_digest} is missing from {client.registry}")
     bundle = json.loads(bundle_bytes[0])
     if (bundle.get("subject") or {}).get("digest") != image.digest:
         raise PublishError(f"bundle {bundle_digest}: its subject is {(bundle.get('subject') or {}).get('digest')}, "
                            f"not {image.digest}")
-    files = []
     problem = titles_problem([(layer.get("annotations") or {}).get(TITLE, "") for layer in bundle.get("layers", [])])
     if problem:
         raise PublishError(f"bundle {bundle_digest}: {problem}")
+    files = []
     for layer in bundle.get("layers", []):
         title = (layer.get("annotations") or {}).get(TITLE, "")
         if subjects.get(title) != layer["digest"].split(":")[-1]:
@@ -125,7 +138,7 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> P
     if signed_files != {f.title for f in files}:
         missing = sorted(signed_files - {f.title for f in files})
         raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)}")
-    return Publication(image, bundle_digest, descriptor.digest, statement, tuple(files), where)
+    return Publication(image, bundle_digest, attestation, statement, tuple(files), where)
 
 
 def _referrer_manifest(client: Client, digest: str, image: ImageRef, what: str) -> dict[str, Any]:
@@ -228,6 +241,9 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         recipes = [f.title for f in publication.files if f.title.startswith("recipes/")]
         echo(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
              f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
+             + f"  published   {published_at(publication.statement)} (the newest that verifies, of "
+             f"{len(publication.skipped) + 1} candidates)\n"
+             + "".join(f"  skipped     {line}\n" for line in publication.skipped)
              + "".join(f"  image       {line}\n" for line in checked)
              + f"  source      commit {publication.repository.get('commit')}"
              f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"

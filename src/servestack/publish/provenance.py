@@ -36,8 +36,10 @@ class Source:
 
 
 def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[BundleFile], source: Source,
-               run_id: str | None, created: str) -> dict[str, Any]:
-    """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance."""
+               run_id: str | None, created: str, published: str) -> dict[str, Any]:
+    """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance.
+    `created` is the lock's time (the bundle's, so equal inputs give an equal bundle); `published`
+    when this publication was made (finishedOn: pull takes the newest of an image's publications)."""
     lock = next(f for f in files if f.title == f"pins/{stack}.lock")
     subjects = [signing.Subject(str(image), image.hex), signing.Subject("publication", bundle_digest.split(":")[1])]
     subjects += [signing.Subject(f.title, f.digest.split(":")[1]) for f in files]
@@ -52,6 +54,7 @@ def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[Bund
             "internalParameters": {},
             "resolvedDependencies": dependencies,
         },
-        "runDetails": {"builder": {"id": BUILDER_ID}, "metadata": {"invocationId": bundle_digest, "startedOn": created}},
+        "runDetails": {"builder": {"id": BUILDER_ID}, "metadata": {"invocationId": bundle_digest, "startedOn": created,
+                                                                    "finishedOn": published}},
     }
     return signing.statement(subjects, PROVENANCE_V1, predicate)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from datetime import datetime, timezone
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,23 @@ def copy_image(source: ImageRef, to: str) -> ImageRef:
     return target
 
 
+def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
+                    signer: signing.CryptoSigner) -> tuple[str, bytes, str] | None:
+    """(attestation digest, envelope, "api" | "tag") of a publication of this bundle this key signed, if any."""
+    referrers, where = client.referrers(image.digest)
+    for r in referrers:
+        if r.artifact_type != ATTESTATION_TYPE or r.annotation.get(BUNDLE_ANNOTATION) != bundle_digest:
+            continue
+        found = client.get_manifest(r.digest)
+        try:
+            envelope = client.get_blob(json.loads(found[0])["layers"][0]["digest"]) if found else b""
+            signing.verify_envelope(envelope, signer.public_key, f"attestation {r.digest}")
+        except (PublishError, signing.SignatureError, KeyError, IndexError, ValueError):
+            continue
+        return r.digest, envelope, where
+    return None
+
+
 def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
             run_id: str | None = None, records_dir: Path | None = None,
             echo: Callable[[str], None] | None = print) -> dict[str, Any]:
@@ -100,22 +118,27 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     subject, _ = image_subject(client, target)
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
-    envelope = signing.sign_statement(
-        provenance(stack, target, bundle_digest, files, Source.of(project.root), run_id, created), signer)
-    attestation = attestation_manifest(envelope, subject, bundle_digest, created)
-    attestation_digest = sha256_digest(attestation)
-
-    # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
-    # whatever fails halfway, nothing is indexed that points at something missing.
-    for blob in (registry.EMPTY_JSON, envelope, *(f.data for f in files)):
-        client.push_blob(blob)
-    bundle_headers = client.put_manifest(bundle_digest, manifest, OCI_MANIFEST)
-    attestation_headers = client.put_manifest(attestation_digest, attestation, OCI_MANIFEST)
-    how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest), PUBLICATION_TYPE,
-                                                       ((CREATED, created),)), bundle_headers)
-    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation), ATTESTATION_TYPE,
-                                                 ((BUNDLE_ANNOTATION, bundle_digest), (CREATED, created))),
-                        attestation_headers)
+    already = _signed_already(client, target, bundle_digest, signer)
+    if already is not None:  # the same files, signed by this key: publishing again adds nothing
+        attestation_digest, envelope, how = already
+    else:
+        published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
+                                                     run_id, created, published), signer)
+        attestation = attestation_manifest(envelope, subject, bundle_digest, created)
+        attestation_digest = sha256_digest(attestation)
+        # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
+        # whatever fails halfway, nothing is indexed that points at something missing.
+        for blob in (registry.EMPTY_JSON, envelope, *(f.data for f in files)):
+            client.push_blob(blob)
+        bundle_headers = client.put_manifest(bundle_digest, manifest, OCI_MANIFEST)
+        attestation_headers = client.put_manifest(attestation_digest, attestation, OCI_MANIFEST)
+        how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest),
+                                                           PUBLICATION_TYPE, ((CREATED, created),)), bundle_headers)
+        client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation),
+                                                     ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
+                                                                        (CREATED, created))),
+                            attestation_headers)
     tags = cosign.attach(client, target, signer, envelope, PROVENANCE_V1)  # where stock cosign 2 looks
     record = {
         "image": str(target),
