@@ -250,8 +250,44 @@ def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
         headers = client.put_manifest(digest, data, OCI_MANIFEST)
         client.add_referrer(other_digest, Descriptor(OCI_MANIFEST, digest, len(data), moved["artifactType"]),
                             headers)
-    with pytest.raises(ServestackError, match=rf"signed for {published['image']}, not {other}"):
+    signed = ImageRef.parse(published["image"])
+    with pytest.raises(ServestackError, match=rf"signed for {signed.repository}@{signed.digest}, "
+                                              rf"not {other.repository}@{other.digest}"):
         publish.pull(str(other), key=published["pub"], out=tmp_path / "pulled", echo=None)
+
+
+def test_the_signature_names_the_repository_and_digest_so_another_host_name_verifies(published, env, tmp_path):
+    """The same registry as localhost:PORT (a mirror's position): pull verifies. A copy of image and
+    publication in another repository is refused, unless the user names the signed repository."""
+    image = ImageRef.parse(published["image"])
+    port = image.registry.split(":")[1]
+    certs, config = Path(os.environ["SERVESTACK_CERTS_D"]), Path(os.environ["DOCKER_CONFIG"]) / "config.json"
+    (certs / f"localhost:{port}").mkdir(exist_ok=True)
+    shutil.copy(certs / image.registry / "ca.crt", certs / f"localhost:{port}" / "ca.crt")
+    auths = json.loads(config.read_text())
+    auths["auths"][f"localhost:{port}"] = auths["auths"][image.registry]
+    config.write_text(json.dumps(auths))
+    elsewhere = f"localhost:{port}/{image.repository}@{image.digest}"
+    out = publish.pull(elsewhere, key=published["pub"], out=tmp_path / "mirror", echo=None)
+    assert json.loads((out / "publication.json").read_text())["image"] == elsewhere
+
+    client, copy = published["client"], Client(image.registry, f"{image.repository}-copy")
+    referrers, _ = client.referrers(image.digest)
+    manifests = [image.digest, *(r.digest for r in referrers)]
+    for digest in manifests:  # a plain copy of the image and its referrers, as a mirroring tool makes
+        data, media_type = client.get_manifest(digest)
+        body = json.loads(data)
+        for blob in [body.get("config"), *body.get("layers", [])]:
+            if blob:
+                copy.push_blob(client.get_blob(blob["digest"]))
+        copy.put_manifest(digest, data, media_type)
+    fallback = client.get_manifest(client.fallback_tag(image.digest))
+    copy.put_manifest(client.fallback_tag(image.digest), *fallback)
+    copied = f"{image.registry}/{image.repository}-copy@{image.digest}"
+    with pytest.raises(ServestackError, match=rf"signed for {image.repository}@{image.digest}, not "
+                                              rf"{image.repository}-copy@.*say which one the signature names"):
+        publish.pull(copied, key=published["pub"], out=tmp_path / "copy", echo=None)
+    publish.pull(copied, key=published["pub"], out=tmp_path / "named", repository=image.repository, echo=None)
 
 
 def test_pull_refuses_tags_and_a_missing_bundle(env, tmp_path):

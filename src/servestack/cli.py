@@ -351,14 +351,16 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex> (tags are refused)")
     p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
     p.add_argument("--out", type=Path, help="a new or empty directory (default: ./servestack-<digest prefix>)")
-    p.add_argument("--bundle", help="sha256:... of one publication (default: the verified one signing the most files)")
+    p.add_argument("--bundle", help="sha256:... of one publication (default: the newest that verifies)")
+    p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
+                                        "(default: the reference's own; the registry host never matters)")
 
 
 @command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
 def _pull(args: argparse.Namespace, project: Project) -> int:
     from . import publish
 
-    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, echo=_say)
+    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say)
     return 0
 
 

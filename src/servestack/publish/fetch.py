@@ -31,6 +31,7 @@ from .bundle import (
     PublishError,
     titles_problem,
 )
+from .provenance import signed_identity
 from .push import image_client, image_subject
 
 STACK_JSON = "opt/servestack/stack.json"
@@ -64,11 +65,13 @@ def published_at(statement: dict[str, Any]) -> str:
     return str(metadata.get("finishedOn") or metadata.get("startedOn") or "")
 
 
-def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> Publication:
+def fetch_publication(reference: str, key: Path, bundle: str | None = None, repository: str | None = None) -> Publication:
     """Find the image's publications, verify each (its signature with KEY, that it is for this
     image, every file against its statement) and take the newest valid one, or the one naming
     BUNDLE. A candidate that fails (another key, a replay for another digest, a missing file) is
-    skipped and named in `skipped`; only when none verifies does this fail."""
+    skipped and named in `skipped`; only when none verifies does this fail. The signature names the
+    image's repository path and digest; REPOSITORY says which path it names when that differs
+    (a copy in another repository)."""
     image = ImageRef.parse(reference)
     public_key = signing.load_public_key(key)
     client = image_client(image)
@@ -83,7 +86,7 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> P
     valid, skipped = [], []
     for descriptor in sorted(attestations, key=lambda d: d.digest):
         try:
-            valid.append(_verified(client, image, descriptor.digest, public_key, where))
+            valid.append(_verified(client, image, descriptor.digest, public_key, where, repository))
         except (ServestackError, KeyError, IndexError, TypeError, ValueError) as exc:
             skipped.append(f"attestation {descriptor.digest}: {exc}")
     if bundle:
@@ -101,15 +104,20 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None) -> P
     return replace(chosen, skipped=tuple(skipped))
 
 
-def _verified(client: Client, image: ImageRef, attestation: str, public_key, where: str) -> Publication:
+def _verified(client: Client, image: ImageRef, attestation: str, public_key, where: str,
+              repository: str | None = None) -> Publication:
     what = f"attestation {attestation}"
     manifest = _referrer_manifest(client, attestation, image, what)
     envelope = client.get_blob(manifest["layers"][0]["digest"])
     statement = signing.verify_envelope(envelope, public_key, what)
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
-    if subjects.get(str(image)) != image.hex:
+    identity = signed_identity(image, repository)
+    names = {identity, str(image)}  # publications before the identity left the host out signed the full name
+    if not any(subjects.get(n) == image.hex for n in names):
         signed_for = [n for n in subjects if "@sha256:" in n]
-        raise PublishError(f"signed for {', '.join(signed_for) or 'another image'}, not {image}")
+        raise PublishError(f"signed for {', '.join(signed_for) or 'another image'}, not {identity}"
+                           + ("" if repository else " (a copy in another repository: say which one the signature "
+                                                    "names, --repository)"))
     bundle_digest = manifest.get("annotations", {}).get(BUNDLE_ANNOTATION, "")
     if subjects.get("publication") != bundle_digest.split(":")[-1]:
         raise PublishError(f"names bundle {bundle_digest}, which its statement does not sign")
@@ -134,7 +142,7 @@ def _verified(client: Client, image: ImageRef, attestation: str, public_key, whe
         except registry.RegistryError as exc:
             raise PublishError(f"bundle file {title}: {exc}") from None
         files.append(BundleFile(title, data))
-    signed_files = set(subjects) - {str(image), "publication"}
+    signed_files = set(subjects) - names - {"publication"}
     if signed_files != {f.title for f in files}:
         missing = sorted(signed_files - {f.title for f in files})
         raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)}")
@@ -208,7 +216,7 @@ def _default_out(image: ImageRef) -> Path:
 
 
 def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
-         echo: Callable[[str], None] | None = print) -> Path:
+         repository: str | None = None, echo: Callable[[str], None] | None = print) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any error)."""
     started = time.monotonic()
     image = ImageRef.parse(reference)
@@ -218,7 +226,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
                                        "name the directory itself")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
-    publication = fetch_publication(reference, key, bundle)
+    publication = fetch_publication(reference, key, bundle, repository)
     checked = check_image_agrees(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:

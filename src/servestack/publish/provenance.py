@@ -35,13 +35,20 @@ class Source:
         return cls(git("rev-parse", "HEAD"), url or None, bool(git("status", "--porcelain", "--untracked-files=no")))
 
 
+def signed_identity(image: ImageRef, repository: str | None = None) -> str:
+    """The name a statement signs the image under: its repository path and digest, not the registry's
+    host, so the same digest pulled through a mirror or another name of the registry verifies."""
+    return f"{repository or image.repository}@{image.digest}"
+
+
 def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[BundleFile], source: Source,
                run_id: str | None, created: str, published: str) -> dict[str, Any]:
     """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance.
     `created` is the lock's time (the bundle's, so equal inputs give an equal bundle); `published`
     when this publication was made (finishedOn: pull takes the newest of an image's publications)."""
     lock = next(f for f in files if f.title == f"pins/{stack}.lock")
-    subjects = [signing.Subject(str(image), image.hex), signing.Subject("publication", bundle_digest.split(":")[1])]
+    subjects = [signing.Subject(signed_identity(image), image.hex),
+                signing.Subject("publication", bundle_digest.split(":")[1])]
     subjects += [signing.Subject(f.title, f.digest.split(":")[1]) for f in files]
     dependencies: list[dict[str, Any]] = [{"name": f"pins/{stack}.lock", "digest": {"sha256": lock.digest.split(":")[1]}}]
     if source.commit:
