@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import proc, signing
+from .. import signing
 from ..errors import InputError
 from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
@@ -49,35 +49,46 @@ def image_subject(client: Client, image: ImageRef) -> tuple[Descriptor, bytes]:
     return Descriptor(media_type, image.digest, len(data)), data
 
 
-def skopeo_tls_args(side: str, name: str) -> list[str]:
-    """skopeo's trust and credential flags for one side (src/dest) of a copy, from registry's settings."""
-    host = registry.Reference.parse(name + "@sha256:" + "0" * 64).registry
-    args = []
-    ca = registry.ca_file(host)
-    if ca is not None:
-        args.append(f"--{side}-cert-dir={ca.parent}")
-    elif registry.Client(host, "x").base_url.startswith("http:"):
-        args.append(f"--{side}-tls-verify=false")
-    auth = next((p for p in registry.auth_files() if p.is_file()), None)
-    if auth is not None:
-        args.append(f"--{side}-authfile={auth}")
-    return args
-
-
 def copy_image(source: ImageRef, to: str) -> ImageRef:
-    """Copy SOURCE to the repository TO (REGISTRY/REPO) by digest; the digest must not change."""
+    """Copy SOURCE to the repository TO (REGISTRY/REPO) by digest: the manifest's bytes unchanged
+    (so its digest), every blob it names (a multi-platform index: each platform's manifest too),
+    then a tag so the registry keeps it. Our own client, not skopeo: skopeo 1.9 refuses a Docker
+    v2s2 manifest with zstd layers, which is what every stack's image is."""
     if "@" in to or ImageRef.problem(f"{to}@{source.digest}"):
         raise InputError("--to", "", f"expected REGISTRY/REPOSITORY without tag or digest, got {to!r}")
     target = ImageRef.parse(f"{to}@{source.digest}")
     if target.name == source.name:
         return source
-    tag = f"servestack-{source.hex[:16]}"  # skopeo copies to a tag; the digest is checked below
-    proc.run(["skopeo", "copy", "--quiet", "--preserve-digests", *skopeo_tls_args("src", source.name),
-              *skopeo_tls_args("dest", to), f"docker://{source}", f"docker://{to}:{tag}"], timeout=3600)
-    served = registry.resolve_digest(f"{to}:{tag}")
+    src, dst = image_client(source), image_client(target)
+    with tempfile.TemporaryDirectory(prefix="servestack-copy-") as scratch:
+        data, media_type = _copy_manifest(src, dst, source.digest, Path(scratch))
+    dst.put_manifest(f"servestack-{source.hex[:16]}", data, media_type)
+    served = registry.resolve_digest(f"{to}:servestack-{source.hex[:16]}")
     if served != source.digest:
         raise PublishError(f"copying {source} to {to} changed its digest to {served}")
     return target
+
+
+def _copy_manifest(src: Client, dst: Client, digest: str, scratch: Path) -> tuple[bytes, str]:
+    found = src.get_manifest(digest)
+    if found is None:
+        raise PublishError(f"{src.registry}/{src.repository}@{digest}: no such manifest")
+    data, media_type = found
+    body = json.loads(data)
+    media_type = media_type or body.get("mediaType", OCI_MANIFEST)
+    for child in body.get("manifests", []):  # an index: its platforms first
+        _copy_manifest(src, dst, child["digest"], scratch)
+    for blob in [body.get("config"), *body.get("layers", [])]:
+        if not blob or dst.has_blob(blob["digest"]):
+            continue
+        if dst.registry == src.registry and dst.mount_blob(blob["digest"], src.repository):
+            continue
+        path = scratch / blob["digest"].replace(":", "-")
+        src.download_blob(blob["digest"], path)  # checked against its digest on the way
+        dst.push_blob_file(path, blob["digest"])
+        path.unlink()
+    dst.put_manifest(digest, data, media_type)
+    return data, media_type
 
 
 def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
