@@ -232,10 +232,7 @@ DISAGG_CI_RECIPES = "disagg-acc"
 DISAGG_TIMEOUT_S = 1200
 
 
-@pytest.fixture(scope="module")
-def disagg_run(image_ref, slurm_env, cluster_node):
-    """The dev-cpu pipeline as the acceptance runs it (its own runner: local), narrowed to the
-    disaggregated accuracy recipe, which goes to srtctl: Dynamo's frontend, prefill and decode workers."""
+def _run_disaggregated(image_ref: str) -> dict:
     run_id = f"e2e-disagg-{uuid.uuid4().hex[:8]}"
     run_dir = ROOT / "build" / STACK / "runs" / run_id
     t0 = time.monotonic()
@@ -251,12 +248,38 @@ def disagg_run(image_ref, slurm_env, cluster_node):
     proc = subprocess.CompletedProcess(argv, running.returncode, out, err)
     wall = time.monotonic() - t0
     print(f"disaggregated pipeline through srtctl: {wall:.0f} s (load {os.getloadavg()[0]:.1f})")
-    yield {"proc": proc, "dir": run_dir, "wall": wall,
-           "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
-           else None}
+    return {"proc": proc, "dir": run_dir, "wall": wall,
+            "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
+            else None}
+
+
+# Dynamo's own words for a worker its etcd lease let go: the machine starved the worker, etcd and the
+# frontend together (in the fresh-clone run of e7c9cb3 every log of the job went silent for 4 minutes,
+# the KV pull took 250 s and etcd answered a read in 11 s), not an answer that differs.
+_STARVED = re.compile(r"Unable to maintain lease|Keep-alive lease expired")
+
+
+def _starved(run_dir: Path) -> bool:
+    return any(_STARVED.search(log.read_text(errors="replace"))
+               for log in run_dir.glob("**/srtctl-outputs/*/logs/vm_*.out"))
+
+
+@pytest.fixture(scope="module")
+def disagg_run(image_ref, slurm_env, cluster_node):
+    """The dev-cpu pipeline as the acceptance runs it (its own runner: local), narrowed to the
+    disaggregated accuracy recipe, which goes to srtctl: Dynamo's frontend, prefill and decode workers.
+    Run again once, saying so, only when a failed run's logs show a worker lost to a starved etcd
+    lease; the second run is the one judged, and it must not show that."""
+    first = _run_disaggregated(image_ref)
+    result = first
+    if first["proc"].returncode != 0 and _starved(first["dir"]):
+        print(f"the first run lost a worker to its etcd lease (starved machine), kept in {first['dir']}: once more")
+        result = _run_disaggregated(image_ref)
+    yield result
     # A failed run keeps srt-slurm's logs (infra, frontend, workers) for whoever reads the failure.
-    if not os.environ.get("SERVESTACK_KEEP_E2E") and proc.returncode == 0:
-        shutil.rmtree(run_dir, ignore_errors=True)
+    for attempt in {id(first): first, id(result): result}.values():
+        if not os.environ.get("SERVESTACK_KEEP_E2E") and attempt["proc"].returncode == 0:
+            shutil.rmtree(attempt["dir"], ignore_errors=True)
 
 
 def _srtctl_log_lines(run_dir: Path, most: int = 12) -> str:
