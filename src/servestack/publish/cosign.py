@@ -27,6 +27,7 @@ from typing import Any
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature
 
+from .. import signing
 from ..imageref import ImageRef
 from ..sources.registry import OCI_MANIFEST, Client, sha256_digest
 
@@ -68,7 +69,7 @@ def _layers(client: Client, tag: str) -> list[dict[str, Any]]:
     return list(json.loads(found[0]).get("layers") or [])
 
 
-def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> str:
+def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> None:
     config = json.dumps({"architecture": "", "created": "0001-01-01T00:00:00Z",
                          "history": [{"created": "0001-01-01T00:00:00Z"}], "os": "",
                          "rootfs": {"type": "layers", "diff_ids": [layer["digest"] for layer in layers]},
@@ -77,7 +78,6 @@ def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> str:
                            "config": {"mediaType": IMAGE_CONFIG, "size": len(config), "digest": client.push_blob(config)},
                            "layers": layers}, separators=(",", ":")).encode()
     client.put_manifest(tag, manifest, OCI_MANIFEST)
-    return sha256_digest(manifest)
 
 
 def attach(client: Client, image: ImageRef, signer: CryptoSigner, envelope: bytes, predicate_type: str) -> dict[str, str]:
@@ -94,30 +94,22 @@ def attach(client: Client, image: ImageRef, signer: CryptoSigner, envelope: byte
 
     statement = json.loads(envelope)["payload"]
     attestations = _layers(client, attestation_tag(image))
-    if not any(_same_statement(client, image, layer, statement, signer) for layer in attestations):
+    if not any(_same_statement(client, layer, statement, signer) for layer in attestations):
         attestations.append({"mediaType": DSSE_LAYER, "size": len(envelope), "digest": client.push_blob(envelope),
                              "annotations": {SIGNATURE: "", PREDICATE_TYPE: predicate_type}})
         _put(client, attestation_tag(image), attestations)
     return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}"}
 
 
-def _same_statement(client: Client, image: ImageRef, layer: dict[str, Any], statement: str, signer: CryptoSigner) -> bool:
+def _same_statement(client: Client, layer: dict[str, Any], statement: str, signer: CryptoSigner) -> bool:
     """Whether an attestation layer already carries this statement, signed by this key."""
-    from securesystemslib.dsse import Envelope
-
     if layer.get("mediaType") != DSSE_LAYER:
         return False
     try:
-        envelope = Envelope.from_dict(json.loads(client.get_blob(layer["digest"])))
-    except (ValueError, KeyError, TypeError):
+        data = client.get_blob(layer["digest"])
+        if json.loads(data).get("payload") != statement:
+            return False
+        signing.verify_envelope(data, signer.public_key, f"attestation layer {layer['digest']}")
+        return True
+    except (signing.SignatureError, ValueError, KeyError, TypeError, AttributeError):
         return False
-    if base64.b64encode(envelope.payload).decode() != statement:
-        return False
-    pae = envelope.pae()
-    for signature in envelope.signatures.values():
-        try:
-            signer.public_key.verify_signature(Signature(signer.public_key.keyid, signature.signature), pae)
-            return True
-        except UnverifiedSignatureError:
-            continue
-    return False
