@@ -142,17 +142,17 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
 ])
 def test_stack_json_is_read_from_a_layer_in_every_compression(compress, media_type):
     layer = compress(tar_layer({"opt/servestack/stack.json": b'{"lock_sha256": "x"}', "etc/other": b"y"}))
-    assert publish.fetch.file_in_layer(layer, media_type, publish.STACK_JSON) == b'{"lock_sha256": "x"}'
-    assert publish.fetch.file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
+    assert publish.layerfiles.file_in_layer(layer, media_type, publish.STACK_JSON) == b'{"lock_sha256": "x"}'
+    assert publish.layerfiles.file_in_layer(compress(tar_layer({"etc/other": b"y"})), media_type, publish.STACK_JSON) is None
 
 
 def test_stack_json_is_refused_when_the_layer_holds_it_twice_or_names_it_from_outside_the_root():
     twice = tar_layer({"opt/servestack/stack.json": b"{}", "./opt/servestack/stack.json": b'{"lock": 1}'})
     with pytest.raises(ServestackError, match="holds /opt/servestack/stack.json twice"):
-        publish.fetch.file_in_layer(twice, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
+        publish.layerfiles.file_in_layer(twice, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
     climbing = tar_layer({"../../opt/servestack/stack.json": b"{}"})
     with pytest.raises(ServestackError, match="climbs out of the image's root"):
-        publish.fetch.file_in_layer(climbing, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
+        publish.layerfiles.file_in_layer(climbing, "application/vnd.oci.image.layer.v1.tar", publish.STACK_JSON)
 
 
 def test_pull_refuses_a_symlinked_out_directory_naming_it(keys, tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,8 +20,9 @@ import pytest
 import yaml
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
-from fixtures.records import write_image_record, write_smoke_record
+from fixtures.records import write_build_record, write_image_record, write_smoke_record
 from servestack import cluster, publish, signing, tools
+from servestack.publish import sbom
 from servestack.errors import NetworkError, ServestackError
 from servestack.fsutil import atomic_write_json
 from servestack.imageref import ImageRef
@@ -57,8 +59,10 @@ def make_project(root: Path, image: str) -> Project:
         subprocess.run(["git", "-C", str(root), *cmd], check=True)
     project = Project(root)
     out = project.artifacts(STACK)
-    atomic_write_json(out / "build.json", {"stack": STACK, "lock_sha256": "see the lock"})
-    write_image_record(out / "image.json", image, STACK)
+    write_build_record(out / "build.json", STACK)
+    reference = ImageRef.parse(image)
+    manifest = json.loads(Client(reference.registry, reference.repository).get_manifest(reference.digest)[0])
+    write_image_record(out / "image.json", image, STACK, base_layer=manifest["layers"][0]["digest"])
     write_smoke_record(out / "smoke.json", image, STACK)
     return project
 
@@ -96,6 +100,10 @@ def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published
     assert (out / "pins" / "dev-cpu.lock").read_bytes() == (REPO_ROOT / "pins" / "dev-cpu.lock").read_bytes()
     verified = json.loads((out / "publication.json").read_text())
     assert verified["bundle"] == record["bundle"].split("@")[1]
+    document = sbom.read_sbom((out / sbom.SBOM_TITLE).read_bytes(), ImageRef.parse(image), "pulled")
+    debs = {p["name"]: p["versionInfo"] for p in document["packages"] if p["SPDXID"].startswith("SPDXRef-deb-")}
+    assert debs == {"libc6": "2.36-9+deb12u14", "python3.11-minimal": "3.11.2-6+deb12u8"}  # the base layer's dpkg
+    assert ("plain-lib", "1.0") in sbom.python_distributions(document)  # build.json's wheels
     _srtctl_accepts(recipes)
 
     # Same inputs, same bundle digest (created comes from the lock's SOURCE_DATE_EPOCH).
@@ -157,6 +165,7 @@ def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published
     digests = json.dumps(found)
     assert published["record"]["bundle"].split("@")[1] in digests
     assert publish.PUBLICATION_TYPE in digests
+    assert published["record"]["sbom"]["referrer"].split("@")[1] in digests and sbom.SPDX_JSON in digests
 
     client = published["client"]
     attestation = json.loads(client.get_manifest(published["record"]["attestation"].split("@")[1])[0])
@@ -176,10 +185,11 @@ def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published
     assert refused.returncode != 0
 
 
-def test_stock_cosign_verifies_the_image_signature_and_its_slsa_provenance_offline(published, tmp_path):
+def test_stock_cosign_verifies_the_image_signature_its_slsa_provenance_and_its_sbom_offline(published, tmp_path):
     """cosign 2.5.0 as Debian ships it, by the image digest alone: `verify` finds the signature at
-    the .sig tag, `verify-attestation --type slsaprovenance1` the SLSA v1 statement at .att; another
-    key verifies neither. Re-publishing adds no second signature by the same key."""
+    the .sig tag, `verify-attestation --type slsaprovenance1` the SLSA v1 statement and `--type
+    spdxjson` the SBOM at .att; another key verifies none. Re-publishing adds no second signature
+    or attestation by the same key."""
     image = ImageRef.parse(published["image"])
     cosign = tools.trixie_tool("cosign")
     ca = Path(os.environ["SERVESTACK_CERTS_D"]) / image.registry / "ca.crt"
@@ -198,14 +208,19 @@ def test_stock_cosign_verifies_the_image_signature_and_its_slsa_provenance_offli
     statement = json.loads(base64.b64decode(json.loads(attested.stdout.splitlines()[0])["payload"]))
     assert statement["predicateType"] == publish.PROVENANCE_V1
     assert image.hex in [s["digest"]["sha256"] for s in statement["subject"]]
+    bom = cosign_run("verify-attestation", "--type", "spdxjson", key=published["pub"])
+    assert bom.returncode == 0, bom.stdout + bom.stderr
+    statement = json.loads(base64.b64decode(json.loads(bom.stdout.splitlines()[0])["payload"]))
+    assert statement["predicateType"] == sbom.SPDX_PREDICATE and statement["predicate"]["spdxVersion"] == "SPDX-2.3"
     other = signing.keygen(tmp_path / "other.key")[1]
     assert cosign_run("verify", key=other).returncode != 0
     assert cosign_run("verify-attestation", "--type", "slsaprovenance1", key=other).returncode != 0
+    assert cosign_run("verify-attestation", "--type", "spdxjson", key=other).returncode != 0
 
     publish.publish(published["project"], STACK, key=published["key"], echo=None)
     client = published["client"]
     layers = json.loads(client.get_manifest(f"sha256-{image.hex}.sig")[0])["layers"]
-    assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 1
+    assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 2
 
 
 def _blob_file(reg: TlsRegistry, digest: str) -> Path:
@@ -226,6 +241,32 @@ def test_one_changed_byte_in_a_published_file_fails_the_pull(published, env, tmp
     finally:
         blob.write_bytes(original)
     assert not out.exists()
+
+
+def test_a_plain_sbom_referrer_with_other_bytes_than_the_signed_one_fails_the_pull(published, tmp_path):
+    """Scanners read the plain application/spdx+json referrer, not the signed copy: one swapped for a
+    document without a vulnerable package fails the pull, naming it."""
+    from servestack.sources.registry import OCI_INDEX
+
+    client, image = published["client"], ImageRef.parse(published["image"])
+    genuine = published["record"]["sbom"]["referrer"].split("@")[1]
+    manifest = json.loads(client.get_manifest(genuine)[0])
+    document = json.loads(client.get_blob(manifest["layers"][0]["digest"]))
+    document["packages"] = [p for p in document["packages"] if p["name"] != "libc6"]
+    forged = json.dumps(document).encode()
+    manifest["layers"][0] |= {"digest": client.push_blob(forged), "size": len(forged)}
+    data = json.dumps(manifest).encode()
+    client.put_manifest(sha256_digest(data), data, OCI_MANIFEST)
+    tag = client.fallback_tag(image.digest)
+    index = json.loads(client.get_manifest(tag)[0])
+    for entry in index["manifests"]:
+        if entry["digest"] == genuine:
+            entry |= {"digest": sha256_digest(data), "size": len(data)}
+    client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)
+    with pytest.raises(ServestackError, match=re.escape(f"no {sbom.SPDX_JSON} referrer holds the SBOM the publication "
+                                                        "signs") + f".*{sha256_digest(data)} holds other bytes"):
+        publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
+    assert not (tmp_path / "pulled").exists()
 
 
 def test_a_bundle_signed_with_another_key_fails_the_pull(published, tmp_path):
@@ -523,7 +564,9 @@ def test_of_three_publications_pull_takes_the_newest_in_every_index_order_and_a_
 
 def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pulls_back_verified(env, tmp_path):
     """`publish --to` on the image `nox -s image` made (Docker v2s2, zstd layers, 1 GB): every blob
-    and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all."""
+    and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all.
+    Its SBOM, written from the lock and build.json, names exactly the Python distributions whose
+    dist-info directories the layers hold (vendored ones too), and stock cosign verifies it."""
     from servestack import build, image, services
 
     services.ensure_dockerd()
@@ -532,7 +575,8 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     build.build(repo, STACK)  # seconds when nothing changed
     source = image.build_image(repo, STACK).reference
     project = make_project(tmp_path / "checkout", source)
-    shutil.copy(REPO_ROOT / "build" / STACK / "image.json", project.artifacts(STACK) / "image.json")
+    for name in ("build.json", "image.json"):
+        shutil.copy(REPO_ROOT / "build" / STACK / name, project.artifacts(STACK) / name)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
     to = f"{env.address}/servestack-test/copied-{uuid.uuid4().hex[:8]}"
     record = publish.publish(project, STACK, key=private, to=to, echo=None)
@@ -542,3 +586,40 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     assert any(layer["mediaType"].endswith("zstd") for layer in manifest["layers"])
     out = publish.pull(str(copied), key=public, out=tmp_path / "pulled", echo=None)
     assert (out / "pins" / f"{STACK}.lock").read_bytes() == (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes()
+
+    document = sbom.read_sbom((out / sbom.SBOM_TITLE).read_bytes(), copied, "pulled")
+    in_layers = _dist_infos(Client(copied.registry, copied.repository), manifest)
+    assert sbom.python_distributions(document) == in_layers
+    debs = [p for p in document["packages"] if p["SPDXID"].startswith("SPDXRef-deb-")]
+    assert {"libc6", "python3.11-minimal", "ca-certificates"} <= {p["name"] for p in debs}
+    print(f"SBOM: {len(document['packages'])} packages: {len(in_layers)} Python distributions (as many dist-info "
+          f"directories in the layers), {len(debs)} Debian packages")
+
+    ca = Path(os.environ["SERVESTACK_CERTS_D"]) / copied.registry / "ca.crt"
+    tool_env = {**os.environ, "HOME": str(tmp_path), "SSL_CERT_FILE": str(ca)}
+    bom = subprocess.run([str(tools.trixie_tool("cosign")), "verify-attestation", "--key", str(public),
+                          "--insecure-ignore-tlog", "--type", "spdxjson", str(copied)],
+                         check=False, capture_output=True, text=True, env=tool_env, timeout=120)
+    assert bom.returncode == 0, bom.stdout[-2000:] + bom.stderr
+    tree = subprocess.run([str(tools.trixie_tool("oras")), "discover", "--ca-file", str(ca), "-o", "tree", str(copied)],
+                          check=False, capture_output=True, text=True, env=tool_env, timeout=120)
+    assert tree.returncode == 0 and sbom.SPDX_JSON in tree.stdout, tree.stderr
+    print(tree.stdout)
+
+
+def _dist_infos(client: Client, manifest: dict) -> list[tuple[str, str]]:
+    """(normalized name, version) of every `*.dist-info/METADATA` in the image's layers, sorted."""
+    import io
+    import tarfile
+
+    from servestack.publish.layerfiles import decompressed
+    from servestack.wheels import normalize
+
+    found = []
+    for layer in manifest["layers"]:
+        with tarfile.open(fileobj=io.BytesIO(decompressed(client.get_blob(layer["digest"]), layer["mediaType"]))) as tar:
+            for member in tar:
+                matched = re.search(r"([^/]+)-([^/-]+)\.dist-info/METADATA$", member.name)
+                if matched and member.isfile():
+                    found.append((normalize(matched[1]), matched[2]))
+    return sorted(found)

@@ -190,13 +190,16 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
 
     inputs = [
         BuildInput(w.name, w.version, w.filename, w.sha256, str(paths[w.filename]),
-                   declared=normalize(w.name) in document.packages, replaced_by=replaced.get(w.filename))
-        for w in wheels
+                   declared=normalize(w.name) in document.packages, replaced_by=replaced.get(w.filename),
+                   license=facts.license, license_text=facts.license_text, vendored=facts.vendored)
+        for w in wheels for facts in [wheelfiles.wheel_facts(paths[w.filename])]
     ]
     present = {normalize(w.name) for w in wheels}
     aliases_dir = out / "aliases"
     shutil.rmtree(aliases_dir, ignore_errors=True)
-    inputs += [_alias_wheel(w, DIST_ALIASES[normalize(w.name)], aliases_dir, epoch) for w in wheels
+    inputs += [dataclasses.replace(_alias_wheel(w, DIST_ALIASES[normalize(w.name)], aliases_dir, epoch), license=i.license,
+                       license_text=i.license_text)
+               for w, i in zip(wheels, inputs)
                if normalize(w.name) in DIST_ALIASES and DIST_ALIASES[normalize(w.name)] not in present]
     lock_sha256 = lock.lock_digest(project, stack)
     identity = {

@@ -242,6 +242,48 @@ def read_member(wheel: Path, member: str) -> bytes | None:
             return None
 
 
+@dataclass(frozen=True)
+class WheelFacts:
+    """What a wheel says about itself beyond its name and version, for an SBOM."""
+    license: str | None  # an SPDX expression, when the metadata gives one
+    license_text: str | None  # the metadata's own words about its licence
+    vendored: tuple[str, ...]  # "name==version" of each distribution it ships inside itself (setuptools/_vendor)
+
+
+def wheel_facts(wheel: Path) -> WheelFacts:
+    """The licence: `License-Expression` (core metadata 2.4), else a `License` field that is itself a
+    valid SPDX expression. Anything else (free text, a trove classifier such as "BSD License", which
+    names no one licence) is no expression: its words are kept for a reader, and an SBOM says
+    NOASSERTION rather than guess. The vendored distributions: every other `*.dist-info/METADATA`."""
+    from license_expression import ExpressionError, get_spdx_licensing
+
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        own = _find_dist_info(names, wheel)
+        fields = _parse_kv(zf.read(f"{own}/METADATA").decode("utf-8", "replace"))
+        vendored = []
+        for name in names:
+            parent, _, leaf = name.rpartition("/")
+            if leaf == "METADATA" and parent.endswith(".dist-info") and parent != own:
+                meta = dict(_parse_kv(zf.read(name).decode("utf-8", "replace")))
+                vendored.append(f"{normalize(meta.get('Name', ''))}=={meta.get('Version', '')}")
+    words = [v for k, v in fields if k in ("License-Expression", "License")]
+    words += [v.removeprefix("License :: ") for k, v in fields if k == "Classifier" and v.startswith("License :: ")]
+    said = "; ".join(dict.fromkeys(w for w in words if w)) or None
+    if said and len(said) > 200:
+        said = said[:197] + "..."
+    licensing = get_spdx_licensing()
+    for key in ("License-Expression", "License"):
+        value = next((v for k, v in fields if k == key and v), None)
+        try:  # not licensing.validate: it fails with AttributeError on text it cannot tokenize (30.4)
+            parsed = licensing.parse(value) if value and len(value) <= 200 else None
+        except ExpressionError:  # free text ("Copyright (c) 2005-2025, NumPy Developers.")
+            parsed = None
+        if parsed is not None and not licensing.unknown_license_keys(parsed):
+            return WheelFacts(parsed.render(), said, tuple(sorted(vendored)))
+    return WheelFacts(None, said, tuple(sorted(vendored)))
+
+
 # ---------------------------------------------------------------- relabelling and writing
 
 

@@ -24,6 +24,8 @@ DSSE_MEDIA_TYPE = "application/vnd.dsse.envelope.v1+json"
 TITLE = "org.opencontainers.image.title"
 CREATED = "org.opencontainers.image.created"
 BUNDLE_ANNOTATION = "io.servestack.publication"
+SPDX_JSON = "application/spdx+json"
+SBOM_TITLE = "sbom.spdx.json"  # the SBOM's place in the bundle (publish/sbom.py writes it)
 MEDIA_TYPES = {".json": "application/json", ".lock": "application/json", ".yaml": "application/yaml",
                ".md": "text/markdown", ".png": "image/png", ".svg": "image/svg+xml", ".xml": "application/xml"}
 RUN_FILES = ("results.json", "report.md")  # plus every plot
@@ -44,6 +46,8 @@ class BundleFile:
 
     @property
     def media_type(self) -> str:
+        if self.title.endswith(".spdx.json"):
+            return SPDX_JSON
         return MEDIA_TYPES.get(PurePosixPath(self.title).suffix, "application/octet-stream")
 
     def descriptor(self) -> dict[str, Any]:
@@ -119,7 +123,7 @@ def check_smoke(records: Records, image: ImageRef) -> None:
 
 
 def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path,
-                 records: Records | None = None) -> list[BundleFile]:
+                 records: Records | None = None, sbom: bytes | None = None) -> list[BundleFile]:
     """Every file of the bundle, sorted by title; the recipes are rendered now, bound to IMAGE, and validated."""
     from .. import recipes
 
@@ -128,6 +132,8 @@ def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | No
         BundleFile(f"pins/{stack}.lock", records.lock.read_bytes()),
         BundleFile(f"pins/{stack}.yaml", records.stack_file.read_bytes()),
     ]
+    if sbom is not None:
+        files.append(BundleFile(SBOM_TITLE, sbom))
     records.read("build.json")  # present and JSON
     records.image(), records.smoke()  # present and well-formed, by their readers
     for name in ("build.json", "image.json", "smoke.json"):
@@ -148,29 +154,28 @@ def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | No
     return sorted(files, key=lambda f: f.title)
 
 
+def referrer_manifest(artifact_type: str, layers: list[dict[str, Any]], subject: Descriptor,
+                      annotations: dict[str, str]) -> bytes:
+    """An OCI 1.1 artifact manifest of the image (empty config, SUBJECT), as canonical JSON."""
+    return _json_bytes({"schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": artifact_type,
+                        "config": _empty_descriptor(), "layers": layers, "subject": subject.to_json(),
+                        "annotations": annotations})
+
+
 def publication_manifest(files: list[BundleFile], subject: Descriptor, created: str) -> bytes:
-    return _json_bytes({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": PUBLICATION_TYPE,
-        "config": _empty_descriptor(),
-        "layers": [f.descriptor() for f in files],
-        "subject": subject.to_json(),
-        "annotations": {CREATED: created},
-    })
+    return referrer_manifest(PUBLICATION_TYPE, [f.descriptor() for f in files], subject, {CREATED: created})
 
 
 def attestation_manifest(envelope: bytes, subject: Descriptor, bundle_digest: str, created: str) -> bytes:
-    return _json_bytes({
-        "schemaVersion": 2,
-        "mediaType": OCI_MANIFEST,
-        "artifactType": ATTESTATION_TYPE,
-        "config": _empty_descriptor(),
-        "layers": [{"mediaType": DSSE_MEDIA_TYPE, "digest": sha256_digest(envelope), "size": len(envelope),
-                    "annotations": {TITLE: "publication.intoto.json"}}],
-        "subject": subject.to_json(),
-        "annotations": {CREATED: created, BUNDLE_ANNOTATION: bundle_digest},
-    })
+    layer = {"mediaType": DSSE_MEDIA_TYPE, "digest": sha256_digest(envelope), "size": len(envelope),
+             "annotations": {TITLE: "publication.intoto.json"}}
+    return referrer_manifest(ATTESTATION_TYPE, [layer], subject, {CREATED: created, BUNDLE_ANNOTATION: bundle_digest})
+
+
+def sbom_manifest(sbom: bytes, subject: Descriptor, created: str) -> bytes:
+    """The SBOM as a plain referrer of the image, where scanners look for one (trivy: artifactType
+    application/spdx+json); the same bytes as the bundle's signed copy."""
+    return referrer_manifest(SPDX_JSON, [BundleFile(SBOM_TITLE, sbom).descriptor()], subject, {CREATED: created})
 
 
 def _empty_descriptor() -> dict[str, Any]:

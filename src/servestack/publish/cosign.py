@@ -9,10 +9,11 @@ are one signature each (what `cosign sign` and `cosign attest` push, read from t
         `dev.cosignproject.cosign/signature`: base64 of the ECDSA P-256 / SHA-256 DER signature.
   .att  layer `application/vnd.dsse.envelope.v1+json`: a DSSE envelope over the in-toto
         statement (ours: the SLSA v1 provenance the bundle's attestation carries), annotated with
-        its `predicateType`.
+        its `predicateType`: the SLSA v1 provenance, and the SBOM (`https://spdx.dev/Document`).
 
     cosign verify --key servestack.pub --insecure-ignore-tlog IMAGE@sha256:...
     cosign verify-attestation --key servestack.pub --insecure-ignore-tlog --type slsaprovenance1 IMAGE@sha256:...
+    cosign verify-attestation --key servestack.pub --insecure-ignore-tlog --type spdxjson IMAGE@sha256:...
 
 Both tags are read, amended and written back: other signers' layers stay, and a layer this key
 already signed for the same payload is not added again.
@@ -80,8 +81,10 @@ def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> None:
     client.put_manifest(tag, manifest, OCI_MANIFEST)
 
 
-def attach(client: Client, image: ImageRef, signer: CryptoSigner, envelope: bytes, predicate_type: str) -> dict[str, str]:
-    """Sign IMAGE in cosign's layout and attach ENVELOPE as its attestation; returns both tags."""
+def attach(client: Client, image: ImageRef, signer: CryptoSigner,
+           attestations: list[tuple[bytes, str]]) -> dict[str, str]:
+    """Sign IMAGE in cosign's layout and attach each (DSSE envelope, predicate type) as its attestation;
+    returns both tags."""
     payload = simple_signing_payload(image)
     layers = _layers(client, signature_tag(image))
     mine = [layer for layer in layers if layer.get("digest") == sha256_digest(payload)
@@ -92,12 +95,16 @@ def attach(client: Client, image: ImageRef, signer: CryptoSigner, envelope: byte
                        "annotations": {SIGNATURE: signature}})
         _put(client, signature_tag(image), layers)
 
-    statement = json.loads(envelope)["payload"]
-    attestations = _layers(client, attestation_tag(image))
-    if not any(_same_statement(client, layer, statement, signer) for layer in attestations):
-        attestations.append({"mediaType": DSSE_LAYER, "size": len(envelope), "digest": client.push_blob(envelope),
-                             "annotations": {SIGNATURE: "", PREDICATE_TYPE: predicate_type}})
-        _put(client, attestation_tag(image), attestations)
+    layers = _layers(client, attestation_tag(image))
+    added = False
+    for envelope, predicate_type in attestations:
+        statement = json.loads(envelope)["payload"]
+        if not any(_same_statement(client, layer, statement, signer) for layer in layers):
+            layers.append({"mediaType": DSSE_LAYER, "size": len(envelope), "digest": client.push_blob(envelope),
+                           "annotations": {SIGNATURE: "", PREDICATE_TYPE: predicate_type}})
+            added = True
+    if added:
+        _put(client, attestation_tag(image), layers)
     return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}"}
 
 

@@ -3,14 +3,11 @@ the image's own label and stack.json agree with the bundle's lock, and write the
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import tarfile
 import tempfile
 import time
-import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,6 +19,7 @@ from ..fsutil import canonical_json, sha256_bytes, sha256_file
 from ..imageref import ImageRef
 from ..sources import registry
 from ..sources.registry import OCI_INDEX, Client
+from . import sbom
 from .bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
@@ -31,6 +29,7 @@ from .bundle import (
     PublishError,
     titles_problem,
 )
+from .layerfiles import file_in_layer
 from .provenance import signed_identity
 from .push import image_client, image_subject
 
@@ -186,29 +185,27 @@ def check_image_agrees(publication: Publication) -> list[str]:
     return [f"label io.servestack.lock.sha256 = {lock_sha256[:16]}", f"/{STACK_JSON} records the same lock"]
 
 
-def file_in_layer(blob: bytes, media_type: str, path: str) -> bytes | None:
-    if media_type.endswith(("+zstd", ".zstd")):
-        import zstandard
-
-        blob = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(blob)).read()
-    elif media_type.endswith("gzip") or blob[:2] == b"\x1f\x8b":
-        blob = zlib.decompress(blob, 16 + zlib.MAX_WBITS)
-    found: bytes | None = None
-    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
-        for member in tar:
-            parts = [p for p in member.name.split("/") if p not in ("", ".")]
-            if ".." in parts:
-                raise PublishError(f"layer entry {member.name!r} climbs out of the image's root: no runtime would put "
-                                   f"it where its name says, so the layer is not read")
-            if "/".join(parts) != path:
-                continue
-            if found is not None:
-                raise PublishError(f"the layer holds /{path} twice: which one a runtime sees depends on the unpacker")
-            extracted = tar.extractfile(member) if member.isfile() else None
-            if extracted is None:
-                raise PublishError(f"/{path} in the layer is not a regular file ({member.type!r})")
-            found = extracted.read()
-    return found
+def check_sbom(publication: Publication) -> list[str]:
+    """The signed SBOM is valid SPDX describing this image, and the plain referrer scanners read holds
+    the same bytes; returns what was checked (nothing for a publication made before SBOMs)."""
+    signed = next((f for f in publication.files if f.title == sbom.SBOM_TITLE), None)
+    if signed is None:
+        return []
+    image = publication.image
+    value = sbom.read_sbom(signed.data, image, f"bundle file {sbom.SBOM_TITLE}")
+    client = image_client(image)
+    plain = [r for r in client.referrers(image.digest)[0] if r.artifact_type == sbom.SPDX_JSON]
+    differing = []
+    for r in plain:
+        found = client.get_manifest(r.digest)
+        layers = json.loads(found[0]).get("layers", []) if found else []
+        if [layer.get("digest") for layer in layers] == [signed.digest]:
+            return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages; the {sbom.SPDX_JSON} referrer "
+                    f"{r.digest[:19]} holds the signed bytes"]
+        differing.append(r.digest)
+    raise PublishError(f"{image}: no {sbom.SPDX_JSON} referrer holds the SBOM the publication signs ({signed.digest})"
+                       + (f"; {', '.join(differing)} {'holds' if len(differing) == 1 else 'hold'} other bytes, which "
+                          f"scanners would read" if differing else ""))
 
 
 def _default_out(image: ImageRef) -> Path:
@@ -227,7 +224,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     publication = fetch_publication(reference, key, bundle, repository)
-    checked = check_image_agrees(publication)
+    checked = check_image_agrees(publication) + check_sbom(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
         for f in publication.files:

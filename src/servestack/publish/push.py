@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from datetime import datetime, timezone
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +17,10 @@ from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
 from ..project import Project
 from ..records.lockfile import read_lock
+from ..records.steps import read_build
 from ..sources import registry
 from ..sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
+from . import cosign, sbom
 from .bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
@@ -31,9 +33,9 @@ from .bundle import (
     check_smoke,
     created_timestamp,
     publication_manifest,
+    sbom_manifest,
 )
-from . import cosign
-from .provenance import PROVENANCE_V1, Source, provenance
+from .provenance import PROVENANCE_V1, Source, provenance, signed_identity
 
 
 def image_client(image: ImageRef) -> Client:
@@ -122,11 +124,15 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     check_smoke(records, source_image)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
     target = copy_image(source_image, to) if to else source_image
-    created = created_timestamp(read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first"))
-    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
-        files = bundle_files(project, stack, target, run_id, Path(scratch), records)
+    lock = read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first")
+    created = created_timestamp(lock)
     client = image_client(target)
-    subject, _ = image_subject(client, target)
+    subject, image_manifest = image_subject(client, target)
+    build = read_build(records.steps / "build.json", "run the session that makes it first", f"{records.shown}/build.json")
+    base = sbom.base_system(client, json.loads(image_manifest), records.image())
+    document = sbom.spdx_document(stack, target, build, lock, base, created)
+    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
+        files = bundle_files(project, stack, target, run_id, Path(scratch), records, document)
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
     already = _signed_already(client, target, bundle_digest, signer)
@@ -150,7 +156,19 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
                                                      ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
                                                                         (CREATED, created))),
                             attestation_headers)
-    tags = cosign.attach(client, target, signer, envelope, PROVENANCE_V1)  # where stock cosign 2 looks
+    # The SBOM where scanners look (a plain referrer: the bytes the bundle signs) and signed where
+    # `cosign verify-attestation --type spdxjson` looks; both again on a re-publish, which adds
+    # nothing when they are there, and completes a publish stopped in between.
+    sbom_bytes = sbom_manifest(document, subject, created)
+    client.push_blob(registry.EMPTY_JSON)
+    client.push_blob(document)
+    sbom_digest = sha256_digest(sbom_bytes)
+    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, sbom_digest, len(sbom_bytes), sbom.SPDX_JSON,
+                                                 ((CREATED, created),)),
+                        client.put_manifest(sbom_digest, sbom_bytes, OCI_MANIFEST))
+    sbom_envelope = signing.sign_statement(signing.statement(
+        [signing.Subject(signed_identity(target), target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
+    tags = cosign.attach(client, target, signer, [(envelope, PROVENANCE_V1), (sbom_envelope, sbom.SPDX_PREDICATE)])
     record = {
         "image": str(target),
         "bundle": f"{target.name}@{bundle_digest}",
@@ -158,6 +176,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         "attestation": f"{target.name}@{attestation_digest}",
         "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(target.digest)}",
         "cosign": tags,
+        "sbom": {"referrer": f"{target.name}@{sbom_digest}", "packages": len(json.loads(document)["packages"])},
         "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
         "bundle_size": len(manifest) + sum(len(f.data) for f in files),
         "run": run_id,
@@ -167,6 +186,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     if echo:
         echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
              f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
+             f"\n  sbom        {record['sbom']['referrer']} (SPDX 2.3, {record['sbom']['packages']} packages)"
              f"\n  cosign      {tags['signature']}, {tags['attestation']}"
              f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
     return record

@@ -28,17 +28,26 @@ class BuildInput:
     declared: bool  # the stack file names the package
     replaced_by: str | None  # the overlaid wheel installed instead
     alias_of: str | None = None
+    # The wheel's licence as its metadata declares it (wheels.declared_license): an SPDX expression
+    # when the metadata gives one, and the metadata's own words. Absent from records made before.
+    license: str | None = None
+    license_text: str | None = None
+    vendored: tuple[str, ...] = ()  # "name==version" of the distributions the wheel ships inside itself
 
     def to_json(self) -> dict[str, Any]:
         document = {"name": self.name, "version": self.version, "filename": self.filename, "sha256": self.sha256,
-                    "path": self.path, "declared": self.declared, "replaced_by": self.replaced_by}
+                    "path": self.path, "declared": self.declared, "replaced_by": self.replaced_by,
+                    "license": self.license, "license_text": self.license_text, "vendored": list(self.vendored)}
         return {**document, "alias_of": self.alias_of} if self.alias_of is not None else document
 
     @classmethod
     def from_json(cls, f: Fields) -> "BuildInput":
-        f.only("name", "version", "filename", "sha256", "path", "declared", "replaced_by", "alias_of")
+        f.only("name", "version", "filename", "sha256", "path", "declared", "replaced_by", "alias_of", "license",
+               "license_text", "vendored")
         return cls(f.str("name"), f.str("version"), f.str("filename"), f.str("sha256"), f.str("path"),
-                   f.bool("declared"), f.str_or_none("replaced_by"), f.str_or_none("alias_of", None))
+                   f.bool("declared"), f.str_or_none("replaced_by"), f.str_or_none("alias_of", None),
+                   f.str_or_none("license", None), f.str_or_none("license_text", None),
+                   f.strs("vendored", ()))
 
 
 @dataclass(frozen=True)
