@@ -181,3 +181,24 @@ def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_pa
 @pytest.mark.parametrize("title", ["../etc/passwd", "/abs", "a/../b", ".hidden", "a//b", "", "a\x00b", "a\\b"])
 def test_a_bundle_file_title_must_be_a_plain_relative_path(title):
     assert publish.bundle.title_problem(title)
+
+
+def test_a_sigstore_bundle_names_the_key_by_its_hint_and_leaves_the_signature_keyid_empty(keys):
+    """cosign 3 skips a DSSE signature whose non-empty keyid is not the key's fingerprint;
+    securesystemslib writes its own key id there, which the signature does not cover."""
+    import hashlib
+
+    from cryptography.hazmat.primitives import serialization
+
+    from servestack.publish import cosign
+
+    signer = signing.load_signer(keys[0])
+    envelope = _envelope(keys)
+    bundle = json.loads(cosign.sigstore_bundle(envelope, signer))
+    assert bundle["mediaType"] == "application/vnd.dev.sigstore.bundle.v0.3+json"
+    der = serialization.load_pem_public_key(keys[1].read_bytes()).public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    assert bundle["verificationMaterial"]["publicKey"]["hint"] == base64.b64encode(hashlib.sha256(der).digest()).decode()
+    dsse = bundle["dsseEnvelope"]
+    assert dsse["signatures"][0]["keyid"] == "" and json.loads(envelope)["signatures"][0]["keyid"]
+    assert signing.verify_envelope(json.dumps(dsse).encode(), signing.load_public_key(keys[1]), "t")["predicate"] == {"x": 1}

@@ -223,6 +223,52 @@ def test_stock_cosign_verifies_the_image_signature_its_slsa_provenance_and_its_s
     assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 2
 
 
+def test_sigstore_bundles_sit_among_the_referrers_where_cosign_3_looks_and_verify_with_the_key_alone(published,
+                                                                                                     tmp_path):
+    """cosign 3's layout (its BUNDLE_SPEC.md): one referrer per bundle, the signature (`cosign sign`'s
+    statement), the provenance and the SBOM, found by artifact type with the stock oras; each
+    verifies with the public key alone in sigstore-js and names the image digest; another key
+    verifies none; re-publishing adds none."""
+    from fixtures import sigstore_js
+
+    from servestack.publish import cosign
+
+    image, client = ImageRef.parse(published["image"]), published["client"]
+    bundles = [r for r in client.referrers(image.digest)[0] if r.artifact_type == cosign.SIGSTORE_BUNDLE]
+    by_type = {r.annotation[cosign.BUNDLE_PREDICATE_TYPE]: r for r in bundles}
+    assert set(by_type) == {cosign.COSIGN_SIGN_PREDICATE, publish.PROVENANCE_V1, sbom.SPDX_PREDICATE}
+    assert {r.annotation[cosign.BUNDLE_CONTENT] for r in bundles} == {"dsse-envelope"}
+
+    ca = Path(os.environ["SERVESTACK_CERTS_D"]) / image.registry / "ca.crt"
+    listing = subprocess.run([str(tools.trixie_tool("oras")), "discover", "--ca-file", str(ca), "--format", "json",
+                              "--artifact-type", cosign.SIGSTORE_BUNDLE, str(image)],
+                             check=False, capture_output=True, text=True, env={**os.environ, "HOME": str(tmp_path)})
+    assert listing.returncode == 0, listing.stderr
+    assert {r.digest for r in bundles} <= set(re.findall(r"sha256:[0-9a-f]{64}", listing.stdout))
+
+    other = signing.keygen(tmp_path / "other.key")[1]
+    for predicate_type, referrer in by_type.items():
+        manifest = json.loads(client.get_manifest(referrer.digest)[0])
+        assert manifest["subject"]["digest"] == image.digest and manifest["config"]["mediaType"] == \
+            "application/vnd.oci.empty.v1+json"
+        [layer] = manifest["layers"]
+        assert layer["mediaType"] == cosign.SIGSTORE_BUNDLE
+        path = tmp_path / f"{referrer.digest[7:19]}.sigstore.json"
+        path.write_bytes(client.get_blob(layer["digest"]))
+        assert [s["keyid"] for s in json.loads(path.read_bytes())["dsseEnvelope"]["signatures"]] == [""]
+        checked = sigstore_js.verify(path, published["pub"])
+        assert checked.returncode == 0, checked.stderr
+        statement = json.loads(checked.stdout)["statement"]
+        assert statement["predicateType"] == predicate_type
+        assert image.hex in [s["digest"]["sha256"] for s in statement["subject"]]  # cosign's artifact digest check
+        refused = sigstore_js.verify(path, other)
+        assert refused.returncode == 1 and "not verified" in refused.stderr
+
+    publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    again = [r for r in client.referrers(image.digest)[0] if r.artifact_type == cosign.SIGSTORE_BUNDLE]
+    assert sorted(r.digest for r in again) == sorted(r.digest for r in bundles)
+
+
 def _blob_file(reg: TlsRegistry, digest: str) -> Path:
     hexdigest = digest.split(":")[1]
     return reg.storage / "docker/registry/v2/blobs/sha256" / hexdigest[:2] / hexdigest / "data"

@@ -17,21 +17,41 @@ are one signature each (what `cosign sign` and `cosign attest` push, read from t
 
 Both tags are read, amended and written back: other signers' layers stay, and a layer this key
 already signed for the same payload is not added again.
+
+cosign 3 reads Sigstore bundles among the image's referrers instead (cosign's specs/BUNDLE_SPEC.md):
+one manifest per bundle, artifactType and its one layer `application/vnd.dev.sigstore.bundle.v0.3+json`,
+the empty config, the image as subject, annotated `dev.sigstore.bundle.content: dsse-envelope` and
+`dev.sigstore.bundle.predicateType`. Each bundle holds a DSSE envelope and the key's hint (base64 of
+the SHA-256 of its SubjectPublicKeyInfo, as cosign writes it), no transparency log entry. The image
+signature is what `cosign sign` writes in that format: an in-toto statement of predicate type
+`https://sigstore.dev/cosign/sign/v1` over the image digest; the provenance and the SBOM are the
+same statements as at the .att tag. The envelope's signature has an empty `keyid`: the verifier cosign
+uses skips a signature whose non-empty keyid is not its own fingerprint, and securesystemslib writes
+another one (its own key id; the signature does not cover the keyid).
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+from datetime import datetime, timezone
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature
 
 from .. import signing
 from ..imageref import ImageRef
-from ..sources.registry import OCI_MANIFEST, Client, sha256_digest
+from ..sources.registry import EMPTY_JSON, OCI_EMPTY, OCI_MANIFEST, Client, Descriptor, sha256_digest
+from .bundle import CREATED
+from .provenance import signed_identity
 
+SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+COSIGN_SIGN_PREDICATE = "https://sigstore.dev/cosign/sign/v1"
+BUNDLE_CONTENT = "dev.sigstore.bundle.content"
+BUNDLE_PREDICATE_TYPE = "dev.sigstore.bundle.predicateType"
 SIMPLE_SIGNING = "application/vnd.dev.cosign.simplesigning.v1+json"
 DSSE_LAYER = "application/vnd.dsse.envelope.v1+json"
 SIGNATURE = "dev.cosignproject.cosign/signature"
@@ -105,7 +125,77 @@ def attach(client: Client, image: ImageRef, signer: CryptoSigner,
             added = True
     if added:
         _put(client, attestation_tag(image), layers)
-    return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}"}
+    sign = signing.sign_statement(signing.statement([signing.Subject(signed_identity(image), image.hex)],
+                                                    COSIGN_SIGN_PREDICATE, {}), signer)
+    bundles = [attach_bundle(client, image, signer, e, t) for e, t in [(sign, COSIGN_SIGN_PREDICATE), *attestations]]
+    return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}",
+            "bundles": [f"{image.name}@{digest}" for digest in bundles]}
+
+
+def key_hint(signer: CryptoSigner) -> str:
+    pem = signer.public_key.keyval["public"].encode()
+    der = serialization.load_pem_public_key(pem).public_bytes(serialization.Encoding.DER,
+                                                               serialization.PublicFormat.SubjectPublicKeyInfo)
+    return base64.b64encode(hashlib.sha256(der).digest()).decode()
+
+
+def sigstore_bundle(envelope: bytes, signer: CryptoSigner) -> bytes:
+    """ENVELOPE as a Sigstore bundle v0.3 verified by the key alone (protobuf-specs' JSON form)."""
+    dsse = json.loads(envelope)
+    return json.dumps({
+        "mediaType": SIGSTORE_BUNDLE,
+        "verificationMaterial": {"publicKey": {"hint": key_hint(signer)}, "tlogEntries": [],
+                                 "timestampVerificationData": {}},
+        "dsseEnvelope": {"payload": dsse["payload"], "payloadType": dsse["payloadType"],
+                         "signatures": [{"sig": dsse["signatures"][0]["sig"], "keyid": ""}]},
+    }, sort_keys=True, separators=(",", ":")).encode()
+
+
+def attach_bundle(client: Client, image: ImageRef, signer: CryptoSigner, envelope: bytes, predicate_type: str) -> str:
+    """ENVELOPE as a Sigstore bundle referrer of IMAGE, unless this key already signed the same
+    statement there; returns the bundle manifest's digest."""
+    statement = json.loads(envelope)["payload"]
+    for r in client.referrers(image.digest)[0]:
+        if r.artifact_type == SIGSTORE_BUNDLE and _bundles_statement(client, r.digest, statement, signer):
+            return r.digest
+    bundle = sigstore_bundle(envelope, signer)
+    client.push_blob(EMPTY_JSON)
+    created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    annotations = {BUNDLE_CONTENT: "dsse-envelope", BUNDLE_PREDICATE_TYPE: predicate_type, CREATED: created}
+    manifest = json.dumps({
+        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": SIGSTORE_BUNDLE,
+        "config": {"mediaType": OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": len(EMPTY_JSON)},
+        "layers": [{"mediaType": SIGSTORE_BUNDLE, "digest": client.push_blob(bundle), "size": len(bundle)}],
+        "subject": image_descriptor(client, image).to_json(), "annotations": annotations,
+    }, sort_keys=True, separators=(",", ":")).encode()
+    digest = sha256_digest(manifest)
+    headers = client.put_manifest(digest, manifest, OCI_MANIFEST)
+    client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, digest, len(manifest), SIGSTORE_BUNDLE,
+                                                 tuple(sorted(annotations.items()))), headers)
+    return digest
+
+
+def image_descriptor(client: Client, image: ImageRef) -> Descriptor:
+    found = client.get_manifest(image.digest)
+    if found is None:
+        raise signing.SignatureError(f"{image}: no such manifest in {client.registry}")
+    data, media_type = found
+    return Descriptor(media_type or json.loads(data).get("mediaType", OCI_MANIFEST), image.digest, len(data))
+
+
+def _bundles_statement(client: Client, digest: str, statement: str, signer: CryptoSigner) -> bool:
+    """Whether the bundle manifest DIGEST already carries this statement, signed by this key."""
+    try:
+        layer = json.loads(client.get_manifest(digest)[0])["layers"][0]
+        dsse = json.loads(client.get_blob(layer["digest"]))["dsseEnvelope"]
+        if dsse["payload"] != statement:
+            return False
+        envelope = json.dumps({"payload": dsse["payload"], "payloadType": dsse["payloadType"],
+                               "signatures": dsse["signatures"]}).encode()
+        signing.verify_envelope(envelope, signer.public_key, f"bundle {digest}")
+        return True
+    except (signing.SignatureError, ValueError, KeyError, TypeError, IndexError):
+        return False
 
 
 def _same_statement(client: Client, layer: dict[str, Any], statement: str, signer: CryptoSigner) -> bool:

@@ -187,6 +187,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
              f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
              f"\n  sbom        {record['sbom']['referrer']} (SPDX 2.3, {record['sbom']['packages']} packages)"
-             f"\n  cosign      {tags['signature']}, {tags['attestation']}"
+             f"\n  cosign      {tags['signature']}, {tags['attestation']} (cosign 2); {len(tags['bundles'])} "
+             f"Sigstore bundles among the referrers (cosign 3)"
              f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
     return record
