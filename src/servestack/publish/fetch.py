@@ -200,8 +200,8 @@ def check_sbom(publication: Publication) -> list[str]:
         found = client.get_manifest(r.digest)
         layers = json.loads(found[0]).get("layers", []) if found else []
         if [layer.get("digest") for layer in layers] == [signed.digest]:
-            return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages; the {sbom.SPDX_JSON} referrer "
-                    f"{r.digest[:19]} holds the signed bytes"]
+            return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages, describes the digest; the "
+                    f"{sbom.SPDX_JSON} referrer {r.digest[:19]} holds the signed bytes"]
         differing.append(r.digest)
     raise PublishError(f"{image}: no {sbom.SPDX_JSON} referrer holds the SBOM the publication signs ({signed.digest})"
                        + (f"; {', '.join(differing)} {'holds' if len(differing) == 1 else 'hold'} other bytes, which "
@@ -224,7 +224,8 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     publication = fetch_publication(reference, key, bundle, repository)
-    checked = check_image_agrees(publication) + check_sbom(publication)
+    checked = check_image_agrees(publication)
+    sbom_checked = check_sbom(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
         for f in publication.files:
@@ -247,9 +248,10 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         echo(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
              f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
              + f"  published   {published_at(publication.statement)} (the newest that verifies, of "
-             f"{len(publication.skipped) + 1} candidates)\n"
+             f"{len(publication.skipped) + 1} candidate{'s' if publication.skipped else ''})\n"
              + "".join(f"  skipped     {line}\n" for line in publication.skipped)
              + "".join(f"  image       {line}\n" for line in checked)
+             + "".join(f"  sbom        {line}\n" for line in sbom_checked)
              + f"  source      commit {publication.repository.get('commit')}"
              f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"
              f"  wrote       {out}: {len(recipes)} recipes bound to the digest (srtctl apply -f), lock, records "
