@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
-
 from fixtures.records import build_record, committed_lock
+
 from servestack.imageref import ImageRef
 from servestack.publish import sbom
 from servestack.publish.bundle import PublishError
@@ -32,16 +33,20 @@ Architecture: amd64
 Version: 1.0
 
 Package: base-files
-Status: install ok installed
+Status: hold ok installed
 Architecture: amd64
 Version: 12.4+deb12u14
 """
 
 
+def _lock(**changes):
+    changes = {"pull_requests": (), **changes}
+    return committed_lock(local_patches=(LocalPatch("patched", "pins/patches/fix.diff", "f" * 64, "why", True, ()),),
+                          **changes)
+
+
 def _document(base: sbom.BaseSystem | None = None, **lock_changes) -> dict:
-    lock = committed_lock(local_patches=(LocalPatch("patched", "pins/patches/fix.diff", "f" * 64, "why", True, ()),),
-                          **lock_changes)
-    return json.loads(sbom.spdx_document("dev-cpu", IMAGE, build_record(), lock, base, CREATED))
+    return json.loads(sbom.spdx_document("dev-cpu", IMAGE, build_record(), _lock(**lock_changes), base, CREATED))
 
 
 def _packages(document: dict) -> dict[str, dict]:
@@ -53,7 +58,7 @@ def _related(document: dict, kind: str) -> set[tuple[str, str]]:
             if r["relationshipType"] == kind}
 
 
-def test_the_dpkg_database_gives_every_installed_package_with_its_source_package():
+def test_the_dpkg_database_gives_every_installed_package_held_or_not_with_its_source_package():
     packages = sbom.parse_dpkg_status(STATUS)
     assert [(p.name, p.version, p.source, p.source_version) for p in packages] == [
         ("base-files", "12.4+deb12u14", "base-files", "12.4+deb12u14"),
@@ -99,7 +104,7 @@ def test_pull_requests_already_in_a_release_are_said_on_the_wheel_that_contains_
 
 
 def test_the_base_s_debian_packages_sit_under_the_operating_system_with_scanner_package_urls():
-    document = _document(sbom.BaseSystem("12.12", sbom.parse_dpkg_status(STATUS)))
+    document = _document(sbom.BaseSystem("debian", "12.12", sbom.parse_dpkg_status(STATUS)))
     packages = _packages(document)
     assert packages["SPDXRef-OperatingSystem"]["name"] == "debian"
     libc = packages["SPDXRef-deb-libc6-amd64"]
@@ -110,10 +115,40 @@ def test_the_base_s_debian_packages_sit_under_the_operating_system_with_scanner_
     assert ("SPDXRef-Image", "SPDXRef-OperatingSystem") in _related(document, "CONTAINS")
 
 
-def test_the_same_inputs_give_the_same_bytes():
-    lock = committed_lock()
-    first = sbom.spdx_document("dev-cpu", IMAGE, build_record(), lock, None, CREATED)
-    assert sbom.spdx_document("dev-cpu", IMAGE, build_record(), lock, None, CREATED) == first
+def test_an_ubuntu_base_s_packages_are_ubuntu_s():
+    document = _document(sbom.BaseSystem("ubuntu", "24.04", sbom.parse_dpkg_status(STATUS)))
+    packages = _packages(document)
+    assert packages["SPDXRef-OperatingSystem"]["name"] == "ubuntu"
+    assert packages["SPDXRef-deb-libc6-amd64"]["externalRefs"][0]["referenceLocator"].startswith(
+        "pkg:deb/ubuntu/libc6@2.36-9%2Bdeb12u14?arch=amd64&distro=ubuntu-24.04")
+
+
+def test_a_base_without_a_dpkg_database_is_said_not_hidden():
+    assert "no dpkg database" in _document(None)["comment"]
+
+
+def test_the_same_inputs_give_the_same_bytes_on_every_machine_and_version():
+    """Compared with a committed document: the bytes depend on the inputs only (not on servestack's
+    version, nor on the machine), so republishing an image adds no second SBOM. When the document's
+    form changes on purpose, regenerate tests/data/sbom-fixture.spdx.json."""
+    written = sbom.spdx_document("dev-cpu", IMAGE, build_record(), _lock(), sbom.BaseSystem(
+        "debian", "12.12", sbom.parse_dpkg_status(STATUS)), CREATED)
+    assert written == (Path(__file__).parent / "data" / "sbom-fixture.spdx.json").read_bytes()
+
+
+def test_names_that_fold_to_one_spdx_id_are_numbered_not_refused():
+    record = build_record()
+    twin = replace(record.inputs[0], name="plain.lib", filename="plain.lib-1.0-py3-none-any.whl", sha256="9" * 64)
+    document = json.loads(sbom.spdx_document("dev-cpu", IMAGE, replace(record, inputs=(*record.inputs, twin)),
+                                             _lock(), None, CREATED))
+    ids = [p["SPDXID"] for p in document["packages"]]
+    assert len(ids) == len(set(ids)) and "SPDXRef-pypi-plain-lib-2" in ids
+
+
+def test_a_replaced_wheel_without_its_overlay_record_is_refused_naming_build_json():
+    record = build_record()
+    with pytest.raises(PublishError, match="build.json: patched-3.1-py3-none-any.whl is replaced by"):
+        sbom.spdx_document("dev-cpu", IMAGE, replace(record, overlays=()), _lock(), None, CREATED)
 
 
 def test_pull_refuses_an_sbom_for_another_image_or_one_that_is_not_valid_spdx():
@@ -158,3 +193,17 @@ def test_a_wheel_s_licence_is_an_spdx_expression_only_where_its_metadata_gives_o
 def test_a_wheel_names_the_distributions_it_vendors(tmp_path):
     facts = wheel_facts(_wheel(tmp_path, "License: MIT", {"Jaraco_Text": "3.12.1", "zipp": "3.19.2"}))
     assert facts.vendored == ("jaraco-text==3.12.1", "zipp==3.19.2")
+
+
+def test_a_vendored_distribution_without_a_name_field_is_named_by_its_directory(tmp_path):
+    path = tmp_path / "demo-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+        zf.writestr("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
+        zf.writestr("demo/_vendor/six-1.16.0.dist-info/METADATA", "Metadata-Version: 2.1\n")
+    assert wheel_facts(path).vendored == ("six==1.16.0",)
+
+
+def test_a_licence_field_continued_over_a_blank_looking_line_keeps_the_fields_after_it(tmp_path):
+    metadata = "License: Copyright (c) the authors\n        \n        All rights reserved.\nClassifier: License :: OSI Approved :: MIT License"
+    assert wheel_facts(_wheel(tmp_path, metadata)).license_text == "Copyright (c) the authors; OSI Approved :: MIT License"

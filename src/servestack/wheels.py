@@ -134,8 +134,8 @@ def _find_dist_info(names: Iterable[str], where: object) -> str:
 def _parse_kv(text: str) -> list[tuple[str, str]]:
     out = []
     for line in text.splitlines():
-        if not line.strip():
-            break  # end of headers (METADATA may have a body)
+        if not line:
+            break  # end of headers (METADATA may have a body); a whitespace-only line continues a field
         if ":" in line and not line[0].isspace():
             k, v = line.split(":", 1)
             out.append((k.strip(), v.strip()))
@@ -266,7 +266,8 @@ def wheel_facts(wheel: Path) -> WheelFacts:
             parent, _, leaf = name.rpartition("/")
             if leaf == "METADATA" and parent.endswith(".dist-info") and parent != own:
                 meta = dict(_parse_kv(zf.read(name).decode("utf-8", "replace")))
-                vendored.append(f"{normalize(meta.get('Name', ''))}=={meta.get('Version', '')}")
+                named, _, versioned = parent.rsplit("/", 1)[-1].removesuffix(".dist-info").partition("-")
+                vendored.append(f"{normalize(meta.get('Name') or named)}=={meta.get('Version') or versioned}")
     words = [v for k, v in fields if k in ("License-Expression", "License")]
     words += [v.removeprefix("License :: ") for k, v in fields if k == "Classifier" and v.startswith("License :: ")]
     said = "; ".join(dict.fromkeys(w for w in words if w)) or None
@@ -280,8 +281,8 @@ def wheel_facts(wheel: Path) -> WheelFacts:
         except ExpressionError:  # free text ("Copyright (c) 2005-2025, NumPy Developers.")
             parsed = None
         if parsed is not None and not licensing.unknown_license_keys(parsed):
-            return WheelFacts(parsed.render(), said, tuple(sorted(vendored)))
-    return WheelFacts(None, said, tuple(sorted(vendored)))
+            return WheelFacts(parsed.render(), said, tuple(sorted(set(vendored))))
+    return WheelFacts(None, said, tuple(sorted(set(vendored))))
 
 
 # ---------------------------------------------------------------- relabelling and writing

@@ -44,8 +44,8 @@ from securesystemslib.signer import CryptoSigner, Signature
 
 from .. import signing
 from ..imageref import ImageRef
-from ..sources.registry import EMPTY_JSON, OCI_EMPTY, OCI_MANIFEST, Client, Descriptor, sha256_digest
-from .bundle import CREATED
+from ..sources.registry import EMPTY_JSON, OCI_MANIFEST, Client, Descriptor, sha256_digest
+from .bundle import CREATED, referrer_manifest
 from .provenance import signed_identity
 
 SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -101,10 +101,10 @@ def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> None:
     client.put_manifest(tag, manifest, OCI_MANIFEST)
 
 
-def attach(client: Client, image: ImageRef, signer: CryptoSigner,
-           attestations: list[tuple[bytes, str]]) -> dict[str, str]:
-    """Sign IMAGE in cosign's layout and attach each (DSSE envelope, predicate type) as its attestation;
-    returns both tags."""
+def attach(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoSigner,
+           attestations: list[tuple[bytes, str]]) -> dict[str, Any]:
+    """Sign IMAGE (whose descriptor is SUBJECT) and attach each (DSSE envelope, predicate type) as its
+    attestation, in both of cosign's layouts; returns the two tags and the bundles' references."""
     payload = simple_signing_payload(image)
     layers = _layers(client, signature_tag(image))
     mine = [layer for layer in layers if layer.get("digest") == sha256_digest(payload)
@@ -127,7 +127,8 @@ def attach(client: Client, image: ImageRef, signer: CryptoSigner,
         _put(client, attestation_tag(image), layers)
     sign = signing.sign_statement(signing.statement([signing.Subject(signed_identity(image), image.hex)],
                                                     COSIGN_SIGN_PREDICATE, {}), signer)
-    bundles = [attach_bundle(client, image, signer, e, t) for e, t in [(sign, COSIGN_SIGN_PREDICATE), *attestations]]
+    bundles = [attach_bundle(client, image, subject, signer, e, t)
+               for e, t in [(sign, COSIGN_SIGN_PREDICATE), *attestations]]
     return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}",
             "bundles": [f"{image.name}@{digest}" for digest in bundles]}
 
@@ -151,7 +152,8 @@ def sigstore_bundle(envelope: bytes, signer: CryptoSigner) -> bytes:
     }, sort_keys=True, separators=(",", ":")).encode()
 
 
-def attach_bundle(client: Client, image: ImageRef, signer: CryptoSigner, envelope: bytes, predicate_type: str) -> str:
+def attach_bundle(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoSigner, envelope: bytes,
+                  predicate_type: str) -> str:
     """ENVELOPE as a Sigstore bundle referrer of IMAGE, unless this key already signed the same
     statement there; returns the bundle manifest's digest."""
     statement = json.loads(envelope)["payload"]
@@ -160,27 +162,15 @@ def attach_bundle(client: Client, image: ImageRef, signer: CryptoSigner, envelop
             return r.digest
     bundle = sigstore_bundle(envelope, signer)
     client.push_blob(EMPTY_JSON)
-    created = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    annotations = {BUNDLE_CONTENT: "dsse-envelope", BUNDLE_PREDICATE_TYPE: predicate_type, CREATED: created}
-    manifest = json.dumps({
-        "schemaVersion": 2, "mediaType": OCI_MANIFEST, "artifactType": SIGSTORE_BUNDLE,
-        "config": {"mediaType": OCI_EMPTY, "digest": sha256_digest(EMPTY_JSON), "size": len(EMPTY_JSON)},
-        "layers": [{"mediaType": SIGSTORE_BUNDLE, "digest": client.push_blob(bundle), "size": len(bundle)}],
-        "subject": image_descriptor(client, image).to_json(), "annotations": annotations,
-    }, sort_keys=True, separators=(",", ":")).encode()
+    layer = {"mediaType": SIGSTORE_BUNDLE, "digest": client.push_blob(bundle), "size": len(bundle)}
+    annotations = {BUNDLE_CONTENT: "dsse-envelope", BUNDLE_PREDICATE_TYPE: predicate_type,
+                   CREATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    manifest = referrer_manifest(SIGSTORE_BUNDLE, [layer], subject, annotations)
     digest = sha256_digest(manifest)
     headers = client.put_manifest(digest, manifest, OCI_MANIFEST)
     client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, digest, len(manifest), SIGSTORE_BUNDLE,
                                                  tuple(sorted(annotations.items()))), headers)
     return digest
-
-
-def image_descriptor(client: Client, image: ImageRef) -> Descriptor:
-    found = client.get_manifest(image.digest)
-    if found is None:
-        raise signing.SignatureError(f"{image}: no such manifest in {client.registry}")
-    data, media_type = found
-    return Descriptor(media_type or json.loads(data).get("mediaType", OCI_MANIFEST), image.digest, len(data))
 
 
 def _bundles_statement(client: Client, digest: str, statement: str, signer: CryptoSigner) -> bool:

@@ -45,6 +45,7 @@ class Publication:
     files: tuple[BundleFile, ...]
     referrers: str  # "api" or "tag"
     skipped: tuple[str, ...] = ()  # the other candidates, each with why it was not taken
+    signed_sboms: frozenset[str] = frozenset()  # the SBOM digests of every publication that verified
 
     def file(self, title: str) -> BundleFile:
         return next(f for f in self.files if f.title == title)
@@ -96,11 +97,12 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None, repo
     if not valid:
         raise PublishError(f"{image}: no publication signed by {key} verifies"
                            + (f" and names bundle {bundle}" if bundle else "") + ":\n  " + "\n  ".join(skipped))
+    signed_sboms = frozenset(f.digest for v in valid for f in v.files if f.title == sbom.SBOM_TITLE)
     valid.sort(key=lambda v: (published_at(v.statement), v.attestation_digest), reverse=True)
     chosen, *older = valid
     skipped += [f"attestation {v.attestation_digest}: verifies, published {published_at(v.statement)}, older than "
                 f"the one taken" for v in older]
-    return replace(chosen, skipped=tuple(skipped))
+    return replace(chosen, skipped=tuple(skipped), signed_sboms=signed_sboms)
 
 
 def _verified(client: Client, image: ImageRef, attestation: str, public_key, where: str,
@@ -186,8 +188,10 @@ def check_image_agrees(publication: Publication) -> list[str]:
 
 
 def check_sbom(publication: Publication) -> list[str]:
-    """The signed SBOM is valid SPDX describing this image, and the plain referrer scanners read holds
-    the same bytes; returns what was checked (nothing for a publication made before SBOMs)."""
+    """The signed SBOM is valid SPDX describing this image, and what scanners read agrees: a plain
+    SPDX referrer holds its bytes, and every other one holds an SBOM a verified publication of this
+    image signs (a forged one beside the real one is refused too). Returns what was checked
+    (nothing for a publication made before SBOMs)."""
     signed = next((f for f in publication.files if f.title == sbom.SBOM_TITLE), None)
     if signed is None:
         return []
@@ -195,17 +199,22 @@ def check_sbom(publication: Publication) -> list[str]:
     value = sbom.read_sbom(signed.data, image, f"bundle file {sbom.SBOM_TITLE}")
     client = image_client(image)
     plain = [r for r in client.referrers(image.digest)[0] if r.artifact_type == sbom.SPDX_JSON]
-    differing = []
+    holding, unsigned = [], []
     for r in plain:
-        found = client.get_manifest(r.digest)
-        layers = json.loads(found[0]).get("layers", []) if found else []
-        if [layer.get("digest") for layer in layers] == [signed.digest]:
-            return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages, describes the digest; the "
-                    f"{sbom.SPDX_JSON} referrer {r.digest[:19]} holds the signed bytes"]
-        differing.append(r.digest)
-    raise PublishError(f"{image}: no {sbom.SPDX_JSON} referrer holds the SBOM the publication signs ({signed.digest})"
-                       + (f"; {', '.join(differing)} {'holds' if len(differing) == 1 else 'hold'} other bytes, which "
-                          f"scanners would read" if differing else ""))
+        manifest = _referrer_manifest(client, r.digest, image, f"{sbom.SPDX_JSON} referrer {r.digest}")
+        layers = [layer.get("digest") for layer in manifest.get("layers", [])]
+        if layers == [signed.digest]:
+            holding.append(r.digest)
+        elif len(layers) != 1 or layers[0] not in publication.signed_sboms:
+            unsigned.append(r.digest)
+    if unsigned:
+        raise PublishError(f"{image}: {sbom.SPDX_JSON} referrer(s) {', '.join(unsigned)} hold an SBOM no verified "
+                           f"publication signs, which scanners would read")
+    if not holding:
+        raise PublishError(f"{image}: no {sbom.SPDX_JSON} referrer holds the SBOM the publication signs "
+                           f"({signed.digest}), so scanners would not find it")
+    return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages, describes the digest; the "
+            f"{sbom.SPDX_JSON} referrer {holding[0][:19]} holds the signed bytes, and no other SBOM is attached"]
 
 
 def _default_out(image: ImageRef) -> Path:

@@ -110,6 +110,19 @@ def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
     return None
 
 
+def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, document: bytes, created: str) -> str:
+    """The SBOM where scanners look, a plain referrer of the image holding the bytes the bundle
+    signs; pushed again on a re-publish, which adds nothing (its manifest is a function of them)."""
+    manifest = sbom_manifest(document, subject, created)
+    client.push_blob(registry.EMPTY_JSON)
+    client.push_blob(document)
+    digest = sha256_digest(manifest)
+    client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, digest, len(manifest), sbom.SPDX_JSON,
+                                                ((CREATED, created),)),
+                        client.put_manifest(digest, manifest, OCI_MANIFEST))
+    return digest
+
+
 def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
             run_id: str | None = None, records_dir: Path | None = None,
             echo: Callable[[str], None] | None = print) -> dict[str, Any]:
@@ -135,6 +148,8 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         files = bundle_files(project, stack, target, run_id, Path(scratch), records, document)
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
+    # First, so no publication is indexed whose SBOM pull would not find.
+    sbom_digest = _push_plain_sbom(client, target, subject, document, created)
     already = _signed_already(client, target, bundle_digest, signer)
     if already is not None:  # the same files, signed by this key: publishing again adds nothing
         attestation_digest, envelope, how = already
@@ -156,19 +171,10 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
                                                      ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
                                                                         (CREATED, created))),
                             attestation_headers)
-    # The SBOM where scanners look (a plain referrer: the bytes the bundle signs) and signed where
-    # `cosign verify-attestation --type spdxjson` looks; both again on a re-publish, which adds
-    # nothing when they are there, and completes a publish stopped in between.
-    sbom_bytes = sbom_manifest(document, subject, created)
-    client.push_blob(registry.EMPTY_JSON)
-    client.push_blob(document)
-    sbom_digest = sha256_digest(sbom_bytes)
-    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, sbom_digest, len(sbom_bytes), sbom.SPDX_JSON,
-                                                 ((CREATED, created),)),
-                        client.put_manifest(sbom_digest, sbom_bytes, OCI_MANIFEST))
+    # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
     sbom_envelope = signing.sign_statement(signing.statement(
         [signing.Subject(signed_identity(target), target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
-    tags = cosign.attach(client, target, signer, [(envelope, PROVENANCE_V1), (sbom_envelope, sbom.SPDX_PREDICATE)])
+    tags = cosign.attach(client, target, subject, signer, [(envelope, PROVENANCE_V1), (sbom_envelope, sbom.SPDX_PREDICATE)])
     record = {
         "image": str(target),
         "bundle": f"{target.name}@{bundle_digest}",

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from packageurl import PackageURL
@@ -31,14 +33,15 @@ from ..records.steps import BuildInput, BuildRecord, BuiltOverlay, ImageRecord
 from ..sources.registry import Client
 from ..wheels import normalize
 from .bundle import SBOM_TITLE, SPDX_JSON, PublishError
+from .layerfiles import files_in_layer_file
 
 __all__ = ["SBOM_TITLE", "SPDX_JSON", "SPDX_PREDICATE", "BaseSystem", "DebianPackage", "base_system", "parse_dpkg_status",
            "python_distributions", "read_sbom", "spdx_document"]
-from .layerfiles import files_in_layer
 
 SPDX_PREDICATE = "https://spdx.dev/Document"  # what `cosign verify-attestation --type spdxjson` asks for
 DPKG_STATUS = "var/lib/dpkg/status"
 DEBIAN_VERSION = "etc/debian_version"
+OS_RELEASE = ("etc/os-release", "usr/lib/os-release")  # Debian's first is a symlink to the second
 BASE_LAYER = "base"  # image.json's title of the base's layers
 TOOL = "servestack"
 
@@ -55,12 +58,14 @@ class DebianPackage:
 @dataclass(frozen=True)
 class BaseSystem:
     """The operating system of the image's base as its own files say."""
-    version: str  # /etc/debian_version
+    distro: str  # os-release ID: "debian", "ubuntu"; the namespace of its packages' URLs
+    version: str  # Debian's point release (/etc/debian_version, "12.12"), else os-release VERSION_ID
     packages: tuple[DebianPackage, ...]
 
 
 def parse_dpkg_status(text: str) -> tuple[DebianPackage, ...]:
-    """The installed packages of a dpkg status database (stanzas whose Status is `install ok installed`)."""
+    """The installed packages of a dpkg status database: stanzas whose Status ends `installed`
+    (held packages, `hold ok installed`, too)."""
     packages = []
     for stanza in text.split("\n\n"):
         fields: dict[str, str] = {}
@@ -68,27 +73,39 @@ def parse_dpkg_status(text: str) -> tuple[DebianPackage, ...]:
             if line and not line[0].isspace() and ":" in line:
                 key, value = line.split(":", 1)
                 fields[key] = value.strip()
-        if fields.get("Status") != "install ok installed" or "Package" not in fields:
+        if fields.get("Status", "").split()[2:] != ["installed"] or "Package" not in fields:
             continue
         source, _, source_version = fields.get("Source", fields["Package"]).partition(" ")
-        packages.append(DebianPackage(fields["Package"], fields["Version"], fields.get("Architecture", ""),
-                                      source, source_version.strip("()") or fields["Version"]))
+        packages.append(DebianPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""),
+                                      source, source_version.strip("()") or fields.get("Version", "")))
     return tuple(sorted(packages, key=lambda p: (p.name, p.architecture)))
 
 
+def _os_release(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#"))
+    return {key.strip(): value.strip().strip('"') for key, value in pairs}
+
+
 def base_system(client: Client, manifest: dict[str, Any], record: ImageRecord) -> BaseSystem | None:
-    """The base's dpkg database and Debian version, read from the image's base layers (the last layer
-    that holds each wins, as in the image); None for a base that is not Debian."""
+    """The base's dpkg database and release, read from the image's base layers (the last layer
+    that holds a file wins, as in the image); None for a base without a dpkg database."""
     base_digests = {layer.digest for layer in record.layers if layer.title == BASE_LAYER}
     found: dict[str, bytes] = {}
-    for layer in manifest.get("layers", []):
-        if layer["digest"] in base_digests:
-            found.update(files_in_layer(client.get_blob(layer["digest"]), layer["mediaType"],
-                                        {DPKG_STATUS, DEBIAN_VERSION}))
+    with tempfile.TemporaryDirectory(prefix="servestack-sbom-") as scratch:
+        for layer in manifest.get("layers", []):
+            if layer["digest"] in base_digests:
+                path = Path(scratch) / "layer"
+                client.download_blob(layer["digest"], path)  # checked against its digest on the way
+                found.update(files_in_layer_file(path, layer["mediaType"], {DPKG_STATUS, DEBIAN_VERSION, *OS_RELEASE},
+                                                 regular=False))
+                path.unlink()
     if DPKG_STATUS not in found:
         return None
-    version = found.get(DEBIAN_VERSION, b"").decode().strip()
-    return BaseSystem(version, parse_dpkg_status(found[DPKG_STATUS].decode("utf-8", "replace")))
+    release = _os_release(next((found[p] for p in OS_RELEASE if p in found), b"").decode("utf-8", "replace"))
+    distro = release.get("ID") or ("debian" if DEBIAN_VERSION in found else "unknown")
+    point = found.get(DEBIAN_VERSION, b"").decode().strip()
+    version = point if distro == "debian" and re.fullmatch(r"[0-9.]+", point) else release.get("VERSION_ID", "")
+    return BaseSystem(distro, version, parse_dpkg_status(found[DPKG_STATUS].decode("utf-8", "replace")))
 
 
 def _spdx_id(kind: str, *parts: str) -> str:
@@ -112,8 +129,10 @@ class _Document:
         from spdx_tools.common.spdx_licensing import spdx_licensing
 
         m = self.model
-        if spdx_id in self.packages:
-            raise PublishError(f"the SBOM names two packages {spdx_id}")
+        taken, n = spdx_id, 1
+        while spdx_id in self.packages:  # names that fold to one id (`a_b`, `a.b`): numbered in document order
+            n += 1
+            spdx_id = f"{taken}-{n}"
         no_assertion = m.SpdxNoAssertion()
         self.packages[spdx_id] = m.Package(
             spdx_id, name, download or no_assertion, version=version, file_name=file_name, files_analyzed=False,
@@ -130,29 +149,32 @@ class _Document:
     def relate(self, a: str, kind: str, b: str) -> None:
         self.relationships.add((a, kind, b))
 
-    def document(self, name: str, namespace: str, created: str) -> Any:
-        from importlib.metadata import version
-
+    def document(self, name: str, namespace: str, created: str, comment: str | None) -> Any:
         m = self.model
-        info = m.CreationInfo("SPDX-2.3", "SPDXRef-DOCUMENT", name, namespace,
-                              [m.Actor(m.ActorType.TOOL, f"{TOOL}-{version(TOOL)}")],
-                              datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc))
+        # No version in the creator: the document is a function of the image's inputs, so
+        # republishing after an upgrade of servestack adds no second SBOM for the same image.
+        info = m.CreationInfo("SPDX-2.3", "SPDXRef-DOCUMENT", name, namespace, [m.Actor(m.ActorType.TOOL, TOOL)],
+                              datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
+                              document_comment=comment)
         rels = [m.Relationship(a, m.RelationshipType[kind], b) for a, kind, b in sorted(self.relationships)]
         return m.Document(info, packages=list(self.packages.values()), relationships=rels)
 
 
 def _pypi(name: str, version: str) -> PackageURL:
-    return PackageURL(type="pypi", name=normalize(name), version=version)
+    return PackageURL(type="pypi", name=normalize(name), version=version or None)
 
 
 def _wheel(doc: _Document, spdx_id: str, w: BuildInput, *, version: str | None = None, sha256: str | None = None,
-           filename: str | None = None, comment: str | None = None, vendored: bool = True) -> str:
-    """A wheel's package, and one for each distribution it ships inside itself, which it CONTAINS."""
+           filename: str | None = None, comment: str | None = None, installed: bool = True) -> str:
+    """A wheel's package, and one for each distribution it ships inside itself, which it CONTAINS.
+    Only an installed wheel gets a package URL: scanners take every package with one as present,
+    and the published wheel an overlay replaced would bring back what its patches fix."""
     version = version or w.version
-    wheel = doc.package(spdx_id, normalize(w.name), version, sha256=sha256 or w.sha256, purl=_pypi(w.name, version),
+    wheel = doc.package(spdx_id, normalize(w.name), version, sha256=sha256 or w.sha256,
+                        purl=_pypi(w.name, version) if installed else None,
                         purpose="LIBRARY", license=w.license, license_text=w.license_text,
                         file_name=filename or w.filename, comment=comment)
-    for inner in w.vendored if vendored else ():
+    for inner in w.vendored if installed else ():
         name, _, inner_version = inner.partition("==")
         doc.relate(wheel, "CONTAINS", doc.package(f"{spdx_id}-vendored-{_spdx_id('', name)[8:]}", name, inner_version,
                                                   purl=_pypi(name, inner_version), purpose="LIBRARY",
@@ -171,13 +193,13 @@ def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, b
                       comment=f"servestack stack {stack}, lock of {created}")
     doc.relate("SPDXRef-DOCUMENT", "DESCRIBES", top)
     if base is not None:
-        os_id = doc.package("SPDXRef-OperatingSystem", "debian", base.version, purpose="OPERATING_SYSTEM")
+        os_id = doc.package("SPDXRef-OperatingSystem", base.distro, base.version, purpose="OPERATING_SYSTEM")
         doc.relate(top, "CONTAINS", os_id)
-        distro = f"debian-{base.version}"
+        distro = f"{base.distro}-{base.version}"
         for p in base.packages:
             qualifiers = {"arch": p.architecture, "distro": distro}
             deb = doc.package(_spdx_id("deb", p.name, p.architecture), p.name, p.version,
-                              purl=PackageURL(type="deb", namespace="debian", name=p.name, version=p.version,
+                              purl=PackageURL(type="deb", namespace=base.distro, name=p.name, version=p.version,
                                               qualifiers=qualifiers),
                               purpose="OPERATING_SYSTEM" if p.name == "base-files" else "LIBRARY",
                               source_info=f"built package from: {p.source} {p.source_version}")
@@ -196,13 +218,16 @@ def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, b
         if w.alias_of:
             comment = f"metadata-only distribution standing for {w.alias_of} (its code asks for this name)"
         overlay = overlays.get(w.replaced_by.rsplit("/", 1)[-1]) if w.replaced_by else None
+        if w.replaced_by and overlay is None:
+            raise PublishError(f"build.json: {w.filename} is replaced by {w.replaced_by}, which no overlay records; "
+                               f"run `nox -s build` again")
         if overlay is None:
             doc.relate(top, "CONTAINS", _wheel(doc, _spdx_id("pypi", normalize(w.name)), w, comment=comment))
             continue
         installed = _wheel(doc, _spdx_id("pypi", normalize(w.name)), w, version=overlay.wheel.version, sha256=overlay.wheel.sha256,
                            filename=overlay.wheel.filename, comment=comment)
         upstream = _wheel(doc, _spdx_id("pypi-upstream", normalize(w.name)), w, comment="the wheel as published, before the "
-                          "patches servestack applies", vendored=False)
+                          "patches servestack applies", installed=False)
         doc.relate(top, "CONTAINS", installed)
         doc.relate(installed, "GENERATED_FROM", upstream)
         for n, pr in enumerate(overlay.prs):
@@ -215,7 +240,9 @@ def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, b
                                 comment="a pull request's diff" if number else "a patch of this project's pins/patches")
             doc.relate(patch, "PATCH_APPLIED", installed)
     document = doc.document(f"{image.repository}@{image.digest}",
-                            f"https://spdx.org/spdxdocs/servestack/{stack}/sha256-{image.hex}", created)
+                            f"https://spdx.org/spdxdocs/servestack/{stack}/sha256-{image.hex}", created,
+                            None if base else "The base's operating-system packages are not listed: its layers hold "
+                            "no dpkg database (var/lib/dpkg/status).")
     return _validated_json(document)
 
 
