@@ -291,10 +291,11 @@ def test_one_changed_byte_in_a_published_file_fails_the_pull(published, env, tmp
     assert not out.exists()
 
 
-def test_a_plain_sbom_referrer_with_other_bytes_than_the_signed_one_fails_the_pull(published, tmp_path):
-    """Scanners read the plain application/spdx+json referrers, not the signed copy: a document
-    without a vulnerable package beside the real one, or instead of it, fails the pull, naming it;
-    so does the real one gone."""
+def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fails_the_pull(published, tmp_path):
+    """Scanners read the plain application/spdx+json referrers, not the signed copy. One beside the
+    real SBOM that no verified publication signs (a document without a vulnerable package; or
+    another tool's) is named as a warning and in publication.json, not refused: like a replayed
+    publication it must not block the real one. The real one gone, or replaced, fails the pull."""
     from servestack.sources.registry import OCI_INDEX
 
     client, image = published["client"], ImageRef.parse(published["image"])
@@ -310,20 +311,21 @@ def test_a_plain_sbom_referrer_with_other_bytes_than_the_signed_one_fails_the_pu
     genuine_index = json.loads(client.get_manifest(tag)[0])
     forged_entry = {"mediaType": OCI_MANIFEST, "digest": sha256_digest(data), "size": len(data),
                     "artifactType": sbom.SPDX_JSON}
-    beside = {**genuine_index, "manifests": [*genuine_index["manifests"], forged_entry]}
-    instead = {**genuine_index, "manifests": [forged_entry if e["digest"] == genuine else e
-                                             for e in genuine_index["manifests"]]}
-    for index in (beside, instead):
-        client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)
-        with pytest.raises(ServestackError, match=re.escape(f"{sbom.SPDX_JSON} referrer(s) {sha256_digest(data)} hold "
-                                                            "an SBOM no verified publication signs")):
+    client.put_manifest(tag, json.dumps({**genuine_index, "manifests": [*genuine_index["manifests"], forged_entry]}
+                                        ).encode(), OCI_INDEX)
+    said: list[str] = []
+    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "beside", echo=said.append)
+    assert f"WARNING: {sbom.SPDX_JSON} referrer {sha256_digest(data)} holds an SBOM no publication" in said[0]
+    assert json.loads((out / "publication.json").read_text())["unsigned_sboms"] == [sha256_digest(data)]
+
+    instead = [forged_entry if e["digest"] == genuine else e for e in genuine_index["manifests"]]
+    gone = [e for e in genuine_index["manifests"] if e["digest"] != genuine]
+    for manifests in (instead, gone):
+        client.put_manifest(tag, json.dumps({**genuine_index, "manifests": manifests}).encode(), OCI_INDEX)
+        with pytest.raises(ServestackError, match=re.escape(f"no {sbom.SPDX_JSON} referrer holds the SBOM the "
+                                                            "publication signs")):
             publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
         assert not (tmp_path / "pulled").exists()
-    client.put_manifest(tag, json.dumps({**genuine_index, "manifests": [e for e in genuine_index["manifests"]
-                                                                        if e["digest"] != genuine]}).encode(), OCI_INDEX)
-    with pytest.raises(ServestackError, match=re.escape(f"no {sbom.SPDX_JSON} referrer holds the SBOM the publication "
-                                                        "signs")):
-        publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
 
 
 def test_a_bundle_signed_with_another_key_fails_the_pull(published, tmp_path):

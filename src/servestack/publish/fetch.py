@@ -187,14 +187,15 @@ def check_image_agrees(publication: Publication) -> list[str]:
     return [f"label io.servestack.lock.sha256 = {lock_sha256[:16]}", f"/{STACK_JSON} records the same lock"]
 
 
-def check_sbom(publication: Publication) -> list[str]:
-    """The signed SBOM is valid SPDX describing this image, and what scanners read agrees: a plain
-    SPDX referrer holds its bytes, and every other one holds an SBOM a verified publication of this
-    image signs (a forged one beside the real one is refused too). Returns what was checked
-    (nothing for a publication made before SBOMs)."""
+def check_sbom(publication: Publication) -> tuple[list[str], list[str]]:
+    """The signed SBOM is valid SPDX describing this image and a plain SPDX referrer (what scanners
+    read) holds its bytes. Returns what was checked (nothing for a publication made before SBOMs)
+    and the other SPDX referrers that hold an SBOM no verified publication signs: another tool's,
+    or a forgery. Those are named, not refused: like a replayed publication, another party's
+    referrer must not block this one, and the user is told a scanner may read it instead."""
     signed = next((f for f in publication.files if f.title == sbom.SBOM_TITLE), None)
     if signed is None:
-        return []
+        return [], []
     image = publication.image
     value = sbom.read_sbom(signed.data, image, f"bundle file {sbom.SBOM_TITLE}")
     client = image_client(image)
@@ -207,14 +208,14 @@ def check_sbom(publication: Publication) -> list[str]:
             holding.append(r.digest)
         elif len(layers) != 1 or layers[0] not in publication.signed_sboms:
             unsigned.append(r.digest)
-    if unsigned:
-        raise PublishError(f"{image}: {sbom.SPDX_JSON} referrer(s) {', '.join(unsigned)} hold an SBOM no verified "
-                           f"publication signs, which scanners would read")
     if not holding:
         raise PublishError(f"{image}: no {sbom.SPDX_JSON} referrer holds the SBOM the publication signs "
                            f"({signed.digest}), so scanners would not find it")
-    return [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages, describes the digest; the "
-            f"{sbom.SPDX_JSON} referrer {holding[0][:19]} holds the signed bytes, and no other SBOM is attached"]
+    checked = [f"{sbom.SBOM_TITLE}: SPDX 2.3, {len(value['packages'])} packages, describes the digest; the "
+               f"{sbom.SPDX_JSON} referrer {holding[0][:19]} holds the signed bytes"]
+    checked += [f"WARNING: {sbom.SPDX_JSON} referrer {digest} holds an SBOM no publication verified with this key "
+                f"signs (another tool's, or forged): a scanner may read it instead" for digest in unsigned]
+    return checked, unsigned
 
 
 def _default_out(image: ImageRef) -> Path:
@@ -234,7 +235,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     publication = fetch_publication(reference, key, bundle, repository)
     checked = check_image_agrees(publication)
-    sbom_checked = check_sbom(publication)
+    sbom_checked, unsigned_sboms = check_sbom(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
         for f in publication.files:
@@ -243,7 +244,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
             target.write_bytes(f.data)
         (staging / "publication.json").write_text(canonical_json({
             "image": str(image), "bundle": publication.bundle_digest, "attestation": publication.attestation_digest,
-            "key_sha256": sha256_file(key), "statement": publication.statement,
+            "key_sha256": sha256_file(key), "statement": publication.statement, "unsigned_sboms": unsigned_sboms,
         }))
         out.parent.mkdir(parents=True, exist_ok=True)
         if out.exists():
