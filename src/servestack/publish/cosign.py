@@ -127,7 +127,8 @@ def attach(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoS
         _put(client, attestation_tag(image), layers)
     sign = signing.sign_statement(signing.statement([signing.Subject(signed_identity(image), image.hex)],
                                                     COSIGN_SIGN_PREDICATE, {}), signer)
-    bundles = [attach_bundle(client, image, subject, signer, e, t)
+    signed = _bundled_statements(client, image, signer)
+    bundles = [signed.get(json.loads(e)["payload"]) or attach_bundle(client, image, subject, signer, e, t)
                for e, t in [(sign, COSIGN_SIGN_PREDICATE), *attestations]]
     return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}",
             "bundles": [f"{image.name}@{digest}" for digest in bundles]}
@@ -154,12 +155,7 @@ def sigstore_bundle(envelope: bytes, signer: CryptoSigner) -> bytes:
 
 def attach_bundle(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoSigner, envelope: bytes,
                   predicate_type: str) -> str:
-    """ENVELOPE as a Sigstore bundle referrer of IMAGE, unless this key already signed the same
-    statement there; returns the bundle manifest's digest."""
-    statement = json.loads(envelope)["payload"]
-    for r in client.referrers(image.digest)[0]:
-        if r.artifact_type == SIGSTORE_BUNDLE and _bundles_statement(client, r.digest, statement, signer):
-            return r.digest
+    """ENVELOPE as a Sigstore bundle referrer of IMAGE; returns the bundle manifest's digest."""
     bundle = sigstore_bundle(envelope, signer)
     client.push_blob(EMPTY_JSON)
     layer = {"mediaType": SIGSTORE_BUNDLE, "digest": client.push_blob(bundle), "size": len(bundle)}
@@ -173,18 +169,28 @@ def attach_bundle(client: Client, image: ImageRef, subject: Descriptor, signer: 
     return digest
 
 
-def _bundles_statement(client: Client, digest: str, statement: str, signer: CryptoSigner) -> bool:
-    """Whether the bundle manifest DIGEST already carries this statement, signed by this key."""
+def _bundled_statements(client: Client, image: ImageRef, signer: CryptoSigner) -> dict[str, str]:
+    """{statement payload: bundle manifest digest} of the image's Sigstore bundles this key signed,
+    read once for all the statements a publish attaches."""
+    found: dict[str, str] = {}
+    for r in client.referrers(image.digest)[0]:
+        if r.artifact_type != SIGSTORE_BUNDLE:
+            continue
+        try:
+            layer = json.loads(client.get_manifest(r.digest)[0])["layers"][0]
+            dsse = json.loads(client.get_blob(layer["digest"]))["dsseEnvelope"]
+        except (ValueError, KeyError, TypeError, IndexError):
+            continue
+        if _signed_envelope(json.dumps(dsse).encode(), signer, f"bundle {r.digest}"):
+            found.setdefault(dsse["payload"], r.digest)
+    return found
+
+
+def _signed_envelope(data: bytes, signer: CryptoSigner, what: str) -> bool:
     try:
-        layer = json.loads(client.get_manifest(digest)[0])["layers"][0]
-        dsse = json.loads(client.get_blob(layer["digest"]))["dsseEnvelope"]
-        if dsse["payload"] != statement:
-            return False
-        envelope = json.dumps({"payload": dsse["payload"], "payloadType": dsse["payloadType"],
-                               "signatures": dsse["signatures"]}).encode()
-        signing.verify_envelope(envelope, signer.public_key, f"bundle {digest}")
+        signing.verify_envelope(data, signer.public_key, what)
         return True
-    except (signing.SignatureError, ValueError, KeyError, TypeError, IndexError):
+    except signing.SignatureError:
         return False
 
 
@@ -196,7 +202,6 @@ def _same_statement(client: Client, layer: dict[str, Any], statement: str, signe
         data = client.get_blob(layer["digest"])
         if json.loads(data).get("payload") != statement:
             return False
-        signing.verify_envelope(data, signer.public_key, f"attestation layer {layer['digest']}")
-        return True
-    except (signing.SignatureError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         return False
+    return _signed_envelope(data, signer, f"attestation layer {layer['digest']}")

@@ -108,8 +108,13 @@ def base_system(client: Client, manifest: dict[str, Any], record: ImageRecord) -
     return BaseSystem(distro, version, parse_dpkg_status(found[DPKG_STATUS].decode("utf-8", "replace")))
 
 
+def _fold(text: str) -> str:
+    """TEXT in the characters an SPDX id allows."""
+    return re.sub(r"[^A-Za-z0-9.]+", "-", text).strip("-")
+
+
 def _spdx_id(kind: str, *parts: str) -> str:
-    return "SPDXRef-" + "-".join(re.sub(r"[^A-Za-z0-9.]+", "-", p).strip("-") for p in (kind, *parts) if p)
+    return "SPDXRef-" + "-".join(_fold(p) for p in (kind, *parts) if p)
 
 
 class _Document:
@@ -176,7 +181,7 @@ def _wheel(doc: _Document, spdx_id: str, w: BuildInput, *, version: str | None =
                         file_name=filename or w.filename, comment=comment)
     for inner in w.vendored if installed else ():
         name, _, inner_version = inner.partition("==")
-        doc.relate(wheel, "CONTAINS", doc.package(f"{spdx_id}-vendored-{_spdx_id('', name)[8:]}", name, inner_version,
+        doc.relate(wheel, "CONTAINS", doc.package(f"{spdx_id}-vendored-{_fold(name)}", name, inner_version,
                                                   purl=_pypi(name, inner_version), purpose="LIBRARY",
                                                   comment=f"vendored inside the {normalize(w.name)} wheel"))
     return wheel
