@@ -21,16 +21,18 @@ from .errors import ServestackError
 from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .project import Project
 from .records.fields import Fields
-from .records.lockfile import Lock, LockedWheel
+from .records.lockfile import DebianBase, Lock, LockedWheel
 from .records.steps import BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, write_build
 from .wheels import normalize
 
 log = logging.getLogger("servestack.build")
 
+from .base.tarball import ASSEMBLY
+
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
 IMAGE_MAKERS = ("build.py", "image.py", "imageplan.py", "layers.py", "oci.py", "trees.py", "overlay.py", "diffs.py", "wheels.py",
-                "tinymodel.py", "records/lockfile.py", "records/steps.py")
+                "tinymodel.py", "records/lockfile.py", "records/steps.py", *(f"base/{m}.py" for m in ASSEMBLY))
 
 
 def _makers_hash() -> str:
@@ -160,6 +162,10 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
     wheels = document.wheels(platform)
     epoch = document.source_date_epoch
     paths = fetch_wheels(project, stack, document, platform, rehash=rehash)
+    if isinstance(document.base, DebianBase):  # the base's packages too, so that `image` needs no archive
+        from .base.tarball import fetch_debs
+
+        fetch_debs(document.base, platform)
 
     by_package = {normalize(w.name): w for w in wheels}
     overlays_out: list[BuiltOverlay] = []

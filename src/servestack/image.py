@@ -17,8 +17,6 @@ import json
 import logging
 import os
 import queue
-import re
-import tarfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import build as build_step
-from . import layers, oci, proc, prune, services
+from . import layers, oci, prune, services
 from .errors import ServestackError
-from .fsutil import atomic_write_text, canonical_json, sha256_bytes, sha256_file
+from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .lock import load_lock
 from .progress import Progress, phase
 from .project import Project, cache_home
@@ -184,78 +182,24 @@ def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:
 
 
 def debian_base(lock_base: DebianBase, platform: str) -> Path:
-    """A Debian rootfs tarball built with mmdebstrap; bit-identical for the same archive state."""
-    spec = lock_base.to_json()["debian"]
-    key = sha256_bytes(canonical_json({**spec, "arch": ARCH[platform]}).encode())[:24]
-    out = cache_home() / "bases" / f"{spec['suite']}-{ARCH[platform]}-{key}.tar"
-    if out.exists():
-        return out
-    from .sources import debian
+    """The Debian base's root file system, assembled from the lock's packages (servestack.base)."""
+    from .base import tarball
 
-    release = debian.release(spec["suite"])
-    if release.sha256 != spec["release_sha256"]:
-        raise ServestackError(
-            f"the Debian archive has moved since the lock: {spec['suite']} Release is now dated "
-            f"{time.strftime('%Y-%m-%d', time.gmtime(release.date))}; re-run `nox -s lock`"
-        )
-    if platform == "linux/arm64":
-        services.ensure_binfmt_aarch64()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(f".tmp{os.getpid()}.tar")
-    proc.run(
-        ["mmdebstrap", "--variant=minbase", f"--architectures={ARCH[platform]}",
-         f"--include={','.join(spec['packages'])}", spec["suite"], str(tmp), debian.mirror()],
-        env={"SOURCE_DATE_EPOCH": str(spec["release_date"])},
-        timeout=1800,
-    )
-    tmp.rename(out)
+    out = tarball.tarball(lock_base, platform)
+    for line in tarball.log_lines.pop(out, []):
+        log.info("base %s: %s", platform, line)
     return out
 
 
 def interpreter_version(lock: Lock, platform: str) -> str | None:
-    """The exact version (X.Y.Z) of the image's interpreter, the Debian base's /usr/bin/python<X.Y>: the
-    lock pins the archive state (its Release file), not each package's version, so this reads what the
-    base built from that state installed. The bytecode is compiled by the host's interpreter of this
-    version (trees.compiler). None for a base image: not known without reading its layers."""
+    """The exact version (X.Y.Z) of the image's interpreter, the Debian base's python<X.Y>-minimal as the
+    lock pins it. The bytecode is compiled by the host's interpreter of this version (trees.compiler).
+    None for a base image: not known without reading its layers."""
     if not isinstance(lock.base, DebianBase):
         return None
-    return _debian_python(debian_base(lock.base, platform), lock.python)
+    from .base.tarball import interpreter_version as debian_interpreter
 
-
-@functools.lru_cache(maxsize=None)
-def _debian_python(tarball: Path, python: str) -> str:
-    """The upstream version of python<X.Y>-minimal (the package that ships the interpreter) in the base's
-    dpkg database: 3.11.2 for Version 3.11.2-6+deb12u8.
-
-    The answer is kept beside the tarball: finding the database walks the tarball's ~11,000 members
-    (0.6 s, most of a no-op `nox -s image`), and a base tarball never changes under its name (named by
-    its archive state, renamed into place whole)."""
-    answer = tarball.with_name(f"{tarball.name}.python{python}-version")
-    if answer.is_file():
-        return answer.read_text().strip()
-    version = _read_debian_python(tarball, python)
-    atomic_write_text(answer, version + "\n")
-    return version
-
-
-def _read_debian_python(tarball: Path, python: str) -> str:
-    package, database = f"python{python}-minimal", "var/lib/dpkg/status"
-    with tarfile.open(tarball) as tar:
-        member = next((m for m in tar if m.name.removeprefix("./") == database), None)
-        reader = tar.extractfile(member) if member is not None else None
-        if reader is None:
-            raise ServestackError(f"{tarball}: no file {database}; expected the Debian base's package database")
-        status = reader.read().decode()
-    for stanza in status.split("\n\n"):
-        fields = dict(re.findall(r"^(Package|Status|Version): *(.*)$", stanza, re.M))
-        if fields.get("Package") == package and fields.get("Status") == "install ok installed":
-            version = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", fields.get("Version", ""))
-            if version is None:
-                raise ServestackError(f"{tarball}: {database}: {package} has Version {fields.get('Version')!r}; "
-                                      "expected X.Y.Z-<revision>")
-            return version.group(1)
-    raise ServestackError(f"{tarball}: {database} has no installed {package}: the image's python{python} (the lock's "
-                          "`python`) must come from the base's packages (the stack's base.debian.packages)")
+    return debian_interpreter(lock.base, platform, lock.python)
 
 
 @dataclass(frozen=True)

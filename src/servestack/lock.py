@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("servestack.lock")
 
-LOCK_VERSION = 2
+LOCK_VERSION = 3  # 3: a Debian base's packages, each by sha256
 
 
 def _relative(project: Project, path: Path) -> str:
@@ -50,22 +50,31 @@ def patch_path(project: Project, pr: PullRequest) -> Path:
 # --------------------------------------------------------------------------- resolving
 
 
-def _resolve_base(stack: Stack) -> dict[str, Any]:
-    from .sources import debian, registry
+def _resolve_base(stack: Stack, previous: Lock | None, refresh: bool) -> dict[str, Any]:
+    """The base's lock entry. A Debian base is kept from the previous lock while the stack asks for the same
+    suite, packages and platforms: like the wheels under `resolved_at`, it moves only on `--upgrade`, so a
+    relock is byte-identical (and needs no archive) however the suite has moved since."""
+    from .base.resolve import resolve_suite
+    from .records.lockfile import DebianBase
+    from .sources import registry
 
     if stack.base.image:
         reference = stack.base.image
         digest = registry.resolve_digest(reference)
         return {"image": {"reference": reference, "digest": digest}}
-    release = debian.release(stack.base.debian.suite)
-    return {
-        "debian": {
-            "suite": release.suite,
-            "packages": sorted(stack.base.debian.packages),
-            "release_date": release.date,
-            "release_sha256": release.sha256,
-        }
-    }
+    wanted = stack.base.debian
+    old = previous.base if previous is not None else None
+    if (not refresh and isinstance(old, DebianBase) and old.suite == wanted.suite
+            and sorted(old.packages) == sorted(wanted.packages) and sorted(old.resolved) == sorted(stack.platforms)):
+        return old.to_json()
+    return resolve_suite(wanted.suite, list(wanted.packages), list(stack.platforms))
+
+
+def _previous_lock(project: Project, stack_name: str) -> Lock | None:
+    try:
+        return load_lock(project, stack_name) if project.lock_file(stack_name).exists() else None
+    except ServestackError:  # a lock this servestack cannot read (an older format) is replaced, not kept
+        return None
 
 
 def _with_sizes(found: list[pypi.FoundWheel]) -> list[pypi.FoundWheel]:
@@ -264,8 +273,9 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
     return sorted(entries, key=lambda e: (e["package"], e["file"]))
 
 
-def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> dict[str, Any]:
-    """Resolve a stack into its lock (`lock`) and the PR patches to write (`patches`); nothing is written."""
+def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False) -> dict[str, Any]:
+    """Resolve a stack into its lock (`lock`) and the PR patches to write (`patches`); nothing is written.
+    `refresh_base`: resolve a Debian base's packages again from the suite as it is now."""
     from . import pairing
     from .sources import pypi
     from .sources.github import GitHub
@@ -292,7 +302,7 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
         raise ServestackError(f"{stack_file}: packages {missing} did not resolve to any wheel")
     prs, commits, patches = _resolve_prs(project, stack, stack_file, by_name, github or GitHub())
     local_patches = _local_patches(project, stack, stack_file)
-    base = _resolve_base(stack)
+    base = _resolve_base(stack, _previous_lock(project, stack_name), refresh_base)
     uploads = [w.upload_time for ws in platforms.values() for w in ws if w.upload_time]
     epoch = max(uploads) if uploads else base.get("debian", {}).get("release_date", 0)
     document = {
@@ -332,9 +342,9 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None) -> 
     return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
 
 
-def lock(project: Project, stack_name: str, github: GitHub | None = None) -> Path:
+def lock(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False) -> Path:
     """Resolve and write the lock; on any failure the previous lock is left as it was."""
-    resolved = resolve(project, stack_name, github)
+    resolved = resolve(project, stack_name, github, refresh_base=refresh_base)
     for path, diff in sorted(resolved["patches"].items()):
         if not path.exists() or path.read_text() != diff:
             atomic_write_text(path, diff)
@@ -373,6 +383,7 @@ def changes(old: Lock | None, new: Lock) -> list[str]:
                 lines.append(f"{platform}: {name} {after[name]} added")
             elif before[name] != after[name]:
                 lines.append(f"{platform}: {name} {before[name]} -> {after[name]}")
+    lines += _base_changes(old, new)
     was = {(e.repo, e.number): e for e in old.pull_requests}
     for entry in new.pull_requests:
         prior = was.get((entry.repo, entry.number))
@@ -383,19 +394,35 @@ def changes(old: Lock | None, new: Lock) -> list[str]:
     return lines or ["nothing changed"]
 
 
+def _base_changes(old: Lock, new: Lock) -> list[str]:
+    from .records.lockfile import DebianBase
+
+    if not isinstance(new.base, DebianBase):
+        return []
+    lines = []
+    for platform in sorted(new.base.resolved):
+        before = {d.name: d.version for d in old.base.debs(platform)} if isinstance(old.base, DebianBase) else {}
+        after = {d.name: d.version for d in new.base.debs(platform)}
+        for name in sorted(set(before) | set(after)):
+            if name not in after:
+                lines.append(f"{platform}: deb {name} {before[name]} removed")
+            elif name not in before:
+                lines.append(f"{platform}: deb {name} {after[name]} added")
+            elif before[name] != after[name]:
+                lines.append(f"{platform}: deb {name} {before[name]} -> {after[name]}")
+    return lines
+
+
 def upgrade(project: Project, stack_name: str, github: GitHub | None = None, now: datetime | None = None) -> tuple[Path, list[str]]:
     """Move the stack's resolution date to `now`, relock, and say what changed; on failure the stack
     file and the lock are left as they were."""
     stack_file = project.stack_file(stack_name)
     text = stack_file.read_text()
-    try:
-        old = load_lock(project, stack_name) if project.lock_file(stack_name).exists() else None
-    except InputError:  # a lock this servestack cannot read (an older format) is replaced, not compared
-        old = None
+    old = _previous_lock(project, stack_name)
     moment = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
     atomic_write_text(stack_file, _set_resolved_at(text, moment))
     try:
-        path = lock(project, stack_name, github)
+        path = lock(project, stack_name, github, refresh_base=True)
     except BaseException:
         atomic_write_text(stack_file, text)
         raise

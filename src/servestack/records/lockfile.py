@@ -29,15 +29,43 @@ class StackRef:
 
 
 @dataclass(frozen=True)
+class LockedDeb:
+    """One .deb of a Debian base, as the suite's Packages index gave it."""
+
+    name: str
+    version: str
+    architecture: str
+    size: int
+    sha256: str
+    filename: str  # below the archive root, e.g. pool/main/b/bash/bash_5.2.15-2+b13_amd64.deb
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "architecture": self.architecture,
+                "size": self.size, "sha256": self.sha256, "filename": self.filename}
+
+
+def _deb(f: Fields) -> LockedDeb:
+    f.only("name", "version", "architecture", "size", "sha256", "filename")
+    return LockedDeb(f.str("name"), f.str("version"), f.str("architecture"), f.int("size"), f.str("sha256"),
+                     f.str("filename"))
+
+
+@dataclass(frozen=True)
 class DebianBase:
     suite: str
-    packages: tuple[str, ...]
-    release_date: int
+    packages: tuple[str, ...]  # what the stack asks for; `resolved` adds the essential set and dependencies
+    release_date: int  # of the signed Release the packages were resolved from
     release_sha256: str
+    index: str  # by name: where it is, is configuration (sources.debian.archive)
+    resolved: dict[str, tuple[LockedDeb, ...]]  # platform -> every package of the base, by name
 
     def to_json(self) -> dict[str, Any]:
         return {"debian": {"suite": self.suite, "packages": list(self.packages), "release_date": self.release_date,
-                           "release_sha256": self.release_sha256}}
+                           "release_sha256": self.release_sha256, "index": self.index,
+                           "resolved": {p: [d.to_json() for d in debs] for p, debs in sorted(self.resolved.items())}}}
+
+    def debs(self, platform: str) -> tuple[LockedDeb, ...]:
+        return self.resolved.get(platform, ())
 
 
 @dataclass(frozen=True)
@@ -57,8 +85,10 @@ def _base(f: Fields) -> DebianBase | ImageBase:
         return ImageBase(i.str("reference"), i.str("digest"))
     f.only("debian")
     d = f.obj("debian")
-    d.only("suite", "packages", "release_date", "release_sha256")
-    return DebianBase(d.str("suite"), d.strs("packages"), d.int("release_date"), d.str("release_sha256"))
+    d.only("suite", "packages", "release_date", "release_sha256", "index", "resolved")
+    resolved = d.obj("resolved")
+    return DebianBase(d.str("suite"), d.strs("packages"), d.int("release_date"), d.str("release_sha256"),
+                      d.str("index"), {platform: resolved.items(platform, _deb) for platform in sorted(resolved.data)})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""The Debian base's root file system for one platform, from the lock alone.
+
+Its .deb files are fetched by sha256 into the content-addressed cache (from wherever the index
+named in the lock is configured to be: the live archive, a snapshot, a directory), so a base locked
+before its suite moved on still builds, as long as some index serves those files. The tarball is
+kept under a name that its packages, its date and this assembly recipe decide.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .. import cache
+from ..errors import ServestackError
+from ..fsutil import canonical_json, sha256_bytes, sha256_file
+from ..project import cache_home
+from ..records.lockfile import DebianBase, LockedDeb
+from .resolve import ARCH
+
+# The modules whose code decides a base's bytes: their sources are part of its name (and of the image's inputs).
+ASSEMBLY = ("debfile", "dpkgdb", "ldcache", "rootfs", "scripts", "tarball")
+
+log_lines: dict[Path, list[str]] = {}  # tarball -> what the maintainer scripts' stand-ins did, for the logs
+
+
+def fetch_debs(base: DebianBase, platform: str) -> list[Path]:
+    """Every .deb of the platform's base in the cache, verified against the lock's sha256."""
+    from ..sources import debian
+
+    debs = _debs(base, platform)
+
+    def one(deb: LockedDeb) -> Path:
+        return cache.fetch(debian.url(deb.filename), deb.sha256, deb.filename.rsplit("/", 1)[-1],
+                           origin=f"index {base.index!r} ({debian.archive()})")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        return list(pool.map(one, debs))
+
+
+def _debs(base: DebianBase, platform: str) -> tuple[LockedDeb, ...]:
+    debs = base.debs(platform)
+    if not debs:
+        raise ServestackError(f"the lock's base.debian.resolved has no {platform} packages; re-run `nox -s lock`")
+    return debs
+
+
+def tarball(base: DebianBase, platform: str) -> Path:
+    """The base's root file system as a tar, assembled once per package set."""
+    from .rootfs import assemble
+
+    debs = _debs(base, platform)
+    code = {m: sha256_file(Path(__file__).with_name(f"{m}.py")) for m in ASSEMBLY}
+    key = sha256_bytes(canonical_json({"debs": [d.sha256 for d in debs], "epoch": base.release_date,
+                                       "code": code}).encode())[:24]
+    out = cache_home() / "bases" / f"{base.suite}-{ARCH[platform]}-{key}.tar"
+    if out.exists():
+        return out
+    started = time.monotonic()
+    paths = fetch_debs(base, platform)
+    fetched = time.monotonic()
+    done = assemble(paths, ARCH[platform], base.release_date, out)
+    log_lines[out] = [f"{len(debs)} packages, {sum(d.size for d in debs) / 1e6:.1f} MB: fetched in "
+                      f"{fetched - started:.1f} s, assembled in {time.monotonic() - fetched:.1f} s"] + done
+    return out
+
+
+def interpreter_version(base: DebianBase, platform: str, python: str) -> str:
+    """The upstream version (X.Y.Z) of python<X.Y>-minimal, the package that ships the interpreter:
+    3.11.2 for 3.11.2-6+deb12u8."""
+    package = f"python{python}-minimal"
+    deb = next((d for d in base.debs(platform) if d.name == package), None)
+    if deb is None:
+        raise ServestackError(f"the lock's Debian base has no {package} for {platform}: the image's "
+                              f"python{python} (the lock's `python`) must come from the base's packages")
+    version = re.match(r"(?:\d+:)?(\d+\.\d+\.\d+)", deb.version)
+    if version is None:
+        raise ServestackError(f"{package} has Version {deb.version!r}; expected X.Y.Z-<revision>")
+    return version.group(1)
