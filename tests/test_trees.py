@@ -4,21 +4,21 @@ bytecode: the image's exact Python version wherever PATH has it."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
 import subprocess
 import sys
-import tarfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from servestack import image, layers, trees
+from servestack import layers, trees
+from servestack.base import tarball
 from servestack.bytecode import BytecodePool
 from servestack.errors import ServestackError
+from servestack.records.lockfile import DebianBase, LockedDeb
 from servestack.trees import installed_tree
 from servestack.wheels import pack_wheel
 
@@ -394,45 +394,15 @@ def test_no_python_of_that_version_on_path_means_no_bytecode(tmp_path, monkeypat
     assert trees.compiler("3.99", "3.99.0") == trees.Compiler(None, "none")
 
 
-def _base(tmp_path: Path, status: str) -> Path:
-    tarball = tmp_path / "base.tar"
-    with tarfile.open(tarball, "w") as tar:
-        for name, data in (("./usr/bin/python3.11", b"#!"), ("./var/lib/dpkg/status", status.encode())):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return tarball
+def _debian(*debs: tuple[str, str]) -> DebianBase:
+    locked = tuple(LockedDeb(name, version, "amd64", 1, "0" * 64, f"pool/main/p/{name}.deb") for name, version in debs)
+    return DebianBase("bookworm", ("python3",), 0, "0" * 64, "debian", {"linux/amd64": locked})
 
 
-STATUS = """Package: libpython3.11-minimal
-Status: install ok installed
-Source: python3.11
-Version: 3.11.2-6+deb12u8
-
-Package: python3.11-minimal
-Status: install ok installed
-Priority: optional
-Source: python3.11
-Version: 3.11.2-6+deb12u8
-Description: Minimal subset of the Python language (version 3.11)
-
-Package: python3.13-minimal
-Status: deinstall ok config-files
-Version: 3.13.5-2
-"""
-
-
-def test_the_image_interpreter_version_is_the_bases_installed_package(tmp_path):
-    assert image._debian_python(_base(tmp_path, STATUS), "3.11") == "3.11.2"
-    with pytest.raises(ServestackError, match=r"base.tar: var/lib/dpkg/status has no installed python3.13-minimal"):
-        image._debian_python(_base(tmp_path, STATUS), "3.13")  # only its config files are left
-
-
-def test_the_bases_interpreter_version_is_read_once_and_kept_beside_the_tarball(tmp_path):
-    tarball = _base(tmp_path, STATUS)
-    assert image._debian_python(tarball, "3.11") == "3.11.2"
-    kept = tmp_path / "base.tar.python3.11-version"
-    assert kept.read_text() == "3.11.2\n"
-    image._debian_python.cache_clear()  # a later build, in another process
-    tarball.write_bytes(b"")  # the database is not read again: an empty tarball would fail to open
-    assert image._debian_python(tarball, "3.11") == "3.11.2"
+def test_the_image_interpreter_version_is_the_locked_interpreter_package():
+    base = _debian(("libpython3.11-minimal", "3.11.2-6+deb12u8"), ("python3.11-minimal", "3.11.2-6+deb12u8"))
+    assert tarball.interpreter_version(base, "linux/amd64", "3.11") == "3.11.2"
+    with pytest.raises(ServestackError, match=r"no python3.13-minimal for linux/amd64"):
+        tarball.interpreter_version(base, "linux/amd64", "3.13")
+    with pytest.raises(ServestackError, match=r"has Version '1:3.11'; expected X.Y.Z-<revision>"):
+        tarball.interpreter_version(_debian(("python3.11-minimal", "1:3.11")), "linux/amd64", "3.11")

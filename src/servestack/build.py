@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import cache, indexes, lock, overlay, tinymodel, verified
 from . import wheels as wheelfiles
+from .base.tarball import ASSEMBLY
 from .errors import ServestackError
 from .fsutil import canonical_json, sha256_bytes, sha256_file
 from .project import Project
@@ -27,7 +28,6 @@ from .wheels import normalize
 
 log = logging.getLogger("servestack.build")
 
-from .base.tarball import ASSEMBLY
 
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.

@@ -247,22 +247,3 @@ def _write_members(root: Root, path: Path, kinds: dict[str, bytes]) -> None:
 def md5(data: bytes) -> str:
     return hashlib.md5(data, usedforsecurity=False).hexdigest()
 
-
-MACHINES = {"amd64": 62, "arm64": 183}  # Debian architecture -> ELF e_machine
-
-
-def assemble(paths: list[Path], arch: str, epoch: int, out: Path) -> list[str]:
-    """The base from its .deb files, written to `out`; returns what was done in place of the maintainer
-    scripts, one line each."""
-    from . import dpkgdb, scripts
-
-    if arch not in MACHINES:
-        raise ServestackError(f"Debian architecture {arch!r}: a base is assembled for {', '.join(MACHINES)}")
-    packages = read_packages(paths)
-    root = Root(epoch)
-    merged_usr(root, packages)
-    listed = {package.name: unpack(root, package) for package in packages}
-    triggers = dpkgdb.write(root, packages, listed, arch)
-    done = scripts.apply(root, packages, MACHINES[arch])
-    write_tar(root, out)
-    return [f"dpkg: {len(packages)} packages configured, triggers registered: {'; '.join(triggers)}"] + done

@@ -18,7 +18,9 @@ from ..errors import ServestackError
 from ..fsutil import canonical_json, sha256_bytes, sha256_file
 from ..project import cache_home
 from ..records.lockfile import DebianBase, LockedDeb
+from . import dpkgdb, scripts
 from .resolve import ARCH
+from .rootfs import Root, merged_usr, read_packages, unpack, write_tar
 
 # The modules whose code decides a base's bytes: their sources are part of its name (and of the image's inputs).
 ASSEMBLY = ("debfile", "dpkgdb", "ldcache", "rootfs", "scripts", "tarball")
@@ -49,8 +51,6 @@ def _debs(base: DebianBase, platform: str) -> tuple[LockedDeb, ...]:
 
 def tarball(base: DebianBase, platform: str) -> Path:
     """The base's root file system as a tar, assembled once per package set."""
-    from .rootfs import assemble
-
     debs = _debs(base, platform)
     code = {m: sha256_file(Path(__file__).with_name(f"{m}.py")) for m in ASSEMBLY}
     key = sha256_bytes(canonical_json({"debs": [d.sha256 for d in debs], "epoch": base.release_date,
@@ -65,6 +65,24 @@ def tarball(base: DebianBase, platform: str) -> Path:
     log_lines[out] = [f"{len(debs)} packages, {sum(d.size for d in debs) / 1e6:.1f} MB: fetched in "
                       f"{fetched - started:.1f} s, assembled in {time.monotonic() - fetched:.1f} s"] + done
     return out
+
+
+MACHINES = {"amd64": 62, "arm64": 183}  # Debian architecture -> ELF e_machine
+
+
+def assemble(paths: list[Path], arch: str, epoch: int, out: Path) -> list[str]:
+    """The base from its .deb files, written to `out`; returns what was done in place of the maintainer
+    scripts, one line each."""
+    if arch not in MACHINES:
+        raise ServestackError(f"Debian architecture {arch!r}: a base is assembled for {', '.join(MACHINES)}")
+    packages = read_packages(paths)
+    root = Root(epoch)
+    merged_usr(root, packages)
+    listed = {package.name: unpack(root, package) for package in packages}
+    triggers = dpkgdb.write(root, packages, listed, arch)
+    done = scripts.apply(root, packages, MACHINES[arch])
+    write_tar(root, out)
+    return [f"dpkg: {len(packages)} packages configured, triggers registered: {'; '.join(triggers)}"] + done
 
 
 def interpreter_version(base: DebianBase, platform: str, python: str) -> str:
