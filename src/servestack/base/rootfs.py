@@ -172,6 +172,8 @@ def unpack(root: Root, package: DebPackage) -> list[str]:
             if not same and existing.owner and existing.owner not in replaces:
                 raise ServestackError(f"{package.name}: {name} is also shipped, differently, by {existing.owner}, "
                                       f"which {package.name} does not Replace")
+            if same:
+                continue  # shared, as dpkg allows for identical files; the first owner stays
         elif existing is not None:
             raise ServestackError(f"{package.name}: {name} is a file, but a directory is there")
         root.add(where, node)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 
+from .base import check_base
 from .engine import section_engine
 from .evidence import check_prs
 from .fast_path import check_fast_path_files, section_fast_path, section_loads
@@ -81,6 +82,7 @@ def probe(config_path: str, config: dict) -> dict:
         checks.append(problem)
     else:
         checks.extend(check_lock(config, stack_json))
+        checks.extend(check_base(stack_json))
     checks.extend(check_versions(config, stack_json, site))
     overlay_checks, overlay_ok = check_overlays(stack_json, site)
     checks.extend(overlay_checks)
