@@ -134,7 +134,7 @@ class Exclusion(_Model):
 
 
 class DebianBase(_Model):
-    """A base the project builds itself from Debian packages (mmdebstrap), for when no base image can be pulled."""
+    """A base the project assembles itself from locked Debian packages (servestack.base), for when no base image can be pulled."""
 
     suite: Literal["bookworm", "trixie"]
     packages: list[str]
