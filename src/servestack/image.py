@@ -183,12 +183,9 @@ def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:
 
 def debian_base(lock_base: DebianBase, platform: str) -> Path:
     """The Debian base's root file system, assembled from the lock's packages (servestack.base)."""
-    from .base import tarball
+    from .base.tarball import tarball
 
-    out = tarball.tarball(lock_base, platform)
-    for line in tarball.log_lines.pop(out, []):
-        log.info("base %s: %s", platform, line)
-    return out
+    return tarball(lock_base, platform)
 
 
 def interpreter_version(lock: Lock, platform: str) -> str | None:

@@ -374,15 +374,8 @@ def changes(old: Lock | None, new: Lock) -> list[str]:
     if old.resolved_at != new.resolved_at:
         lines.append(f"resolved at {new.resolved_at} (was {old.resolved_at})")
     for platform in sorted(set(old.platforms) | set(new.platforms)):
-        before = {w.name: w.version for w in old.wheels(platform)}
-        after = {w.name: w.version for w in new.wheels(platform)}
-        for name in sorted(set(before) | set(after)):
-            if name not in after:
-                lines.append(f"{platform}: {name} {before[name]} removed")
-            elif name not in before:
-                lines.append(f"{platform}: {name} {after[name]} added")
-            elif before[name] != after[name]:
-                lines.append(f"{platform}: {name} {before[name]} -> {after[name]}")
+        lines += _version_changes(f"{platform}: ", {w.name: w.version for w in old.wheels(platform)},
+                                  {w.name: w.version for w in new.wheels(platform)})
     lines += _base_changes(old, new)
     was = {(e.repo, e.number): e for e in old.pull_requests}
     for entry in new.pull_requests:
@@ -402,14 +395,19 @@ def _base_changes(old: Lock, new: Lock) -> list[str]:
     lines = []
     for platform in sorted(new.base.resolved):
         before = {d.name: d.version for d in old.base.debs(platform)} if isinstance(old.base, DebianBase) else {}
-        after = {d.name: d.version for d in new.base.debs(platform)}
-        for name in sorted(set(before) | set(after)):
-            if name not in after:
-                lines.append(f"{platform}: deb {name} {before[name]} removed")
-            elif name not in before:
-                lines.append(f"{platform}: deb {name} {after[name]} added")
-            elif before[name] != after[name]:
-                lines.append(f"{platform}: deb {name} {before[name]} -> {after[name]}")
+        lines += _version_changes(f"{platform}: deb ", before, {d.name: d.version for d in new.base.debs(platform)})
+    return lines
+
+
+def _version_changes(prefix: str, before: dict[str, str], after: dict[str, str]) -> list[str]:
+    lines = []
+    for name in sorted(set(before) | set(after)):
+        if name not in after:
+            lines.append(f"{prefix}{name} {before[name]} removed")
+        elif name not in before:
+            lines.append(f"{prefix}{name} {after[name]} added")
+        elif before[name] != after[name]:
+            lines.append(f"{prefix}{name} {before[name]} -> {after[name]}")
     return lines
 
 

@@ -54,8 +54,7 @@ def soname(data: bytes, machine: int) -> str | None:
 
 def _libcmp_key(name: str) -> list[tuple[int, int | str]]:
     """A sort key that orders as glibc's _dl_cache_libcmp: digit runs compare as numbers, above letters."""
-    return [(1, int(part)) if part.isdigit() else (0, ch) for part in re.findall(r"\d+|\D", name) for ch in
-            ([part] if part.isdigit() else part)]
+    return [(1, int(part)) if part.isdigit() else (0, part) for part in re.findall(r"\d+|\D", name)]
 
 
 def search_dirs(root: Root, triplet: str) -> list[str]:

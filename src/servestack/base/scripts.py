@@ -49,7 +49,8 @@ def _base_files(c: Context) -> list[str]:
     r.symlink("var/spool/mail", "../mail", replace=False)
     r.dir("run/lock", 0o1777)
     for old, new in (("var/run", "/run"), ("var/lock", "/run/lock")):
-        if r.nodes.get(r.canonical(old), None) is None or r.nodes[r.canonical(old)].kind == "dir":
+        node = r.nodes.get(r.canonical(old))
+        if node is None or node.kind == "dir":
             r.symlink(old, new)
     for local in ("", "/share", "/share/man", "/bin", "/games", "/lib", "/include", "/sbin", "/src", "/etc"):
         r.dir("usr/local" + local)

@@ -8,6 +8,7 @@ kept under a name that its packages, its date and this assembly recipe decide.
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ from .rootfs import Root, merged_usr, read_packages, unpack, write_tar
 # The modules whose code decides a base's bytes: their sources are part of its name (and of the image's inputs).
 ASSEMBLY = ("debfile", "dpkgdb", "ldcache", "rootfs", "scripts", "tarball")
 
-log_lines: dict[Path, list[str]] = {}  # tarball -> what the maintainer scripts' stand-ins did, for the logs
+log = logging.getLogger("servestack.image")
 
 
 def fetch_debs(base: DebianBase, platform: str) -> list[Path]:
@@ -33,10 +34,11 @@ def fetch_debs(base: DebianBase, platform: str) -> list[Path]:
     from ..sources import debian
 
     debs = _debs(base, platform)
+    archive = debian.archive()  # read once: it may come from apt's sources files
 
     def one(deb: LockedDeb) -> Path:
-        return cache.fetch(debian.url(deb.filename), deb.sha256, deb.filename.rsplit("/", 1)[-1],
-                           origin=f"index {base.index!r} ({debian.archive()})")
+        return cache.fetch(f"{archive}/{deb.filename}", deb.sha256, deb.filename.rsplit("/", 1)[-1],
+                           origin=f"index {base.index!r} ({archive})")
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         return list(pool.map(one, debs))
@@ -62,8 +64,10 @@ def tarball(base: DebianBase, platform: str) -> Path:
     paths = fetch_debs(base, platform)
     fetched = time.monotonic()
     done = assemble(paths, ARCH[platform], base.release_date, out)
-    log_lines[out] = [f"{len(debs)} packages, {sum(d.size for d in debs) / 1e6:.1f} MB: fetched in "
-                      f"{fetched - started:.1f} s, assembled in {time.monotonic() - fetched:.1f} s"] + done
+    log.info("base %s: %d packages, %.1f MB: fetched in %.1f s, assembled in %.1f s", platform, len(debs),
+             sum(d.size for d in debs) / 1e6, fetched - started, time.monotonic() - fetched)
+    for line in done:
+        log.info("base %s: %s", platform, line)
     return out
 
 
