@@ -43,7 +43,7 @@ from pathlib import Path
 
 from servestack import build, image, layers, overlay, services, wheels
 from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
-from servestack.imageplan import load_plan
+from servestack.image.spec import load_plan
 from servestack.lock import load_lock
 from servestack.project import Project, cache_home
 from servestack.records.steps import ImageRecord

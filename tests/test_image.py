@@ -27,7 +27,7 @@ from fixtures.records import write_image_record
 from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
 from servestack import build, image, lock, services
 from servestack.errors import InputErrors, ServestackError
-from servestack.imageplan import load_plan
+from servestack.image.spec import load_plan
 from servestack.project import Project
 from servestack.trees import install_all
 
@@ -250,7 +250,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
 
 
 def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatch, isolated_cache):
-    """EarlyLayers compresses the base while the trees are made and `_base` names it after: the tarball
+    """EarlyLayers compresses the base while the trees are made and `base_layers` names it after: the tarball
     (225 MB for dev-cpu) is read once for its key, not by each."""
     from servestack import layers
 
@@ -262,7 +262,7 @@ def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatc
     hashed: list[Path] = []
     real = layers.sha256_file
     monkeypatch.setattr(layers, "sha256_file", lambda path: hashed.append(Path(path)) or real(path))
-    monkeypatch.setattr(image, "debian_base", lambda base, platform: tarball)
+    monkeypatch.setattr(image.base, "debian_base", lambda base, platform: tarball)
 
     class Progress:  # what `_base` reports to
         def expect(self, n):
@@ -273,7 +273,7 @@ def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatc
 
     early = image.EarlyLayers(SimpleNamespace(inputs=(), overlays=()), None, 0, tarball)
     assert early.finish() == {}
-    base = image._base(SimpleNamespace(base=None), "linux/amd64", "127.0.0.1:1", Progress())
+    base = image.base.base_layers(SimpleNamespace(base=None), "linux/amd64", "127.0.0.1:1", Progress())
     assert hashed == [tarball]
     assert base.layers[0].digest == layers.cached(layers.tarball_key(tarball)).digest
 
@@ -367,7 +367,7 @@ def test_a_blob_the_manifest_does_not_use_is_neither_waited_for_nor_counted(tmp_
     """An early layer the plan then dropped: its failed push must not fail the build."""
     fake = _FakeRegistry(failing={"sha256:dropped"})
     fake.release.set()
-    monkeypatch.setattr(image, "registry", fake)
+    monkeypatch.setattr(image.uploads, "registry", fake)
     with image.Uploads("127.0.0.1:5000", "servestack/s") as uploads:
         uploads.send("sha256:dropped", tmp_path / "dropped", 7)
         uploads.send("sha256:used", tmp_path / "used", 11)
@@ -376,7 +376,7 @@ def test_a_blob_the_manifest_does_not_use_is_neither_waited_for_nor_counted(tmp_
 
 def test_leaving_on_an_interrupt_stops_a_push_under_way_instead_of_finishing_it(tmp_path, monkeypatch):
     fake = _FakeRegistry()
-    monkeypatch.setattr(image, "registry", fake)
+    monkeypatch.setattr(image.uploads, "registry", fake)
     left = threading.Event()
 
     def build():

@@ -280,3 +280,17 @@ def test_if_unavailable_is_only_for_a_package_on_a_named_index(tmp_path, world):
     with pytest.raises(InputErrors, match=r"tiny.yaml:\d+:\d+: packages\[1\]: `if_unavailable` is for a `version` pinned "
                                           "on a named index"):
         lock.lock(project, "tiny", github(world))
+
+
+def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_refresh_reads_it(tmp_path, world,
+                                                                                               monkeypatch):
+    project = make_project(tmp_path, world)
+    before = lock.lock(project, "tiny", github(world)).read_bytes()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    monkeypatch.setenv("SERVESTACK_INDEX_DEBIAN", f"http://127.0.0.1:{closed_port}/debian")
+    assert lock.lock(project, "tiny", github(world)).read_bytes() == before
+    with pytest.raises(NetworkError, match=rf"Debian bookworm InRelease \(http://127.0.0.1:{closed_port}/debian/dists/"):
+        lock.lock(project, "tiny", github(world), refresh_base=True)
+    assert project.lock_file("tiny").read_bytes() == before

@@ -23,20 +23,24 @@ def blob_path(sha256: str, filename: str, root: Path | None = None) -> Path:
     return (root or cache_home()) / "blobs" / "sha256" / sha256 / filename
 
 
-def verify(path: Path, sha256: str, name: str, root: Path | None = None, rehash: bool = False) -> None:
-    """`path` has `sha256`: read in full unless unchanged since a full read found it (verified.py)."""
+def verify(path: Path, sha256: str, name: str, root: Path | None = None, rehash: bool = False,
+           authority: str = "the lock") -> None:
+    """`path` has `sha256`: read in full unless unchanged since a full read found it (verified.py).
+    `authority`: what gave the sha256, for the error."""
     actual = verified.sha256(path, root=root, rehash=rehash)
     if actual != sha256:
-        raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, the lock says {sha256}; delete it and rerun")
+        raise IntegrityError(f"{name}: cached file {path} has sha256 {actual}, {authority} says {sha256}; "
+                             "delete it and rerun")
 
 
-def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: str = "", rehash: bool = False) -> Path:
+def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: str = "", rehash: bool = False,
+          authority: str = "the lock") -> Path:
     """The verified local copy of `url` (saved as `name`), downloaded once, re-verified on every use
     (`rehash`: read in full even when unchanged since the last full read).
     `origin` (e.g. "index 'pypi'") names where it came from in an integrity error."""
     target = blob_path(sha256, name, root)
     if target.exists():
-        verify(target, sha256, name, root, rehash)
+        verify(target, sha256, name, root, rehash, authority)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=".part-", dir=target.parent)
@@ -58,7 +62,7 @@ def fetch(url: str, sha256: str, name: str, root: Path | None = None, origin: st
         actual = sha256_file(tmp)
         if actual != sha256:
             source = f" from {origin}" if origin else ""
-            raise IntegrityError(f"{name}{source}: {url} has sha256 {actual}, the lock says {sha256}")
+            raise IntegrityError(f"{name}{source}: {url} has sha256 {actual}, {authority} says {sha256}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)

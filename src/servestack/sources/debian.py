@@ -136,7 +136,7 @@ def packages(release: Release, arch: str, component: str = "main") -> str:
     digest, size = release.files[name]
     # Content-addressed: the cache gives back only bytes with the signed Release's sha256.
     path = cache.fetch(url(f"dists/{release.suite}/{name}"), digest, f"{release.suite}-{arch}-Packages.xz",
-                       origin=f"the Debian archive ({archive()})")
+                       origin=f"the Debian archive ({archive()})", authority="the signed Release")
     if path.stat().st_size != size:
         raise IntegrityError(f"{what}: {path.stat().st_size} bytes; the signed Release says {size}")
     return lzma.decompress(path.read_bytes()).decode()

@@ -1,6 +1,6 @@
 """`containers/image.yaml`: what the image is made of, layer by layer, read into a typed plan.
 
-The file is the readable definition of the image; `image.py` turns it into concrete layers.
+The file is the readable definition of the image; `image.plan` turns it into concrete layers.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from . import yamlfile
+from .. import yamlfile
 
 SOURCES = ("base", "venv", "packages", "model", "top")
 
