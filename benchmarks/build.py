@@ -13,6 +13,9 @@
   overlay      a PR overlay added onto vLLM, then the same PR changed (overlay_changed)
   limit        the physical limit on this machine: the same layer trees through
                `tar --sort=name | zstd -3 -T0 | sha256sum`, plus pushing the same blobs
+  base         the Debian base alone, per platform of the lock: its suite resolved (Packages index
+               downloaded, then read from the cache), its .deb files fetched into an empty cache, and
+               the root file system assembled from them (no emulation, arm64 too)
   noop_nox     `nox -s build image` as typed, on the user's own cache and registry, 5 times after a
                first run (new processes: nox, the sessions, servestack's imports; median and fastest)
 
@@ -46,13 +49,14 @@ from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, s
 from servestack.image.spec import load_plan
 from servestack.lock import load_lock
 from servestack.project import Project, cache_home
+from servestack.records.lockfile import DebianBase
 from servestack.records.steps import ImageRecord
 from servestack.services import registry as registry_service
 from servestack.sources import registry
 from servestack.trees import install_all
 
 HERE = Path(__file__).resolve().parent
-CASES = ("naive", "cold", "cold_layers", "cold_again", "noop", "changes", "limit", "noop_nox")
+CASES = ("naive", "cold", "cold_layers", "cold_again", "noop", "changes", "limit", "noop_nox", "base")
 PORTS = iter(range(5090, 5099))
 
 
@@ -297,6 +301,36 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
             "uncompressed": sum(layer.size for layer in planned) + base_tar.stat().st_size}
 
 
+def debian_base_timings(project: Project, stack: str, work: Path) -> dict:
+    """Resolving, fetching and assembling the stack's Debian base, each timed on its own, per platform."""
+    from servestack.base import resolve, tarball
+
+    base = load_lock(project, stack).base
+    platforms = sorted(base.resolved)
+    cache = work / "base-cache"
+    os.environ["SERVESTACK_CACHE"] = str(cache)
+    timings: dict = {}
+    for run in ("cold", "warm"):  # cold: the Packages indexes downloaded; warm: from the cache, parsed again
+        resolve._INDEXES.clear()
+        started = time.monotonic()
+        resolve.resolve_suite(base.suite, list(base.packages), platforms)
+        timings[f"resolve_{run}_s"] = round(time.monotonic() - started, 2)
+    for platform in platforms:
+        debs = base.debs(platform)
+        started = time.monotonic()
+        paths = tarball.fetch_debs(base, platform)
+        fetched = time.monotonic()
+        out = work / f"base-{tarball.ARCH[platform]}.tar"
+        tarball.assemble(paths, tarball.ARCH[platform], base.release_date, out)
+        timings[platform] = {"packages": len(debs), "debs_mb": round(sum(d.size for d in debs) / 1e6, 1),
+                             "fetch_cold_s": round(fetched - started, 2),
+                             "assemble_s": round(time.monotonic() - fetched, 2),
+                             "tar_mb": round(out.stat().st_size / 1e6, 1)}
+        out.unlink()
+    shutil.rmtree(cache)
+    return timings
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -416,6 +450,9 @@ def main() -> int:
                             report["noop"] = run_servestack(project, stack, address)
                     if "changes" in args.only:
                         changes(report, project, stack, work, address)
+            if "base" in args.only and isinstance(load_lock(project, stack).base, DebianBase):
+                with measured(report, "base", project, stack):
+                    report["base"] = debian_base_timings(project, stack, work)
             if "limit" in args.only and "limit" not in report:  # on the cache of the last build
                 with scratch_registry(work) as address, measured(report, "limit", project, stack):
                     report["limit"] = physical_limit(project, stack, base_tar, work, address)
@@ -461,6 +498,8 @@ def finish(report: dict, project: Project, stack: str) -> int:
     }
     atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
     print(table(report))
+    if isinstance(report.get("base"), dict) and "error" not in report["base"]:
+        print(f"debian base: {json.dumps(report['base'])}")
     print(json.dumps({k: report.get(k) for k in ("stack", "cores", "load_before", "load_after", "reproducible", "ratios")}))
     return 0 if report.get("reproducible", True) else 1
 
