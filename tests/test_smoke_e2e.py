@@ -1,8 +1,8 @@
 """servestack smoke end to end: a tiny image with a fake /opt/venv, pushed to the loopback registry,
 probed by digest; a tampered overlay is caught; a server that never gets ready fails at its deadline.
 
-The base is a Debian minbase rootfs with python3 made by mmdebstrap (~30 s once, cached under the
-servestack cache), imported into docker.
+The base is Debian bookworm's essential set with python3, resolved and assembled as a stack's Debian
+base is (a few seconds once its packages are in the cache), imported into docker.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import io
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,28 +22,16 @@ from pathlib import Path
 import pytest
 
 from servestack import services, smoke
+from servestack.base.resolve import resolve_suite
+from servestack.base.tarball import tarball
 from servestack.fsutil import atomic_write_json, canonical_json, sha256_file
-from servestack.project import Project, cache_home
+from servestack.project import Project
+from servestack.records.lockfile import DebianBase, LockedDeb
 
 pytestmark = pytest.mark.e2e
 
 STACK = "fake"
 EPOCH = 1_700_000_000
-
-
-def _mirror() -> str:
-    for path in sorted(Path("/etc/apt/sources.list.d").glob("*")) + [Path("/etc/apt/sources.list")]:
-        try:
-            text = path.read_text()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            line = line.strip()
-            if line.startswith("URIs:"):
-                return line.split()[1]
-            if line.startswith("deb ") and "debian" in line:
-                return [w for w in line.split() if "://" in w][0]
-    return "http://deb.debian.org/debian"
 
 
 @pytest.fixture(scope="module")
@@ -57,20 +44,22 @@ def client():
 
 
 @pytest.fixture(scope="module")
-def base_image(client) -> str:
+def debian_base() -> dict:
+    """The fake lock's base: Debian bookworm with python3 and the CA certificates (no compiler), resolved
+    from the archive as `lock` resolves it."""
+    return resolve_suite("bookworm", ["python3", "ca-certificates"], ["linux/amd64"])
+
+
+@pytest.fixture(scope="module")
+def base_image(client, debian_base) -> str:
+    """That base, assembled from its packages as `image` assembles it, imported into docker."""
     import docker.errors
 
-    cache = cache_home() / "smoke-test"
-    cache.mkdir(parents=True, exist_ok=True)
-    tar = cache / "bookworm-minbase-python3.tar"
-    if not tar.exists():
-        partial = cache / f"partial-{os.getpid()}.tar"
-        subprocess.run(
-            ["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3", "bookworm", str(partial), _mirror()],
-            check=True, env={**os.environ, "SOURCE_DATE_EPOCH": str(EPOCH)}, timeout=900,
-        )
-        partial.rename(tar)
-    name = f"servestack-test/smoke-base:{sha256_file(tar)[:16]}"
+    d = debian_base["debian"]
+    base = DebianBase(d["suite"], tuple(d["packages"]), d["release_date"], d["release_sha256"], d["index"],
+                      {p: tuple(LockedDeb(**deb) for deb in debs) for p, debs in d["resolved"].items()})
+    tar = tarball(base, "linux/amd64")
+    name = f"servestack-test/smoke-base:{tar.stem.rsplit('-', 1)[-1][:16]}"
     try:
         client.images.get(name)
     except docker.errors.ImageNotFound:
@@ -130,7 +119,7 @@ def _alter(client, reference: str, entries: dict[str, bytes | str | None], repo:
 
 
 @pytest.fixture(scope="module")
-def fake_stack(client, base_image, tmp_path_factory):
+def fake_stack(client, base_image, debian_base, tmp_path_factory):
     """A project whose lock names two tiny wheels, and an image made from it, pushed by digest."""
     from test_smoke import _wheel  # the same tiny wheels the fast tests use
 
@@ -155,7 +144,7 @@ def fake_stack(client, base_image, tmp_path_factory):
         "python": "3.11",
         "resolved_at": None,
         "source_date_epoch": 0,
-        "base": {"debian": {"suite": "bookworm", "packages": [], "release_date": 0, "release_sha256": "d" * 64}},
+        "base": debian_base,
         "environment": {},
         "excluded": [{"name": "aisimulate", "reason": "stub sdist only"}],
         "packages": {"alpha": {"version": "1.0.0", "requirement": "alpha==1.0.0", "commit": None},
@@ -211,7 +200,7 @@ def test_static_probe_by_digest_passes(fake_stack, client) -> None:
 
 
 def test_an_image_without_a_c_compiler_fails_tritons_runtime_build(fake_stack, client, tmp_path) -> None:
-    """The fake stack's base is Debian minbase with python3 only (no compiler, no Python.h), as
+    """The fake stack's base is Debian's essential set with python3 (no compiler, no Python.h), as
     qwen35-gb200's was: with a CUDA torch and a Triton in it, the static probe fails naming both."""
     from test_probe_evidence import _site_with_torch
     from test_probe_runtime_build import _triton

@@ -78,12 +78,15 @@ def check_libraries() -> dict:
 
 def check_interpreter() -> dict:
     """The base's interpreter starts and has its standard library, with TLS that trusts the CA bundle."""
-    script = ("import ssl, sqlite3, ctypes, venv, zlib, lzma, bz2, ensurepip; "
+    script = ("import ssl, sqlite3, ctypes, venv, zlib, lzma, bz2; "
               "print(len(ssl.create_default_context().get_ca_certs()))")
     code, out = _run(["/usr/bin/python3", "-c", script])
     last = out.splitlines()[-1] if out else ""
-    if code != 0 or not last.isdigit() or int(last) == 0:
+    if code != 0 or not last.isdigit():
         return check("base:interpreter", FAIL, f"/usr/bin/python3 (exit {code}): {out[-400:]}")
+    if int(last) == 0:
+        return check("base:interpreter", FAIL, "/usr/bin/python3 starts, but its TLS trusts no CA certificate: "
+                                               "is ca-certificates in the stack's base packages?")
     return check("base:interpreter", PASS, f"/usr/bin/python3 starts; TLS trusts {last} CA certificates")
 
 
