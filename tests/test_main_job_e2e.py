@@ -80,7 +80,9 @@ def broken_transfer_image(reference: str) -> str:
         container.commit(repository=repository, tag="test")
     finally:
         container.remove(force=True)
-    client.images.push(repository, tag="test")
+    errors = [line["error"] for line in client.images.push(repository, tag="test", stream=True, decode=True)
+              if "error" in line]
+    assert not errors, f"docker push {repository}:test: {errors}"
     pushed = client.images.get_registry_data(f"{repository}:test")
     return f"{repository}@{pushed.id}"
 
