@@ -34,7 +34,7 @@ log = logging.getLogger("servestack.image")
 
 def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
     # Facts about the content only: no input hash (it covers servestack's own code), so a change to a
-    # comment in image.py does not change the digest; the registry cache tag carries the input hash.
+    # comment in image/build.py does not change the digest; the registry cache tag carries the input hash.
     prs = [f"{p.label}:{p.status}" for p in lock.pull_requests]
     return {
         "org.opencontainers.image.title": f"servestack/{record.stack}",
