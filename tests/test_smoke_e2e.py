@@ -26,7 +26,8 @@ from servestack.base.resolve import resolve_suite
 from servestack.base.tarball import tarball
 from servestack.fsutil import atomic_write_json, canonical_json, sha256_file
 from servestack.project import Project
-from servestack.records.lockfile import DebianBase, LockedDeb
+from servestack.records.fields import Fields
+from servestack.records.lockfile import read_base
 
 pytestmark = pytest.mark.e2e
 
@@ -55,10 +56,7 @@ def base_image(client, debian_base) -> str:
     """That base, assembled from its packages as `image` assembles it, imported into docker."""
     import docker.errors
 
-    d = debian_base["debian"]
-    base = DebianBase(d["suite"], tuple(d["packages"]), d["release_date"], d["release_sha256"], d["index"],
-                      {p: tuple(LockedDeb(**deb) for deb in debs) for p, debs in d["resolved"].items()})
-    tar = tarball(base, "linux/amd64")
+    tar = tarball(read_base(Fields(debian_base, "pins/fake.lock", "base")), "linux/amd64")
     name = f"servestack-test/smoke-base:{tar.stem.rsplit('-', 1)[-1][:16]}"
     try:
         client.images.get(name)

@@ -17,6 +17,7 @@ from debian.debian_support import version_compare
 
 from ..errors import ServestackError
 from ..records.lockfile import LockedDeb as Deb
+from .debfile import parse_fields
 
 # The root file system is merged-/usr by construction (rootfs.MERGED), which is the fact this package
 # declares; without it as a root, `usrmerge | usr-is-merged` would take usrmerge and with it perl.
@@ -56,7 +57,7 @@ def parse_index(text: str, what: str) -> dict[str, Stanza]:
     """A Packages index by package name (the highest version where a name appears twice)."""
     found: dict[str, Stanza] = {}
     for block in text.split("\n\n"):
-        fields = dict(re.findall(r"^([A-Za-z0-9-]+):[ \t]*(.*)$", block, re.M))
+        fields = parse_fields(block)
         if "Package" not in fields:
             continue
         name = fields["Package"]

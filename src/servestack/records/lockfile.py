@@ -77,7 +77,7 @@ class ImageBase:
         return {"image": {"reference": self.reference, "digest": self.digest}}
 
 
-def _base(f: Fields) -> DebianBase | ImageBase:
+def read_base(f: Fields) -> DebianBase | ImageBase:
     if f.has("image"):
         f.only("image")
         i = f.obj("image")
@@ -348,7 +348,7 @@ class Lock:
             python=f.str("python"),
             resolved_at=f.str_or_none("resolved_at"),
             source_date_epoch=f.int("source_date_epoch"),
-            base=_base(f.obj("base")),
+            base=read_base(f.obj("base")),
             environment=f.str_map("environment"),
             excluded=f.items("excluded", excluded),
             packages=f.entries("packages", package),
