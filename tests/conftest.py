@@ -119,6 +119,24 @@ def cluster_node(slurm_env) -> cluster.Cluster:
         pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
+def srtctl_nodes() -> int:
+    """The nodes of the cluster the dev-cpu pipeline's srtctl jobs run on (runner.srtctl.local_cluster_nodes)."""
+    from servestack.stages.pipeline import load_pipeline
+
+    return load_pipeline(ROOT / "pipelines" / "dev-cpu.yaml").runner.srtctl.local_cluster_nodes
+
+
+@pytest.fixture(scope="module")
+def srtctl_cluster() -> cluster.Cluster:
+    """The cluster the dev-cpu pipeline's srtctl jobs run on: srtctl, pyxis and enroot on a Slurm of
+    that many nodes (network namespaces), or a skip saying what is missing. Its `slurm_env` is what
+    squeue and scancel need to see those jobs."""
+    try:
+        return cluster.ensure_cluster(ROOT, nodes=srtctl_nodes())
+    except cluster.ClusterToolsMissing as e:
+        pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
+
+
 @pytest.fixture(scope="session")
 def srtctl() -> cluster.Srtctl:
     """srtctl installed from the vendored srt-slurm snapshot, or a skip saying what is missing."""

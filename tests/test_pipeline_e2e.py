@@ -34,11 +34,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-
+from conftest import srtctl_nodes
 from fixtures.children import stop, stopped_on_exit
+
 from servestack import services
-from servestack.project import Project
 from servestack.proc import run
+from servestack.project import Project
+from servestack.services import netns, slurm_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -157,9 +159,30 @@ def test_slurm_pipeline_reports_plots_and_client_time(slurm_run):
 # ----------------------------------------------------------------------------- srtctl runner, Ctrl-C, rerun
 
 
+def _leftovers() -> dict[str, list[str]]:
+    """What still runs in each node of the srtctl cluster beside its slurmd, and the containers
+    left on each node's disk: what a finished pipeline must not leave behind."""
+    left: dict[str, list[str]] = {}
+    for name in netns.existing_netns():
+        for pid in netns.pids(name):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            if Path(cmd.split(" ")[0]).name != "slurmd":
+                left.setdefault(name, []).append(f"{pid} {cmd[:120]}")
+    for data in slurm_nodes.nodes_dir().glob("node*/enroot/data"):
+        containers = [p.name for p in data.iterdir() if p.name.startswith("pyxis_")]
+        if containers:
+            left.setdefault(data.parents[1].name, []).extend(containers)
+    return left
+
+
 @pytest.fixture(scope="module")
-def srtctl_run(image_ref, slurm_env, cluster_node):
-    """Ctrl-C once the first throughput point has a result, then the same command again."""
+def srtctl_run(image_ref, srtctl_cluster):
+    """Ctrl-C once the first throughput point has a result; then the same command again, whose job
+    loses its node (power, network and slurmd) once the second point has a result."""
+    env = srtctl_cluster.slurm_env
     run_id = f"e2e-srtctl-{uuid.uuid4().hex[:8]}"
     run_dir = ROOT / "build" / STACK / "runs" / run_id
     argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id,
@@ -171,22 +194,33 @@ def srtctl_run(image_ref, slurm_env, cluster_node):
         done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
                          1500, first, "the first throughput point")
         interrupted_job = done[0].parents[2].name
-        assert interrupted_job in _squeue_ids(slurm_env)
+        assert interrupted_job in _squeue_ids(env)
         first.send_signal(signal.SIGINT)
         out1, _ = first.communicate(timeout=120)
-    left = _wait_gone({interrupted_job}, slurm_env)
+    left = _wait_gone({interrupted_job}, env)
     kept = run_dir / "throughput" / "agg" / "1.json"
     kept_stat = kept.stat() if kept.exists() else None
     wall1 = time.monotonic() - t0
     t1 = time.monotonic()
-    second = subprocess.run(argv, capture_output=True, text=True, timeout=1500)
+    second = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with stopped_on_exit(second):
+        done = _wait_for(lambda: [p for p in outputs.glob("*/logs/sa-bench_*/results_concurrency_4_gpus_1.json")
+                                  if p.parents[2].name != interrupted_job], 1500, second, "the rerun's first point")
+        lost_job = done[0].parents[2].name
+        [lost_node] = run(["squeue", "-h", "-j", lost_job, "-o", "%N"], env=env).stdout.split()
+        slurm_nodes.lose_node(lost_node)
+        t_lost = time.monotonic()
+        out2, _ = second.communicate(timeout=1500)
     wall2 = time.monotonic() - t1
+    services.ensure_slurm(nodes=srtctl_nodes())  # the lost node, power-cycled
     yield {"first_rc": first.returncode, "first_out": out1, "interrupted_job": interrupted_job, "left": left,
-           "kept": kept, "kept_stat": kept_stat, "second": second, "dir": run_dir,
+           "kept": kept, "kept_stat": kept_stat, "second_rc": second.returncode, "second_out": out2,
+           "lost_job": lost_job, "lost_node": lost_node, "dir": run_dir, "env": env, "leftovers": _leftovers(),
            "wall_first": wall1, "wall_rerun": wall2,
            "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
            else None}
-    print(f"srtctl pipeline: first run (to Ctrl-C) {wall1:.0f} s, rerun {wall2:.0f} s")
+    print(f"srtctl pipeline: first run (to Ctrl-C) {wall1:.0f} s, rerun {wall2:.0f} s "
+          f"({time.monotonic() - t_lost:.0f} s after {lost_node} was lost)")
     if not os.environ.get("SERVESTACK_KEEP_E2E"):
         shutil.rmtree(run_dir, ignore_errors=True)
 
@@ -198,37 +232,45 @@ def test_ctrl_c_leaves_no_job_of_ours(srtctl_run):
     assert srtctl_run["kept_stat"] is not None, "the point finished before Ctrl-C was not collected"
 
 
-def test_srtctl_rerun_completes_without_redoing_finished_points(srtctl_run, slurm_env):
-    second, results = srtctl_run["second"], srtctl_run["results"]
-    assert second.returncode == 0, second.stdout + second.stderr
+def test_a_node_lost_mid_sweep_fails_the_job_and_the_retry_runs_only_what_did_not_finish(srtctl_run):
+    """The rerun's job loses its node after point 4: Slurm marks the job NODE_FAIL, the pipeline
+    retries it under its policy for point 16 alone (on another node), and nothing is left behind."""
+    assert srtctl_run["second_rc"] == 0, srtctl_run["second_out"][-4000:]
+    results = srtctl_run["results"]
     assert results["passed"]
     [tput] = results["stages"]
     assert tput["runner"] == "srtctl"
     [job] = tput["jobs"]
-    assert [a["points"] for a in job["attempts"]] == [["4", "16"]] and job["attempts"][0]["state"] == "COMPLETED"
-    assert srtctl_run["kept"].stat().st_mtime_ns == srtctl_run["kept_stat"].st_mtime_ns  # not redone
-    assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]
+    assert [(a["state"], a["points"]) for a in job["attempts"]] == [("NODE_FAIL", ["4", "16"]), ("COMPLETED", ["16"])]
+    assert job["attempts"][0]["job_id"] == srtctl_run["lost_job"] and job["remaining"] == []
+    retried_on = job["attempts"][1]["placement"]["nodes"]["agg_w0"]
+    assert retried_on != srtctl_run["lost_node"]
+    assert srtctl_run["kept"].stat().st_mtime_ns == srtctl_run["kept_stat"].st_mtime_ns  # point 1: not redone
+    assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]  # each exactly once
     assert all(p["completed"] == p["requested"] and p["failed"] == 0 for p in tput["throughput"])
     assert tput["timing"]["client_seconds"] > 0  # sa-bench's own durations, for the points measured now
     # srt-slurm's own layout and batch script: the recipe bound to the digest, pyxis pulling it.
-    out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
+    out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][1]["job_id"]
     config = (out / "config.yaml").read_text()
     digest = results["stages"][0]["image"].split("@", 1)[1]
-    assert f"#servestack/{STACK}@{digest}" in config and "- 4\n" in config and "- 16\n" in config
+    assert f"#servestack/{STACK}@{digest}" in config and "- 16\n" in config
     assert "srtctl.cli.do_sweep" in (out / "sbatch_script.sh").read_text()
     assert (out / "logs" / "sa-bench_isl_128_osl_32" / "results_concurrency_16_gpus_1.json").exists()
     assert (srtctl_run["dir"] / "throughput" / "pareto.png").read_bytes().startswith(PNG)
-    assert not (set(_job_ids(tput)) & _squeue_ids(slurm_env))
+    assert not (set(_job_ids(tput)) & _squeue_ids(srtctl_run["env"]))
+    assert srtctl_run["leftovers"] == {}
 
 
 # ----------------------------------------------------------------------------- disaggregated recipes through srtctl
 
 
-# The test runs the accuracy variant only (the oracle): it goes through the same disaggregated shape
-# (Dynamo frontend, prefill + decode, NIXL) as the throughput sweep (`disagg`, points 1 and 4), which
-# took 12-19 min at load 15-50, too long for CI's budget. `nox -s pipeline -- --stack dev-cpu` runs
-# both. Selecting disagg-acc runs its reference, agg-acc, too.
-DISAGG_CI_RECIPES = "disagg-acc"
+# The test runs the multi-node accuracy variant only (the oracle), on the three-node cluster: the
+# production shape (the frontend, etcd and NATS on the head node, prefill and decode on a node each,
+# the KV cache and the Gated DeltaNet state between nodes over NIXL). It covers what the one-node
+# disaggregated recipe (`disagg-acc`) does, and the throughput sweeps (`disagg`, `disagg-multinode`,
+# points 1 and 4) took 12-19 min at load 15-50, too long for CI's budget. `nox -s pipeline -- --stack
+# dev-cpu` runs them all. Selecting disagg-multinode-acc runs its reference, agg-acc, too.
+DISAGG_CI_RECIPES = "disagg-multinode-acc"
 DISAGG_TIMEOUT_S = 1200
 
 
@@ -261,11 +303,11 @@ _STARVED = re.compile(r"Unable to maintain lease|Keep-alive lease expired")
 
 def _starved(run_dir: Path) -> bool:
     return any(_STARVED.search(log.read_text(errors="replace"))
-               for log in run_dir.glob("**/srtctl-outputs/*/logs/vm_*.out"))
+               for log in run_dir.glob("**/srtctl-outputs/*/logs/node*_*.out"))
 
 
 @pytest.fixture(scope="module")
-def disagg_run(image_ref, slurm_env, cluster_node):
+def disagg_run(image_ref, srtctl_cluster):
     """The dev-cpu pipeline as the acceptance runs it (its own runner: local), narrowed to the
     disaggregated accuracy recipe, which goes to srtctl: Dynamo's frontend, prefill and decode workers.
     Run again once, saying so, only when a failed run's logs show a worker lost to a starved etcd
@@ -295,7 +337,7 @@ def _srtctl_log_lines(run_dir: Path, most: int = 12) -> str:
     return "\n".join(parts)
 
 
-def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_run, slurm_env):
+def test_the_oracle_holds_the_multinode_disaggregated_recipe_to_the_aggregated_one(disagg_run, srtctl_cluster):
     proc, results = disagg_run["proc"], disagg_run["results"]
     assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-2000:] + "\n"
                                   + _srtctl_log_lines(disagg_run["dir"]))
@@ -306,23 +348,35 @@ def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_
     # The pipeline's runner is local: the aggregated reference ran there, the disaggregated recipe
     # was routed to srtctl by its shape.
     runners = {j["recipe"]: j["runner"] for j in acc["jobs"]}
-    assert runners == {"agg-acc": "local", "disagg-acc": "srtctl"}, acc["jobs"]
+    assert runners == {"agg-acc": "local", "disagg-multinode-acc": "srtctl"}, acc["jobs"]
     [a] = acc["accuracy"]
-    assert a["recipe"] == "disagg-acc" and a["accuracy"] == 1.0 and a["errors"] == 0 and a["n"] >= 12
+    assert a["recipe"] == "disagg-multinode-acc" and a["accuracy"] == 1.0 and a["errors"] == 0 and a["n"] >= 12
     [c] = acc["agreement"]
     assert c["reference"] == "agg-acc" and c["passed"] and c["compared_tokens"] > 0
     assert [row["length"] for row in c["rows"]][:2] == [1, 2]  # the one-token prefills on both sides
     [check] = acc["verdict"]["checks"]
     assert check["gate"] == "agreement" and check["measured"] == check["required"] == c["prompts"]
     report = (disagg_run["dir"] / "report.md").read_text()
-    assert "Agreement of `disagg-acc` with `agg-acc`" in report
+    assert "Agreement of `disagg-multinode-acc` with `agg-acc`" in report
     assert [a["state"] for j in acc["jobs"] for a in j["attempts"]] == ["COMPLETED", "COMPLETED"]
     # srt-slurm's own run: etcd and NATS, Dynamo's frontend, one prefill and one decode worker
     # (dynamo.vllm, NixlConnector with CPU KV buffers), the oracle's answers as a custom benchmark.
-    job = next(j for j in acc["jobs"] if j["recipe"] == "disagg-acc")
-    out = disagg_run["dir"] / "accuracy" / "disagg-acc" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
+    job = next(j for j in acc["jobs"] if j["recipe"] == "disagg-multinode-acc")
+    out = disagg_run["dir"] / "accuracy" / "disagg-multinode-acc" / ".jobs" / "srtctl-outputs" / job["attempts"][0]["job_id"]
     logs = out / "logs"
-    for name in ("infra.out", "vm_frontend_0.out", "vm_prefill_w0.out", "vm_decode_w0.out"):
+    # srtctl placed them as production's recipes are placed: the head node holds etcd, NATS and the
+    # frontend; prefill and decode have a node each; every address a worker was given is a node's.
+    where = job["attempts"][0]["placement"]
+    assert where["nodes"] == {"infra": "node1", "head": "node1", "frontend_0": "node1",
+                              "prefill_w0": "node2", "decode_w0": "node3"}, where
+    assert where["addresses"] == {"node1": "10.213.0.11", "node2": "10.213.0.12", "node3": "10.213.0.13"}
+    assert {a["variable"] for a in where["advertised"]} >= {"HEAD_NODE_IP", "ETCD_ENDPOINTS", "NATS_SERVER",
+                                                           "VLLM_NIXL_SIDE_CHANNEL_HOST"}
+    assert not [a for a in where["advertised"] if a.get("problem")], where["advertised"]
+    kv = where["kv_transfers"]
+    assert kv["from"] == ["node2"] and kv["to"] == ["node3"] and kv["successful"] > 0 and kv["failed"] == 0, kv
+    assert "node1: frontend_0, head, infra; node2: prefill_w0; node3: decode_w0; KV " in report
+    for name in ("infra.out", "node1_frontend_0.out", "node2_prefill_w0.out", "node3_decode_w0.out"):
         assert (logs / name).exists(), name
     sweep = next(logs.glob("sweep_*.log")).read_text()
     for mode in ("prefill", "decode"):
@@ -335,7 +389,7 @@ def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_
     assert cpus["prefill"]["affinity_list"] == str(os.cpu_count() - 1), cpus
     assert cpus["decode"]["affinity_cpus"] == cpus["decode"]["logical_cpus"], cpus
     # The KV cache moved: vLLM's NixlConnector on the decode side counts its pulls from prefill.
-    decode = (logs / "vm_decode_w0.out").read_text()
+    decode = (logs / "node3_decode_w0.out").read_text()
     transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)", decode)]
     assert transfers and sum(transfers) > 0
     assert not [int(n) for n in re.findall(r"Num failed transfers=(\d+)", decode) if int(n)]
@@ -343,12 +397,12 @@ def test_the_oracle_holds_the_disaggregated_recipe_to_the_aggregated_one(disagg_
     # Dynamo's discovery kept both workers for the whole run (an etcd lease that lapsed under load
     # dropped the decode worker: "Removed worker set", then 404s), and every error the frontend sent
     # is one the oracle's answers record as a failed warm-up attempt or a refused, re-asked prompt.
-    frontend = re.sub(r"\x1b\[[0-9;]*m", "", (logs / "vm_frontend_0.out").read_text())  # Dynamo colours its log
+    frontend = re.sub(r"\x1b\[[0-9;]*m", "", (logs / "node1_frontend_0.out").read_text())  # Dynamo colours its log
     answers = json.loads((logs / "accuracy" / "agreement.json").read_text())
     recorded = answers["warmup"]["failed_attempts"] + answers["refused_attempts"]
     assert "Removed worker set" not in frontend
     assert len(re.findall(r"http response sent status=5\d\d", frontend)) <= recorded, frontend[-3000:]
-    assert not set(_job_ids(acc)) & _squeue_ids(slurm_env)
+    assert not set(_job_ids(acc)) & _squeue_ids(srtctl_cluster.slurm_env)
 
 
 # ----------------------------------------------------------------------------- scancel + a gate that cannot be met

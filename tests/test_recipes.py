@@ -65,7 +65,7 @@ def test_committed_recipes_are_valid_and_match_their_render():
         for suffix in ("", "-acc", "-cc4096", "-cc5120"):
             assert f"{n}xdep2-1xdep8{suffix}.yaml" in names
     assert sorted(p.name for p in (ROOT / "recipes" / "dev-cpu").glob("*.yaml")) == [
-        "agg-acc.yaml", "agg.yaml", "disagg-acc.yaml", "disagg.yaml"]
+        "agg-acc.yaml", "agg.yaml", "disagg-acc.yaml", "disagg-multinode-acc.yaml", "disagg-multinode.yaml", "disagg.yaml"]
 
 
 def test_gb200_recipes_carry_the_published_flags():

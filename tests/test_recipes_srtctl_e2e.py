@@ -21,7 +21,7 @@ COMMITTED = sorted(p for d in committed_sets(Project(ROOT)) for p in d.glob("*.y
 
 
 def test_every_committed_set_is_collected():
-    assert len(COMMITTED) == 24  # 20 qwen35-gb200 + 4 dev-cpu (agg, disagg: sweep and -acc)
+    assert len(COMMITTED) == 26  # 20 qwen35-gb200 + 6 dev-cpu (agg, disagg, disagg-multinode: sweep and -acc)
 
 
 def _dry_run(srtctl: cluster.Srtctl, recipe: Path) -> str:

@@ -221,7 +221,7 @@ def test_cli_validate_accepts_options_in_any_order(order: list[str], tmp_path: P
 def test_cli_validate_and_check_pass_on_the_committed_sets(capsys):
     assert main(["--project", str(ROOT), "recipes", "validate"]) == 0
     out = capsys.readouterr().out
-    assert "20 file(s) checked against pins/qwen35-gb200.engine.json" in out and "4 file(s) checked against pins/dev-cpu.engine.json" in out
+    assert "20 file(s) checked against pins/qwen35-gb200.engine.json" in out and "6 file(s) checked against pins/dev-cpu.engine.json" in out
     assert main(["--project", str(ROOT), "recipes", "check"]) == 0
 
 

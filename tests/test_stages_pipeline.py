@@ -20,7 +20,8 @@ def test_committed_pipelines_load():
     assert dev.stages.accuracy.points == ("answers",)
     assert dev.stages.accuracy.gsm8k.num_questions == 50
     assert dev.stages.throughput.concurrencies is None  # each recipe's own points
-    assert dev.stages.throughput.recipes == ("agg", "disagg") and dev.runner.disaggregated == "srtctl"
+    assert dev.stages.throughput.recipes == ("agg", "disagg", "disagg-multinode") and dev.runner.disaggregated == "srtctl"
+    assert dev.runner.srtctl.local_cluster_nodes == 3
     assert dev.runner.slurm.local_cluster and dev.runner.slurm.extra_sbatch == ("--exclusive",)
     assert dev.data_dir == ROOT / "data" / "gsm8k" and dev.server.startup_timeout == 600
     gb = load_pipeline(ROOT / "pipelines" / "qwen35-gb200.yaml", ROOT)

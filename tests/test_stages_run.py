@@ -296,15 +296,17 @@ def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
     project = Project(ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root).model_copy(update={"model_dir": tmp_path})
     assert pipeline.runner.kind == "local" and pipeline.runner.disaggregated == "srtctl"
-    for stage, (agg, disagg) in (("accuracy", ("agg-acc", "disagg-acc")), ("throughput", ("agg", "disagg"))):
+    for stage, (agg, *disaggs) in (("accuracy", ("agg-acc", "disagg-acc", "disagg-multinode-acc")),
+                                   ("throughput", ("agg", "disagg", "disagg-multinode"))):
         planned = {p.key: p for p in plan_stage(project, pipeline, getattr(pipeline.stages, stage), IMAGE,
                                                 tmp_path / stage)}
-        assert set(planned) == {agg, disagg}
+        assert set(planned) == {agg, *disaggs}
         assert planned[agg].runner_kind == "local" and planned[agg].job is not None  # run_points in the image
-        d = planned[disagg]
-        assert d.runner_kind == "srtctl" and d.job is None and d.spec.recipe_file.name == f"{disagg}.yaml"
-        assert d.spec.extra["model_dir"] == str(tmp_path) and d.recipe.shape == "disaggregated"
-        assert d.spec.gpus == 0  # a CPU node: no GPUs requested
+        for disagg in disaggs:
+            d = planned[disagg]
+            assert d.runner_kind == "srtctl" and d.job is None and d.spec.recipe_file.name == f"{disagg}.yaml"
+            assert d.spec.extra["model_dir"] == str(tmp_path) and d.recipe.shape == "disaggregated"
+            assert d.spec.gpus == 0  # a CPU node: no GPUs requested
     # Without a runner that can start them, the plan names the recipe and the field to set.
     bare = pipeline.model_copy(update={"runner": pipeline.runner.model_copy(update={"disaggregated": None})})
     with pytest.raises(InputError, match=r"runner.disaggregated: .*disagg.yaml is disaggregated; the local runner "

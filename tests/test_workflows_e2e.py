@@ -122,7 +122,8 @@ def _run_dir(workspace: Path, attempt: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cancelled_run(build_job, runner_root, sha, keys, slurm_env, cluster_node):
+def cancelled_run(build_job, runner_root, sha, keys, srtctl_cluster):
+    slurm_env = srtctl_cluster.slurm_env  # where the pipeline's srtctl jobs run
     runner = _runner(runner_root, sha, keys, attempt=1)
     workspace = _workspace(runner_root)
     seen: list[str] = []

@@ -38,3 +38,18 @@ def test_duplicate_keys_and_bad_yaml_are_errors_at_their_position(tmp_path: Path
     assert yamlfile.load(f).data is None
     with pytest.raises(InputError, match="empty"):
         yamlfile.load_nodes(f)
+
+
+def test_a_key_written_beside_a_merge_overrides_the_merged_one(tmp_path: Path):
+    """YAML's merge key: `<<: *anchor` brings the anchor's keys in and a key written beside it wins
+    (a family reuses a config's settings and changes its resources); two written keys still clash."""
+    f = tmp_path / "merge.yaml"
+    f.write_text("one: &one\n  resources: {nodes: 1}\n  frontend: dynamo\n"
+                 "two:\n  <<: *one\n  resources: {nodes: 3}\n")
+    doc = yamlfile.load(f)
+    assert doc.data["two"] == {"frontend": "dynamo", "resources": {"nodes": 3}}
+    assert str(doc.location(("two", "resources"))) == f"{f}:6:3"  # the written one
+    f.write_text("one: &one\n  a: 1\ntwo:\n  <<: *one\n  a: 2\n  a: 3\n")
+    with pytest.raises(InputError) as info:
+        yamlfile.load(f)
+    assert (info.value.location.line, info.value.field) == (6, "a")

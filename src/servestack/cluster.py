@@ -503,13 +503,14 @@ class Cluster:
         return {**self.slurm_env, **self.srtctl.env, "PATH": path}
 
 
-def ensure_cluster(root: Path | None = None, model_paths: dict[str, str] | None = None) -> Cluster:
-    """enroot, pyxis in Slurm's plugstack, Slurm itself and srtctl; each reused when in place."""
+def ensure_cluster(root: Path | None = None, model_paths: dict[str, str] | None = None, nodes: int = 1) -> Cluster:
+    """enroot, pyxis in Slurm's plugstack, Slurm itself (of `nodes` nodes: services.ensure_slurm) and
+    srtctl; each reused when in place."""
     from . import services
 
     enroot = ensure_enroot(root)
     pyxis = ensure_pyxis(root, enroot)
-    slurm_env = services.ensure_slurm()
+    slurm_env = services.ensure_slurm(nodes=nodes)
     conf = Path(slurm_env["SLURM_CONF"]).parent / "plugstack.conf.d" / "pyxis.conf"
     if not conf.exists() or conf.read_text() != pyxis.plugstack_line + "\n":
         # Read by srun and each job step when they start: no daemon restart needed.

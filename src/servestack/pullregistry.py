@@ -12,7 +12,9 @@ here issues short-lived pull tokens (RS256 JWTs, signed with `openssl`) to anyon
 repository. The image and its digest are the same bytes the build pushed.
 
 `python -m servestack.pullregistry serve ...` is the token service (started detached by
-`ensure_pull_registry`).
+`ensure_pull_registry`). Both listen on one host address: loopback for the one-node cluster, the
+cluster network's host address for nodes in namespaces of their own (`services.netns`), whose
+loopback is their own.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ from .fsutil import atomic_write_text
 from .proc import output_bytes, run
 from .project import state_home
 
-PULL_REGISTRY = "127.0.0.1:5001"
+LOOPBACK = "127.0.0.1"
+REGISTRY_PORT = 5001
 TOKEN_PORT = 5002
 ISSUER = "servestack-token"
 SERVICE = "servestack-pull-registry"
@@ -59,7 +62,7 @@ def issue_token(key: Path, cert_der: bytes, scopes: list[str], now: float | None
     return f"{signing_input}.{_b64(signature)}"
 
 
-def _serve(port: int, key: Path, cert: Path) -> None:
+def _serve(host: str, port: int, key: Path, cert: Path) -> None:
     cert_der = output_bytes(["openssl", "x509", "-in", cert, "-outform", "DER"])
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -80,26 +83,26 @@ def _serve(port: int, key: Path, cert: Path) -> None:
         def log_message(self, fmt: str, *args: object) -> None:
             print(f"{self.address_string()} {fmt % args}", flush=True)
 
-    http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+    http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
 
 
-def _registry_conf(storage: Path, cert: Path) -> str:
+def _registry_conf(storage: Path, cert: Path, host: str) -> str:
     # Plain YAML (paths quoted JSON-style). Read-only: this registry never writes the storage the
     # build pushes into.
     return (
         "version: 0.1\nlog:\n  level: info\nstorage:\n  filesystem:\n"
         f"    rootdirectory: {json.dumps(str(storage))}\n"
         "  maintenance:\n    readonly:\n      enabled: true\n"
-        f"http:\n  addr: {json.dumps(PULL_REGISTRY)}\n"
+        f"http:\n  addr: {json.dumps(f'{host}:{REGISTRY_PORT}')}\n"
         "auth:\n  token:\n"
-        f"    realm: {json.dumps(f'http://127.0.0.1:{TOKEN_PORT}/token')}\n"
+        f"    realm: {json.dumps(f'http://{host}:{TOKEN_PORT}/token')}\n"
         f"    service: {SERVICE}\n    issuer: {ISSUER}\n"
         f"    rootcertbundle: {json.dumps(str(cert))}\n"
     )
 
 
-def ensure_pull_registry(source_registry: str, timeout: float = 30.0) -> str:
-    """The loopback registry's images behind token auth on PULL_REGISTRY; returns that address.
+def ensure_pull_registry(source_registry: str, timeout: float = 30.0, host: str = LOOPBACK) -> str:
+    """The loopback registry's images behind token auth on HOST:5001; returns that address.
 
     `source_registry` must be the loopback registry services.ensure_registry() runs (its storage
     is served); anything else is refused.
@@ -112,40 +115,42 @@ def ensure_pull_registry(source_registry: str, timeout: float = 30.0) -> str:
     if not storage.is_dir():
         raise ServestackError(f"{source_registry}: no local storage at {storage}; only the loopback registry "
                               "started by servestack can be served to the cluster")
-    if registry_answers(PULL_REGISTRY) and _token_answers():
-        return PULL_REGISTRY
+    address = f"{host}:{REGISTRY_PORT}"
+    if registry_answers(address) and _token_answers(host):
+        return address
     home = state_home() / "pull-registry"
+    served = home if host == LOOPBACK else home / host
     with exclusive("pull-registry"):
-        home.mkdir(parents=True, exist_ok=True)
+        served.mkdir(parents=True, exist_ok=True)
         key, cert = home / "token.key", home / "token.crt"
         if not cert.exists():
             run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
                  "-days", "3650", "-subj", f"/CN={ISSUER}"])
             key.chmod(0o600)
-        if not _token_answers():
+        if not _token_answers(host):
             import sys
 
-            log = home / "token.log"
-            proc = spawn_detached([sys.executable, "-m", "servestack.pullregistry", "serve", "--port",
-                                   str(TOKEN_PORT), "--key", str(key), "--cert", str(cert)], log)
-            wait_until(_token_answers, what="the pull registry's token service", timeout=timeout,
+            log = served / "token.log"
+            proc = spawn_detached([sys.executable, "-m", "servestack.pullregistry", "serve", "--host", host,
+                                   "--port", str(TOKEN_PORT), "--key", str(key), "--cert", str(cert)], log)
+            wait_until(lambda: _token_answers(host), what="the pull registry's token service", timeout=timeout,
                        log_path=log, proc=proc)
-        if not registry_answers(PULL_REGISTRY):
-            config = home / "config.yml"
-            atomic_write_text(config, _registry_conf(storage, cert))
-            log = home / "registry.log"
+        if not registry_answers(address):
+            config = served / "config.yml"
+            atomic_write_text(config, _registry_conf(storage, cert, host))
+            log = served / "registry.log"
             proc = spawn_detached([require("docker-registry"), "serve", str(config)], log)
-            wait_until(lambda: registry_answers(PULL_REGISTRY),
-                       what=f"the pull registry on {PULL_REGISTRY}", timeout=timeout, log_path=log, proc=proc)
-    return PULL_REGISTRY
+            wait_until(lambda: registry_answers(address),
+                       what=f"the pull registry on {address}", timeout=timeout, log_path=log, proc=proc)
+    return address
 
 
-def _token_answers() -> bool:
+def _token_answers(host: str) -> bool:
     import urllib.request
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(f"http://127.0.0.1:{TOKEN_PORT}/token?scope=", timeout=2) as resp:
+        with opener.open(f"http://{host}:{TOKEN_PORT}/token?scope=", timeout=2) as resp:
             return "token" in json.loads(resp.read())
     except (OSError, ValueError):
         return False
@@ -155,11 +160,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m servestack.pullregistry")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="the token service")
+    serve.add_argument("--host", default=LOOPBACK)
     serve.add_argument("--port", type=int, default=TOKEN_PORT)
     serve.add_argument("--key", type=Path, required=True)
     serve.add_argument("--cert", type=Path, required=True)
     args = parser.parse_args(argv)
-    _serve(args.port, args.key, args.cert)
+    _serve(args.host, args.port, args.key, args.cert)
 
 
 if __name__ == "__main__":

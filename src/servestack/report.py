@@ -76,6 +76,10 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
         lines += [_timing_line(result.timing), ""]
     for title, name in (plots or {}).items():
         lines += [f"![{title}]({name})", ""]
+    placed = [f"- `{j['name']}` job {a['job_id']} ({a['state']}): {_placed(a)}"
+              for j in result.jobs for a in j["attempts"] if a.get("placement")]
+    if placed:
+        lines += ["Where each job ran (srt-slurm's logs):", "", *placed, ""]
     if result.jobs:
         lines += ["<details><summary>jobs</summary>", "", "| job | attempts (id: state, points) | remaining |",
                   "|---|---|---|"]
@@ -85,6 +89,20 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
             lines.append(f"| {j['name']} | {att} | {','.join(j['remaining']) or '-'} |")
         lines += ["", "</details>", ""]
     return "\n".join(lines)
+
+
+def _placed(attempt: dict) -> str:
+    """node1: frontend_0, head, infra; node2: prefill_w0; node3: decode_w0; KV 12 transfers (0 failed) node2 -> node3"""
+    where = attempt.get("placement") or {}
+    by_node: dict[str, list[str]] = {}
+    for role, node in sorted((where.get("nodes") or {}).items()):
+        by_node.setdefault(node, []).append(role)
+    text = "; ".join(f"{node}: {', '.join(roles)}" for node, roles in sorted(by_node.items()))
+    kv = where.get("kv_transfers")
+    if kv:
+        text += (f"; KV {kv['successful']} transfers ({kv['failed']} failed) "
+                 f"{','.join(kv['from']) or '?'} -> {','.join(kv['to']) or '?'}")
+    return text
 
 
 def _timing_line(t: dict) -> str:

@@ -69,11 +69,20 @@ def _convert(node: yaml.Node, file: Path | str) -> Node:
     if isinstance(node, yaml.MappingNode):
         out: dict[str, Node] = {}
         c = _Constructor()
+        # A key written here overrides the same key a merge (`<<: *anchor`) brings in, as YAML says;
+        # two written here are a mistake.
+        written = {id(k) for k, _ in node.value}
+        merged: set[str] = set()
         c.flatten_mapping(node)
         for knode, vnode in node.value:
             typed = c.construct_object(knode, deep=True)
             kline, kcol = knode.start_mark.line + 1, knode.start_mark.column + 1
             key = typed if isinstance(typed, str) else str(typed)
+            if id(knode) not in written:
+                merged.add(key)
+            elif key in merged:
+                merged.discard(key)
+                del out[key]
             if key in out:
                 raise InputError(Location(file, kline, kcol), key, "duplicate key")
             child = _convert(vnode, file)

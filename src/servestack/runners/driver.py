@@ -45,6 +45,9 @@ class Attempt:
     points: tuple[str, ...]
     state: str
     seconds: float
+    # Where the job ran, from a runner that can tell (SrtctlRunner.placement): {"nodes": {role: node},
+    # "kv_transfers": {...}}; empty otherwise.
+    placement: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -210,7 +213,9 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                             raise
                         log.warning("%s: could not collect job %s after the interruption: %s",
                                     spec.name, handle.job_id, exc)
-            outcome.attempts.append(Attempt(handle.job_id, remaining, state.value, round(time.monotonic() - t0, 2)))
+            where = getattr(runner, "placement", None)
+            outcome.attempts.append(Attempt(handle.job_id, remaining, state.value, round(time.monotonic() - t0, 2),
+                                            where(handle) if where else {}))
             remaining = spec.remaining()
             outcome.final_state = state.value
             log.info("%s: job %s ended %s; %d point(s) remaining", spec.name, handle.job_id, state.value,

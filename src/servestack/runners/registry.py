@@ -44,16 +44,20 @@ class RunnerKind:
 SRTCTL_ENV = "SERVESTACK_SRTCTL"  # the srtctl command (shell words), over runner.srtctl.executable
 
 
-def _this_machine(pipeline: Any) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """This machine as a GB200-shaped node: real srtctl, pyxis and enroot, built on demand; the
-    nodes pull the image by digest with token auth, as from a production registry. Returns the
-    environment for Slurm/srtctl, the registry map for image references and the srtctl command."""
+def _this_machine(pipeline: Any, nodes: int = 1) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """This machine as a GB200-shaped cluster: real srtctl, pyxis and enroot, built on demand, on
+    Slurm of `nodes` nodes (more than one: network namespaces, services.slurm_nodes); the nodes pull
+    the image by digest with token auth, as from a production registry, at an address they reach.
+    Returns the environment for Slurm/srtctl, the registry map for image references and the srtctl
+    command."""
     from .. import cluster, pullregistry, services
     from ..project import Project
+    from ..services import netns
 
-    node = cluster.ensure_cluster(Project.find(Path(pipeline.file).parent).root)
+    node = cluster.ensure_cluster(Project.find(Path(pipeline.file).parent).root, nodes=nodes)
     local = services.ensure_registry()
-    return node.env, {local: pullregistry.ensure_pull_registry(local)}, node.srtctl.argv()
+    host = pullregistry.LOOPBACK if nodes == 1 else netns.HOST_ADDRESS
+    return node.env, {local: pullregistry.ensure_pull_registry(local, host=host)}, node.srtctl.argv()
 
 
 def _local(pipeline: Any) -> Runner:
@@ -76,7 +80,7 @@ def _slurm(pipeline: Any) -> Runner:
 def _srtctl(pipeline: Any) -> Runner:
     executable, env, registry_map = list(pipeline.runner.srtctl.executable), None, {}
     if pipeline.runner.slurm.local_cluster:
-        env, registry_map, executable = _this_machine(pipeline)
+        env, registry_map, executable = _this_machine(pipeline, pipeline.runner.srtctl.local_cluster_nodes)
     override = os.environ.get(SRTCTL_ENV, "").strip()
     if override:
         executable = shlex.split(override)

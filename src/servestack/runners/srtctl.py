@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
 from ..clients import agreement
 from ..errors import ServestackError
@@ -41,6 +41,7 @@ from ..fsutil import atomic_write_bytes, atomic_write_text
 from ..proc import run
 from ..recipes.read import load_recipe
 from ..yamlfile import RelativePath, relative_to_base
+from . import srtlogs
 from .base import JobHandle, JobSpec, JobState, PollingWait
 from .preflight import SCRIPT_NAME, NodePreflight
 from .slurm import pull_reference, scancel, slurm_state
@@ -69,6 +70,9 @@ class SrtctlSettings(BaseModel):
 
     executable: Annotated[tuple[str, ...], BeforeValidator(_command)] = ("srtctl",)
     output_dir: RelativePath | None = None  # srtctl's -o (default: next to each job's results)
+    # With runner.slurm.local_cluster: the nodes of the cluster srtctl's jobs run on (1: this host;
+    # more: nodes in network namespaces of their own, services.slurm_nodes).
+    local_cluster_nodes: Annotated[int, Field(ge=1, le=32)] = 1
 
 
 def bind_recipe(recipe: dict[str, Any], image: str | None, points: tuple[str, ...], points_field: str | None,
@@ -204,6 +208,9 @@ class SrtctlRunner(PollingWait):
 
     def _results(self, handle: JobHandle) -> dict[str, Path]:
         return results_in(handle.output_dir) if handle.output_dir is not None else {}
+
+    def placement(self, handle: JobHandle) -> dict[str, Any]:
+        return srtlogs.placement(handle.output_dir) if handle.output_dir is not None else {}
 
     def collect(self, handle: JobHandle) -> Path:
         """Copy srt-slurm's result files to `<out_dir>/<point>.json` (atomically); keep the originals."""

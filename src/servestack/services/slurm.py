@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import socket
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ServestackError
@@ -33,6 +35,50 @@ def _node_hardware() -> str:
     return " ".join(field for field in first.split() if not field.startswith("NodeName="))
 
 
+def _common_conf(d: Path) -> list[str]:
+    """What every cluster of ours says the same way: who runs what, how jobs are tracked, timeouts."""
+    return [
+        # Root runs everything: state lives under root's home, and benchmark jobs need root
+        # (docker). DisableRootJobs is NO by default; say it so nobody has to look it up.
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        "DisableRootJobs=NO",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        # No cgroup v2 delegation in containers/CI: track jobs by process group.
+        "ProctrackType=proctrack/pgid",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "MpiDefault=none",
+        "SwitchType=switch/none",
+        "SelectType=select/cons_tres",
+        # Cores are what a node hands out; memory is not a consumable. With CR_Core_Memory
+        # every step of a job (srtctl runs infra, frontend, each worker and short `srun` address
+        # lookups as overlapping steps) claims its own share of the job's memory, so a worker
+        # step was refused ("Memory required by task is not available") while a lookup step was
+        # still ending: 2 of 5 disaggregated jobs. RealMemory still bounds what a job may ask.
+        "SelectTypeParameters=CR_Core",
+        # A node that was down (e.g. machine rebooted) comes back by itself.
+        "ReturnToService=2",
+        # A job whose node failed ends NODE_FAIL instead of going back to the queue: the pipeline's
+        # retry policy decides, and reruns only the points that did not finish.
+        "JobRequeue=0",
+    ]
+
+
+def _tail_conf(d: Path) -> list[str]:
+    return [
+        "InactiveLimit=0",
+        "KillWait=10",
+        # Tearing down a pyxis/enroot container (vLLM exiting, squashfuse unmounting) can take
+        # minutes on a loaded 2-core node; past this Slurm drains the node ("Kill task failed").
+        "UnkillableStepTimeout=300",
+        "MinJobAge=300",
+        f"StateSaveLocation={d / 'state'}",
+    ]
+
+
 def _slurm_conf(node: str, hardware: str) -> str:
     d = _slurm_dir()
     return "\n".join(
@@ -40,38 +86,10 @@ def _slurm_conf(node: str, hardware: str) -> str:
             "# Written by servestack.services.ensure_slurm; regenerated when it differs.",
             "ClusterName=servestack",
             f"SlurmctldHost={node}(127.0.0.1)",
-            # Root runs everything: state lives under root's home, and benchmark jobs need root
-            # (docker). DisableRootJobs is NO by default; say it so nobody has to look it up.
-            "SlurmUser=root",
-            "SlurmdUser=root",
-            "DisableRootJobs=NO",
-            "AuthType=auth/munge",
-            "CredType=cred/munge",
-            # No cgroup v2 delegation in containers/CI: track jobs by process group.
-            "ProctrackType=proctrack/pgid",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
-            "MpiDefault=none",
-            "SwitchType=switch/none",
-            "SelectType=select/cons_tres",
-            # Cores are what the one node hands out; memory is not a consumable. With CR_Core_Memory
-            # every step of a job (srtctl runs infra, frontend, each worker and short `srun` address
-            # lookups as overlapping steps) claims its own share of the job's memory, so a worker
-            # step was refused ("Memory required by task is not available") while a lookup step was
-            # still ending: 2 of 5 disaggregated jobs. RealMemory still bounds what a job may ask.
-            "SelectTypeParameters=CR_Core",
-            # A node that was down (e.g. machine rebooted) comes back by itself.
-            "ReturnToService=2",
+            *_common_conf(d),
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
-            "InactiveLimit=0",
-            "KillWait=10",
-            # Tearing down a pyxis/enroot container (vLLM exiting, squashfuse unmounting) can take
-            # minutes on a loaded 2-core node; past this Slurm drains the node ("Kill task failed").
-            "UnkillableStepTimeout=300",
-            "MinJobAge=300",
-            f"StateSaveLocation={d / 'state'}",
+            *_tail_conf(d),
             f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / 'slurmd.pid'}",
@@ -110,18 +128,49 @@ def _node_state(env: dict[str, str], node: str) -> str:
 _USABLE_NODE_STATES = ("idle", "mixed", "allocated", "completing")
 
 
-def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
-    """One-node Slurm cluster (munged, slurmctld, slurmd) with this host's real CPUs and memory.
+@dataclass(frozen=True)
+class _Layout:
+    """One cluster of ours: its directory and config, its slurmds and how each is started."""
 
-    Returns the environment Slurm clients need (SLURM_CONF); pass it to sbatch/sinfo/scancel.
-    When slurm.conf is unchanged and the node is usable, nothing is touched.
+    directory: Path
+    conf_text: str
+    env: dict[str, str]
+    # (node name, pidfile, argv that runs its slurmd in the foreground)
+    slurmds: list[tuple[str, Path, list[str]]]
+    # Before slurmctld starts (the cluster network made), before a slurmd starts (the node's namespace
+    # made), and when the config changes (every node torn down).
+    prepare_cluster: Callable[[], None] = lambda: None
+    prepare_node: Callable[[str], None] = lambda name: None
+    stop_nodes: Callable[[], None] = lambda: None
+
+
+def ensure_slurm(timeout: float = 60.0, nodes: int = 1) -> dict[str, str]:
+    """A Slurm cluster on this machine (munged, slurmctld and a slurmd per node), started if needed.
+
+    One node (the default): this host itself, with its real CPUs and memory. More: that many nodes,
+    each in a network namespace of its own (`services.netns`), with its own host name, address,
+    slurmd, spool and log, and the host's CPUs and memory; slurmctld on this host's cluster address
+    (`slurm_nodes`). Returns the environment Slurm clients need (SLURM_CONF); pass it to
+    sbatch/sinfo/scancel. When the config is unchanged and every node is usable, nothing is touched.
     """
-    slurmctld, slurmd = require("slurmctld"), require("slurmd")
+    if nodes != 1:
+        from .slurm_nodes import layout
+
+        return _ensure(layout(nodes, _node_hardware()), timeout)
     d = _slurm_dir()
     conf = d / "slurm.conf"
-    env = {"SLURM_CONF": str(conf)}
+    slurmd = require("slurmd")
     node = _node_name()
-    wanted = _slurm_conf(node, _node_hardware())
+    return _ensure(_Layout(d, _slurm_conf(node, _node_hardware()), {"SLURM_CONF": str(conf)},
+                           [(node, d / "slurmd.pid", [slurmd, "-D", "-f", str(conf)])]), timeout)
+
+
+def _ensure(layout: _Layout, timeout: float) -> dict[str, str]:
+    slurmctld, slurmd = require("slurmctld"), require("slurmd")
+    d = layout.directory
+    conf = d / "slurm.conf"
+    env = layout.env
+    wanted = layout.conf_text
 
     def up_to_date() -> bool:
         try:
@@ -132,14 +181,14 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
         return (
             same
             and pid_alive(d / "slurmctld.pid", slurmctld)
-            and pid_alive(d / "slurmd.pid", slurmd)
-            and _node_state(env, node) in _USABLE_NODE_STATES
+            and all(pid_alive(pidfile, slurmd) for _, pidfile, _ in layout.slurmds)
+            and all(_node_state(env, name) in _USABLE_NODE_STATES for name, _, _ in layout.slurmds)
         )
 
     if up_to_date():
         return env
     ensure_munge()
-    with exclusive("slurm"):
+    with exclusive(f"slurm-{d.name}"):
         if up_to_date():
             return env
         for sub in ("state", "spool", "plugstack.conf.d"):
@@ -155,17 +204,21 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
         changed = not conf.exists() or conf.read_text() != wanted
         if changed:
             atomic_write_text(conf, wanted)
-            # A running daemon keeps its old config: restart both, keeping the saved job state.
-            for name, binary in (("slurmd", slurmd), ("slurmctld", slurmctld)):
-                kill_pidfile(d / f"{name}.pid", binary)
+            # A running daemon keeps its old config: restart them all, keeping the saved job state.
+            for _, pidfile, _ in layout.slurmds:
+                kill_pidfile(pidfile, slurmd)
+            kill_pidfile(d / "slurmctld.pid", slurmctld)
+            layout.stop_nodes()
             wait_until(
-                lambda: not pid_alive(d / "slurmd.pid", slurmd) and not pid_alive(d / "slurmctld.pid", slurmctld),
+                lambda: not any(pid_alive(pidfile, slurmd) for _, pidfile, _ in layout.slurmds)
+                and not pid_alive(d / "slurmctld.pid", slurmctld),
                 what="old Slurm daemons to stop",
                 timeout=20,
                 log_path=d / "slurmctld.log",
             )
+        layout.prepare_cluster()
         if not pid_alive(d / "slurmctld.pid", slurmctld):
-            # Both daemons stay in the foreground (-D), so an exit shows in `proc`, in a session of their
+            # Every daemon stays in the foreground (-D), so an exit shows in `proc`, in a session of its
             # own (spawn_detached) that outlives this process; they write the pidfiles slurm.conf names.
             proc = spawn_detached([slurmctld, "-D", "-f", str(conf)], d / "slurmctld.out")
             wait_until(
@@ -175,28 +228,37 @@ def ensure_slurm(timeout: float = 60.0) -> dict[str, str]:
                 log_path=d / "slurmctld.log",
                 proc=proc,
             )
-        if not pid_alive(d / "slurmd.pid", slurmd):
-            proc = spawn_detached([slurmd, "-D", "-f", str(conf)], d / "slurmd.out")
+        for name, pidfile, argv in layout.slurmds:
+            if pid_alive(pidfile, slurmd):
+                continue
+            layout.prepare_node(name)
+            pidfile.parent.mkdir(parents=True, exist_ok=True)
+            proc = spawn_detached(argv, pidfile.parent / "slurmd.out")
             wait_until(
-                lambda: pid_alive(d / "slurmd.pid", slurmd),
-                what="slurmd",
+                lambda: pid_alive(pidfile, slurmd),  # noqa: B023 (called before the next iteration)
+                what=f"slurmd of {name}",
                 timeout=timeout,
-                log_path=d / "slurmd.log",
+                log_path=pidfile.parent / "slurmd.log",
                 proc=proc,
             )
-        state = ""
-
-        def node_usable() -> bool:
-            nonlocal state
-            state = _node_state(env, node)
-            if state.startswith(("down", "drain")) and not state.endswith("*"):
-                # Registered but held down by an old reason (e.g. "Not responding" from a past
-                # run): we have just started it, so put it back in service.
-                run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, check=False, timeout=10)
-            return state in _USABLE_NODE_STATES
-
-        try:
-            wait_until(node_usable, what=f"Slurm node {node} (idle)", timeout=timeout, log_path=d / "slurmd.log")
-        except ServestackError as e:
-            raise ServestackError(f"{e}\nnode state: {state!r}\n{log_tail(d / 'slurmctld.log', 15)}") from None
+        for name, pidfile, _ in layout.slurmds:
+            _wait_usable(env, name, timeout, d, pidfile.parent / "slurmd.log")
     return env
+
+
+def _wait_usable(env: dict[str, str], node: str, timeout: float, d: Path, slurmd_log: Path) -> None:
+    state = ""
+
+    def node_usable() -> bool:
+        nonlocal state
+        state = _node_state(env, node)
+        if state.startswith(("down", "drain")) and not state.endswith("*"):
+            # Registered but held down by an old reason (e.g. "Not responding" from a past
+            # run): we have just started it, so put it back in service.
+            run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, check=False, timeout=10)
+        return state in _USABLE_NODE_STATES
+
+    try:
+        wait_until(node_usable, what=f"Slurm node {node} (idle)", timeout=timeout, log_path=slurmd_log)
+    except ServestackError as e:
+        raise ServestackError(f"{e}\nnode state: {state!r}\n{log_tail(d / 'slurmctld.log', 15)}") from None

@@ -118,6 +118,29 @@ def evaluate_agreement(comparisons: list[dict], reference: str, recipes: list[st
     return v
 
 
+def placement_failures(jobs: list[dict]) -> list[Failure]:
+    """Where a job ran, as srt-slurm's logs say (runners.srtlogs): every address a process was given
+    to advertise is one the job's other nodes reach (not loopback, not outside the job), and a
+    disaggregated job that completed moved its KV cache over NIXL, without a failed transfer."""
+    from ..runners.srtlogs import address_problems
+
+    out = []
+    for job in jobs:
+        for attempt in job.get("attempts", []):
+            where = attempt.get("placement") or {}
+            for problem in address_problems(where):
+                out.append(Failure("addresses", job["recipe"], f"job {attempt['job_id']}", problem))
+            kv = where.get("kv_transfers")
+            if kv and kv["failed"]:
+                out.append(Failure("kv_transfers", job["recipe"], f"job {attempt['job_id']}",
+                                   f"{kv['failed']} failed NIXL transfers {','.join(kv['from'])} -> {','.join(kv['to'])}",
+                                   kv["failed"], 0))
+            if kv is not None and attempt["state"] == "COMPLETED" and not kv["successful"]:
+                out.append(Failure("kv_transfers", job["recipe"], f"job {attempt['job_id']}",
+                                   "the decode workers counted no KV transfer from prefill", 0, 1))
+    return out
+
+
 def format_verdict(v: Verdict) -> str:
     """One readable line per failure (and a one-line summary when all passed)."""
     if v.passed:

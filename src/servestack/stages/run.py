@@ -29,7 +29,14 @@ from ..runners.base import JobSpec, Mount, Runner
 from ..runners.driver import run_job
 from ..runners.preflight import NodePreflight
 from ..runners.registry import RUNNERS, make_runner, starting
-from .gates import Verdict, evaluate_accuracy, evaluate_agreement, evaluate_throughput, format_verdict
+from .gates import (
+    Verdict,
+    evaluate_accuracy,
+    evaluate_agreement,
+    evaluate_throughput,
+    format_verdict,
+    placement_failures,
+)
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
 from .results import (
     StageResult,
@@ -431,6 +438,7 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
         from .gates import Failure
 
         verdict.failures.append(Failure("unreadable", "-", None, msg))
+    verdict.failures += placement_failures(result.jobs)
     result.verdict = verdict
     return result
 
