@@ -439,20 +439,28 @@ def _keygen(args: argparse.Namespace, project: Project) -> int:
 # --------------------------------------------------------------------------- services
 
 
-@command("services", "start the embedded services (dockerd, loopback registry, Slurm)", lambda p: p.add_argument(
-    "which", nargs="*", choices=["docker", "registry", "slurm", "binfmt"], default=["docker", "registry"]))
+def _services_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("which", nargs="*", choices=["docker", "registry", "slurm", "binfmt", "nodes-down"],
+                   default=["docker", "registry"],
+                   help="nodes-down: tear the multi-node cluster down (its nodes' processes, namespaces, bridge)")
+    p.add_argument("--nodes", type=int, default=1, help="slurm: this many nodes (more than 1: network namespaces)")
+
+
+@command("services", "start the embedded services (dockerd, loopback registry, Slurm)", _services_args)
 def _services(args: argparse.Namespace, project: Project) -> int:
     from . import services
+    from .services import slurm_nodes
 
     starters = {
         "docker": services.ensure_dockerd,
         "registry": services.ensure_registry,
-        "slurm": services.ensure_slurm,
+        "slurm": lambda: services.ensure_slurm(nodes=args.nodes)["SLURM_CONF"],
         "binfmt": services.ensure_binfmt_aarch64,
+        "nodes-down": slurm_nodes.stop_nodes,
     }
     for name in args.which:
         result = starters[name]()
-        _say(f"{name}: up{f' ({result})' if isinstance(result, str) else ''}")
+        _say(f"{name}: {'done' if name == 'nodes-down' else 'up'}{f' ({result})' if isinstance(result, str) else ''}")
     return 0
 
 
