@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 import socket
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ServestackError
@@ -20,6 +18,7 @@ from ..proc import TimeoutExpired, run
 from ..project import state_home
 from .daemons import exclusive, kill_pidfile, log_tail, pid_alive, require, spawn_detached, wait_until
 from .munge import ensure_munge
+from .slurm_layout import Layout, common_conf, tail_conf
 
 
 def _slurm_dir() -> Path:
@@ -35,50 +34,6 @@ def _node_hardware() -> str:
     return " ".join(field for field in first.split() if not field.startswith("NodeName="))
 
 
-def _common_conf(d: Path) -> list[str]:
-    """What every cluster of ours says the same way: who runs what, how jobs are tracked, timeouts."""
-    return [
-        # Root runs everything: state lives under root's home, and benchmark jobs need root
-        # (docker). DisableRootJobs is NO by default; say it so nobody has to look it up.
-        "SlurmUser=root",
-        "SlurmdUser=root",
-        "DisableRootJobs=NO",
-        "AuthType=auth/munge",
-        "CredType=cred/munge",
-        # No cgroup v2 delegation in containers/CI: track jobs by process group.
-        "ProctrackType=proctrack/pgid",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "AccountingStorageType=accounting_storage/none",
-        "MpiDefault=none",
-        "SwitchType=switch/none",
-        "SelectType=select/cons_tres",
-        # Cores are what a node hands out; memory is not a consumable. With CR_Core_Memory
-        # every step of a job (srtctl runs infra, frontend, each worker and short `srun` address
-        # lookups as overlapping steps) claims its own share of the job's memory, so a worker
-        # step was refused ("Memory required by task is not available") while a lookup step was
-        # still ending: 2 of 5 disaggregated jobs. RealMemory still bounds what a job may ask.
-        "SelectTypeParameters=CR_Core",
-        # A node that was down (e.g. machine rebooted) comes back by itself.
-        "ReturnToService=2",
-        # A job whose node failed ends NODE_FAIL instead of going back to the queue: the pipeline's
-        # retry policy decides, and reruns only the points that did not finish.
-        "JobRequeue=0",
-    ]
-
-
-def _tail_conf(d: Path) -> list[str]:
-    return [
-        "InactiveLimit=0",
-        "KillWait=10",
-        # Tearing down a pyxis/enroot container (vLLM exiting, squashfuse unmounting) can take
-        # minutes on a loaded 2-core node; past this Slurm drains the node ("Kill task failed").
-        "UnkillableStepTimeout=300",
-        "MinJobAge=300",
-        f"StateSaveLocation={d / 'state'}",
-    ]
-
-
 def _slurm_conf(node: str, hardware: str) -> str:
     d = _slurm_dir()
     return "\n".join(
@@ -86,10 +41,10 @@ def _slurm_conf(node: str, hardware: str) -> str:
             "# Written by servestack.services.ensure_slurm; regenerated when it differs.",
             "ClusterName=servestack",
             f"SlurmctldHost={node}(127.0.0.1)",
-            *_common_conf(d),
+            *common_conf(d),
             "SlurmctldTimeout=30",
             "SlurmdTimeout=60",
-            *_tail_conf(d),
+            *tail_conf(d),
             f"SlurmdSpoolDir={d / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / 'slurmd.pid'}",
@@ -128,22 +83,6 @@ def _node_state(env: dict[str, str], node: str) -> str:
 _USABLE_NODE_STATES = ("idle", "mixed", "allocated", "completing")
 
 
-@dataclass(frozen=True)
-class _Layout:
-    """One cluster of ours: its directory and config, its slurmds and how each is started."""
-
-    directory: Path
-    conf_text: str
-    env: dict[str, str]
-    # (node name, pidfile, argv that runs its slurmd in the foreground)
-    slurmds: list[tuple[str, Path, list[str]]]
-    # Before slurmctld starts (the cluster network made), before a slurmd starts (the node's namespace
-    # made), and when the config changes (every node torn down).
-    prepare_cluster: Callable[[], None] = lambda: None
-    prepare_node: Callable[[str], None] = lambda name: None
-    stop_nodes: Callable[[], None] = lambda: None
-
-
 def ensure_slurm(timeout: float = 60.0, nodes: int = 1) -> dict[str, str]:
     """A Slurm cluster on this machine (munged, slurmctld and a slurmd per node), started if needed.
 
@@ -161,11 +100,11 @@ def ensure_slurm(timeout: float = 60.0, nodes: int = 1) -> dict[str, str]:
     conf = d / "slurm.conf"
     slurmd = require("slurmd")
     node = _node_name()
-    return _ensure(_Layout(d, _slurm_conf(node, _node_hardware()), {"SLURM_CONF": str(conf)},
+    return _ensure(Layout(d, _slurm_conf(node, _node_hardware()), {"SLURM_CONF": str(conf)},
                            [(node, d / "slurmd.pid", [slurmd, "-D", "-f", str(conf)])]), timeout)
 
 
-def _ensure(layout: _Layout, timeout: float) -> dict[str, str]:
+def _ensure(layout: Layout, timeout: float) -> dict[str, str]:
     slurmctld, slurmd = require("slurmctld"), require("slurmd")
     d = layout.directory
     conf = d / "slurm.conf"

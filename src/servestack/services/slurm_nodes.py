@@ -22,6 +22,7 @@ from ..fsutil import atomic_write_text
 from ..project import state_home
 from . import netns
 from .daemons import kill_pidfile, pid_alive, require, wait_until
+from .slurm_layout import Layout, common_conf, tail_conf
 
 CTLD_PORT = 6917
 
@@ -46,8 +47,6 @@ def _shared_enroot_paths() -> list[Path]:
 
 
 def _conf(cluster: list[netns.Node], hardware: str) -> str:
-    from .slurm import _common_conf, _tail_conf
-
     d = nodes_dir()
     return "\n".join(
         [
@@ -55,11 +54,11 @@ def _conf(cluster: list[netns.Node], hardware: str) -> str:
             "ClusterName=servestack-nodes",
             f"SlurmctldHost={_login_name()}({netns.HOST_ADDRESS})",
             f"SlurmctldPort={CTLD_PORT}",
-            *_common_conf(d),
+            *common_conf(d),
             "SlurmctldTimeout=30",
             # A node that stops answering is marked DOWN, and its jobs NODE_FAIL, after this long.
             "SlurmdTimeout=20",
-            *_tail_conf(d),
+            *tail_conf(d),
             f"SlurmdSpoolDir={d / '%n' / 'spool'}",
             f"SlurmctldPidFile={d / 'slurmctld.pid'}",
             f"SlurmdPidFile={d / '%n' / 'slurmd.pid'}",
@@ -79,9 +78,7 @@ def _hosts() -> Path:
     return nodes_dir() / "hosts"
 
 
-def layout(count: int, hardware: str):
-    from .slurm import _Layout
-
+def layout(count: int, hardware: str) -> Layout:
     d = nodes_dir()
     conf = d / "slurm.conf"
     cluster = netns.nodes(count)
@@ -110,7 +107,7 @@ def layout(count: int, hardware: str):
         binds = [(local / "enroot" / shared.name, shared) for shared in _shared_enroot_paths()]
         argv = netns.node_argv(node, [slurmd, "-D", "-f", str(conf)], binds, _hosts())
         slurmds.append((node.name, local / "slurmd.pid", argv))
-    return _Layout(d, _conf(cluster, hardware), {"SLURM_CONF": str(conf)}, slurmds,
+    return Layout(d, _conf(cluster, hardware), {"SLURM_CONF": str(conf)}, slurmds,
                    prepare_cluster=prepare_cluster, prepare_node=prepare_node, stop_nodes=_remove_namespaces)
 
 
