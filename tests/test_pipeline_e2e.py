@@ -1,16 +1,19 @@
 """The dev-cpu pipeline end to end on this machine: the real image by digest, real vLLM on CPU,
-real one-node Slurm, through the `servestack` command line.
+real Slurm (one node for the slurm runner, three in network namespaces for srtctl's jobs), through
+the `servestack` command line.
 
   - slurm runner: throughput (three concurrency points), gates, results.json, report.md, two PNG
     plots, and the time spent inside the clients;
   - srtctl runner, the GB200 chain for real: srtctl (srt-slurm 0.3.0) -> sbatch -> srun
     --container-image (pyxis) -> enroot import of the image by digest, built from the vendored
     sources (skipped, with the reason, where they are missing); Ctrl-C mid-sweep leaves no job of
-    ours in squeue and keeps the finished point; the rerun does not redo it and completes, with
-    results read from srt-slurm's own files;
-  - the accuracy stage as dev-cpu gates it: the correctness oracle, the disaggregated recipe
-    (Dynamo frontend + prefill + decode, KV cache and Gated DeltaNet state over NIXL), which the
-    pipeline always sends to srtctl, held to the aggregated recipe's answers (the local runner);
+    ours in squeue and keeps the finished point; the rerun does not redo it, loses its node
+    mid-sweep (NODE_FAIL), is retried for the point left and completes, with results read from
+    srt-slurm's own files and nothing left on the nodes;
+  - the accuracy stage as dev-cpu gates it: the correctness oracle, the multi-node disaggregated
+    recipe (Dynamo frontend, etcd and NATS on the head node, prefill and decode on a node each, KV
+    cache and Gated DeltaNet state between nodes over NIXL), which the pipeline always sends to
+    srtctl, held to the aggregated recipe's answers (the local runner);
   - a gate that cannot be met (baseline far above anything a CPU does) plus an operator's scancel
     mid-sweep: the job is retried for its remaining points, every point is measured exactly once,
     and the verdict names the recipe, the point and the numbers.

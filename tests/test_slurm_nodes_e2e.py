@@ -32,7 +32,7 @@ def cluster_env() -> dict[str, str]:
 
 
 def _srun(env: dict[str, str], *argv: str, nodes: int = NODES, timeout: float = 60) -> list[str]:
-    proc = run(["srun", f"-N{nodes}", "--ntasks-per-node=1", "-l", *argv], env=env, timeout=timeout)
+    proc = run(["srun", "--quiet", f"-N{nodes}", "--ntasks-per-node=1", "-l", *argv], env=env, timeout=timeout)
     return sorted(proc.stdout.strip().splitlines())
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 from pathlib import Path
 
 from ..errors import ServestackError
@@ -167,11 +168,13 @@ def _ensure(layout: Layout, timeout: float) -> dict[str, str]:
                 log_path=d / "slurmctld.log",
                 proc=proc,
             )
+        started: dict[str, float] = {}
         for name, pidfile, argv in layout.slurmds:
             if pid_alive(pidfile, slurmd):
                 continue
             layout.prepare_node(name)
             pidfile.parent.mkdir(parents=True, exist_ok=True)
+            started[name] = time.time()
             proc = spawn_detached(argv, pidfile.parent / "slurmd.out")
             wait_until(
                 lambda: pid_alive(pidfile, slurmd),  # noqa: B023 (called before the next iteration)
@@ -181,15 +184,30 @@ def _ensure(layout: Layout, timeout: float) -> dict[str, str]:
                 proc=proc,
             )
         for name, pidfile, _ in layout.slurmds:
-            _wait_usable(env, name, timeout, d, pidfile.parent / "slurmd.log")
+            _wait_usable(env, name, timeout, d, pidfile.parent / "slurmd.log", started.get(name))
     return env
 
 
-def _wait_usable(env: dict[str, str], node: str, timeout: float, d: Path, slurmd_log: Path) -> None:
+def _slurmd_registered_since(env: dict[str, str], node: str, since: float) -> bool:
+    """The node's slurmd has registered with slurmctld since `since`: until then a restarted slurmctld
+    shows the state it saved ("idle") and a job asking for the node waits for resources."""
+    out = run(["scontrol", "-o", "show", "node", node], env=env, check=False, timeout=10).stdout
+    started = next((w.split("=", 1)[1] for w in out.split() if w.startswith("SlurmdStartTime=")), "")
+    try:
+        return time.mktime(time.strptime(started, "%Y-%m-%dT%H:%M:%S")) >= int(since)
+    except ValueError:
+        return False
+
+
+def _wait_usable(env: dict[str, str], node: str, timeout: float, d: Path, slurmd_log: Path,
+                 started: float | None = None) -> None:
     state = ""
 
     def node_usable() -> bool:
         nonlocal state
+        if started is not None and not _slurmd_registered_since(env, node, started):
+            state = "not registered yet"
+            return False
         state = _node_state(env, node)
         if state.startswith(("down", "drain")) and not state.endswith("*"):
             # Registered but held down by an old reason (e.g. "Not responding" from a past
