@@ -70,15 +70,19 @@ def _node_name() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def _node_state(env: dict[str, str], node: str) -> str:
-    """The node's state as sinfo reports it ('idle', 'mixed', 'down*', ...), '' if unknown."""
+def _node_states(env: dict[str, str]) -> dict[str, str]:
+    """Every node's state as sinfo reports it ('idle', 'mixed', 'down*', ...); {} if sinfo cannot tell."""
     try:
-        proc = run(["sinfo", "-h", "-N", "-n", node, "-o", "%T"], env=env, check=False, timeout=10)
+        proc = run(["sinfo", "-h", "-N", "-o", "%N %T"], env=env, check=False, timeout=10)
     except TimeoutExpired:
-        return ""
+        return {}
     if proc.returncode != 0:
-        return ""
-    return proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+        return {}
+    return dict(line.split(None, 1) for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+
+def _node_state(env: dict[str, str], node: str) -> str:
+    return _node_states(env).get(node, "")
 
 
 _USABLE_NODE_STATES = ("idle", "mixed", "allocated", "completing")
@@ -117,13 +121,12 @@ def _ensure(layout: Layout, timeout: float) -> dict[str, str]:
             same = conf.read_text() == wanted
         except OSError:
             return False
+        if not (same and pid_alive(d / "slurmctld.pid", slurmctld)
+                and all(pid_alive(pidfile, slurmd) for _, pidfile, _ in layout.slurmds)):
+            return False
         # sinfo marks a node that stopped answering with a trailing '*': not usable.
-        return (
-            same
-            and pid_alive(d / "slurmctld.pid", slurmctld)
-            and all(pid_alive(pidfile, slurmd) for _, pidfile, _ in layout.slurmds)
-            and all(_node_state(env, name) in _USABLE_NODE_STATES for name, _, _ in layout.slurmds)
-        )
+        states = _node_states(env)
+        return all(states.get(name, "") in _USABLE_NODE_STATES for name, _, _ in layout.slurmds)
 
     if up_to_date():
         return env
