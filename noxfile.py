@@ -162,4 +162,5 @@ def tests(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """The end-to-end suite on real dockerd, registry and Slurm (what CI runs after the fast tests)."""
     _install(session, "test")
-    session.run("pytest", "-m", "e2e", *session.posargs)
+    # The slowest tests named in every log: how the suite's minutes are spent, run by run.
+    session.run("pytest", "-m", "e2e", "--durations=25", *session.posargs)

@@ -540,7 +540,10 @@ def test_the_same_image_measured_again_shows_no_regression_against_its_baseline(
     assert again["proc"].returncode == 0, again["proc"].stdout[-3000:] + (again["dir"] / "baseline" / "comparison.md").read_text()
     checks = [c for c in again["results"]["verdict"]["checks"] if c["gate"] == "regression"]
     assert [(c["point"], c["passed"]) for c in checks] == [("c=1", True), ("c=4", True)]
-    assert "**no regression**" in (again["dir"] / "baseline" / "comparison.md").read_text()
+    # The gated metric decides; the 14 latency and per-user values beside it are reported (a p99 over
+    # 4-8 requests moves by 30-40% between two runs of the same image, all three repeats alike).
+    assert "**no regression** in tok/s/GPU (gated, 2 compared values)" in (
+        again["dir"] / "baseline" / "comparison.md").read_text()
 
 
 def test_a_capped_batch_is_flagged_where_it_slows_and_fails_the_pipeline(baseline_runs):

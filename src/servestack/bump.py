@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import compare
 from .errors import InputError, ServestackError
 from .fsutil import atomic_write_json, atomic_write_text
 from .project import Project
@@ -84,8 +85,10 @@ def markdown(d: Drift) -> str:
     if d.comparison is None:
         lines.append("not compared (the bump stopped before, or there was no baseline)")
     else:
-        n = d.comparison["regressions"]
-        lines.append(f"{'**' + str(n) + ' regressions**' if n else 'no regression'} against `{d.baseline}`: "
+        n, reported = d.comparison["gated_regressions"], d.comparison["regressions"] - d.comparison["gated_regressions"]
+        verdict = f"**{compare.plural(n, 'regression')}**" if n else "no regression"
+        lines.append(f"{verdict} in the gated metric against `{d.baseline}` "
+                     f"({reported} in the metrics reported beside it): "
                      f"{len(d.comparison['changes'])} metric values compared, {len(d.comparison['not_compared'])} "
                      f"not compared ({d.comparison_report})")
     return "\n".join(lines) + "\n"
@@ -150,7 +153,6 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
          steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
          ) -> tuple[Drift, Path]:
     """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
-    from . import compare
     from .image import load_image
 
     d = Drift(stack, baseline=baseline)
@@ -179,7 +181,8 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
             d.comparison, d.comparison_report = result.to_dict(), str(report)
             failing = compare.gate_failures(result)
             ok = bool(result.gated()) and not failing
-            detail = (f"{len(result.regressions)} regressions, "
+            gated = sum(1 for ch in result.gated() if ch.verdict == "regression")
+            detail = (f"{compare.plural(gated, 'gated regression')} ({len(result.regressions)} in all metrics), "
                       f"{sum(1 for ch, _ in failing if ch.verdict == 'inconclusive')} gated points the repeats "
                       f"cannot judge, against {d.baseline}") if result.gated() else (
                 f"nothing in common with {d.baseline} to compare: " + ("; ".join(result.not_compared) or "no point"))
