@@ -279,6 +279,20 @@ def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_conta
     assert not client.containers.list(all=True, filters={"name": f"servestack-smoke-{STACK}-"})
 
 
+def test_the_lease_holder_reads_a_started_worker_from_proc_and_never_asks_the_daemon(fake_stack, client) -> None:
+    from servestack.smoke.serving import _container_alive, _run_detached
+
+    worker = _run_detached(client, fake_stack["reference"], ["sleep", "600"], name=f"servestack-smoke-{STACK}-lease")
+    try:
+        def no_daemon():
+            raise AssertionError("the holder asked the daemon")
+
+        worker.reload = no_daemon
+        assert worker.attrs["State"]["Pid"] > 0 and _container_alive(worker)
+    finally:
+        worker.remove(force=True)
+
+
 # SIGINT-inherited-ignored is how a shell starts a background job (`cmd &` in a script), and so how
 # pytest's children start when the suite itself runs in the background: Python then never raises
 # KeyboardInterrupt. Before servestack handled SIGINT itself, the process ignored that SIGINT and kept

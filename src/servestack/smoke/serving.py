@@ -215,6 +215,15 @@ def _container_alive(container) -> bool:
     return container.status == "running"
 
 
+def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
+    """containers.run(detach=True), with the attributes of the started container: the SDK returns
+    the ones it read at create time, whose State.Pid is 0, and the lease holder would then ask the
+    daemon every second (the fresh-clone CI of e60c1c8 lost the prefill worker's entries so)."""
+    container = client.containers.run(reference, command, detach=True, **kwargs)
+    container.reload()
+    return container
+
+
 def _all_running(containers: list[Any]) -> bool:
     return all(_container_alive(c) for c in containers)
 
@@ -304,9 +313,9 @@ def run_disagg_probe(
                 else {"ports": {f"{plan.port}/tcp": ("127.0.0.1", None)}}
             )
             try:
-                containers[role.name] = client.containers.run(
-                    reference, list(role.command), name=names[role.name], detach=True,
-                    platform=platform, shm_size=plan.shm_size, environment=role.environment,
+                containers[role.name] = _run_detached(
+                    client, reference, list(role.command), name=names[role.name], platform=platform,
+                    shm_size=plan.shm_size, environment=role.environment,
                     volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
                 )
             except docker.errors.APIError as e:
