@@ -228,7 +228,7 @@ def _all_running(containers: list[Any]) -> bool:
     return all(_container_alive(c) for c in containers)
 
 
-def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEASE_REFRESH_S) -> Callable[[], None]:
+def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEASE_REFRESH_S) -> Callable[[], float]:
     """Refresh every discovery entry's mtime from this (host) process until the returned stop() is
     called, or until `running()` says a container is gone: from then on Dynamo expires the dead
     worker's entries as it would on its own, and the frontend drops it (the `discovery` check fails).
@@ -245,11 +245,15 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
     The holder narrows that hazard (it refreshes far more often than the 10 s TTL, each entry to a
     minute ahead, and does not wait on the docker daemon between refreshes) but cannot remove it:
     it starves with the rest. The `discovery` check fails, naming the lines, if an entry is lost anyway.
+    stop() returns the longest time between two refreshes (smoke.json: lease_refresh_longest_gap_s).
     """
     stop = threading.Event()
+    gaps = {"last": time.monotonic(), "longest": 0.0}
 
     def refresh() -> None:
         while not stop.wait(every):
+            now = time.monotonic()
+            gaps["longest"], gaps["last"] = max(gaps["longest"], now - gaps["last"]), now
             try:
                 alive = running()
             except Exception as e:  # noqa: BLE001 - a slow or failing daemon must not end the holder
@@ -274,9 +278,10 @@ def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEA
     keeper = threading.Thread(target=refresh, name="servestack-discovery-leases", daemon=True)
     keeper.start()
 
-    def stop_holding() -> None:
+    def stop_holding() -> float:
         stop.set()
         keeper.join(timeout=5)
+        return round(gaps["longest"], 2)
 
     return stop_holding
 
@@ -343,7 +348,7 @@ def run_disagg_probe(
                       round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:
-        release_leases()
+        metrics["lease_refresh_longest_gap_s"] = release_leases()
         http.close()
         for name in reversed(names.values()):  # the workers before the frontend whose namespace they share
             _remove_named(client, name)
