@@ -181,8 +181,8 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
             d.comparison, d.comparison_report = result.to_dict(), str(report)
             failing = compare.gate_failures(result)
             ok = bool(result.gated()) and not failing
-            gated = sum(1 for ch in result.gated() if ch.verdict == "regression")
-            detail = (f"{compare.plural(gated, 'gated regression')} ({len(result.regressions)} in all metrics), "
+            detail = (f"{compare.plural(len(result.gated_regressions()), 'gated regression')} "
+                      f"({len(result.regressions)} in all metrics), "
                       f"{sum(1 for ch, _ in failing if ch.verdict == 'inconclusive')} gated points the repeats "
                       f"cannot judge, against {d.baseline}") if result.gated() else (
                 f"nothing in common with {d.baseline} to compare: " + ("; ".join(result.not_compared) or "no point"))

@@ -108,13 +108,16 @@ class Comparison:
     def gated(self, metrics: tuple[str, ...] = GATED) -> list[Change]:
         return [c for c in self.changes if c.metric in metrics]
 
+    def gated_regressions(self, metrics: tuple[str, ...] = GATED) -> list[Change]:
+        return [c for c in self.gated(metrics) if c.verdict == "regression"]
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "a": _side_dict(self.a), "b": _side_dict(self.b),
                 "policy": {"threshold": self.policy.threshold, "alpha": self.policy.alpha, "min_repeats": MIN_REPEATS,
                            "test": "one-sided Mann-Whitney U (exact), 95% bootstrap interval of the median change"},
                 "changes": [c.to_dict() for c in self.changes], "accuracy": self.accuracy,
                 "not_compared": self.not_compared, "regressions": len(self.regressions),
-                "gated": list(GATED), "gated_regressions": sum(1 for c in self.gated() if c.verdict == "regression")}
+                "gated": list(GATED), "gated_regressions": len(self.gated_regressions())}
 
 
 def _side_dict(s: Side) -> dict[str, Any]:
@@ -308,7 +311,7 @@ def headline(c: Comparison, metrics: tuple[str, ...] = GATED) -> str:
     latencies over a handful of requests most of all), and they inform rather than decide."""
     labels = {m.key: m.label for m in METRICS}
     gated = c.gated(metrics)
-    regressed = [ch for ch in gated if ch.verdict == "regression"]
+    regressed = c.gated_regressions(metrics)
     names = ", ".join(labels[m] for m in metrics)
     out = (f"**{plural(len(regressed), 'regression')}**" if regressed else "**no regression**") + (
         f" in {names} (gated, {plural(len(gated), 'compared value')})")
