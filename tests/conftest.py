@@ -1,3 +1,4 @@
+import os
 import sys
 import uuid
 from pathlib import Path
@@ -7,9 +8,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fixtures.debian_mirror import ReadThroughMirror  # noqa: E402
 from fixtures.github_server import FakeGitHub, serve  # noqa: E402
 from fixtures.servers import package_index, push_image, serve_directory  # noqa: E402
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
+from fixtures import workflow_jobs  # noqa: E402
 from servestack import cluster, services  # noqa: E402
 from servestack.services import daemons  # noqa: E402
 
@@ -72,6 +75,36 @@ def pytest_configure(config: pytest.Config) -> None:
         for attr, value in list(getattr(module, "__dict__", {}).items()):
             if id(value) in guards:
                 setattr(module, attr, guards[id(value)])
+
+
+@pytest.fixture(scope="session")
+def debian_mirror(tmp_path_factory):
+    """The Debian archive this machine is configured with, read through once per session (None
+    when SERVESTACK_INDEX_DEBIAN already says where it is, or none is configured)."""
+    from servestack.errors import ServestackError
+    from servestack.sources import debian
+
+    if os.environ.get("SERVESTACK_INDEX_DEBIAN"):
+        yield None
+        return
+    try:
+        upstream = debian.archive()
+    except ServestackError:
+        yield None  # the tests that need the archive fail saying how to configure one
+        return
+    mirror = ReadThroughMirror(upstream, tmp_path_factory.mktemp("debian-mirror"))
+    yield mirror
+    mirror.close()
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_read_debian_through_the_session_mirror(request, monkeypatch):
+    # Only the fast tests: the e2e suite reads the archive as a user's machine does.
+    if request.node.get_closest_marker("e2e"):
+        return
+    mirror = request.getfixturevalue("debian_mirror")
+    if mirror is not None:
+        monkeypatch.setenv("SERVESTACK_INDEX_DEBIAN", mirror.url)
 
 
 @pytest.fixture(scope="session")
@@ -144,3 +177,40 @@ def srtctl() -> cluster.Srtctl:
         return cluster.ensure_srtctl(ROOT)
     except cluster.ClusterToolsMissing as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def workflow_sha() -> str:
+    from servestack.proc import run
+
+    return run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def runner_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runner")
+
+
+@pytest.fixture(scope="session")
+def keys(runner_root) -> dict[str, str]:
+    from servestack.proc import run
+
+    key = runner_root / "keys" / "servestack.key"
+    key.parent.mkdir()
+    run([sys.executable, "-m", "servestack", "--project", str(ROOT), "keygen", "--key", str(key)])
+    return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": str(key.with_suffix(".pub"))}
+
+
+@pytest.fixture(scope="session")
+def build_job(runner_root, workflow_sha, keys):
+    """build.yml's `image` job, dev-cpu leg, run once per session in a fresh checkout of this commit."""
+    import threading
+
+    runner = workflow_jobs.runner(runner_root, workflow_sha, keys)
+    timer = threading.Timer(3600, runner.cancel)  # a hung step fails the test, it does not hang CI
+    timer.start()
+    try:
+        return runner.run_job(workflow_jobs.WORKFLOWS / "build.yml", "image", matrix={"stack": workflow_jobs.STACK},
+                              workspace=workflow_jobs.workspace(runner_root))
+    finally:
+        timer.cancel()

@@ -13,9 +13,10 @@ the `servestack` command line.
     recipe (Dynamo frontend, etcd and NATS on the head node, prefill and decode on a node each, KV
     cache and Gated DeltaNet state between nodes over NIXL), which the pipeline always sends to
     srtctl, held to the aggregated recipe's answers (the local runner);
-  - a gate that cannot be met (baseline far above anything a CPU does) plus an operator's scancel
-    mid-sweep: the job is retried for its remaining points, every point is measured exactly once,
-    and the verdict names the recipe, the point and the numbers.
+  - a gate that cannot be met (baseline far above anything a CPU does), applied to the slurm run's
+    points by rerunning it with its run id: nothing is measured again, and the verdict names the
+    recipe, the point and the numbers. (An operator's scancel mid-sweep is test_runners_slurm's;
+    a job lost mid-sweep and retried for its remaining points, the srtctl test's here.)
 
 The image comes from build/dev-cpu/image.json; when that is missing it is built (cached: fast
 when the registry already holds it). Every vLLM server runs inside a Slurm job with --exclusive,
@@ -384,69 +385,37 @@ def test_the_oracle_holds_the_multinode_disaggregated_recipe_to_the_aggregated_o
     assert not set(_job_ids(acc)) & _squeue_ids(srtctl_cluster.slurm_env)
 
 
-# ----------------------------------------------------------------------------- scancel + a gate that cannot be met
+# ----------------------------------------------------------------------------- a gate that cannot be met
 
-GATE_PIPELINE = """
-stack: dev-cpu
-runner:
-  kind: slurm
-  python: python3
-  slurm: {{container: docker, local_cluster: true, extra_sbatch: [--exclusive]}}
-retry: {{max_attempts: 3, poll_seconds: 1}}
-model_paths: {{tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}}
-data_dir: {data}
-server: {{port: 8000, startup_timeout: 10m}}
-stages:
-  throughput:
-    recipes: [agg]
-    time_limit: 20m
-    concurrencies: [1, 2]
-    input_len: 64
-    output_len: 16
-    prompts_per_concurrency: 2
-    min_prompts: 4
-    gate:
-      tolerance: 0.0
-      baselines: {{agg: {{1: 1000000000.0}}}}   # a billion tokens/s on two cores: cannot be met
-"""
+IMPOSSIBLE_GATE = {"tolerance": 0.0, "baselines": {"agg": {1: 1e9}}}  # a billion tokens/s on two cores
 
 
 @pytest.fixture(scope="module")
-def gated_run(image_ref, slurm_env, tmp_path_factory):
-    """Throughput only, through a project whose pipeline gates impossibly high; an operator
-    scancels the job once the first point has its result."""
+def gated_run(slurm_run, tmp_path_factory):
+    """The slurm run's points held to a gate no CPU meets: the same pipeline with that gate, rerun
+    with the run's own id, resumes it (every point has its file), so it measures nothing again and
+    only the verdict changes, as for a team that tightens a gate after a run."""
+    import yaml
+
     root = tmp_path_factory.mktemp("gated")
     (root / "pipelines").mkdir()
-    (root / "recipes").symlink_to(ROOT / "recipes")
-    data = ROOT / "data" / "gsm8k"
-    (root / "pipelines" / "gate.yaml").write_text(GATE_PIPELINE.format(data=data))
-    argv = _cli("throughput", "--stack", STACK, "--pipeline", "gate", "--image", image_ref, "--run-id", "gate",
-                project=root)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out_dir = root / "build" / STACK / "runs" / "gate" / "throughput" / "agg"
-    with stopped_on_exit(proc):
-        _wait_for(lambda: (out_dir / "1.json").exists(), 900, proc, "the first point")
-        [job_id] = _wait_for(lambda: [p.name[len("slurm-"):-len(".out")] for p in (out_dir / ".jobs").glob("slurm-*.out")],
-                             30, proc, "the job's log")
-        run(["scancel", job_id], env=slurm_env)  # someone else cancels the running job mid-sweep
-        out, _ = proc.communicate(timeout=1200)
-    return {"rc": proc.returncode, "out": out, "job_id": job_id, "out_dir": out_dir,
+    for name in ("recipes", "data"):
+        (root / name).symlink_to(ROOT / name)
+    pipeline = yaml.safe_load((ROOT / "pipelines" / f"{STACK}.yaml").read_text())
+    pipeline["runner"]["kind"] = "slurm"
+    pipeline["stages"]["throughput"]["gate"] = IMPOSSIBLE_GATE
+    (root / "pipelines" / "gate.yaml").write_text(yaml.safe_dump(pipeline))
+    run_dir = root / "build" / STACK / "runs" / "gate"
+    run_dir.mkdir(parents=True)
+    shutil.copytree(slurm_run["dir"] / "throughput", run_dir / "throughput")
+    events_before = (run_dir / "throughput" / "agg" / ".timing.jsonl").read_text().splitlines()
+    proc = subprocess.run(_cli("throughput", "--stack", STACK, "--pipeline", "gate", "--image", slurm_run["image"],
+                               "--run-id", "gate", "--recipes", AGGREGATED, project=root),
+                          capture_output=True, text=True, timeout=600)
+    out_dir = run_dir / "throughput" / "agg"
+    return {"rc": proc.returncode, "out": proc.stdout + proc.stderr, "out_dir": out_dir, "events_before": events_before,
+            "measured": slurm_run["results"]["stages"][0]["throughput"],
             "results": json.loads((out_dir.parent / "results.json").read_text())}
-
-
-def test_scancel_mid_sweep_is_retried_and_every_point_measured_once(gated_run, slurm_env):
-    results, out_dir = gated_run["results"], gated_run["out_dir"]
-    [job] = results["jobs"]
-    assert [(a["state"], a["points"]) for a in job["attempts"]] == [
-        ("CANCELLED", ["1", "2"]), ("COMPLETED", ["2"])], gated_run["out"]
-    assert job["attempts"][0]["job_id"] == gated_run["job_id"] and job["remaining"] == []
-    assert sorted(p["concurrency"] for p in results["throughput"]) == [1, 2]  # each exactly once
-    events = [json.loads(line) for line in (out_dir / ".timing.jsonl").read_text().splitlines()]
-    measured = [e["point"] for e in events if e["event"] == "point" and e["ok"]]
-    assert sorted(measured, key=int) == ["1", "2"], events
-    assert [e["event"] for e in events].count("server") == 2
-    assert not list(out_dir.glob(".*.partial"))
-    assert not ({a["job_id"] for a in job["attempts"]} & _squeue_ids(slurm_env))
 
 
 def test_impossible_gate_fails_with_a_verdict_naming_recipe_point_and_numbers(gated_run):
@@ -462,6 +431,16 @@ def test_impossible_gate_fails_with_a_verdict_naming_recipe_point_and_numbers(ga
     assert "throughput: FAIL (1 failure)" in gated_run["out"]
     report = (gated_run["out_dir"].parent / "report.md").read_text()
     assert "**FAIL**" in report and line.strip() in report
+
+
+def test_a_rerun_with_the_same_run_id_measures_nothing_again(gated_run):
+    # The numbers judged are the slurm run's, point for point; no job was submitted, no server started.
+    assert ({p["concurrency"]: p["tokens_per_s_per_gpu"] for p in gated_run["results"]["throughput"]}
+            == {p["concurrency"]: p["tokens_per_s_per_gpu"] for p in gated_run["measured"]})
+    events = (gated_run["out_dir"] / ".timing.jsonl").read_text().splitlines()
+    new = [json.loads(line) for line in events[len(gated_run["events_before"]):]]
+    assert not [e for e in new if e["event"] in ("server", "point")], new
+    assert not [a for j in gated_run["results"]["jobs"] for a in j["attempts"]], gated_run["results"]["jobs"]
 
 
 # ----------------------------------------------------------------------------- held to a baseline

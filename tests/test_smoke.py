@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -370,21 +371,21 @@ def test_the_lease_holder_tells_a_live_container_from_a_gone_one_without_the_dae
     import subprocess
     from types import SimpleNamespace
 
-    from servestack.smoke.serving import _all_running, _container_alive
+    from servestack.smoke.discovery import all_running, container_alive
 
     child = subprocess.Popen(["sleep", "30"])
     try:
         alive = SimpleNamespace(attrs={"State": {"Pid": child.pid}})
-        assert _container_alive(alive) and _all_running([alive])
+        assert container_alive(alive) and all_running([alive])
     finally:
         child.kill()
         child.wait()
-    assert not _container_alive(alive) and not _all_running([alive])
+    assert not container_alive(alive) and not all_running([alive])
 
 
 def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
     # Dynamo expires a discovery entry whose mtime is 10 s old; the probe keeps its workers' entries a minute ahead.
-    from servestack.smoke.serving import _hold_leases
+    from servestack.smoke.discovery import DiscoveryLeases
 
     entry = tmp_path / "v1" / "instances" / "dynamo%2Fbackend%2Fgenerate%2F1"
     entry.parent.mkdir(parents=True)
@@ -395,7 +396,7 @@ def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
     for path in (entry, temporary):
         os.utime(path, (old, old))
     alive = [True]
-    release = _hold_leases(str(tmp_path), lambda: alive[0], every=0.05)
+    leases = DiscoveryLeases(str(tmp_path), lambda: alive[0], every=0.05)
     try:
         deadline = time.monotonic() + 10
         while entry.stat().st_mtime < old + 30 and time.monotonic() < deadline:
@@ -408,8 +409,69 @@ def test_the_probe_holds_the_discovery_leases_until_released(tmp_path) -> None:
         time.sleep(0.2)
         assert entry.stat().st_mtime == pytest.approx(old)
     finally:
-        longest_gap = release()
+        longest_gap = leases.stop()
     assert 0.04 <= longest_gap < 5  # what smoke.json reports, to tell a starved holder from a starved worker
+
+
+def _can_pin(directory: Path) -> bool:
+    from servestack.smoke.discovery import _set_immutable
+
+    try:
+        _set_immutable(str(directory), True)
+    except OSError:
+        return False
+    _set_immutable(str(directory), False)
+    return True
+
+
+def test_pinned_discovery_keeps_every_entry_a_stalled_machine_would_expire_and_lets_a_dead_worker_go(tmp_path) -> None:
+    # A stall longer than the TTL (the VM stopped for 108 s): Dynamo's expiry thread, first to run
+    # again, unlinks every entry older than 10 s. Pinned, the unlink is refused; the owner's keep-alive
+    # (a new mtime on the file it has) still works. Once a container stops, Dynamo may expire again.
+    from servestack.smoke.discovery import DiscoveryLeases
+
+    if not _can_pin(tmp_path):
+        pytest.skip(f"{tmp_path}: the file system or user cannot set the immutable attribute")
+    bucket = tmp_path / "v1" / "instances"
+    bucket.mkdir(parents=True)
+    entry = bucket / "dynamo%2Fprefill%2Fgenerate%2F1"
+    entry.write_text("{}")
+    alive = [True]
+    leases = DiscoveryLeases(str(tmp_path), lambda: alive[0], every=0.05)
+    try:
+        assert leases.pin()
+        with pytest.raises(PermissionError):
+            entry.unlink()  # what the expiry thread does to an entry it finds too old
+        os.utime(entry)  # the owner's keep-alive
+        with pytest.raises(PermissionError):
+            (bucket / ".tmp_late").write_text("")  # nothing registers after ready
+        alive[0] = False
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with contextlib.suppress(PermissionError):
+                entry.unlink()
+                break
+            time.sleep(0.05)
+        assert not entry.exists()  # the dead worker's entry expires as Dynamo would expire it
+    finally:
+        leases.stop()
+    (tmp_path / "v1" / "later").mkdir()  # nothing is left pinned
+
+
+def test_stopping_the_hold_unpins_so_the_discovery_directory_can_be_removed(tmp_path) -> None:
+    import shutil
+
+    from servestack.smoke.discovery import DiscoveryLeases
+
+    if not _can_pin(tmp_path):
+        pytest.skip(f"{tmp_path}: the file system or user cannot set the immutable attribute")
+    (tmp_path / "d" / "v1").mkdir(parents=True)
+    (tmp_path / "d" / "v1" / "entry").write_text("{}")
+    leases = DiscoveryLeases(str(tmp_path / "d"), lambda: True, every=0.05)
+    assert leases.pin()
+    leases.stop()
+    shutil.rmtree(tmp_path / "d")
+    assert not (tmp_path / "d").exists()
 
 
 # What vLLM 0.31's decode worker logs when its NIXL handshake with the prefill worker's side channel

@@ -280,7 +280,8 @@ def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_conta
 
 
 def test_the_lease_holder_reads_a_started_worker_from_proc_and_never_asks_the_daemon(fake_stack, client) -> None:
-    from servestack.smoke.serving import _container_alive, _run_detached
+    from servestack.smoke.discovery import container_alive
+    from servestack.smoke.serving import _run_detached
 
     worker = _run_detached(client, fake_stack["reference"], ["sleep", "600"], name=f"servestack-smoke-{STACK}-lease")
     try:
@@ -288,7 +289,7 @@ def test_the_lease_holder_reads_a_started_worker_from_proc_and_never_asks_the_da
             raise AssertionError("the holder asked the daemon")
 
         worker.reload = no_daemon
-        assert worker.attrs["State"]["Pid"] > 0 and _container_alive(worker)
+        assert worker.attrs["State"]["Pid"] > 0 and container_alive(worker)
     finally:
         worker.remove(force=True)
 

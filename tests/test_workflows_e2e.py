@@ -1,7 +1,8 @@
 """The workflows' jobs run for real on this machine, step by step, as a self-hosted runner runs them.
 
 build.yml's `image` job (dev-cpu leg) runs in a fresh checkout of this commit: bootstrap, the tool
-venv, build + image + smoke, publish with a signing key, then `nox -s outputs`. Its job outputs
+venv, build + image + smoke, publish with a signing key, then `nox -s outputs` (once per session,
+conftest's `build_job`: its smoke step is also the README main job, test_main_job_e2e). Its job outputs
 are what gb200.yml gets as inputs, exactly as build.yml's `gb200` job passes them. gb200.yml's
 `pipeline` job then pulls and verifies the bundle by digest with the public key, runs the dev-cpu
 pipeline through the srtctl runner (real srtctl, pyxis and enroot on this machine's Slurm),
@@ -19,7 +20,6 @@ its input hash and builds nothing.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.gha_runner import Event, JobResult, Runner
+from fixtures import workflow_jobs
 
 from servestack.imageref import ImageRef
 from servestack.proc import run
@@ -37,65 +37,11 @@ from servestack.runners.driver import recorded_jobs
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKFLOWS = ROOT / ".github" / "workflows"
-STACK = "dev-cpu"
-RUN_ID = 90210  # github.run_id of the simulated run
+WORKFLOWS, STACK, RUN_ID = workflow_jobs.WORKFLOWS, workflow_jobs.STACK, workflow_jobs.RUN_ID
+_runner, _workspace = workflow_jobs.runner, workflow_jobs.workspace
 
 
-def _runner_env() -> dict[str, str]:
-    """The environment a runner service has: this machine's, without the test's own virtualenv."""
-    # $SERVESTACK_VENDOR, where set, says where this machine keeps its cluster tools' sources (a
-    # real login node has the tools).
-    env = dict(os.environ)
-    venv = env.pop("VIRTUAL_ENV", None)
-    own = {str(Path(sys.executable).parent), *([str(Path(venv) / "bin")] if venv else [])}
-    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p not in own)
-    return env
-
-
-def _log(line: str) -> None:
-    print(line, flush=True)
-
-
-@pytest.fixture(scope="module")
-def sha() -> str:
-    return run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
-
-
-@pytest.fixture(scope="module")
-def runner_root(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("runner")
-
-
-@pytest.fixture(scope="module")
-def keys(runner_root) -> dict[str, str]:
-    key = runner_root / "keys" / "servestack.key"
-    key.parent.mkdir()
-    run([sys.executable, "-m", "servestack", "--project", str(ROOT), "keygen", "--key", str(key)])
-    return {"SERVESTACK_SIGNING_KEY_FILE": str(key), "SERVESTACK_TRUSTED_KEY_FILE": str(key.with_suffix(".pub"))}
-
-
-def _runner(root: Path, sha: str, keys: dict[str, str], attempt: int = 1) -> Runner:
-    event = Event("push", "refs/heads/main", sha, run_id=RUN_ID, run_attempt=attempt)
-    return Runner(ROOT, root, event, vars=keys, base_env=_runner_env(), log=_log)
-
-
-@pytest.fixture(scope="module")
-def build_job(runner_root, sha, keys) -> JobResult:
-    runner = _runner(runner_root, sha, keys)
-    timer = threading.Timer(3600, runner.cancel)  # a hung step fails the test, it does not hang CI
-    timer.start()
-    try:
-        return runner.run_job(WORKFLOWS / "build.yml", "image", matrix={"stack": STACK}, workspace=_workspace(runner_root))
-    finally:
-        timer.cancel()
-
-
-def _workspace(runner_root: Path) -> Path:
-    return runner_root / "work" / "servestack"
-
-
-def _gb200_inputs(build: JobResult) -> dict[str, str]:
+def _gb200_inputs(build) -> dict[str, str]:
     # What build.yml's `gb200` job hands over (`with: image: ${{ needs.image.outputs.<stack>-image }}`).
     # The aggregated throughput recipe: dev-cpu's accuracy is the oracle, which needs the
     # disaggregated recipe too, and that goes through srtctl once per CI, in test_pipeline_e2e.
@@ -122,9 +68,9 @@ def _run_dir(workspace: Path, attempt: int) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cancelled_run(build_job, runner_root, sha, keys, srtctl_cluster):
+def cancelled_run(build_job, runner_root, workflow_sha, keys, srtctl_cluster):
     slurm_env = srtctl_cluster.slurm_env  # where the pipeline's srtctl jobs run
-    runner = _runner(runner_root, sha, keys, attempt=1)
+    runner = _runner(runner_root, workflow_sha, keys, attempt=1)
     workspace = _workspace(runner_root)
     seen: list[str] = []
 
@@ -161,8 +107,8 @@ def test_cancelling_the_gb200_job_leaves_nothing_in_squeue(cancelled_run):
 
 
 @pytest.fixture(scope="module")
-def gb200_job(build_job, cancelled_run, runner_root, sha, keys):
-    runner = _runner(runner_root, sha, keys, attempt=2)  # "Re-run jobs": a new attempt, a new run id
+def gb200_job(build_job, cancelled_run, runner_root, workflow_sha, keys):
+    runner = _runner(runner_root, workflow_sha, keys, attempt=2)  # "Re-run jobs": a new attempt, a new run id
     timer = threading.Timer(3600, runner.cancel)
     timer.start()
     try:

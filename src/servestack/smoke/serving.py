@@ -6,24 +6,22 @@
   plane (Dynamo's request and event planes, vLLM's NIXL side channel, UCX) stays on that
   namespace's loopback; only the frontend's HTTP port is published, on the host's 127.0.0.1.
   Discovery is a directory the three share (no etcd, no NATS); the probe holds its entries'
-  leases while the containers run (see `_hold_leases`).
+  entries while the containers run (discovery.py).
 
 Every container is removed on every exit path.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 from .containers import _container_name, _log_excerpt, _remove_named
+from .discovery import DiscoveryLeases, all_running
 from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
 from .firstrequest import FirstRequest
 from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
@@ -182,38 +180,6 @@ def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable
     return ready
 
 
-# Dynamo 1.6.1's file discovery (lib/runtime/src/storage/kv/file.rs, FileStore::expiry_thread): each
-# process refreshes its own entries' mtime every TTL/3 = 3.3 s from a plain OS thread, and deletes
-# ANY entry of the buckets it uses whose mtime is older than DEFAULT_TTL = 10 s (a constant, no
-# setting); the frontend's model watcher turns the deletion into a Removed discovery event and drops
-# the worker set for good (lib/llm/src/discovery/watcher.rs -> model.rs remove_worker_set). It is not
-# the request plane: a failed request only takes an instance out of routing for
-# DYN_RUNTIME_INHIBITED_DURATION_SECS (lib/runtime/src/component/client.rs report_instance_down).
-LEASE_REFRESH_S = 1.0
-# How far ahead of now the holder sets each entry's mtime. Refreshing to now left a 10 s margin: in
-# a smoke run beside a qemu image build (load 5-6), the holder and the prefill worker's own
-# keep-alive both missed it and another worker expired the prefill worker's entries ("FileStore::
-# keep_alive failed opening owned file"; the frontend dropped it and the oracle got 503s). An
-# mtime a minute ahead survives a minute of starvation; a worker's own refresh sets it back to now,
-# and the holder's next one forward again. A worker that dies is expired that much later (its
-# container's exit already fails the probe).
-LEASE_AHEAD_S = 60.0
-
-
-def _container_alive(container) -> bool:
-    """Whether the container's init process still runs, from /proc when the daemon is local (no
-    daemon round trip: under load a docker API call can take seconds, and the holder must not wait
-    on one between refreshes); else from the daemon."""
-    pid = (container.attrs.get("State") or {}).get("Pid") or 0
-    if pid and os.path.isdir("/proc/1"):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
-    container.reload()
-    return container.status == "running"
-
 
 def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
     """containers.run(detach=True), with the attributes of the started container: the SDK returns
@@ -222,68 +188,6 @@ def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
     container = client.containers.run(reference, command, detach=True, **kwargs)
     container.reload()
     return container
-
-
-def _all_running(containers: list[Any]) -> bool:
-    return all(_container_alive(c) for c in containers)
-
-
-def _hold_leases(discovery: str, running: Callable[[], bool], every: float = LEASE_REFRESH_S) -> Callable[[], float]:
-    """Refresh every discovery entry's mtime from this (host) process until the returned stop() is
-    called, or until `running()` says a container is gone: from then on Dynamo expires the dead
-    worker's entries as it would on its own, and the frontend drops it (the `discovery` check fails).
-
-    Why: after prefilling, the prefill worker holds the request's KV blocks for the decode worker's
-    NIXL pull for up to kv_lease_duration (plan.KV_TRANSFER_CONFIG; vLLM's 30 s in the run traced
-    here), and meanwhile its EngineCore steps every millisecond (v1/engine/core.py: "yield the GIL
-    briefly") and its model-runner process spins in sched_yield on the shared-memory queue (shm_broadcast.py,
-    busy_loop_s = 1 s after every message). On a loaded 2-core machine that starved everything
-    else: in a traced run (load 30-40) the decode worker, the frontend and this process made no
-    progress for ~30 s while the prefill worker ran; the prefill worker expired the decode worker's
-    entries (12 s old) and the frontend dropped the model; every later request got 404. The window
-    closed when the prefill worker released the unclaimed blocks ("Releasing expired KV blocks").
-    The holder narrows that hazard (it refreshes far more often than the 10 s TTL, each entry to a
-    minute ahead, and does not wait on the docker daemon between refreshes) but cannot remove it:
-    it starves with the rest. The `discovery` check fails, naming the lines, if an entry is lost anyway.
-    stop() returns the longest time between two refreshes (smoke.json: lease_refresh_longest_gap_s).
-    """
-    stop = threading.Event()
-    gaps = {"last": time.monotonic(), "longest": 0.0}
-
-    def refresh() -> None:
-        while not stop.wait(every):
-            now = time.monotonic()
-            gaps["longest"], gaps["last"] = max(gaps["longest"], now - gaps["last"]), now
-            try:
-                alive = running()
-            except Exception as e:  # noqa: BLE001 - a slow or failing daemon must not end the holder
-                log.warning("cannot tell whether the disaggregated containers run (%s): still holding the leases", e)
-                alive = True
-            if not alive:
-                log.warning("a disaggregated container stopped: no longer holding the Dynamo discovery leases")
-                return
-            for folder, _, files in os.walk(discovery):
-                for name in files:
-                    if name.startswith(".tmp_"):  # Dynamo's atomic-write temporaries
-                        continue
-                    ahead = time.time() + LEASE_AHEAD_S
-                    with contextlib.suppress(FileNotFoundError):
-                        try:
-                            os.utime(os.path.join(folder, name), (ahead, ahead))
-                        except PermissionError:
-                            log.warning("cannot refresh Dynamo discovery entries in %s (owned by the containers' "
-                                        "user): the workers hold their own leases", discovery)
-                            return
-
-    keeper = threading.Thread(target=refresh, name="servestack-discovery-leases", daemon=True)
-    keeper.start()
-
-    def stop_holding() -> float:
-        stop.set()
-        keeper.join(timeout=5)
-        return round(gaps["longest"], 2)
-
-    return stop_holding
 
 
 def run_disagg_probe(
@@ -309,7 +213,7 @@ def run_disagg_probe(
     http = _http()
     start = time.monotonic()
     names = {role.name: _container_name(stack, role.name) for role in plan.roles}
-    release_leases = _hold_leases(discovery, lambda: _all_running(list(containers.values())))
+    leases = DiscoveryLeases(discovery, lambda: all_running(list(containers.values())))
     try:
         frontend_id = None
         for role in plan.roles:
@@ -340,6 +244,7 @@ def run_disagg_probe(
                                     round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
+        metrics["discovery_pinned"] = leases.pin()
         logs = {role: _log_reader(c) for role, c in containers.items()}
         target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics, logs=logs,
                         decode_log_at_ready=len(logs["decode"]()), oracle_vocab=plan.oracle_vocab, baseline=baseline,
@@ -348,7 +253,7 @@ def run_disagg_probe(
                       round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:
-        metrics["lease_refresh_longest_gap_s"] = release_leases()
+        metrics["lease_refresh_longest_gap_s"] = leases.stop()
         http.close()
         for name in reversed(names.values()):  # the workers before the frontend whose namespace they share
             _remove_named(client, name)
