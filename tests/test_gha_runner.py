@@ -72,6 +72,7 @@ jobs:
         run: |
           test -f .github/workflows/w.yml
           tool-on-path
+          echo "to stderr" >&2
           echo "digest=repo@sha256:$STACK-$GITHUB_SHA" >> "$GITHUB_OUTPUT"
           echo "FROM_ENV=set by a step" >> "$GITHUB_ENV"
           echo "## hello $WHO" >> "$GITHUB_STEP_SUMMARY"
@@ -119,6 +120,8 @@ def test_a_job_runs_its_steps_like_a_runner(tmp_path):
     assert [s.outcome for s in first.steps] == ["success", "success", "success", "success", "failure", "skipped", "success"]
     assert first.outputs == {"digest": f"repo@sha256:main-{sha}"}  # the empty output is dropped
     assert first.summary == "## hello world\nran after failure\n"
+    # A step's log is what it printed, stdout and stderr in order, as the runner records it.
+    assert first.steps[2].log == "hi\nto stderr\n"
     second = runner.run_job(wf, "second", needs={"first": first})
     assert second.outputs == {"got": f"repo@sha256:main-{sha}"} and second.result == "success"
 
