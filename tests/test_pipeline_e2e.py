@@ -6,9 +6,8 @@ the `servestack` command line.
     plots, and the time spent inside the clients;
   - srtctl runner, the GB200 chain for real: srtctl (srt-slurm 0.3.0) -> sbatch -> srun
     --container-image (pyxis) -> enroot import of the image by digest, built from the vendored
-    sources (skipped, with the reason, where they are missing); the job loses its node mid-sweep
-    (NODE_FAIL), is retried for the points left and completes, with results read from srt-slurm's
-    own files and nothing left on the nodes;
+    sources (skipped, with the reason, where they are missing); the aggregated sweep through it, its
+    job losing its node mid-sweep, is the gb200 workflow job's (test_workflows_e2e);
   - the accuracy stage as dev-cpu gates it: the correctness oracle, the multi-node disaggregated
     recipe (Dynamo frontend, etcd and NATS on the head node, prefill and decode on a node each, KV
     cache and Gated DeltaNet state between nodes over NIXL), which the pipeline always sends to
@@ -16,7 +15,7 @@ the `servestack` command line.
   - a gate that cannot be met (baseline far above anything a CPU does), applied to the slurm run's
     points by rerunning it with its run id: nothing is measured again, and the verdict names the
     recipe, the point and the numbers. (An operator's scancel mid-sweep is test_runners_slurm's;
-    a job lost mid-sweep and retried for its remaining points, the srtctl test's here.)
+    a job lost mid-sweep and retried for its remaining points, test_workflows_e2e's gb200 job.)
 
 The image comes from build/dev-cpu/image.json; when that is missing it is built (cached: fast
 when the registry already holds it). Every vLLM server runs inside a Slurm job with --exclusive,
@@ -36,13 +35,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import srtctl_nodes
 from fixtures.children import stop, stopped_on_exit
 
 from servestack import services
 from servestack.proc import run
 from servestack.project import Project
-from servestack.services import netns, slurm_nodes
 
 pytestmark = pytest.mark.e2e
 
@@ -76,27 +73,6 @@ def image_ref() -> str:
 
 def _squeue_ids(env: dict[str, str]) -> set[str]:
     return set(run(["squeue", "-h", "-o", "%i"], env=env, check=False).stdout.split())
-
-
-def _wait_gone(job_ids: set[str], env: dict[str, str], timeout: float = 90) -> set[str]:
-    deadline = time.monotonic() + timeout
-    left = job_ids & _squeue_ids(env)
-    while left and time.monotonic() < deadline:
-        time.sleep(1)
-        left = job_ids & _squeue_ids(env)
-    return left
-
-
-def _wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"the pipeline exited ({proc.returncode}) before {what}")
-        time.sleep(1)
-    pytest.fail(f"timed out waiting for {what}")
 
 
 def _job_ids(stage_results: dict) -> list[str]:
@@ -156,89 +132,6 @@ def test_slurm_pipeline_reports_plots_and_client_time(slurm_run):
     tput = next(s for s in results["stages"] if s["stage"] == "throughput")
     assert set(tput["timing"]["client_seconds_per_point"]) == {"agg/1", "agg/4", "agg/16"}
     assert "wall" in slurm_run["proc"].stdout and "overhead" in slurm_run["proc"].stdout
-
-
-# ----------------------------------------------------------------------------- srtctl runner, a node lost
-
-
-def _leftovers() -> dict[str, list[str]]:
-    """What still runs in each node of the srtctl cluster beside its slurmd, and the containers
-    left on each node's disk: what a finished pipeline must not leave behind."""
-    left: dict[str, list[str]] = {}
-    for name in netns.existing_netns():
-        for pid in netns.pids(name):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            if Path(cmd.split(" ")[0]).name != "slurmd":
-                left.setdefault(name, []).append(f"{pid} {cmd[:120]}")
-    for data in slurm_nodes.nodes_dir().glob("node*/enroot/data"):
-        containers = [p.name for p in data.iterdir() if p.name.startswith("pyxis_")]
-        if containers:
-            left.setdefault(data.parents[1].name, []).extend(containers)
-    return left
-
-
-@pytest.fixture(scope="module")
-def srtctl_run(image_ref, srtctl_cluster):
-    """The aggregated sweep through srtctl, whose job loses its node (power, network and slurmd)
-    once the first point has a result. (Ctrl-C of a srtctl pipeline is the workflow's cancel test,
-    test_workflows_e2e; the slurm runner's, test_runners_slurm.)"""
-    env = srtctl_cluster.slurm_env
-    run_id = f"e2e-srtctl-{uuid.uuid4().hex[:8]}"
-    run_dir = ROOT / "build" / STACK / "runs" / run_id
-    argv = _cli("pipeline", "--stack", STACK, "--runner", "srtctl", "--image", image_ref, "--run-id", run_id,
-                "--recipes", AGGREGATED)
-    t0 = time.monotonic()
-    running = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    outputs = run_dir / "throughput" / "agg" / ".jobs" / "srtctl-outputs"
-    with stopped_on_exit(running):
-        done = _wait_for(lambda: list(outputs.glob("*/logs/sa-bench_*/results_concurrency_1_gpus_1.json")),
-                         1500, running, "the first throughput point")
-        lost_job = done[0].parents[2].name
-        [lost_node] = run(["squeue", "-h", "-j", lost_job, "-o", "%N"], env=env).stdout.split()
-        slurm_nodes.lose_node(lost_node)
-        t_lost = time.monotonic()
-        out, _ = running.communicate(timeout=1500)
-    services.ensure_slurm(nodes=srtctl_nodes())  # the lost node, power-cycled
-    yield {"rc": running.returncode, "out": out, "lost_job": lost_job, "lost_node": lost_node, "dir": run_dir,
-           "env": env, "leftovers": _leftovers(),
-           "results": json.loads((run_dir / "results.json").read_text()) if (run_dir / "results.json").exists()
-           else None}
-    print(f"srtctl pipeline with a lost node: {time.monotonic() - t0:.0f} s "
-          f"({time.monotonic() - t_lost:.0f} s after {lost_node} was lost)")
-    if not os.environ.get("SERVESTACK_KEEP_E2E"):
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def test_a_node_lost_mid_sweep_fails_the_job_and_the_retry_runs_only_what_did_not_finish(srtctl_run):
-    """The job loses its node after point 1: Slurm marks it NODE_FAIL, the pipeline retries it under
-    its policy for points 4 and 16 alone (on another node), and nothing is left behind."""
-    assert srtctl_run["rc"] == 0, srtctl_run["out"][-4000:]
-    results = srtctl_run["results"]
-    assert results["passed"]
-    [tput] = results["stages"]
-    assert tput["runner"] == "srtctl"
-    [job] = tput["jobs"]
-    assert [(a["state"], a["points"]) for a in job["attempts"]] == [("NODE_FAIL", ["1", "4", "16"]),
-                                                                         ("COMPLETED", ["4", "16"])]
-    assert job["attempts"][0]["job_id"] == srtctl_run["lost_job"] and job["remaining"] == []
-    retried_on = job["attempts"][1]["placement"]["nodes"]["agg_w0"]
-    assert retried_on != srtctl_run["lost_node"]
-    assert sorted(p["concurrency"] for p in tput["throughput"]) == [1, 4, 16]  # each exactly once
-    assert all(p["completed"] == p["requested"] and p["failed"] == 0 for p in tput["throughput"])
-    assert tput["timing"]["client_seconds"] > 0  # sa-bench's own durations, for the points measured now
-    # srt-slurm's own layout and batch script: the recipe bound to the digest, pyxis pulling it.
-    out = srtctl_run["dir"] / "throughput" / "agg" / ".jobs" / "srtctl-outputs" / job["attempts"][1]["job_id"]
-    config = (out / "config.yaml").read_text()
-    digest = results["stages"][0]["image"].split("@", 1)[1]
-    assert f"#servestack/{STACK}@{digest}" in config and "- 16\n" in config
-    assert "srtctl.cli.do_sweep" in (out / "sbatch_script.sh").read_text()
-    assert (out / "logs" / "sa-bench_isl_128_osl_32" / "results_concurrency_16_gpus_1.json").exists()
-    assert (srtctl_run["dir"] / "throughput" / "pareto.png").read_bytes().startswith(PNG)
-    assert not (set(_job_ids(tput)) & _squeue_ids(srtctl_run["env"]))
-    assert srtctl_run["leftovers"] == {}
 
 
 # ----------------------------------------------------------------------------- disaggregated recipes through srtctl

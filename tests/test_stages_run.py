@@ -138,12 +138,15 @@ NOISE = (1.00, 1.03, 0.98)
 
 def test_repeats_measure_each_point_again_and_a_baseline_gate_holds_the_run_to_another(tmp_path):
     project = make_project(tmp_path, throughput="    repeats: 3\n")
-    base = run_stage(project, "dev-cpu", "throughput", IMAGE, RepeatingRunner(lambda c, k: NOISE[k]), run_id="base")
+    measured = RepeatingRunner(lambda c, k: NOISE[k])
+    base = run_stage(project, "dev-cpu", "throughput", IMAGE, measured, run_id="base")
     assert base.passed and sorted((p.concurrency, p.repeat) for p in base.throughput) == [
         (c, k) for c in (1, 4, 16) for k in range(3)]
     assert base.conditions["agg"]["isl"] == 128 and base.conditions["agg"]["runner"] == "local"
     job = json.loads((base.out_dir / "agg" / ".jobs" / "job.json").read_text())
     assert job["point"]["argv"][job["point"]["argv"].index("--max-concurrency") + 1] == "{concurrency}"
+    # Measured round by round, so a slow minute of the server spreads over every concurrency.
+    assert measured.submitted[0].points == ("1", "4", "16", "1-r1", "4-r1", "16-r1", "1-r2", "4-r2", "16-r2")
 
     pipeline = project.pipelines / "dev-cpu.yaml"  # the next runs are held to this one, by its run id
     pipeline.write_text(pipeline.read_text().replace("baselines: {}}", "baselines: {}, baseline: base}"))
