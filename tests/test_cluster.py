@@ -56,7 +56,7 @@ def _after_setup_script(tree: Path, env: dict[str, str], cpus: list[int]) -> tup
     return proc.stdout.split()[-1], proc.stderr
 
 
-def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
+def test_the_setup_script_splits_the_cpus_between_the_workers_whose_environment_asks(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     if len(allowed) < 2:
         pytest.skip(f"this process may run on one CPU only ({allowed}): a pin to one CPU would change nothing")
@@ -66,19 +66,31 @@ def test_the_setup_script_pins_only_the_worker_whose_environment_asks(tmp_path):
     pin = cluster.PIN_WORKER_CPUS_ENV
     everything, _ = _after_setup_script(tree, {pin: ""}, allowed)
     assert everything == _after_setup_script(tree, {}, allowed)[0] and everything != str(allowed[-1])
-    # Narrowed from every allowed CPU to the last (vLLM's "auto" OpenMP binding of an unpinned
-    # worker takes the first ones).
-    assert _after_setup_script(tree, {pin: "1"}, allowed) == (str(allowed[-1]), "")
+    # The prefill worker takes the last CPU, the decode worker the others: as Python slices them.
+    assert _after_setup_script(tree, {pin: "-1:"}, allowed) == (str(allowed[-1]), "")
+    rest, said = _after_setup_script(tree, {pin: ":-1"}, allowed)
+    assert said == "" and _cpus(rest) == allowed[:-1]
     # A step whose cpuset lacks the host's last CPU: the last CPU it has (not an EINVAL).
-    assert _after_setup_script(tree, {pin: "1"}, allowed[:1]) == (str(allowed[0]), "")
-    # More than the step has: said, and pinned to what there is.
-    pinned, said = _after_setup_script(tree, {pin: "64"}, allowed[1:2])
+    assert _after_setup_script(tree, {pin: "-1:"}, allowed[:1]) == (str(allowed[0]), "")
+    # More than the step has: said, and pinned to what there is; a slice that leaves nothing: said, left alone.
+    pinned, said = _after_setup_script(tree, {pin: "-64:"}, allowed[1:2])
     assert pinned == str(allowed[1])
-    assert f"{pin}=64, but only 1 CPU(s) are allowed here ({allowed[1]}): pinning to those" in said
-    # A value that is not a number of CPUs stops the worker's start (srtctl joins the preamble with &&).
-    for wrong in ("0", "0-1", "no-such-cpu"):
-        with pytest.raises(CommandError, match=f'{pin}="{wrong}": expected a number of CPUs'):
+    assert f"{pin}=-64:, but only 1 CPU(s) are allowed here ({allowed[1]}): pinning to those" in said
+    pinned, said = _after_setup_script(tree, {pin: ":-1"}, allowed[1:2])
+    assert pinned == str(allowed[1]) and f"{pin}=:-1 leaves none of the 1 CPU(s) allowed here" in said
+    # A value that is not such a slice stops the worker's start (srtctl joins the preamble with &&).
+    for wrong in ("1", "0", "-0:", "0-1", ":1", "no-such-cpu"):
+        with pytest.raises(CommandError, match=f'{pin}="{wrong}": expected "-N:"'):
             _after_setup_script(tree, {pin: wrong}, allowed)
+
+
+def _cpus(cpu_list: str) -> list[int]:
+    """Cpus_allowed_list's "0-2,5" as [0, 1, 2, 5]."""
+    cpus: list[int] = []
+    for part in cpu_list.split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 @pytest.mark.e2e

@@ -256,11 +256,11 @@ def test_the_oracle_holds_the_multinode_disaggregated_recipe_to_the_aggregated_o
         assert f"--disaggregation-mode {mode}" in sweep
     assert "-m dynamo.vllm" in sweep and '"kv_buffer_device": "cpu"' in sweep and "NixlConnector" in sweep
     assert "--language-model-only" in sweep and "--mamba-ssm-cache-dtype bfloat16" in sweep
-    # The cluster's setup script pinned the prefill worker to the last CPU and left decode all of them
+    # The cluster's setup script pinned the prefill worker to the last CPU and decode to the others
     # (srt-slurm's fingerprint of each worker, taken in its shell after the setup script).
     cpus = {mode: json.loads((logs / f"fingerprint_{mode}_w0.json").read_text())["cpu"] for mode in ("prefill", "decode")}
     assert cpus["prefill"]["affinity_list"] == str(os.cpu_count() - 1), cpus
-    assert cpus["decode"]["affinity_cpus"] == cpus["decode"]["logical_cpus"], cpus
+    assert cpus["decode"]["affinity_cpus"] == cpus["decode"]["logical_cpus"] - 1, cpus
     # The KV cache moved: vLLM's NixlConnector on the decode side counts its pulls from prefill.
     decode = (logs / "node3_decode_w0.out").read_text()
     transfers = [int(n) for n in re.findall(r"KV Transfer metrics: Num successful transfers=(\d+)", decode)]

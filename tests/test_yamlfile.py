@@ -49,6 +49,10 @@ def test_a_key_written_beside_a_merge_overrides_the_merged_one(tmp_path: Path):
     doc = yamlfile.load(f)
     assert doc.data["two"] == {"frontend": "dynamo", "resources": {"nodes": 3}}
     assert str(doc.location(("two", "resources"))) == f"{f}:6:3"  # the written one
+    # Reached again through an alias (a config merging the config that holds the override).
+    f.write_text("one: &one\n  env: &env {a: 1, b: 1}\n  other:\n    <<: *env\n    a: 2\n"
+                 "three:\n  <<: *one\n")
+    assert yamlfile.load(f).data["three"] == {"env": {"a": 1, "b": 1}, "other": {"a": 2, "b": 1}}
     f.write_text("one: &one\n  a: 1\ntwo:\n  <<: *one\n  a: 2\n  a: 3\n")
     with pytest.raises(InputError) as info:
         yamlfile.load(f)

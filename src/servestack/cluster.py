@@ -206,23 +206,24 @@ def _build_srtctl(archive: Path, python312: Path):
 # srun_options are the same for every step of a job), so the pinning is done here, with the same
 # affinity mask `srun --cpu-bind` or `taskset` would give; vLLM's CPU backend then runs on the
 # CPUs the mask allows (get_allowed_cpu_list reads sched_getaffinity).
-# The variable is a number of CPUs, not a CPU list: the step's cpuset (Slurm's, the container's)
-# need not hold any particular host CPU, and taskset fails with EINVAL on one it lacks.
+# The variable is a slice of the CPUs the step may use, not a CPU list: the step's cpuset (Slurm's,
+# the container's) need not hold any particular host CPU, and taskset fails with EINVAL on one it lacks.
 PIN_WORKER_CPUS_SCRIPT = "pin-worker-cpus.sh"
-PIN_WORKER_CPUS_ENV = "PIN_WORKER_CPU_COUNT"
+PIN_WORKER_CPUS_ENV = "PIN_WORKER_CPUS"
 _PIN_WORKER_CPUS = r"""#!/bin/bash
-# srt-slurm setup_script, written by servestack (cluster.py). With PIN_WORKER_CPU_COUNT=N in a
-# worker's environment, the shell srtctl starts the worker from, and so the worker with every
-# process it starts, may run only on the last N of the CPUs this shell may run on
-# (Cpus_allowed_list). The last: vLLM's CPU engine binds its OpenMP threads ("auto") to the first
-# CPUs and leaves the last to other processes, so a worker left unpinned computes on the first ones
-# and this one on CPUs of its own. Fewer are allowed: it says so and pins to those. Without it,
-# nothing changes.
+# srt-slurm setup_script, written by servestack (cluster.py). With PIN_WORKER_CPUS in a worker's
+# environment, the shell srtctl starts the worker from, and so the worker with every process it
+# starts, may run only on that slice of the CPUs this shell may run on (Cpus_allowed_list), as
+# Python slices a list: "-N:" the last N, ":-N" all but the last N. Two workers sharing a node
+# split it that way, so neither engine's OpenMP threads share a CPU with the other's busy-polling
+# (vLLM's "auto" binding reserves CPUs for other processes only where it has more than it
+# reserves: on 2 CPUs an unpinned engine computes on both). Too few CPUs for the slice: it says
+# so and pins to what there is. Without it, nothing changes.
 set -euo pipefail
-count="${PIN_WORKER_CPU_COUNT:-}"
-[ -n "$count" ] || exit 0
-if ! [[ "$count" =~ ^[1-9][0-9]*$ ]]; then
-    echo "pin-worker-cpus.sh: PIN_WORKER_CPU_COUNT=\"$count\": expected a number of CPUs (1 or more)" >&2
+slice="${PIN_WORKER_CPUS:-}"
+[ -n "$slice" ] || exit 0
+if ! [[ "$slice" =~ ^(-[1-9][0-9]*:|:-[1-9][0-9]*)$ ]]; then
+    echo "pin-worker-cpus.sh: PIN_WORKER_CPUS=\"$slice\": expected \"-N:\" (the last N CPUs) or \":-N\" (all but the last N)" >&2
     exit 1
 fi
 allowed_list=$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)
@@ -231,12 +232,20 @@ IFS=, read -ra ranges <<< "$allowed_list"
 for range in "${ranges[@]}"; do
     for ((cpu = ${range%-*}; cpu <= ${range#*-}; cpu++)); do allowed+=("$cpu"); done
 done
-if (( count > ${#allowed[@]} )); then
-    echo "pin-worker-cpus.sh: PIN_WORKER_CPU_COUNT=$count, but only ${#allowed[@]} CPU(s) are allowed here ($allowed_list): pinning to those" >&2
-    count=${#allowed[@]}
+n=${slice//[:-]/}
+if [[ "$slice" == -* ]]; then
+    if (( n > ${#allowed[@]} )); then
+        echo "pin-worker-cpus.sh: PIN_WORKER_CPUS=$slice, but only ${#allowed[@]} CPU(s) are allowed here ($allowed_list): pinning to those" >&2
+        n=${#allowed[@]}
+    fi
+    chosen=$(IFS=,; echo "${allowed[*]: -n}")
+else
+    if (( n >= ${#allowed[@]} )); then
+        echo "pin-worker-cpus.sh: PIN_WORKER_CPUS=$slice leaves none of the ${#allowed[@]} CPU(s) allowed here ($allowed_list): left on all" >&2
+        exit 0
+    fi
+    chosen=$(IFS=,; echo "${allowed[*]:0:${#allowed[@]}-n}")
 fi
-start=$(( ${#allowed[@]} - count ))
-chosen=$(IFS=,; echo "${allowed[*]:start:count}")
 taskset --pid --cpu-list "$chosen" "$PPID"
 """
 

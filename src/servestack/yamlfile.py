@@ -15,6 +15,7 @@ keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
 
 from __future__ import annotations
 
+import copy
 import difflib
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,10 @@ def _convert(node: yaml.Node, file: Path | str) -> Node:
         c = _Constructor()
         # A key written here overrides the same key a merge (`<<: *anchor`) brings in, as YAML says;
         # two written here are a mistake.
+        if any(k.tag == "tag:yaml.org,2002:merge" for k, _ in node.value):
+            # flatten_mapping rewrites the node in place, and an alias reaches the same node again
+            # (a config merging a config): flattened once, its merged keys would read as written.
+            node = copy.deepcopy(node)
         written = {id(k) for k, _ in node.value}
         merged: set[str] = set()
         c.flatten_mapping(node)
