@@ -291,10 +291,12 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         assert all(env[k] == "127.0.0.1" for k in env if k.endswith(("_HOST", "_HOST_IP")))
         assert "VLLM_TARGET_DEVICE" not in env  # the image's own environment is what is tested
     assert prefill.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"] != decode.environment["VLLM_NIXL_SIDE_CHANNEL_PORT"]
-    # Each engine's OpenMP threads on CPUs of their own: prefill the last, decode the others.
+    # Each engine on CPUs of their own, its OpenMP threads and its container (every process in it):
+    # prefill the last, decode the others; the frontend anywhere.
     cpus = sorted(os.sched_getaffinity(0))
-    assert prefill.environment["VLLM_CPU_OMP_THREADS_BIND"] == str(cpus[-1])
-    assert decode.environment["VLLM_CPU_OMP_THREADS_BIND"] == ",".join(map(str, cpus[:-1] or cpus))
+    assert prefill.environment["VLLM_CPU_OMP_THREADS_BIND"] == prefill.cpus == str(cpus[-1])
+    assert decode.environment["VLLM_CPU_OMP_THREADS_BIND"] == decode.cpus == ",".join(map(str, cpus[:-1] or cpus))
+    assert shape.roles[0].name == "frontend" and shape.roles[0].cpus is None
 
 
 def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:

@@ -22,7 +22,7 @@ Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
 3. disagg: the production shape from the same image: Dynamo's frontend, a prefill and a decode
    worker (vLLM's NixlConnector, KV on CPU), everything on loopback; completions and chat through
    the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved;
-   the prefill worker capped at one core, and a failure naming it if a worker left Dynamo's discovery.
+   each engine on CPUs of its own, and a failure naming it if a worker left Dynamo's discovery.
 
 Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
 """

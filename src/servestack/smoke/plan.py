@@ -268,11 +268,13 @@ DISAGG_ENV = {
 # one for other processes), so the two engines' compute shared one core while the other ran the
 # spinners. Measured with the hybrid model on 2 cores (a 16-token stream through the frontend):
 # both "auto" with the prefill container under a one-core CFS quota: 24 s for a 5-token prefill
-# (its OpenMP threads spin at barriers while one of them waits out the throttled period); prefill
-# in a one-CPU cpuset: 14 chunks in 21.5 s (the decode engine's compute shared CPU 0 with every
-# spinner); each engine's OpenMP threads bound to CPUs of their own, nothing capped: 14 chunks in
-# 1.2 s, first token 0.34 s. The prefill worker takes the last PREFILL_CPUS CPUs this process may
-# use, the decode worker the others.
+# (its OpenMP threads spin at barriers while one of them waits out the throttled period); each
+# engine's OpenMP threads bound to CPUs of their own, nothing capped: 14 chunks in 1.2 s, first
+# token 0.34 s. But vLLM's NIXL worker then moved each model runner (OpenMP's first thread) onto
+# the host's last core (the patch vllm-cpu-nixl-kv-core-in-affinity.diff says why), so both engines
+# computed on core 1: requests of 45-98 s, load 30-77. Each worker's container therefore gets its
+# engine's CPUs as its cpuset too, which the patched worker keeps to, and its spinners with it. The
+# prefill worker takes the last PREFILL_CPUS CPUs this process may use, the decode worker the others.
 PREFILL_CPUS = 1
 
 
@@ -283,6 +285,7 @@ class Role:
     name: str  # "frontend", "prefill", "decode"
     command: tuple[str, ...]
     environment: dict[str, str]
+    cpus: str | None = None  # the container's cpuset ("1", "0,2"); None: every CPU
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,7 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
         workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
         })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
-              "VLLM_CPU_OMP_THREADS_BIND": engine_cpus(mode)}))
+              "VLLM_CPU_OMP_THREADS_BIND": engine_cpus(mode)}, cpus=engine_cpus(mode)))
     return (frontend, *workers)
 
 

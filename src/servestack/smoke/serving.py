@@ -225,7 +225,7 @@ def run_disagg_probe(
                 containers[role.name] = _run_detached(
                     client, reference, list(role.command), name=names[role.name], platform=platform,
                     shm_size=plan.shm_size, environment=role.environment,
-                    volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, **network,
+                    volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, cpuset_cpus=role.cpus, **network,
                 )
             except docker.errors.APIError as e:
                 return _failed_to_start("disagg", DISAGG_CHECKS, f"cannot start the {role.name} container: {e.explanation or e}",
