@@ -314,10 +314,11 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
     workers = []
     # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
     for index, mode in enumerate(("prefill", "decode")):
+        cpus = engine_cpus(mode)
         workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
         })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
-              "VLLM_CPU_OMP_THREADS_BIND": engine_cpus(mode)}, cpus=engine_cpus(mode)))
+              "VLLM_CPU_OMP_THREADS_BIND": cpus}, cpus=cpus))
     return (frontend, *workers)
 
 
