@@ -87,6 +87,37 @@ def test_a_failed_request_is_an_error_and_the_run_fails_naming_it():
     assert "prompt 1 (tokens, 3 tokens): error: candidate: HTTPError: HTTP Error 500" in agreement.describe_failures(result)
 
 
+def test_a_broken_candidate_cannot_look_closer_by_choosing_other_tokens():
+    """The old summary took log-prob differences only where both sides chose the same token, so a
+    candidate that parted at its first token showed 0.0. The first token's difference counts the
+    reference's token in the candidate's list whatever the candidate chose."""
+    parted = answer([8, 5, 9], [-0.05, -0.70, -0.3], [[(8, -0.05), (7, -3.0)], [(5, -0.7), (6, -1.0)], [(9, -0.3), (4, -1)]])
+    row = agreement.compare_answer(REF, parted)
+    assert row["verdict"] == "disagree" and row["parted_at"] == 0
+    assert row["first_token_diff"] == pytest.approx(2.9) and not row["first_token_diff_at_least"]
+    # Not even among the candidate's best: a lower bound, and marked as one.
+    unseen = answer([3, 5, 9], [-0.05, -0.70, -0.3], [[(3, -0.05), (4, -2.0)], [(5, -0.7), (6, -1.0)], [(9, -0.3), (4, -1)]])
+    row = agreement.compare_answer(REF, unseen)
+    assert row["first_token_diff"] == pytest.approx(1.9) and row["first_token_diff_at_least"]
+    result = agreement.compare(run(REF, REF), run(REF, parted))
+    assert result["max_first_token_diff"] == pytest.approx(2.9) and result["failed_transferred"] == [1]
+    assert "parted (length:position) 3:0" in agreement.summary(result)
+
+
+def test_the_one_token_prompt_is_a_control_not_evidence_of_a_transfer():
+    one = answer([7, 5, 9], REF["logprobs"], REF["top"], prompt=(4,), prompt_tokens=1)
+    result = agreement.compare(run(one, REF), run(one, REF))
+    assert result["passed"] and result["controls"] == [0]
+    assert result["transferred_prompts"] == 1 and result["identical"] == 1
+    assert agreement.summary(result).startswith("1 of 1 transferred prompts identical")
+    assert "control (never transferred): tokens of 1 token agree" in agreement.summary(result)
+    # A control that disagrees still fails the run (the decode worker computes wrongly), named as a control.
+    lost = answer([3, 3, 3], [-0.2, -0.2, -0.2], [[(3, -0.2), (7, -3.0)]] * 3, prompt=(4,), prompt_tokens=1)
+    result = agreement.compare(run(one, REF), run(lost, REF))
+    assert not result["passed"] and result["failed"] == [0] and result["failed_transferred"] == []
+    assert "prompt 0 (tokens, 1 tokens, control): disagree" in agreement.describe_failures(result)
+
+
 class _PairStillHandshaking(JsonHandler):
     """A server that lists its model but fails its first completions with HTTP 500, as a
     disaggregated pair does while the decode worker's NIXL handshake with prefill times out."""

@@ -22,10 +22,10 @@ from servestack.tinymodel import (
     TinyModelSpec,
     VLLM_CPU_ENV,
     make_model,
-    tensor_shapes,
     tokenizer_vocab,
     vllm_server_argv,
 )
+from servestack.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
 
 FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 
@@ -51,9 +51,9 @@ def test_same_bytes_every_time(tmp_path: Path) -> None:
 # The default spec's bytes, pinned: the same on every machine and Python (checked on CPython
 # 3.11.2 and 3.11.7). A change here changes the model every stack serves: bump deliberately.
 GOLDEN = {
-    "config.json": "63fb05f008a5b9b21cbdebfe6bd3b452e7b4741c03019d08f0eb37ad7e8c8623",
+    "config.json": "b82cf020b304e682b7177065773cca3ea36fb0d2c973f78634cd1c86839d2b5d",
     "generation_config.json": "8d5db6937987592a6231a18174cdaeca978dfa706ad9878b47b49a8e75da76c0",
-    "model.safetensors": "1fde9039b35e943af335a4a5d1d4326d0f89d89909c5c0c50206e6379bb63487",
+    "model.safetensors": "88eaa1757e47f591ba4699cffdd8dcec7c8a0635c4366f98468490fb486f6e95",
     "tokenizer.json": "9659570bcc8d5a35d056d893476ab0bb252af038b457650a469028028e516505",
     "tokenizer_config.json": "7f476e43c7643117b4461c093bbba202db5abb4f238d2c051f53f3fdff0e086c",
 }
@@ -62,6 +62,45 @@ GOLDEN = {
 def test_default_model_bytes_are_pinned(tmp_path: Path) -> None:
     assert CORPUS.isascii()  # no dependence on the Unicode database of the running Python
     assert make_model(tmp_path, TinyModelSpec()) == GOLDEN
+
+
+# The oracle's longest prompt, and the half of it a disaggregated transfer must carry.
+LONG_PROMPT = 2000
+
+
+def test_the_recurrent_state_of_a_long_prompt_remembers_its_first_half() -> None:
+    """What NIXL moves for a GDN layer is its recurrent state: with the model's own weights, the
+    state after 2,000 tokens depends on the first 1,000 far beyond bfloat16 rounding (vLLM's SSM
+    cache dtype, applied here after every token: the most rounding any kernel path could add).
+    transformers' init decays (A_log 0, dt_bias 1) keep nothing of it: the test can fail."""
+    np = pytest.importorskip("numpy")
+    from fixtures.gdn import recurrent_state, relative_change, to_bfloat16
+
+    from servestack.clients.agreement import token_prompts
+
+    spec = TinyModelSpec()
+    prompt = token_prompts(spec.ordinary_tokens, (LONG_PROMPT,))[0]
+    other_first_half = token_prompts(spec.ordinary_tokens, (LONG_PROMPT // 2,), seed=7)[0]
+    changed = other_first_half + prompt[LONG_PROMPT // 2:]
+
+    state = recurrent_state(spec, prompt)
+    noise = relative_change(state, recurrent_state(spec, prompt, state_rounding=to_bfloat16))
+    dependence = relative_change(state, recurrent_state(spec, changed))
+    longest = GDN_DECAYS.index(max(GDN_DECAYS))
+    assert dependence[longest] > 4 * noise[longest] and dependence[longest] > 0.1, (dependence, noise)
+    # The short heads forget it, as they should: the model spans horizons.
+    assert min(dependence) < 1e-6, dependence
+
+    forgetful = (np.zeros(spec.linear_num_value_heads), np.ones(spec.linear_num_value_heads))
+    state = recurrent_state(spec, prompt, head_parameters=forgetful)
+    assert max(relative_change(state, recurrent_state(spec, changed, head_parameters=forgetful))) < 1e-9
+
+
+def test_gdn_heads_span_short_and_long_horizons() -> None:
+    decays = head_decays(TinyModelSpec().linear_num_value_heads)
+    # As stored in bfloat16 (8 significant bits), each head keeps its intended decay per token closely.
+    assert decays == pytest.approx(list(GDN_DECAYS), rel=5e-3)
+    assert min(decays) < 0.6 and max(decays) > 0.999
 
 
 def test_safetensors_package_reads_it(tmp_path: Path) -> None:

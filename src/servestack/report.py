@@ -47,11 +47,15 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
         lines += [f"Agreement of `{c['recipe']}` with `{c['reference']}` (greedy, token ids; log-probs within "
                   f"{c['logprob_bound']} nats at the first token and {c.get('later_logprob_bound', c['logprob_bound'])} "
                   f"after, a different token only at a near tie within {c['tie_tolerance']} nats):",
-                  "", "| prompt | kind | tokens in | agreed / compared | max log-prob diff | verdict | detail |",
-                  "|---:|---|---:|---:|---:|---|---|"]
+                  "", "| prompt | kind | tokens in | parted at | first-token diff | agreed / compared | verdict | detail |",
+                  "|---:|---|---:|---:|---:|---:|---|---|"]
         for i, row in enumerate(c["rows"]):
-            lines.append(f"| {i} | {row['kind']} | {row['length']} | {row['agreed']} / {row['compared']} "
-                         f"| {row['max_logprob_diff']:.4f} | {row['verdict']} | {row['detail'] or '-'} |")
+            first = row.get("first_token_diff")
+            first_text = "-" if first is None else f"{'>= ' if row.get('first_token_diff_at_least') else ''}{first:.4f}"
+            parted = "-" if row.get("parted_at") is None else str(row["parted_at"])
+            verdict = f"{row['verdict']} (control)" if row.get("control") else row["verdict"]
+            lines.append(f"| {i} | {row['kind']} | {row['length']} | {parted} | {first_text} | {row['agreed']} / "
+                         f"{row['compared']} | {verdict} | {row['detail'] or '-'} |")
         lines.append("")
         asked_again = [f"`{side}`: {(warmup or {}).get('failed_attempts', 0)} failed warm-up attempts, "
                        f"{c.get('refused_attempts', {}).get(side, 0)} attempts refused as unavailable (HTTP 503) and asked again"

@@ -2,23 +2,19 @@
 
 The production checkpoint's language model (Qwen3_5MoeForCausalLM: Gated DeltaNet and gated full
 attention layers, a sparse MoE with a shared expert in every layer; ARCHITECTURE says why not the
-vision-language wrapper) at toy size: 4 layers (3 GDN + 1 attention), hidden 256, 4 experts, 7.6 MB.
+vision-language wrapper) at toy size: 4 layers (3 GDN + 1 attention), hidden 256, 4 experts.
 
 No model hub is reachable, so smoke tests serve a model this module writes:
 config.json, generation_config.json, model.safetensors, tokenizer.json and
 tokenizer_config.json. The same TinyModelSpec gives the same bytes on every machine
 and every Python >= 3.11, with nothing but the standard library:
 
-- Weights come from SHAKE-256 (FIPS 202) keyed by (seed, tensor name): one byte per
-  weight, read as a signed 8-bit integer and scaled by a power of two. Every such value
-  is exact in bfloat16 and float32, so no float rounding happens anywhere and the dtype
-  only changes the encoding. (numpy is not used: NEP 19 keeps only the raw bit streams
-  stable across numpy releases, not the distribution methods; Python's `random`
-  documents only `random()` as stable. A standard XOF has no such caveat, and per-tensor
-  keys mean one tensor's stream never shifts another's.)
-- model.safetensors is written by hand: 8-byte little-endian header length, a JSON
-  header with sorted keys padded with spaces to 8 bytes, then the tensors' raw
-  little-endian data in the header's key order.
+- Production's head dimensions (Qwen3.5's config: attention heads of 256, Gated DeltaNet key and
+  value heads of 128), so the model reaches the kernels production reaches on a GPU: FlashInfer's
+  SM90 GDN prefill accepts only 128, and a smaller toy would fail there before production would.
+- Weights (tinyweights.py) come from SHAKE-256 keyed by (seed, tensor name), exact in bfloat16 and
+  float32; the GDN heads' decays span 2 to 1,000 tokens, so the recurrent state that disaggregated
+  serving moves over NIXL carries the prompt's beginning, as production's does.
 - The tokenizer is constructed, not trained with a library: a GPT-2/Qwen style
   byte-level BPE whose vocabulary is the 256 byte symbols plus merges learned from the
   fixed corpus below by plain greedy BPE (most frequent pair, ties to the smallest pair),
@@ -28,10 +24,7 @@ and every Python >= 3.11, with nothing but the standard library:
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import re
-import struct
 from collections import Counter
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -40,6 +33,7 @@ from typing import Any
 from .engine import server_argv
 from .errors import ServestackError
 from .fsutil import atomic_write_bytes, canonical_json, sha256_bytes
+from .tinyweights import DTYPES, safetensors_bytes
 
 # The language model of the production checkpoint (Qwen3.5-397B-A17B is Qwen3_5MoeForConditionalGeneration:
 # this model under model.language_model., plus a vision tower production never runs, serving with
@@ -55,7 +49,6 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>",
                   "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
-DTYPES = {"bfloat16": ("BF16", 2), "float32": ("F32", 4)}
 # Head sizes vLLM's CPU attention backend accepts (16 is refused).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
 # ChatML, as Qwen's templates render it (without Qwen's default system prompt or tools).
@@ -138,11 +131,11 @@ class TinyModelSpec:
     full_attention_interval: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    head_dim: int = 64
+    head_dim: int = 256
     linear_num_key_heads: int = 2
     linear_num_value_heads: int = 4
-    linear_key_head_dim: int = 64
-    linear_value_head_dim: int = 64
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
     linear_conv_kernel_dim: int = 4
     num_experts: int = 4
     num_experts_per_tok: int = 2
@@ -415,122 +408,6 @@ def generation_config(spec: TinyModelSpec) -> dict[str, Any]:
         "eos_token_id": [ids[EOS_TOKEN], ids[PAD_TOKEN]],
         "pad_token_id": ids[PAD_TOKEN],
     }
-
-
-# ---------------------------------------------------------------- weights
-
-
-def tensor_shapes(spec: TinyModelSpec) -> dict[str, tuple[int, ...]]:
-    """Qwen3_5MoeForCausalLM's parameters under the names Qwen3.5 checkpoints use (what transformers'
-    save_pretrained writes: experts one by one, the layers under model.language_model. as in the
-    production checkpoint, which vLLM maps to model.)."""
-    h, hd = spec.hidden_size, spec.head_dim
-    nk, nv, dk, dv = (spec.linear_num_key_heads, spec.linear_num_value_heads,
-                      spec.linear_key_head_dim, spec.linear_value_head_dim)
-    conv_dim = 2 * nk * dk + nv * dv
-    lm = "model.language_model."
-    shapes: dict[str, tuple[int, ...]] = {
-        lm + "embed_tokens.weight": (spec.vocab_size, h),
-        lm + "norm.weight": (h,),
-        "lm_head.weight": (spec.vocab_size, h),
-    }
-    for n, kind in enumerate(spec.layer_types):
-        p = f"{lm}layers.{n}."
-        if kind == "full_attention":
-            q, kv = spec.num_attention_heads * hd, spec.num_key_value_heads * hd
-            shapes.update({
-                p + "self_attn.q_proj.weight": (2 * q, h),  # query and its output gate
-                p + "self_attn.k_proj.weight": (kv, h),
-                p + "self_attn.v_proj.weight": (kv, h),
-                p + "self_attn.o_proj.weight": (h, q),
-                p + "self_attn.q_norm.weight": (hd,),
-                p + "self_attn.k_norm.weight": (hd,),
-            })
-        else:
-            shapes.update({
-                p + "linear_attn.A_log": (nv,),
-                p + "linear_attn.dt_bias": (nv,),
-                p + "linear_attn.conv1d.weight": (conv_dim, 1, spec.linear_conv_kernel_dim),
-                p + "linear_attn.in_proj_qkv.weight": (conv_dim, h),
-                p + "linear_attn.in_proj_z.weight": (nv * dv, h),
-                p + "linear_attn.in_proj_b.weight": (nv, h),
-                p + "linear_attn.in_proj_a.weight": (nv, h),
-                p + "linear_attn.norm.weight": (dv,),
-                p + "linear_attn.out_proj.weight": (h, nv * dv),
-            })
-        mi, si = spec.moe_intermediate_size, spec.shared_expert_intermediate_size
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate.weight": (spec.num_experts, h),
-            p + "mlp.shared_expert.gate_proj.weight": (si, h),
-            p + "mlp.shared_expert.up_proj.weight": (si, h),
-            p + "mlp.shared_expert.down_proj.weight": (h, si),
-            p + "mlp.shared_expert_gate.weight": (1, h),
-        })
-        for e in range(spec.num_experts):
-            shapes.update({
-                p + f"mlp.experts.{e}.gate_proj.weight": (mi, h),
-                p + f"mlp.experts.{e}.up_proj.weight": (mi, h),
-                p + f"mlp.experts.{e}.down_proj.weight": (h, mi),
-            })
-    return shapes
-
-
-# value = (byte - 128) * 2**-12: uniform on [-1/32, 1/32), std about 0.018 (like init 0.02).
-_SCALE_EXP = 12
-# lm_head 16 times larger (std about 0.29): logits spread by several nats, so greedy decoding rarely
-# meets a near tie, and the disaggregated-vs-aggregated oracle can hold the two to the same tokens
-# (at init scale every logit is within a few hundredths of the next).
-_LM_HEAD_SCALE_EXP = 8
-# Qwen3.5's RMSNorms scale by (1 + weight): their weights start at zero (transformers' init); the gated
-# norm of the GDN layers and the vision tower's LayerNorms scale by weight: theirs start at one.
-_ZERO_CENTERED_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "q_norm.weight",
-                        "k_norm.weight", "language_model.norm.weight")
-
-
-def _encoding_table(dtype: str, scale_exp: int) -> list[bytes]:
-    fmt = "<f"
-    out = []
-    for b in range(256):
-        raw = struct.pack(fmt, (b - 128) * 2.0**-scale_exp)  # exact: 8 significant bits at most
-        out.append(raw[2:] if dtype == "bfloat16" else raw)  # bf16 = high half of f32 (exact here)
-    return out
-
-
-def _constant(spec: TinyModelSpec, value: float, n: int) -> bytes:
-    raw = struct.pack("<f", value)
-    return (raw[2:] if spec.dtype == "bfloat16" else raw) * n
-
-
-def tensor_bytes(spec: TinyModelSpec, name: str, shape: tuple[int, ...]) -> bytes:
-    n = 1
-    for d in shape:
-        n *= d
-    if name.endswith(_ZERO_CENTERED_NORMS) or name.endswith(".bias"):
-        return _constant(spec, 0.0, n)
-    if name.endswith(("norm.weight", "norm1.weight", "norm2.weight", "linear_attn.dt_bias")):
-        return _constant(spec, 1.0, n)  # transformers' init: scales and the GDN time-step bias at one
-    key = f"servestack-tinymodel/v2/{spec.seed}/{name}".encode()
-    stream = hashlib.shake_256(key).digest(n)
-    table = _encoding_table(spec.dtype, _LM_HEAD_SCALE_EXP if name == "lm_head.weight" else _SCALE_EXP)
-    return b"".join([table[b] for b in stream])
-
-
-def safetensors_bytes(spec: TinyModelSpec) -> bytes:
-    st_dtype, _ = DTYPES[spec.dtype]
-    shapes = tensor_shapes(spec)
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    chunks: list[bytes] = []
-    offset = 0
-    for name in sorted(shapes):
-        data = tensor_bytes(spec, name, shapes[name])
-        header[name] = {"dtype": st_dtype, "shape": list(shapes[name]), "data_offsets": [offset, offset + len(data)]}
-        chunks.append(data)
-        offset += len(data)
-    head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)
-    return struct.pack("<Q", len(head)) + head + b"".join(chunks)
 
 
 # ---------------------------------------------------------------- the directory

@@ -66,6 +66,9 @@ TIE_TOLERANCE = 0.15  # nats between the reference's two best candidates where a
 # 1 and 2 tokens: the one-token prefill on each side (prefill holds one token back for GDN layers);
 # the rest span the attention layer's KV blocks and the GDN kernels' chunks several times over.
 LENGTHS = (1, 2, 5, 16, 33, 100, 257, 511, 777, 1024, 1500, 2000)
+# Prompts no state moves for: prefill computes none of a 1-token prompt, so the decode worker starts
+# from nothing either way. A control, not evidence that the transfer is intact.
+CONTROL_LENGTHS = (1,)
 TEXTS = (
     "Natalia sold 48 clips in April, and then she sold half as many clips in May.\nHow many clips did she sell?",
     "Question: 17 + 25 = ?\nAnswer: 42\n\nQuestion: 42 - 9 = ?\nAnswer:",
@@ -176,11 +179,34 @@ def _top_ids(top: list) -> list:
     return [t for t, _ in top[:TOP]]
 
 
+def _first_token_diff(ref: dict, cand: dict) -> tuple[float | None, bool]:
+    """How far the candidate's log-prob of the reference's first token is from the reference's,
+    whether or not the candidate chose it; (None, False) when either side generated nothing. Where
+    the token is not among the candidate's best, only a lower bound is known: the reference's value
+    less the candidate's lowest listed one (the token's own log-prob is lower still)."""
+    if not ref.get("tokens") or not cand.get("tokens"):
+        return None, False
+    token, value = ref["tokens"][0], ref["logprobs"][0]
+    cand_top = dict(cand["top"][0]) if cand.get("top") else {}
+    if token == cand["tokens"][0]:
+        return round(abs(value - cand["logprobs"][0]), 6), False
+    if token in cand_top:
+        return round(abs(value - cand_top[token]), 6), False
+    lowest = min(cand_top.values(), default=cand["logprobs"][0])
+    return round(max(0.0, value - lowest), 6), True
+
+
 def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, later: float = LATER_LOGPROB_BOUND,
                    tie: float = TIE_TOLERANCE) -> dict:
-    """One prompt: how far the two agree, and whether that is agreement (see the module doc)."""
-    row = {"kind": ref.get("kind"), "length": ref.get("length"), "agreed": 0, "compared": 0,
-           "max_logprob_diff": 0.0, "verdict": "agree", "detail": ""}
+    """One prompt: how far the two agree, and whether that is agreement (see the module doc).
+
+    `parted_at` is the first generated position whose token differs (None: none differs), and
+    `first_token_diff` the first token's log-prob difference whatever either side chose there, so a
+    broken candidate cannot look closer than an intact one by choosing other tokens."""
+    row = {"kind": ref.get("kind"), "length": ref.get("length"), "control": ref.get("length") in CONTROL_LENGTHS
+           and ref.get("kind") == "tokens", "agreed": 0, "compared": 0, "parted_at": None,
+           "first_token_diff": None, "first_token_diff_at_least": False, "max_logprob_diff": 0.0,
+           "verdict": "agree", "detail": ""}
     for side, answer in (("reference", ref), ("candidate", cand)):
         if answer.get("error"):
             row.update(verdict="error", detail=f"{side}: {answer['error']}")
@@ -191,6 +217,8 @@ def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, later
         return row
     n = min(len(ref["tokens"]), len(cand["tokens"]))
     row["compared"] = n
+    row["first_token_diff"], row["first_token_diff_at_least"] = _first_token_diff(ref, cand)
+    row["parted_at"] = next((i for i in range(n) if ref["tokens"][i] != cand["tokens"][i]), None)
     if n == 0 or len(ref["tokens"]) != len(cand["tokens"]):
         row.update(verdict="disagree", detail=f"{len(ref['tokens'])} tokens from the reference, {len(cand['tokens'])} "
                                               "from the candidate")
@@ -221,26 +249,46 @@ def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, later
 
 def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, later: float = LATER_LOGPROB_BOUND,
             tie: float = TIE_TOLERANCE) -> dict:
-    """Every prompt compared; `passed` when none disagrees and none failed."""
+    """Every prompt compared; `passed` when none disagrees and none failed. The summary counts the
+    transferred prompts apart from the controls (a 1-token prompt moves no state: its agreement
+    says the decode worker computes alike, not that the transfer is intact)."""
     refs, cands = reference.get("answers") or [], candidate.get("answers") or []
     if len(refs) != len(cands) or any(r.get("prompt") != c.get("prompt") for r, c in zip(refs, cands)):
         raise ValueError("the two runs did not answer the same prompts")
     rows = [compare_answer(r, c, bound=bound, later=later, tie=tie) for r, c in zip(refs, cands)]
     bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
-    generated = sum(row["compared"] for row in rows)
-    agreed = sum(row["agreed"] for row in rows)
+    transferred = [row for row in rows if not row["control"]]
+    first_diffs = [row["first_token_diff"] for row in transferred if row["first_token_diff"] is not None]
     return {"schema": SCHEMA, "passed": bool(rows) and not bad, "prompts": len(rows),
-            "identical": sum(1 for row in rows if row["verdict"] == "agree" and row["agreed"] == row["compared"]),
-            "near_ties": sum(1 for row in rows if row["verdict"] == "agree" and row["agreed"] < row["compared"]),
-            "failed": bad, "agreed_tokens": agreed, "compared_tokens": generated,
-            "max_logprob_diff": max((row["max_logprob_diff"] for row in rows), default=0.0),
+            "transferred_prompts": len(transferred), "controls": [i for i, row in enumerate(rows) if row["control"]],
+            "identical": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is None),
+            "near_ties": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is not None),
+            "failed": bad, "failed_transferred": [i for i in bad if not rows[i]["control"]],
+            "agreed_tokens": sum(row["agreed"] for row in transferred),
+            "compared_tokens": sum(row["compared"] for row in transferred),
+            "max_first_token_diff": max(first_diffs, default=0.0),
+            "max_logprob_diff": max((row["max_logprob_diff"] for row in transferred), default=0.0),
             "logprob_bound": bound, "later_logprob_bound": later, "tie_tolerance": tie, "rows": rows}
+
+
+def summary(result: dict) -> str:
+    """One line: the transferred prompts' agreement, where they part, and the control apart."""
+    rows = result["rows"]
+    parted = [f"{rows[i]['length']}:{rows[i]['parted_at']}" for i, row in enumerate(rows)
+              if not row["control"] and row["parted_at"] is not None]
+    controls = ", ".join(f"{rows[i]['kind']} of {rows[i]['length']} token {rows[i]['verdict']}" for i in result["controls"])
+    return (f"{result['identical']} of {result['transferred_prompts']} transferred prompts identical, "
+            f"{result['near_ties']} parted at a near tie, {len(result['failed_transferred'])} disagree; "
+            f"first-token log-prob difference at most {result['max_first_token_diff']:.4f} (bound {result['logprob_bound']}, "
+            f"prompts whose first token differs included); parted (length:position) "
+            f"{', '.join(parted) or 'nowhere'}; control (never transferred): {controls or 'none'}")
 
 
 def describe_failures(result: dict, most: int = 4) -> str:
     """The prompts that did not agree, each with why: what a failed check or gate says."""
     rows = result["rows"]
-    shown = [f"prompt {i} ({rows[i]['kind']}, {rows[i]['length']} tokens): {rows[i]['verdict']}: {rows[i]['detail']}"
+    shown = [f"prompt {i} ({rows[i]['kind']}, {rows[i]['length']} tokens{', control' if rows[i]['control'] else ''}): "
+             f"{rows[i]['verdict']}: {rows[i]['detail']}"
              for i in result["failed"][:most]]
     more = len(result["failed"]) - most
     return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")

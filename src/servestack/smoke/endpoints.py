@@ -357,10 +357,7 @@ def check_agreement(t: Target) -> tuple[str, str]:
     result = agreement.compare(t.baseline, answers)
     t.metrics["agreement"] = result
     t.metrics["agreement_answers"] = answers  # beside the reference's, for whoever reads a failure
-    summary = (f"{result['identical']} of {result['prompts']} prompts identical, {result['near_ties']} diverged at a near "
-               f"tie, {len(result['failed'])} disagree; {result['agreed_tokens']}/{result['compared_tokens']} tokens "
-               f"agreed, max log-prob difference {result['max_logprob_diff']:.4f} (bounds {result['logprob_bound']} at "
-               f"the first token, {result['later_logprob_bound']} after)")
+    summary = agreement.summary(result)
     if answers["refused_attempts"]:
         summary += f"; {answers['refused_attempts']} attempts refused as unavailable (HTTP 503) and asked again"
     if not result["passed"]:

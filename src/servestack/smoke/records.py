@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..clients import agreement
 from ..records.smoke import FAIL, NOT_RUN, PASS, Check, SmokeRecord
 
 
@@ -48,8 +49,7 @@ class SmokeResult:
             lines.append(f"  hybrid   {d['gdn_layers']} Gated DeltaNet layers served in both shapes")
         a = d.get("agreement") or {}
         if a:
-            lines.append(f"  oracle   disagg vs agg: {a['identical']}/{a['prompts']} prompts identical, {a['near_ties']} "
-                         f"near ties, {len(a['failed'])} disagree; max log-prob difference {a['max_logprob_diff']:.4f}")
+            lines.append(f"  oracle   disagg vs agg: {agreement.summary(a)}")
         for c in r.failed:
             lines.append(f"  FAIL     {c.probe}/{c.name}: {_first_lines(c.detail, 12)}")
         not_run = [c for c in r.checks if c.status == NOT_RUN]
