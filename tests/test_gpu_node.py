@@ -55,6 +55,12 @@ def test_enroot_nvidia_hook_without_each_variable_fails(drop, missing):
     assert c.status == "fail" and missing in c.detail, c.detail
 
 
+def test_enroot_nvidia_hook_is_not_run_where_enroot_is_not_vendored(monkeypatch):
+    monkeypatch.delenv("SERVESTACK_VENDOR", raising=False)
+    c = check_nvidia_hook(image_env(), GB200.gpu_node)
+    assert c.status == "not_run" and "SERVESTACK_VENDOR is not set" in c.detail, c.detail
+
+
 # --------------------------------------------------------------------------- verbs providers
 
 def _so(out: Path, source: str, *flags: str) -> Path:

@@ -14,6 +14,7 @@ about 13 minutes cold); CI builds the dev-cpu image only, so there they skip, sa
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -105,6 +106,10 @@ def run_check(gb200, function: str, *, image: str | None = None, unset: tuple[st
 def test_enroot_s_nvidia_hook_asks_for_compute_and_utility_and_nothing_without_the_image_s_nvidia_environment(gb200):
     env, gpu_node = gb200["image_env"], gb200["config"]["gpu_node"]
     passed = check_nvidia_hook(env, gpu_node)
+    if not os.environ.get("SERVESTACK_VENDOR"):
+        # A fresh clone has no vendored enroot: the check cannot run here, and says so instead of failing.
+        assert passed.status == "not_run" and "SERVESTACK_VENDOR" in passed.detail, passed.detail
+        return
     assert passed.status == "pass" and "--compute" in passed.detail and "--utility" in passed.detail
     for name in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_REQUIRE_CUDA"):
         failed = check_nvidia_hook([v for v in env if not v.startswith(name + "=")], gpu_node)

@@ -151,12 +151,27 @@ class BaseImage(_Model):
         return self
 
 
+class ModelShapes(_Model):
+    """The shapes a checkpoint's config.json gives its kernels: what the static probe asks each GPU
+    kernel vLLM would pick to accept, for a model the image does not carry (a path on the GPU host)."""
+
+    head_dim: Annotated[int, Field(gt=0)]
+    num_attention_heads: Annotated[int, Field(gt=0)]
+    num_key_value_heads: Annotated[int, Field(gt=0)]
+    linear_key_head_dim: Annotated[int, Field(gt=0)]
+    linear_value_head_dim: Annotated[int, Field(gt=0)]
+    linear_num_key_heads: Annotated[int, Field(gt=0)]
+    linear_num_value_heads: Annotated[int, Field(gt=0)]
+    source: Annotated[str, Field(min_length=10)]  # where the values were read
+
+
 class SmokeModel(_Model):
     """The model the smoke stage serves: made offline by the build (`make`), or a path on the GPU host."""
 
     name: str
     make: dict[str, int | str] | None = None
     path: str | None = None
+    config: ModelShapes | None = None  # a `path` model's shapes, recorded from its checkpoint
 
     @model_validator(mode="after")
     def _one_origin(self) -> "SmokeModel":

@@ -240,9 +240,10 @@ class SmokeModel:
     name: str
     path: str | None = None  # a model directory on the serving host
     make: dict[str, Any] | None = None  # a tiny model the build makes (tinymodel.TinyModelSpec fields)
+    config: dict[str, Any] | None = None  # a `path` model's kernel shapes, recorded from its checkpoint
 
     def to_json(self) -> dict[str, Any]:
-        return _omit_none({"name": self.name, "path": self.path, "make": self.make})
+        return _omit_none({"name": self.name, "path": self.path, "make": self.make, "config": self.config})
 
 
 @dataclass(frozen=True)
@@ -329,7 +330,7 @@ class Lock:
         stack = f.obj("stack")
         stack.only("name", "file", "sha256")
         model = f.obj("smoke_model")
-        model.only("name", "path", "make")
+        model.only("name", "path", "make", "config")
         if model.has("make"):
             model.obj("make")  # an object (its fields are the tiny model's spec)
 
@@ -354,7 +355,8 @@ class Lock:
             packages=f.entries("packages", package),
             platforms={name: platforms.items(name, _wheel) for name in platforms.data},
             pull_requests=f.items("pull_requests", LockedPR.from_json),
-            smoke_model=SmokeModel(model.str("name"), model.str_or_none("path", None), model.json("make", None)),
+            smoke_model=SmokeModel(model.str("name"), model.str_or_none("path", None), model.json("make", None),
+                                   model.json("config", None)),
             local_patches=f.items("local_patches", _local_patch, ()),
             fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
             links=f.entries("links", _link, {}),

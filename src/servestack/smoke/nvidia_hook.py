@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from ..cluster import ClusterToolsMissing, vendor_archive
-from .records import FAIL, PASS, Check
+from .records import FAIL, NOT_RUN, PASS, Check
 
 HOOK = "conf/hooks/98-nvidia.sh"
 LIBRARY = "src/common.sh"
@@ -69,6 +69,10 @@ def run_hook(image_env: list[str], archive: Path) -> tuple[int, list[str] | None
 def check_nvidia_hook(image_env: list[str], gpu_node: dict, archive: Path | None = None) -> Check:
     try:
         archive = archive or vendor_archive("enroot")
+    except ClusterToolsMissing as e:
+        # enroot's hook is vendored source, not part of a clone: without it nothing can be said either way.
+        return Check("static", "gpu-node:nvidia-hook", NOT_RUN, f"enroot's nvidia hook is not on this machine: {e}")
+    try:
         code, called, stderr = run_hook(image_env, archive)
     except (ClusterToolsMissing, OSError, subprocess.SubprocessError) as e:
         return Check("static", "gpu-node:nvidia-hook", FAIL, f"cannot run enroot's nvidia hook: {e}")

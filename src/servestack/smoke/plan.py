@@ -140,7 +140,28 @@ def probe_config(project: Project, stack: str, lock: Lock, platform: str, lock_s
         "cpu_attention_without_amx": "SERVESTACK_CPU_ATTN_NO_AMX" in lock.environment,
         "gpu_node": lock.gpu_node,
         "unavailable": [u.to_json() for u in lock.unavailable],
+        **(gpu_stack_checks(lock) if lock.gpu_node else {}),
     }
+
+
+# The serving libraries whose shared objects must link inside the image (globs under site-packages).
+NATIVE_LIBRARIES = {
+    "torch": ["torch/lib/*.so*", "torch/*.so"],
+    "vllm": ["vllm/**/*.so"],
+    "flashinfer": ["flashinfer/**/*.so", "flashinfer_jit_cache/**/*.so"],
+    "nixl": ["nixl*/**/*.so*", ".nixl*.libs/*.so*"],
+}
+# What a GPU worker imports when it starts: Dynamo's workers, vLLM's server, and the model's module.
+SERVING_ENTRY_MODULES = ["dynamo.vllm", "dynamo.frontend", "vllm.entrypoints.openai.api_server",
+                         "vllm.model_executor.models.qwen3_5"]
+
+
+def gpu_stack_checks(lock: Lock) -> dict[str, Any]:
+    """A GPU stack's probe also reads its native closure, its import closure and its kernels' shapes."""
+    recorded = lock.smoke_model.config
+    models = [{"name": lock.smoke_model.name, "source": recorded["source"], "config": recorded}] if recorded else []
+    return {"native_closure": {"libraries": NATIVE_LIBRARIES}, "import_closure": SERVING_ENTRY_MODULES,
+            "kernel_shapes": {"models": models}}
 
 
 @dataclass

@@ -12,7 +12,11 @@ excluded dependencies, the smoke model), each pull request's evidence and each l
 interpreters: imports and entry points (imports.py), vLLM's parser and environment registry
 (engine.py), vLLM's GDN prefill resolver (fast_path.py), and, for a CUDA torch, the build each
 installed Triton does at its first GPU kernel launch (runtime_build.py: its whole driver.c through
-its own build helper, libcuda left out). What they share is in report.py.
+its own build helper, libcuda left out). A GPU stack adds three more: every undefined symbol of
+the serving libraries against the libraries the image carries (elfclosure.py), every module-level
+import of the serving entry points (import_closure.py), and, in a child, each GDN prefill and
+attention kernel vLLM would pick on SM90 and SM100 against the models' shapes (kernel_shapes.py).
+What they share is in report.py.
 
 stdout carries exactly one JSON document: {"probe": "static", "python", "machine", "checks": [...]}
 where each check is {"name", "status": "pass"|"fail"|"not_run", "detail"}. Everything else the
@@ -34,6 +38,9 @@ The config (JSON, written by servestack.smoke):
                                               "env": {NAME: {"value", "sources"}}}
     model_dir                       null, or the smoke model directory that must exist
     section_timeout                 seconds for each isolated section (imports, engine)
+    native_closure                  null, or {"libraries": {package: [globs under site-packages]}}
+    import_closure                  null, or the entry modules whose module-level imports must resolve
+    kernel_shapes                   null, or {"models": [{"name", "source", "config"}]} (plus model_dir's config.json)
 
 Imports and the engine's argument parser run in child processes (a crash or a hang there is a
 failed check, not a lost report).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from dataclasses import dataclass
 
 from .report import FAIL, PASS, check, classify_import_error, installed_distributions, normalize, site_packages
 
@@ -119,16 +120,19 @@ def section_loads(config: dict) -> list[dict]:
     return results
 
 
-def section_fast_path(config: dict) -> list[dict]:
-    """Ask vLLM's GDN prefill backend resolver what it picks on the stack's target device."""
+@dataclass(frozen=True, kw_only=True)
+class ResolverAnswer:
+    requested: str
+    chosen: str
+    runtime: int  # the CUDA runtime major the simulated device reports
+    where: str  # the resolver asked, and the platform it was asked through
+
+
+def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[dict]) -> ResolverAnswer | str:
+    """vLLM's own GDN prefill resolver on a simulated device; a sentence when it cannot be asked."""
     import importlib
     import types
 
-    spec = (config.get("fast_path") or {}).get("gdn_prefill")
-    if not spec:
-        return []
-    label = "fast-path:gdn-prefill"
-    major, minor = (int(x) for x in spec["device_capability"].split("."))
     try:
         from vllm.platforms.interface import DeviceCapability, Platform, PlatformEnum
         try:
@@ -153,12 +157,11 @@ def section_fast_path(config: dict) -> list[dict]:
             except ModuleNotFoundError:
                 continue
     except BaseException as e:  # noqa: BLE001
-        text = f"{type(e).__name__}: {e}"
-        status, detail = classify_import_error(text, {normalize(x["name"]) for x in config.get("excluded") or []})
-        return [check(label, status, f"cannot load vLLM's platform or GDN layer: {detail}")]
+        _, detail = classify_import_error(f"{type(e).__name__}: {e}", {normalize(x["name"]) for x in excluded})
+        return f"cannot load vLLM's platform or GDN layer: {detail}"
     resolver = getattr(module, "_resolve_gdn_prefill_backend", None) if module else None
     if resolver is None:
-        return [check(label, FAIL, f"the installed vLLM has no GDN prefill backend resolver (looked in {', '.join(GDN_RESOLVER_MODULES)})")]
+        return f"the installed vLLM has no GDN prefill resolver (looked in {', '.join(GDN_RESOLVER_MODULES)})"
 
     class SimulatedDevice(Base):  # type: ignore[misc, valid-type]
         """vLLM's CUDA platform, reporting the target's compute capability instead of asking NVML."""
@@ -169,7 +172,7 @@ def section_fast_path(config: dict) -> list[dict]:
         def get_device_capability(cls, device_id: int = 0):
             return DeviceCapability(major=major, minor=minor)
 
-    text_config = types.SimpleNamespace(linear_key_head_dim=spec["head_k_dim"])
+    text_config = types.SimpleNamespace(linear_key_head_dim=head_k_dim)
     vllm_config = types.SimpleNamespace(additional_config={}, model_config=types.SimpleNamespace(hf_text_config=text_config))
     saved = module.current_platform
     module.current_platform = SimulatedDevice()
@@ -177,11 +180,27 @@ def section_fast_path(config: dict) -> list[dict]:
         requested, chosen = resolver(vllm_config)
         runtime = SimulatedDevice.get_cuda_runtime_major()
     except BaseException as e:  # noqa: BLE001
-        return [check(label, FAIL, f"vLLM's GDN prefill resolver failed on the simulated device: {type(e).__name__}: {e}")]
+        return f"vLLM's GDN prefill resolver failed on the simulated device: {type(e).__name__}: {e}"
     finally:
         module.current_platform = saved
-    status = PASS if chosen == spec["backend"] else FAIL
+    return ResolverAnswer(requested=requested, chosen=chosen, runtime=runtime,
+                          where=f"{module.__name__}._resolve_gdn_prefill_backend ({platform_from})")
+
+
+def section_fast_path(config: dict) -> list[dict]:
+    """Ask vLLM's GDN prefill backend resolver what it picks on the stack's target device."""
+    spec = (config.get("fast_path") or {}).get("gdn_prefill")
+    if not spec:
+        return []
+    label = "fast-path:gdn-prefill"
+    major, minor = (int(x) for x in spec["device_capability"].split("."))
+    answer = ask_gdn_resolver(major=major, minor=minor, head_k_dim=spec["head_k_dim"], excluded=config.get("excluded") or [])
+    if isinstance(answer, str):
+        status = FAIL if not answer.startswith("cannot load") else \
+            classify_import_error(answer, {normalize(x["name"]) for x in config.get("excluded") or []})[0]
+        return [check(label, status, answer)]
+    status = PASS if answer.chosen == spec["backend"] else FAIL
     return [check(label, status,
-                  f"{module.__name__}._resolve_gdn_prefill_backend on a simulated SM{major}{minor} device (head_k_dim "
-                  f"{spec['head_k_dim']}, CUDA runtime major {runtime}, requested {requested!r}; {platform_from}) "
-                  f"chooses {chosen}; the stack requires {spec['backend']}")]
+                  f"{answer.where} on a simulated SM{major}{minor} device (head_k_dim {spec['head_k_dim']}, CUDA runtime "
+                  f"major {answer.runtime}, requested {answer.requested!r}) chooses {answer.chosen}; the stack requires "
+                  f"{spec['backend']}")]

@@ -20,6 +20,9 @@ from .report import FAIL, check, site_packages
 from .runtime_build import runtime_builds, section_runtime_build
 from .cpu_isa import section_cpu_isa
 from .gpu_node import section_gpu_node
+from .elfclosure import check_native_closure
+from .import_closure import check_import_closure
+from .kernel_shapes import section_kernel_shapes
 from .tokenizer import section_tokenizer
 
 # The package directory: `python PACKAGE_DIR ...` runs it (see __main__), here and in the children.
@@ -28,12 +31,12 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # What runs in a child interpreter (vLLM imported): a crash or a hang there is a failed check, not a lost report.
 SECTIONS = {"imports": section_imports, "engine": section_engine, "fast_path": section_fast_path, "loads": section_loads,
             "runtime_build": section_runtime_build, "tokenizer": section_tokenizer,
-            "cpu_isa": section_cpu_isa, "gpu_node": section_gpu_node}
+            "cpu_isa": section_cpu_isa, "gpu_node": section_gpu_node, "kernel_shapes": section_kernel_shapes}
 
 
 def section_environment(section: str, config: dict) -> dict[str, str]:
     """What a section's interpreter is told beyond the image's environment (which wins)."""
-    if section in ("engine", "fast_path"):
+    if section in ("engine", "fast_path", "kernel_shapes"):
         # The CUDA build cannot infer a device without a GPU; the parser itself is device-free.
         return {"VLLM_TARGET_DEVICE": "cpu"}
     arch = (config.get("gpu_node") or {}).get("cuda_arch")
@@ -107,6 +110,10 @@ def probe(config_path: str, config: dict) -> dict:
         checks.extend(run_section(config_path, config, "runtime_build"))
     if config.get("gpu_node"):
         checks.extend(run_section(config_path, config, "gpu_node"))
+    checks.extend(check_native_closure(config))
+    checks.extend(check_import_closure(config))
+    if config.get("kernel_shapes"):
+        checks.extend(run_section(config_path, config, "kernel_shapes"))
     return {
         "probe": "static",
         "stack": config.get("stack"),
