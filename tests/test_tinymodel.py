@@ -53,7 +53,7 @@ def test_same_bytes_every_time(tmp_path: Path) -> None:
 GOLDEN = {
     "config.json": "b82cf020b304e682b7177065773cca3ea36fb0d2c973f78634cd1c86839d2b5d",
     "generation_config.json": "8d5db6937987592a6231a18174cdaeca978dfa706ad9878b47b49a8e75da76c0",
-    "model.safetensors": "88eaa1757e47f591ba4699cffdd8dcec7c8a0635c4366f98468490fb486f6e95",
+    "model.safetensors": "ed5a5851dae14941c32e09999c0940d622519d12085013eedd94b5e6132f87fa",
     "tokenizer.json": "9659570bcc8d5a35d056d893476ab0bb252af038b457650a469028028e516505",
     "tokenizer_config.json": "7f476e43c7643117b4461c093bbba202db5abb4f238d2c051f53f3fdff0e086c",
 }
