@@ -266,8 +266,7 @@ def state_rules(sources: Sources, validated: set[str]) -> list[KvRule]:
                 m = _SET_ENV.search(_text(node.msg))
                 if m and m.group(1) not in rules:
                     rules[m.group(1)] = KvRule(name=m.group(1), kind="state", policy="value", value=m.group(2),
-                                               settings=(f"env:{m.group(1)}",), source=source, reason=_text(node.msg),
-                                               condition=ast.unparse(node.test))
+                                               settings=(f"env:{m.group(1)}",), source=source, reason=_text(node.msg))
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "nixl_agent_meta":
                 field = node.attr
                 if field in FIELD_SETTINGS and field not in validated and field not in rules:

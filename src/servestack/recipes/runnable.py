@@ -1,0 +1,12 @@
+"""Whether a recipe that is well formed can run: its roles agree on what NIXL moves (crossrole.py), its
+hardware is what its GPU type has (hardware.py), its workload fits the engine's limits (workload.py)."""
+
+from __future__ import annotations
+
+from ..yamlfile import Node
+from .crossrole import check_roles
+from .structure import Checker
+
+
+def check_runnable(c: Checker, root: Node) -> None:
+    check_roles(c, root)
