@@ -14,7 +14,7 @@ Public API (cli.py wires these to `servestack recipes ...`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import InputError
@@ -36,6 +36,7 @@ class _Engines:
         self.project, self.engine, self.stack = project, engine, stack
         self.cache: dict[Path, EngineSpec] = {}
         self.used: dict[Path, Path] = {}  # recipe file -> engine description
+        self.stacks: dict[str, tuple[str, ...]] = {}  # stack -> its image's platforms
 
     def load(self, path: Path) -> EngineSpec:
         if path not in self.cache:
@@ -55,12 +56,26 @@ class _Engines:
         self.used[recipe] = path
         return spec
 
+    def platforms(self, recipe: Path, text: str) -> tuple[str, ...]:
+        """The platforms of the image a recipe runs: its stack's, when the recipe names its stack or the
+        caller does (another's recipe, e.g. NVIDIA's, runs its own image: only its name can say)."""
+        stack = self.stack or header_stack(text)
+        file = self.project.pins / f"{stack}.yaml"
+        if stack is None or not file.exists():
+            return ()
+        if stack not in self.stacks:
+            from ..stack import load_stack
+
+            self.stacks[stack] = tuple(load_stack(file).platforms)
+        return self.stacks[stack]
+
 
 @dataclass(frozen=True)
 class Validation:
     errors: list[InputError]
     engines: dict[Path, Path]  # each recipe file -> the engine description its flags were checked against
     notes: list[str]  # what was not checked, and why (e.g. an sglang backend against a vLLM description)
+    warnings: list[InputError] = field(default_factory=list)  # what runs but costs (queued, outside CUDA graphs)
 
 
 def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
@@ -73,8 +88,10 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     """
     engines = _Engines(project, engine, stack)
     notes: list[str] = []
-    errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes)
-    return Validation(errors, dict(engines.used), notes)
+    warnings: list[InputError] = []
+    errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes, warnings=warnings,
+                            platforms=engines.platforms)
+    return Validation(errors, dict(engines.used), notes, warnings)
 
 
 def validate_committed(project: Project) -> list[InputError]:

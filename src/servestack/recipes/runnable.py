@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from ..yamlfile import Node
 from .crossrole import check_roles
+from .hardware import check_hardware
 from .structure import Checker
 
 
 def check_runnable(c: Checker, root: Node) -> None:
     check_roles(c, root)
+    check_hardware(c, root)

@@ -146,13 +146,16 @@ def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
 
 
 def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | EngineChoice | None = None, *,
-                   require_digest: bool | None = None, notes: list[str] | None = None) -> list[InputError]:
+                   require_digest: bool | None = None, notes: list[str] | None = None,
+                   warnings: list[InputError] | None = None,
+                   platforms: Callable[[Path, str], tuple[str, ...]] | None = None) -> list[InputError]:
     """Validate recipe files (directories are searched for *.yaml/*.yml). Returns every error found.
 
     `engine` is an EngineSpec, the path of a pins/<stack>.engine.json, or a function choosing one per
     file from its path and text (raising InputError when it cannot); None checks no engine flags.
     `require_digest`: True demands an unbound placeholder or a digest in model.container; None (the
-    default) demands it of files rendered by servestack only.
+    default) demands it of files rendered by servestack only. `warnings` receives what runs but costs;
+    `platforms` names the platforms of the image each file runs (its stack's), for the hardware check.
     """
     fixed = load_engine(engine) if isinstance(engine, (str, Path)) else engine
     errors: list[InputError] = []
@@ -169,5 +172,6 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
             except InputError as e:
                 errors.append(e)
                 continue
-        errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes))
+        errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes, warnings=warnings,
+                                    platforms=platforms(f, text) if platforms else ()))
     return errors
