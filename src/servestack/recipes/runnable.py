@@ -7,8 +7,10 @@ from ..yamlfile import Node
 from .crossrole import check_roles
 from .hardware import check_hardware
 from .structure import Checker
+from .workload import check_workload
 
 
 def check_runnable(c: Checker, root: Node) -> None:
     check_roles(c, root)
     check_hardware(c, root)
+    check_workload(c, root)
