@@ -8,6 +8,7 @@ Public API (cli.py wires these to `servestack recipes ...`):
     validate_paths(paths, engine=None, *, require_digest=None) -> list[InputError]
     validate_files(project, paths, *, engine=None, stack=None) -> Validation   # the stack's engine, per file
     validate_committed(project) -> list[InputError]
+    check_before_run(paths, project=None) -> warnings   # raises InputErrors: runners and pull call it
     compare_dirs(ours_dir, theirs_dir) -> list[FileComparison]
     engine.describe() -> dict ; load_engine(path) -> EngineSpec
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, InputErrors
 from ..project import DEFAULT_STACK, Project
 from .compare import FileComparison, closest_set, compare_dirs, format_comparisons
 from .engine import EngineSpec, describe, load_engine
@@ -94,6 +95,26 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     return Validation(errors, dict(engines.used), notes, warnings)
 
 
+def check_before_run(paths: list[Path], project: Project | None = None) -> list[InputError]:
+    """Validate recipes about to run (a runner's, a pulled bundle's) as `recipes validate` does: raises
+    InputErrors with every error, returns the warnings. A recipe whose stack has no engine description
+    here (a bundle pulled outside a checkout) is still checked for everything but the engine's rules."""
+    project = project or Project.find(Path(paths[0]).resolve().parent if paths else None)
+    engines = _Engines(project, None, None)
+
+    def choose(recipe: Path, text: str) -> EngineSpec | None:
+        try:
+            return engines(recipe, text)
+        except InputError:
+            return None
+
+    warnings: list[InputError] = []
+    errors = validate_paths(paths, choose, warnings=warnings, platforms=engines.platforms)  # type: ignore[arg-type]
+    if errors:
+        raise InputErrors(errors)
+    return warnings
+
+
 def validate_committed(project: Project) -> list[InputError]:
     """Validate every committed family's recipes against the engine its stack locks."""
     errors: list[InputError] = []
@@ -104,7 +125,7 @@ def validate_committed(project: Project) -> list[InputError]:
 
 
 __all__ = [
-    "EngineSpec", "Family", "FileComparison", "InputError", "UNBOUND_IMAGE", "Validation", "check_rendered",
+    "EngineSpec", "Family", "FileComparison", "InputError", "UNBOUND_IMAGE", "Validation", "check_before_run", "check_rendered",
     "closest_set", "committed_sets", "compare_dirs", "describe", "engine_file", "format_comparisons", "image_ref_problem", "load_engine",
     "load_family", "render_committed", "render_family", "render_recipes", "validate_committed", "validate_files",
     "validate_paths", "validate_text",
