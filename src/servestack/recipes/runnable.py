@@ -11,6 +11,8 @@ from .workload import check_workload
 
 
 def check_runnable(c: Checker, root: Node) -> None:
+    if c.errors:
+        return  # a misspelled key or flag would read as "unset" here and be reported twice, once misleadingly
     check_roles(c, root)
     check_hardware(c, root)
     check_workload(c, root)
