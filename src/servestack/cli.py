@@ -313,6 +313,8 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
             _say(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
         for note in result.notes:
             _say(f"note: {note}")
+        for warning in result.warnings:
+            _say(f"warning: {warning}")
     for error in errors:
         _say(f"error: {error}")
     _say(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")

@@ -17,6 +17,7 @@ from .. import signing
 from ..errors import InputError, ServestackError
 from ..fsutil import canonical_json, sha256_bytes, sha256_file
 from ..imageref import ImageRef
+from ..project import Project
 from ..sources import registry
 from ..sources.registry import OCI_INDEX, Client
 from . import sbom
@@ -222,6 +223,15 @@ def _default_out(image: ImageRef) -> Path:
     return Path.cwd() / f"servestack-{image.hex[:12]}"
 
 
+def _check_recipes(staging: Path) -> list[str]:
+    """The bundle's recipes pass `recipes validate` before they reach OUT (the engine's rules where this
+    checkout describes their stack's engine): raises InputErrors, returns the warnings."""
+    from ..recipes import check_before_run
+
+    files = sorted((staging / "recipes").glob("*.yaml"))
+    return [str(w).replace(str(staging) + os.sep, "") for w in check_before_run(files, Project.find())] if files else []
+
+
 def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
          repository: str | None = None, echo: Callable[[str], None] | None = print) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any error)."""
@@ -242,6 +252,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
             target = staging / f.title
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(f.data)
+        warnings = _check_recipes(staging)
         (staging / "publication.json").write_text(canonical_json({
             "image": str(image), "bundle": publication.bundle_digest, "attestation": publication.attestation_digest,
             "key_sha256": sha256_file(key), "statement": publication.statement, "unsigned_sboms": unsigned_sboms,
@@ -265,5 +276,6 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
              + f"  source      commit {publication.repository.get('commit')}"
              f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"
              f"  wrote       {out}: {len(recipes)} recipes bound to the digest (srtctl apply -f), lock, records "
-             f"({time.monotonic() - started:.1f} s)")
+             f"({time.monotonic() - started:.1f} s)"
+             + "".join(f"\n  warning     {w}" for w in warnings))
     return out

@@ -8,16 +8,17 @@ Public API (cli.py wires these to `servestack recipes ...`):
     validate_paths(paths, engine=None, *, require_digest=None) -> list[InputError]
     validate_files(project, paths, *, engine=None, stack=None) -> Validation   # the stack's engine, per file
     validate_committed(project) -> list[InputError]
+    check_before_run(paths, project=None) -> warnings   # raises InputErrors: runners and pull call it
     compare_dirs(ours_dir, theirs_dir) -> list[FileComparison]
     engine.describe() -> dict ; load_engine(path) -> EngineSpec
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError
+from ..errors import InputError, InputErrors
 from ..project import DEFAULT_STACK, Project
 from .compare import FileComparison, closest_set, compare_dirs, format_comparisons
 from .engine import EngineSpec, describe, load_engine
@@ -36,6 +37,7 @@ class _Engines:
         self.project, self.engine, self.stack = project, engine, stack
         self.cache: dict[Path, EngineSpec] = {}
         self.used: dict[Path, Path] = {}  # recipe file -> engine description
+        self.stacks: dict[str, tuple[str, ...]] = {}  # stack -> its image's platforms
 
     def load(self, path: Path) -> EngineSpec:
         if path not in self.cache:
@@ -55,12 +57,26 @@ class _Engines:
         self.used[recipe] = path
         return spec
 
+    def platforms(self, recipe: Path, text: str) -> tuple[str, ...]:
+        """The platforms of the image a recipe runs: its stack's, when the recipe names its stack or the
+        caller does (another's recipe, e.g. NVIDIA's, runs its own image: only its name can say)."""
+        stack = self.stack or header_stack(text)
+        file = self.project.pins / f"{stack}.yaml"
+        if stack is None or not file.exists():
+            return ()
+        if stack not in self.stacks:
+            from ..stack import load_stack
+
+            self.stacks[stack] = tuple(load_stack(file).platforms)
+        return self.stacks[stack]
+
 
 @dataclass(frozen=True)
 class Validation:
     errors: list[InputError]
     engines: dict[Path, Path]  # each recipe file -> the engine description its flags were checked against
     notes: list[str]  # what was not checked, and why (e.g. an sglang backend against a vLLM description)
+    warnings: list[InputError] = field(default_factory=list)  # what runs but costs (queued, outside CUDA graphs)
 
 
 def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
@@ -73,8 +89,30 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     """
     engines = _Engines(project, engine, stack)
     notes: list[str] = []
-    errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes)
-    return Validation(errors, dict(engines.used), notes)
+    warnings: list[InputError] = []
+    errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes, warnings=warnings,
+                            platforms=engines.platforms)
+    return Validation(errors, dict(engines.used), notes, warnings)
+
+
+def check_before_run(paths: list[Path], project: Project | None = None) -> list[InputError]:
+    """Validate recipes about to run (a runner's, a pulled bundle's) as `recipes validate` does: raises
+    InputErrors with every error, returns the warnings. A recipe whose stack has no engine description
+    here (a bundle pulled outside a checkout) is still checked for everything but the engine's rules."""
+    project = project or Project.find(Path(paths[0]).resolve().parent if paths else None)
+    engines = _Engines(project, None, None)
+
+    def choose(recipe: Path, text: str) -> EngineSpec | None:
+        try:
+            return engines(recipe, text)
+        except InputError:
+            return None
+
+    warnings: list[InputError] = []
+    errors = validate_paths(paths, choose, warnings=warnings, platforms=engines.platforms)  # type: ignore[arg-type]
+    if errors:
+        raise InputErrors(errors)
+    return warnings
 
 
 def validate_committed(project: Project) -> list[InputError]:
@@ -87,7 +125,7 @@ def validate_committed(project: Project) -> list[InputError]:
 
 
 __all__ = [
-    "EngineSpec", "Family", "FileComparison", "InputError", "UNBOUND_IMAGE", "Validation", "check_rendered",
+    "EngineSpec", "Family", "FileComparison", "InputError", "UNBOUND_IMAGE", "Validation", "check_before_run", "check_rendered",
     "closest_set", "committed_sets", "compare_dirs", "describe", "engine_file", "format_comparisons", "image_ref_problem", "load_engine",
     "load_family", "render_committed", "render_family", "render_recipes", "validate_committed", "validate_files",
     "validate_paths", "validate_text",

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from .kvrules import KvRule, describe_rules, installed_sources, load_rules
 
 VLLM_SERVE = "vllm serve"
 DYNAMO_VLLM = "dynamo.vllm"
@@ -229,7 +230,8 @@ def describe() -> dict:
 
         parsers[DYNAMO_VLLM] = {"command": "python -m dynamo.vllm", "version": metadata.version("ai-dynamo"),
                                 "options": _options(dynamo)}
-    return {"engine": "vllm", "version": _vllm_version(), "parsers": parsers, "environment": environment}
+    return {"engine": "vllm", "version": _vllm_version(), "parsers": parsers, "environment": environment,
+            "kv_transfer": describe_rules(installed_sources(), f"vllm {_vllm_version()} (installed)")}
 
 
 # -- the description, read back ------------------------------------------------------------------------
@@ -358,6 +360,7 @@ class EngineSpec:
     parsers: Mapping[str, ParserSpec]
     environment: Mapping[str, ValueSpec]
     source: str = ""
+    kv_rules: tuple[KvRule, ...] = ()  # what roles exchanging KV over NIXL must agree on (kvrules.py)
 
     def parser(self, name: str) -> ParserSpec | None:
         return self.parsers.get(name)
@@ -412,7 +415,8 @@ def load_engine(path: Path | str) -> EngineSpec:
     if VLLM_SERVE not in parsers:
         raise InputError(path, "parsers", f"the description has no {VLLM_SERVE!r} parser")
     environment = {n: _value_spec(s, path, f"environment.{n}") for n, s in data["environment"].items()}
-    return EngineSpec(engine=data["engine"], version=data["version"], parsers=parsers, environment=environment, source=str(path))
+    return EngineSpec(engine=data["engine"], version=data["version"], parsers=parsers, environment=environment, source=str(path),
+                      kv_rules=load_rules(data.get("kv_transfer"), path))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,8 @@ class Checker:
         self.errors: list[InputError] = []
         self.variant = ""  # an override variant being checked, named in its errors
         self.notes: list[str] = []  # what was not checked, and why (never skipped silently)
+        self.warnings: list[InputError] = []  # what runs, but costs (queued requests, eager batches, ...)
+        self.platforms: tuple[str, ...] = ()  # the image's platforms (linux/arm64, ...), when the stack is known
 
     def unchecked(self, engine_type: Any) -> None:
         if self.engine is not None and engine_type != self.engine.engine:
@@ -86,6 +88,16 @@ class Checker:
 
     # -- reporting ------------------------------------------------------------------------
     def err(self, node: Node | None, path: tuple[str, ...], problem: str, *, at_key: bool = False) -> None:
+        self.errors.append(self._error(node, path, problem, at_key))
+
+    def warn(self, node: Node | None, path: tuple[str, ...], problem: str) -> None:
+        self.warnings.append(self._error(node, path, problem, False))
+
+    def line(self, node: Node | None) -> str:
+        """A node's line, as a message comparing two places names it."""
+        return "?" if node is None else str(node.key_line or node.line)
+
+    def _error(self, node: Node | None, path: tuple[str, ...], problem: str, at_key: bool) -> InputError:
         if node is None:
             loc = Location(self.file)
         elif at_key and node.key_line is not None:
@@ -95,7 +107,7 @@ class Checker:
         field = ".".join(path)
         if self.variant:
             field = f"{self.variant}: {field}"
-        self.errors.append(InputError(loc, field, problem))
+        return InputError(loc, field, problem)
 
     def placeholder(self, node: Node) -> bool:
         if not self.sweep:

@@ -33,6 +33,7 @@ from ..imageref import ImageRef
 from ..yamlfile import Node, parse
 from . import schema as S
 from .engine import EngineSpec, load_engine
+from .runnable import check_runnable
 from .structure import Checker
 from .topology import check_recipe
 from .variants import expand_overrides
@@ -74,8 +75,10 @@ def _binding(c: Checker, root: Node, header: str) -> None:
 
 
 def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None, *, require_digest: bool | None = None,
-                  notes: list[str] | None = None) -> list[InputError]:
-    """Every problem of one recipe; `notes`, when given, receives what could not be checked and why."""
+                  notes: list[str] | None = None, warnings: list[InputError] | None = None,
+                  platforms: tuple[str, ...] = ()) -> list[InputError]:
+    """Every problem of one recipe; `notes`, when given, receives what could not be checked and why,
+    `warnings` what runs but costs; `platforms` are the image's (linux/arm64, ...), when known."""
     file = str(file)
     try:
         root = parse(text, file)
@@ -89,6 +92,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
     sweep = root.get("sweep") is not None or "zip_override_" in text or (
         root.get("benchmark") is not None and root.get("benchmark").is_map and root.get("benchmark").get("sweep") is not None)
     c = Checker(file, engine, sweep)
+    c.platforms = platforms
 
     if "base" in root.value:
         base, spec, required, variants = expand_overrides(c, root)
@@ -97,6 +101,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
             c.walk(variant, spec, ())
             c.required(variant, required)
             check_recipe(c, variant)
+            check_runnable(c, variant)
         c.variant = ""
         recipe = base
     else:
@@ -109,6 +114,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
         c.walk(root, spec, ())
         c.required(root, S.REQUIRED_V2 if v2 else S.REQUIRED_V1)
         check_recipe(c, root)
+        check_runnable(c, root)
         recipe = root
     if require_digest and recipe.is_map:
         _binding(c, recipe, header)
@@ -120,10 +126,9 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
             out.append(e)
     if notes is not None:
         notes.extend(n for n in c.notes if n not in notes)
+    if warnings is not None:
+        warnings.extend(w for w in c.warnings if str(w) not in {str(x) for x in warnings})
     return out
-
-
-EngineChoice = Callable[[Path, str], EngineSpec]
 
 
 EngineChoice = Callable[[Path, str], EngineSpec]
@@ -141,13 +146,16 @@ def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
 
 
 def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | EngineChoice | None = None, *,
-                   require_digest: bool | None = None, notes: list[str] | None = None) -> list[InputError]:
+                   require_digest: bool | None = None, notes: list[str] | None = None,
+                   warnings: list[InputError] | None = None,
+                   platforms: Callable[[Path, str], tuple[str, ...]] | None = None) -> list[InputError]:
     """Validate recipe files (directories are searched for *.yaml/*.yml). Returns every error found.
 
     `engine` is an EngineSpec, the path of a pins/<stack>.engine.json, or a function choosing one per
     file from its path and text (raising InputError when it cannot); None checks no engine flags.
     `require_digest`: True demands an unbound placeholder or a digest in model.container; None (the
-    default) demands it of files rendered by servestack only.
+    default) demands it of files rendered by servestack only. `warnings` receives what runs but costs;
+    `platforms` names the platforms of the image each file runs (its stack's), for the hardware check.
     """
     fixed = load_engine(engine) if isinstance(engine, (str, Path)) else engine
     errors: list[InputError] = []
@@ -164,5 +172,6 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
             except InputError as e:
                 errors.append(e)
                 continue
-        errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes))
+        errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes, warnings=warnings,
+                                    platforms=platforms(f, text) if platforms else ()))
     return errors

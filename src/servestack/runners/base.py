@@ -15,6 +15,7 @@ In `command`, the token "{points}" is replaced by the comma-separated remaining 
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -152,3 +153,14 @@ class PollingWait:
             if deadline is not None and time.monotonic() >= deadline:
                 return st
             time.sleep(self.poll_seconds)
+
+
+def check_recipe_before_submit(job: JobSpec, log: logging.Logger) -> None:
+    """A recipe that cannot run is refused here, before an allocation loads the model on every node: the
+    same checks as `recipes validate` (InputErrors); what runs but costs is logged."""
+    if job.recipe_file is None:
+        return
+    from ..recipes import check_before_run
+
+    for warning in check_before_run([job.recipe_file]):
+        log.warning("%s: %s", job.name, warning)

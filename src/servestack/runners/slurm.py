@@ -22,7 +22,7 @@ from ..errors import ServestackError
 from ..fsutil import atomic_write_text
 from ..imageref import ImageRef
 from ..proc import CommandError, run
-from .base import JobHandle, JobSpec, JobState, PollingWait
+from .base import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
 from .preflight import MARKER, SCRIPT_NAME
 from .preflight import SCRIPT as PREFLIGHT_SCRIPT
 
@@ -206,6 +206,7 @@ class SlurmRunner(PollingWait):
 
     # -- interface -----------------------------------------------------------------------------
     def submit(self, job: JobSpec) -> JobHandle:
+        check_recipe_before_submit(job, log)
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         job.out_dir.mkdir(parents=True, exist_ok=True)
         if job.preflight is not None and job.preflight.runs:

@@ -42,7 +42,7 @@ from ..proc import run
 from ..recipes.read import load_recipe
 from ..yamlfile import RelativePath, relative_to_base
 from . import srtlogs
-from .base import JobHandle, JobSpec, JobState, PollingWait
+from .base import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
 from .preflight import SCRIPT_NAME, NodePreflight
 from .slurm import pull_reference, scancel, slurm_state
 
@@ -166,6 +166,7 @@ class SrtctlRunner(PollingWait):
     def submit(self, job: JobSpec) -> JobHandle:
         if job.recipe_file is None:
             raise ServestackError(f"{job.name}: the srtctl runner needs the job's srt-slurm recipe")
+        check_recipe_before_submit(job, log)
         recipe = load_recipe(job.recipe_file).data
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         image = pull_reference(job.image, self.registry_map) if job.image else None
