@@ -294,3 +294,14 @@ def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_ref
     with pytest.raises(NetworkError, match=rf"Debian bookworm InRelease \(http://127.0.0.1:{closed_port}/debian/dists/"):
         lock.lock(project, "tiny", github(world), refresh_base=True)
     assert project.lock_file("tiny").read_bytes() == before
+
+
+def test_a_stack_resolved_as_of_the_future_is_refused_naming_the_file_and_field(tmp_path, world):
+    """A date not yet come lets in whatever is uploaded until then: the same stack would relock to other wheels."""
+    (tmp_path / "pins").mkdir()
+    (tmp_path / "pins" / "tiny.yaml").write_text(
+        tinyserve_stack(world, "tiny", pr_items(world, (1,)), top='resolved_at: "2999-01-01T00:00:00Z"\n'))
+    project = Project(tmp_path)
+    with pytest.raises(InputError, match=r"tiny\.yaml: resolved_at: is 2999-01-01T00:00:00Z, later than now"):
+        lock.lock(project, "tiny", github(world))
+    assert not project.lock_file("tiny").exists()
