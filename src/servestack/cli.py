@@ -45,7 +45,7 @@ def _lock_args(p: argparse.ArgumentParser) -> None:
 
 @command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock (a relock keeps every locked version)", _lock_args)
 def _lock(args: argparse.Namespace, project: Project) -> int:
-    from . import lock, lockcheck, relock
+    from . import lockcheck, relock
     from .preferences import Upgrade
 
     if args.online and not args.check:
@@ -62,17 +62,8 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
         ok = report.ok and (online is None or online.ok)
         _say(f"lock {args.stack}: {'ok' if ok else 'out of date'}")
         return 0 if ok else 1
-    outcome = relock.relock(project, args.stack, upgrade=Upgrade.of(args.upgrade))
-    for line in outcome.lines:
-        _say(f"  {line}")
-    document = lock.load_lock(project, args.stack)
-    for entry in document.undated_indexes:
-        _say(f"warning: index {entry.index!r} {entry.why}")
-    wheels = {p: len(ws) for p, ws in document.platforms.items()}
-    statuses: dict[str, int] = {}
-    for pr in document.pull_requests:
-        statuses[pr.status] = statuses.get(pr.status, 0) + 1
-    _say(f"wrote {outcome.path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}")
+    for line in relock.relock(project, args.stack, upgrade=Upgrade.of(args.upgrade)).summary(project):
+        _say(line)
     return 0
 
 

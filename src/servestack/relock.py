@@ -19,6 +19,7 @@ from .errors import ServestackError
 from .fsutil import atomic_write_text
 from .preferences import Upgrade
 from .project import Project
+from .records.lockfile import read_lock
 from .resolution_date import set_resolved_at, stamp
 
 if TYPE_CHECKING:
@@ -30,6 +31,17 @@ class Relocked:
     path: Path
     moves: tuple[Move, ...]
     lines: tuple[str, ...]  # every change in words (drift.changes)
+
+    def summary(self, project: Project) -> list[str]:
+        """What `lock` prints: the changes, a warning for each index the date could not hold, the counts."""
+        document = read_lock(self.path)
+        statuses: dict[str, int] = {}
+        for pr in document.pull_requests:
+            statuses[pr.status] = statuses.get(pr.status, 0) + 1
+        wheels = {p: len(ws) for p, ws in document.platforms.items()}
+        return ([f"  {line}" for line in self.lines]
+                + [f"warning: index {entry.index!r} {entry.why}" for entry in document.undated_indexes]
+                + [f"wrote {self.path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}"])
 
 
 def relock(project: Project, stack_name: str, github: GitHub | None = None, *, upgrade: Upgrade = Upgrade(),
