@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from fixtures.tinystack import github, tinyserve_stack
-from servestack import build, lock
+from servestack import build, lock, lockcheck
 from servestack.errors import InputErrors, ServestackError
 from servestack.probe.static.evidence import evidence_problem
 from servestack.project import Project
@@ -52,7 +52,7 @@ def test_evidence_alone_makes_a_pr_included_without_any_history(tmp_path, world)
     assert entry["status"] == "included" and entry["verified_by"] == ["evidence"]
     assert entry["evidence"] == [{"file": "tinyserve/util.py", "contains": "max(low, min(value, high))",
                                   "found": "tinyserve/util.py:2"}]
-    assert lock.check(project, "tiny").ok
+    assert lockcheck.check(project, "tiny").ok
 
 
 def test_evidence_missing_from_the_pinned_wheel_names_the_pr_and_the_item(tmp_path, world):

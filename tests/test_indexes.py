@@ -13,9 +13,10 @@ import pytest
 
 from fixtures.records import committed_lock
 from servestack.records.lockfile import LockedPR, LockedWheel, OverlayPatch
-from servestack import build, cache, indexes, lock
+from servestack import build, cache, drift, indexes, lock, lockcheck, relock
 from servestack.cache import IntegrityError
 from servestack.errors import InputError
+from servestack.preferences import Upgrade
 from test_evidence import PR1_EVIDENCE, stack_with, unreachable
 
 
@@ -85,11 +86,12 @@ def test_upgrade_moves_the_resolution_date_and_says_what_changed(tmp_path, world
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE})
     lock.lock(project, "tiny", unreachable())
     assert lock.load_lock(project, "tiny").resolved_at is None
-    _, changed = lock.upgrade(project, "tiny", unreachable(), now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc))
+    changed = relock.relock(project, "tiny", unreachable(), upgrade=Upgrade(everything=True),
+                            now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)).lines
     assert 'resolved_at: "2026-11-30T12:00:00Z"\n' in (project.pins / "tiny.yaml").read_text()
     assert lock.load_lock(project, "tiny").resolved_at == "2026-11-30T12:00:00Z"
-    assert changed == ["resolved at 2026-11-30T12:00:00Z (was None)"]
-    assert lock.check(project, "tiny").ok
+    assert changed == ("resolved at 2026-11-30T12:00:00Z (was None)",)
+    assert lockcheck.check(project, "tiny").ok
 
 
 def test_a_failed_upgrade_leaves_the_stack_file_and_the_lock_as_they_were(tmp_path, world):
@@ -100,7 +102,7 @@ def test_a_failed_upgrade_leaves_the_stack_file_and_the_lock_as_they_were(tmp_pa
     (project.pins / "tiny.yaml").write_text(stack_before.decode().replace("version: 1.0.0", "version: 9.9.9"))
     stack_before = (project.pins / "tiny.yaml").read_bytes()
     with pytest.raises(Exception):
-        lock.upgrade(project, "tiny", unreachable())
+        relock.relock(project, "tiny", unreachable(), upgrade=Upgrade(everything=True))
     assert (project.pins / "tiny.yaml").read_bytes() == stack_before
     assert project.lock_file("tiny").read_bytes() == lock_before
 
@@ -116,7 +118,9 @@ def test_changes_name_versions_and_overlays_that_can_go():
                          pull_requests=(pr("overlay", OverlayPatch("pins/patches/o__r-5.diff", "0" * 64, True, ())),))
     new = committed_lock(resolved_at="b", platforms={"p": (wheel("x", "2"), wheel("new", "3"))},
                          pull_requests=(pr("included"),))
-    assert lock.changes(old, new) == [
-        "resolved at b (was a)", "p: gone 1 removed", "p: new 3 added", "p: x 1 -> 2",
+    assert drift.changes(old, new) == [
+        "resolved at b (was a)", "p: gone 1 removed (moved anyway: no longer needed by the closure)",
+        "p: new 3 added (moved anyway: newly needed by the closure)",
+        "p: x 1 -> 2 (moved anyway: the locked version was not kept)",
         "o/r#5: now included upstream; its overlay pins/patches/o__r-5.diff can go",
     ]

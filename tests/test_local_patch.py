@@ -11,7 +11,7 @@ import json
 import pytest
 
 from fixtures.tinystack import github, pr_items, tinyserve_stack
-from servestack import build, lock
+from servestack import build, lock, lockcheck
 from servestack.errors import InputError
 from servestack.probe.static import evidence as probe
 from servestack.project import Project
@@ -55,9 +55,9 @@ def test_the_lock_records_the_patch_by_hash_with_its_reason_and_check_names_an_e
         "python_only": True,
         "native_files": [],
     }
-    assert lock.check(project, "tinyimg").ok
+    assert lockcheck.check(project, "tinyimg").ok
     (project.patches / "tinyserve-launch-negative.diff").write_text(PATCH.replace("max(n, 0)", "max(n, 1)"))
-    (problem,) = lock.check(project, "tinyimg").problems
+    (problem,) = lockcheck.check(project, "tinyimg").problems
     assert "local_patches[pins/patches/tinyserve-launch-negative.diff]" in problem and "the lock says" in problem
 
 

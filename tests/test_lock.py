@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fixtures.tinystack import DEBIAN_BASE, github, pr_items, tinyserve_stack
-from servestack import lock
+from servestack import lock, lockcheck
 from servestack.errors import InputError, InputErrors, NetworkError
 from servestack.project import Project
 from servestack.sources.github import GitHub
@@ -126,18 +126,18 @@ def test_an_unreachable_github_records_prs_as_unverified(tmp_path, world):
         closed = f"http://127.0.0.1:{s.getsockname()[1]}"
     lock.lock(project, "tiny", GitHub(api=closed, token="", retries=0))
     assert pr_entries(project)[2]["status"] == "unverified"
-    report = lock.check(project, "tiny")
+    report = lockcheck.check(project, "tiny")
     assert report.ok and any("unverified" in w for w in report.warnings)
 
 
 def test_check_passes_on_a_fresh_lock_and_names_an_edited_patch(tmp_path, world):
     project = make_project(tmp_path, world)
     lock.lock(project, "tiny", github(world))
-    assert lock.check(project, "tiny").ok
+    assert lockcheck.check(project, "tiny").ok
 
     patch = project.root / pr_entries(project)[2]["patch"]["path"]
     patch.write_text(patch.read_text().replace("hello", "hellO", 1))
-    report = lock.check(project, "tiny")
+    report = lockcheck.check(project, "tiny")
     assert not report.ok
     (problem,) = report.problems
     assert "pull_requests[example/tinyserve#2].patch" in problem and "sha256" in problem
@@ -148,7 +148,7 @@ def test_check_names_the_stack_file_when_it_changed_by_one_character(tmp_path, w
     lock.lock(project, "tiny", github(world))
     stack = project.pins / "tiny.yaml"
     stack.write_text(stack.read_text().replace("name: tiny\n", "name: tiny \n", 1))
-    (problem,) = lock.check(project, "tiny").problems
+    (problem,) = lockcheck.check(project, "tiny").problems
     assert "stack.sha256" in problem and "pins/tiny.yaml changed since the lock" in problem
 
 
@@ -158,13 +158,13 @@ def test_check_names_a_missing_entry(tmp_path, world):
     document = json.loads(path.read_text())
     document["pull_requests"] = [e for e in document["pull_requests"] if e["number"] != 1]
     path.write_text(json.dumps(document))
-    (problem,) = lock.check(project, "tiny").problems
+    (problem,) = lockcheck.check(project, "tiny").problems
     assert "pull_requests[example/tinyserve#1]: entry missing" in problem
 
 
 @pytest.mark.parametrize("stack", ["dev-cpu", "qwen35-gb200"])
 def test_the_committed_locks_match_their_stacks(stack):
-    report = lock.check(Project(Path(__file__).resolve().parents[1]), stack)
+    report = lockcheck.check(Project(Path(__file__).resolve().parents[1]), stack)
     assert report.ok, report.problems
 
 
@@ -233,7 +233,7 @@ def test_a_package_its_index_cannot_give_is_locked_as_unavailable_by_name_with_t
     assert entry["accepted_because"] == "the server JIT-compiles these kernels at first start instead"
     assert "tinykernels" not in lock.load_lock(project, "tiny").packages
 
-    report = lock.check(project, "tiny")  # what `build` runs first
+    report = lockcheck.check(project, "tiny")  # what `build` runs first
     assert report.ok, report.problems
     assert any("tinykernels 1.0.0 is not in the image" in w and "accepted because" in w for w in report.warnings)
 
@@ -264,7 +264,7 @@ def test_a_lock_that_lets_a_package_go_without_the_stack_s_reason_is_refused_bef
     stack = project.pins / "tiny.yaml"
     stack.write_text(stack.read_text().replace(
         "    if_unavailable: the server JIT-compiles these kernels at first start instead\n", ""))
-    problems = lock.check(project, "tiny").problems
+    problems = lockcheck.check(project, "tiny").problems
     assert any("unavailable[0]: tinykernels 1.0.0 could not be had from index 'kernels'" in p
                and "does not accept that" in p and "if_unavailable" in p for p in problems)
 
@@ -294,3 +294,14 @@ def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_ref
     with pytest.raises(NetworkError, match=rf"Debian bookworm InRelease \(http://127.0.0.1:{closed_port}/debian/dists/"):
         lock.lock(project, "tiny", github(world), refresh_base=True)
     assert project.lock_file("tiny").read_bytes() == before
+
+
+def test_a_stack_resolved_as_of_the_future_is_refused_naming_the_file_and_field(tmp_path, world):
+    """A date not yet come lets in whatever is uploaded until then: the same stack would relock to other wheels."""
+    (tmp_path / "pins").mkdir()
+    (tmp_path / "pins" / "tiny.yaml").write_text(
+        tinyserve_stack(world, "tiny", pr_items(world, (1,)), top='resolved_at: "2999-01-01T00:00:00Z"\n'))
+    project = Project(tmp_path)
+    with pytest.raises(InputError, match=r"tiny\.yaml: resolved_at: is 2999-01-01T00:00:00Z, later than now"):
+        lock.lock(project, "tiny", github(world))
+    assert not project.lock_file("tiny").exists()

@@ -148,7 +148,9 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
     out = project.artifacts(stack)
     record_path = out / "build.json"
     record_path.unlink(missing_ok=True)
-    report = lock.check(project, stack)
+    from . import lockcheck
+
+    report = lockcheck.check(project, stack)
     if not report.ok:
         raise ServestackError("the lock does not match its stack; fix or re-lock first:\n" + "\n".join(report.problems))
     for warning in report.warnings:

@@ -41,6 +41,8 @@ class Drift:
     digest_before: str | None = None
     digest_after: str | None = None
     lock_changes: list[str] = field(default_factory=list)
+    asked: list[str] = field(default_factory=list)  # what `lock --upgrade` was asked to move, and moved
+    moved_anyway: list[str] = field(default_factory=list)  # what moved unasked: drift (servestack.drift)
     steps: list[Step] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
     comparison: dict[str, Any] | None = None
@@ -53,7 +55,7 @@ class Drift:
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "stack": self.stack, "passed": self.passed, "baseline": self.baseline,
                 "digest_before": self.digest_before, "digest_after": self.digest_after,
-                "lock_changes": self.lock_changes, "steps": [s.__dict__ for s in self.steps],
+                "lock_changes": self.lock_changes, "asked": self.asked, "moved_anyway": self.moved_anyway, "steps": [s.__dict__ for s in self.steps],
                 "stages": self.stages, "comparison": self.comparison, "comparison_report": self.comparison_report}
 
 
@@ -76,6 +78,9 @@ def markdown(d: Drift) -> str:
              f"- digest before: `{d.digest_before or '-'}`", f"- digest after: `{d.digest_after or '-'}`",
              f"- baseline: `{d.baseline or '-'}`", "", "## The lock", ""]
     lines += [f"- {c}" for c in d.lock_changes] or ["- (not relocked)"]
+    lines += ["", "### Asked to move (lock --upgrade)", ""] + ([f"- {c}" for c in d.asked] or ["- nothing"])
+    lines += ["", "### Moved anyway (a plain relock would have moved these too)", ""]
+    lines += [f"- {c}" for c in d.moved_anyway] or ["- nothing"]
     lines += ["", "## Steps", "", "| step | outcome | seconds | detail |", "|---|---|---:|---|"]
     for s in d.steps:
         lines.append(f"| {s.name} | {'ok' if s.ok else '**FAIL**'} | {s.seconds:.0f} | {s.detail.replace('|', '/')} |")
@@ -105,13 +110,20 @@ def write(project: Project, d: Drift) -> Path:
 
 def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     """Each step as (name, action -> (ok, detail)); they run in order and the first failure ends the bump."""
-    from . import build, image, lock
+    from . import build, image, relock
+    from .preferences import Upgrade
     from .smoke import run_smoke
     from .stages import run_pipeline
 
-    def relock() -> tuple[bool, str]:
-        _, d.lock_changes = lock.upgrade(project, stack)
-        return True, f"{len(d.lock_changes)} changes"
+    def relocked() -> tuple[bool, str]:
+        # Drift first: what a relock without asking would move is not the upgrade's doing.
+        anyway = relock.drift_now(project, stack)
+        outcome = relock.relock(project, stack, upgrade=Upgrade(everything=True))
+        unasked = {(m.platform, m.name) for m in anyway}
+        d.lock_changes = list(outcome.lines)
+        d.moved_anyway = [m.line() for m in anyway] + [m.line() for m in outcome.moves if not m.asked]
+        d.asked = [m.line() for m in outcome.moves if m.asked and (m.platform, m.name) not in unasked]
+        return True, f"{len(d.asked)} asked to move, {len(d.moved_anyway)} moved anyway"
 
     def built() -> tuple[bool, str]:
         build.build(project, stack)
@@ -134,7 +146,7 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return bool(results) and all(r.passed for r in results), ", ".join(
             f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results)
 
-    return [("lock --upgrade", relock), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
+    return [("lock --upgrade", relocked), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
 
 
 def _policy(project: Project, stack: str):

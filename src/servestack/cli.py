@@ -34,34 +34,36 @@ def _say(text: str = "") -> None:
 
 def _lock_args(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--check", action="store_true", help="offline: fail when the lock no longer matches the stack file or patches")
-    mode.add_argument("--upgrade", action="store_true", help="move the stack's resolved_at to now, relock, print what changed")
+    mode.add_argument("--check", action="store_true", help="offline: fail when the lock no longer matches the stack file "
+                                                           "or patches (with --online: would a relock today change anything?)")
+    mode.add_argument("--upgrade", nargs="*", metavar="PACKAGE", default=None,
+                      help="take newer releases, of every package or of those named: resolved_at moves to now, "
+                           "every other locked version is kept; prints what changed")
+    p.add_argument("--online", action="store_true", help="with --check: resolve as a relock and as --upgrade would, "
+                                                         "naming each difference and its cause; writes nothing")
 
 
-@command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock", _lock_args)
+@command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock (a relock keeps every locked version)", _lock_args)
 def _lock(args: argparse.Namespace, project: Project) -> int:
-    from . import lock
+    from . import lockcheck, relock
+    from .preferences import Upgrade
 
+    if args.online and not args.check:
+        raise ServestackError("--online goes with --check")
     if args.check:
-        report = lock.check(project, args.stack)
+        report = lockcheck.check(project, args.stack)
         for warning in report.warnings:
             _say(f"warning: {warning}")
         for problem in report.problems:
             _say(f"error: {problem}")
-        _say(f"lock {args.stack}: {'ok' if report.ok else 'out of date'}")
-        return 0 if report.ok else 1
-    if args.upgrade:
-        path, changed = lock.upgrade(project, args.stack)
-        for line in changed:
+        online = relock.check_online(project, args.stack) if args.online else None
+        for line in online.lines() if online else []:
             _say(f"  {line}")
-    else:
-        path = lock.lock(project, args.stack)
-    document = lock.load_lock(project, args.stack)
-    wheels = {p: len(ws) for p, ws in document.platforms.items()}
-    statuses: dict[str, int] = {}
-    for pr in document.pull_requests:
-        statuses[pr.status] = statuses.get(pr.status, 0) + 1
-    _say(f"wrote {path.relative_to(project.root)}: wheels {wheels}, pull requests {statuses or 'none'}")
+        ok = report.ok and (online is None or online.ok)
+        _say(f"lock {args.stack}: {'ok' if ok else 'out of date'}")
+        return 0 if ok else 1
+    for line in relock.relock(project, args.stack, upgrade=Upgrade.of(args.upgrade)).summary(project):
+        _say(line)
     return 0
 
 

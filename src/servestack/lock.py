@@ -8,19 +8,19 @@ bytes and a re-lock shows up in review as a readable diff. Resolving talks to th
 from __future__ import annotations
 
 import logging
-import re
 import zipfile
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import diffs
+from . import diffs, resolution_date
 from .errors import InputError, InputErrors, NetworkError, ServestackError
 from .fsutil import atomic_write_text, sha256_bytes, sha256_file
+from .preferences import Upgrade
 from .project import Project
 from .records.fields import Fields
-from .records.lockfile import Lock, read_lock, write_lock
+from .records.lockfile import Lock, UndatedIndex, read_lock, write_lock
 from .wheels import normalize
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ log = logging.getLogger("servestack.lock")
 LOCK_VERSION = 3  # 3: a Debian base's packages, each by sha256
 
 
-def _relative(project: Project, path: Path) -> str:
+def relative(project: Project, path: Path) -> str:
     return path.resolve().relative_to(project.root.resolve()).as_posix()
 
 
@@ -220,7 +220,7 @@ def _resolve_prs(
                 patches[path] = diff
                 entry["status"] = "overlay"
                 entry["patch"] = {
-                    "path": _relative(project, path),
+                    "path": relative(project, path),
                     "sha256": sha256_bytes(diff.encode()),
                     "python_only": not diffs.diff_native_files(diff),
                     "native_files": diffs.diff_native_files(diff),
@@ -258,13 +258,13 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
             path = project.patches / patch.file
             if not path.is_file():
                 raise InputError(stack_file, f"packages[{index}].patches[{patch_index}].file",
-                                 f"{_relative(project, path)} does not exist (a local patch lives in pins/patches/)")
+                                 f"{relative(project, path)} does not exist (a local patch lives in pins/patches/)")
             diff = path.read_text()
             if not diffs.touched_files(diff):
                 raise InputError(path, "diff", "changes no file (expected a unified diff in the wheel's paths)")
             entries.append({
                 "package": normalize(package.name),
-                "file": _relative(project, path),
+                "file": relative(project, path),
                 "sha256": sha256_file(path),
                 "reason": patch.reason,
                 "python_only": not diffs.diff_native_files(diff),
@@ -273,10 +273,14 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
     return sorted(entries, key=lambda e: (e["package"], e["file"]))
 
 
-def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False) -> dict[str, Any]:
-    """Resolve a stack into its lock (`lock`) and the PR patches to write (`patches`); nothing is written.
-    `refresh_base`: resolve a Debian base's packages again from the suite as it is now."""
-    from . import pairing
+def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False,
+            upgrade: Upgrade = Upgrade(), resolved_at: str | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """Resolve a stack into its lock (`lock`), the PR patches to write (`patches`) and what moved since the
+    previous lock (`moves`); nothing is written. The previous lock's versions are kept unless UPGRADE
+    covers them or their stack entry changed. `refresh_base`: resolve a Debian base's packages again
+    from the suite as it is now; `resolved_at`: resolve as of this moment instead of the stack's."""
+    from . import drift, pairing
+    from .preferences import changed_entries, preferred
     from .sources import pypi
     from .sources.github import GitHub
     from .stack import load_stack
@@ -285,6 +289,9 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, 
     stack = load_stack(stack_file)
     if stack.name != stack_name:
         raise InputError(stack_file, "name", f"is {stack.name!r}, but the file is named for {stack_name!r}")
+    if resolved_at:
+        stack = stack.model_copy(update={"resolved_at": resolved_at})
+    resolution_date.refuse_future(stack.resolved_at, stack_file, now)
     # What the stack lets go and its index cannot give here is left out of the resolution, with the
     # indexes only it used (an index without a location cannot be passed to uv).
     unavailable = pypi.unavailable(stack, stack_file)
@@ -292,7 +299,12 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, 
     wanted = [p for p in stack.packages if normalize(p.name) not in unavailable]
     dropped = {p.index for p in let_go} - {p.index for p in wanted}
     stack = stack.model_copy(update={"packages": wanted, "indexes": [i for i in stack.indexes if i.name not in dropped]})
-    platforms = {platform: _with_sizes(pypi.resolve(stack, stack_file, platform)) for platform in stack.platforms}
+    previous = _previous_lock(project, stack_name)
+    changed = changed_entries(previous, {normalize(p.name): p.requirement for p in stack.packages})
+    undated = _undated_default_index(stack, stack_file)
+    platforms = {platform: _with_sizes(pypi.resolve(
+        stack, stack_file, platform, dated=not undated,
+        preferences=preferred(previous, platform, upgrade=upgrade, changed=changed))) for platform in stack.platforms}
     for platform, resolved_wheels in platforms.items():
         pairing.check_locked(stack, stack_file, platform, resolved_wheels)
     first = platforms[stack.platforms[0]]
@@ -302,12 +314,12 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, 
         raise ServestackError(f"{stack_file}: packages {missing} did not resolve to any wheel")
     prs, commits, patches = _resolve_prs(project, stack, stack_file, by_name, github or GitHub())
     local_patches = _local_patches(project, stack, stack_file)
-    base = _resolve_base(stack, _previous_lock(project, stack_name), refresh_base)
+    base = _resolve_base(stack, previous, refresh_base)
     uploads = [w.upload_time for ws in platforms.values() for w in ws if w.upload_time]
     epoch = max(uploads) if uploads else base.get("debian", {}).get("release_date", 0)
     document = {
         "lock_version": LOCK_VERSION,
-        "stack": {"name": stack.name, "file": _relative(project, stack_file), "sha256": sha256_file(stack_file)},
+        "stack": {"name": stack.name, "file": relative(project, stack_file), "sha256": sha256_file(stack_file)},
         "python": stack.python,
         "resolved_at": stack.resolved_at,
         "source_date_epoch": epoch,
@@ -338,13 +350,30 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, 
             {"package": normalize(p.name), "version": p.version, "index": p.index, "why": unavailable[normalize(p.name)],
              "accepted_because": p.if_unavailable}
             for p in let_go]
+    if undated:
+        document["undated_indexes"] = [undated.to_json()]
     # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
-    return {"lock": Lock.from_json(Fields(document, project.lock_file(stack_name))), "patches": patches}
+    locked = Lock.from_json(Fields(document, project.lock_file(stack_name)))
+    return {"lock": locked, "patches": patches, "previous": previous,
+            "moves": drift.moves(previous, locked, upgrade=upgrade, changed=changed)}
 
 
-def lock(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False) -> Path:
-    """Resolve and write the lock; on any failure the previous lock is left as it was."""
-    resolved = resolve(project, stack_name, github, refresh_base=refresh_base)
+def _undated_default_index(stack: Stack, stack_file: Path) -> UndatedIndex | None:
+    """The default index, when the stack has a date and that index serves no upload times to hold it to."""
+    from .indexes import DEFAULT_INDEX
+    from .sources import pypi
+
+    first = next((p for p in stack.packages if p.index in (None, DEFAULT_INDEX)), None)
+    if not stack.resolved_at or first is None:
+        return None
+    location = pypi.index_locations(stack, stack_file)[0]
+    if resolution_date.serves_upload_times(location, normalize(first.name)):
+        return None
+    return resolution_date.undated(location, stack.resolved_at)
+
+
+def write(project: Project, stack_name: str, resolved: dict[str, Any]) -> Path:
+    """Write what `resolve` gave: the PR patches, then the lock."""
     for path, diff in sorted(resolved["patches"].items()):
         if not path.exists() or path.read_text() != diff:
             atomic_write_text(path, diff)
@@ -353,91 +382,10 @@ def lock(project: Project, stack_name: str, github: GitHub | None = None, *, ref
     return out
 
 
-# --------------------------------------------------------------------------- upgrading
-
-
-def _set_resolved_at(text: str, moment: str) -> str:
-    """The stack file's text with `resolved_at` set to `moment` (added after `python:` if absent)."""
-    line = f'resolved_at: "{moment}"'
-    if re.search(r"^resolved_at:.*$", text, re.M):
-        return re.sub(r"^resolved_at:.*$", line, text, count=1, flags=re.M)
-    if not re.search(r"^python:.*$", text, re.M):
-        raise ServestackError("the stack file has no top-level `python:` line to put `resolved_at` after")
-    return re.sub(r"^(python:.*)$", rf"\1\n{line}", text, count=1, flags=re.M)
-
-
-def changes(old: Lock | None, new: Lock) -> list[str]:
-    """What a relock changed, in words: versions, PRs now included upstream, overlays that can go."""
-    if old is None:
-        return ["no previous lock"]
-    lines = []
-    if old.resolved_at != new.resolved_at:
-        lines.append(f"resolved at {new.resolved_at} (was {old.resolved_at})")
-    for platform in sorted(set(old.platforms) | set(new.platforms)):
-        lines += _version_changes(f"{platform}: ", {w.name: w.version for w in old.wheels(platform)},
-                                  {w.name: w.version for w in new.wheels(platform)})
-    lines += _base_changes(old, new)
-    was = {(e.repo, e.number): e for e in old.pull_requests}
-    for entry in new.pull_requests:
-        prior = was.get((entry.repo, entry.number))
-        if prior and prior.status == "overlay" and entry.status == "included" and prior.patch:
-            lines.append(f"{entry.label}: now included upstream; its overlay {prior.patch.path} can go")
-        elif prior is None or prior.status != entry.status:
-            lines.append(f"{entry.label}: {prior.status if prior else 'new'} -> {entry.status}")
-    return lines or ["nothing changed"]
-
-
-def _base_changes(old: Lock, new: Lock) -> list[str]:
-    from .records.lockfile import DebianBase
-
-    if not isinstance(new.base, DebianBase):
-        return []
-    lines = []
-    for platform in sorted(new.base.resolved):
-        before = {d.name: d.version for d in old.base.debs(platform)} if isinstance(old.base, DebianBase) else {}
-        lines += _version_changes(f"{platform}: deb ", before, {d.name: d.version for d in new.base.debs(platform)})
-    return lines
-
-
-def _version_changes(prefix: str, before: dict[str, str], after: dict[str, str]) -> list[str]:
-    lines = []
-    for name in sorted(set(before) | set(after)):
-        if name not in after:
-            lines.append(f"{prefix}{name} {before[name]} removed")
-        elif name not in before:
-            lines.append(f"{prefix}{name} {after[name]} added")
-        elif before[name] != after[name]:
-            lines.append(f"{prefix}{name} {before[name]} -> {after[name]}")
-    return lines
-
-
-def upgrade(project: Project, stack_name: str, github: GitHub | None = None, now: datetime | None = None) -> tuple[Path, list[str]]:
-    """Move the stack's resolution date to `now`, relock, and say what changed; on failure the stack
-    file and the lock are left as they were."""
-    stack_file = project.stack_file(stack_name)
-    text = stack_file.read_text()
-    old = _previous_lock(project, stack_name)
-    moment = (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    atomic_write_text(stack_file, _set_resolved_at(text, moment))
-    try:
-        path = lock(project, stack_name, github, refresh_base=True)
-    except BaseException:
-        atomic_write_text(stack_file, text)
-        raise
-    return path, changes(old, load_lock(project, stack_name))
-
-
-# --------------------------------------------------------------------------- checking
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    problems: list[str]
-    warnings: list[str]
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
+def lock(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False,
+         upgrade: Upgrade = Upgrade()) -> Path:
+    """Resolve and write the lock; on any failure the previous lock is left as it was."""
+    return write(project, stack_name, resolve(project, stack_name, github, refresh_base=refresh_base, upgrade=upgrade))
 
 
 def load_lock(project: Project, stack_name: str) -> Lock:
@@ -448,90 +396,3 @@ def load_lock(project: Project, stack_name: str) -> Lock:
 
 def lock_digest(project: Project, stack_name: str) -> str:
     return sha256_file(project.lock_file(stack_name))
-
-
-def check(project: Project, stack_name: str) -> CheckReport:
-    """Offline: does the lock still describe the stack file, and do its patches match their hashes?"""
-    lock_path = project.lock_file(stack_name)
-    where = _relative(project, lock_path) if lock_path.exists() else str(lock_path)
-    problems: list[str] = []
-    warnings: list[str] = []
-    from .stack import load_stack
-
-    document = load_lock(project, stack_name)
-    stack_file = project.stack_file(stack_name)
-    stack = load_stack(stack_file)
-
-    recorded = document.stack.sha256
-    actual = sha256_file(stack_file)
-    if recorded != actual:
-        problems.append(
-            f"{where}: stack.sha256: {_relative(project, stack_file)} changed since the lock "
-            f"(lock has {recorded}, file has {actual}); run `nox -s lock -- --stack {stack_name}`"
-        )
-    if document.lock_version != LOCK_VERSION:
-        problems.append(f"{where}: lock_version: is {document.lock_version}, this servestack writes {LOCK_VERSION}; re-lock")
-    let_go = {u.package: u for u in document.unavailable}
-    for i, entry in enumerate(document.unavailable):
-        package = stack.package(entry.package)
-        if package is None or package.if_unavailable is None:
-            problems.append(
-                f"{where}: unavailable[{i}]: {entry.package} {entry.version} could not be had from index "
-                f"{entry.index!r} ({entry.why[:200]}), and {_relative(project, stack_file)} does not accept that: "
-                f"configure the index and re-lock, or state the package's `if_unavailable`")
-        else:
-            warnings.append(f"{where}: unavailable[{i}]: {entry.package} {entry.version} is not in the image "
-                            f"(index {entry.index!r}: {entry.why[:160]}); accepted because: {entry.accepted_because[:200]}")
-    for platform in stack.platforms:
-        wheels_here = document.wheels(platform)
-        if not wheels_here:
-            problems.append(f"{where}: platforms.{platform}: entry missing")
-            continue
-        names = {normalize(w.name) for w in wheels_here}
-        for package in stack.packages:
-            if normalize(package.name) not in names and normalize(package.name) not in let_go:
-                problems.append(f"{where}: platforms.{platform}: no wheel for package {package.name}")
-        known_indexes = {"pypi"} | {i.name for i in stack.indexes}
-        for i, wheel in enumerate(wheels_here):
-            for key in ("sha256", "filename", "version", "index"):
-                if not getattr(wheel, key):
-                    problems.append(f"{where}: platforms.{platform}[{i}].{key}: entry missing")
-            if wheel.index and wheel.index not in known_indexes:
-                problems.append(f"{where}: platforms.{platform}[{i}].index: {wheel.index!r} is not an index of the stack")
-    for package in stack.packages:
-        if normalize(package.name) not in document.packages and normalize(package.name) not in let_go:
-            problems.append(f"{where}: packages.{normalize(package.name)}: entry missing")
-    locked_prs = {(e.repo, e.number): e for e in document.pull_requests}
-    for package in stack.packages:
-        if normalize(package.name) in let_go:
-            continue  # not locked: its PRs could not be looked for
-        for pr in package.prs:
-            entry = locked_prs.get((pr.repo, pr.number))
-            label = f"pull_requests[{pr.repo}#{pr.number}]"
-            if entry is None:
-                problems.append(f"{where}: {label}: entry missing")
-                continue
-            if entry.status == "unverified":
-                warnings.append(f"{where}: {label}: unverified ({(entry.unverified_reason or '')[:160]})")
-            if entry.status == "overlay" and entry.patch:
-                path = project.root / entry.patch.path
-                if not path.is_file():
-                    problems.append(f"{where}: {label}.patch: file {entry.patch.path} is missing")
-                elif sha256_file(path) != entry.patch.sha256:
-                    problems.append(
-                        f"{where}: {label}.patch: {entry.patch.path} has sha256 {sha256_file(path)}, the lock says {entry.patch.sha256}"
-                    )
-    locked_patches = {e.file: e for e in document.local_patches}
-    for package in stack.packages:
-        for patch in package.patches:
-            rel = _relative(project, project.patches / patch.file)
-            entry = locked_patches.get(rel)
-            label = f"local_patches[{rel}]"
-            path = project.root / rel
-            if entry is None:
-                problems.append(f"{where}: {label}: entry missing")
-            elif not path.is_file():
-                problems.append(f"{where}: {label}: file {rel} is missing")
-            elif sha256_file(path) != entry.sha256:
-                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.sha256}")
-    return CheckReport(problems, warnings)

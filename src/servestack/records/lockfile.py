@@ -270,6 +270,22 @@ class Unavailable:
         return cls(f.str("package"), f.str("version"), f.str("index"), f.str("why"), accepted)
 
 
+@dataclass(frozen=True, kw_only=True)
+class UndatedIndex:
+    """An index the lock's `resolved_at` could not be applied to: it serves no upload times."""
+
+    index: str
+    why: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"index": self.index, "why": self.why}
+
+    @classmethod
+    def from_json(cls, f: Fields) -> "UndatedIndex":
+        f.only("index", "why")
+        return cls(index=f.str("index"), why=f.str("why"))
+
+
 @dataclass(frozen=True)
 class Lock:
     lock_version: int
@@ -289,6 +305,7 @@ class Lock:
     links: dict[str, dict[str, str]] = field(default_factory=dict)  # image path -> stack.Link
     gpu_node: dict[str, Any] | None = None  # stack.GpuNode, as the stack file gives it
     unavailable: tuple[Unavailable, ...] = ()
+    undated_indexes: tuple[UndatedIndex, ...] = ()  # written only when there is one: older locks keep their bytes
     file: Path | str = field(default="", compare=False)  # where it was read from, for messages
 
     def wheels(self, platform: str) -> tuple[LockedWheel, ...]:
@@ -320,13 +337,15 @@ class Lock:
             document["gpu_node"] = self.gpu_node
         if self.unavailable:
             document["unavailable"] = [u.to_json() for u in self.unavailable]
+        if self.undated_indexes:
+            document["undated_indexes"] = [u.to_json() for u in self.undated_indexes]
         return document
 
     @classmethod
     def from_json(cls, f: Fields) -> "Lock":
         f.only("lock_version", "stack", "python", "resolved_at", "source_date_epoch", "base", "environment", "excluded",
                "packages", "platforms", "pull_requests", "local_patches", "smoke_model", "fast_path",
-               "links", "gpu_node", "unavailable")
+               "links", "gpu_node", "unavailable", "undated_indexes")
         stack = f.obj("stack")
         stack.only("name", "file", "sha256")
         model = f.obj("smoke_model")
@@ -362,6 +381,7 @@ class Lock:
             links=f.entries("links", _link, {}),
             gpu_node=f.obj("gpu_node").data if f.has("gpu_node") else None,
             unavailable=f.items("unavailable", Unavailable.from_json, ()),
+            undated_indexes=f.items("undated_indexes", UndatedIndex.from_json, ()),
             file=f.file,
         )
 

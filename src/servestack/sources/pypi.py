@@ -89,10 +89,17 @@ def _unsatisfiable_sentence(output: str) -> str | None:
     return f"these packages cannot be installed together: {sentence}"
 
 
-def resolve(stack: Stack, stack_file: Path, platform: str) -> list[FoundWheel]:
-    """Resolve the stack's packages for one platform into exactly one wheel per package."""
+def resolve(stack: Stack, stack_file: Path, platform: str, *, preferences: dict[str, str] | None = None,
+            dated: bool = True) -> list[FoundWheel]:
+    """Resolve the stack's packages for one platform into exactly one wheel per package, keeping the
+    PREFERENCES' versions (name -> version) where the closure allows; `dated`: whether the default
+    index serves upload times, without which uv's date cutoff would drop every one of its files."""
+    from ..preferences import pylock_text
+
     with tempfile.TemporaryDirectory(prefix="servestack-lock-") as tmp:
         work = Path(tmp)
+        if preferences:  # uv reads the output file it is about to overwrite as its preferences
+            (work / "pylock.toml").write_text(pylock_text(preferences, stack.python))
         (work / "requirements.in").write_text("".join(p.requirement + "\n" for p in stack.packages))
         (work / "overrides.txt").write_text(
             "".join(f'{e.name} ; sys_platform == "never"\n' for e in stack.exclude)
@@ -105,7 +112,7 @@ def resolve(stack: Stack, stack_file: Path, platform: str) -> list[FoundWheel]:
             "--python-version", stack.python,
             "--no-header", "--quiet",
         ]
-        if stack.resolved_at:
+        if stack.resolved_at and dated:
             argv += ["--exclude-newer", stack.resolved_at]
             # A package pinned to a version on a named index is fixed by that pin; such indexes
             # (PyTorch's, a local directory) often publish no upload times, which the cutoff needs.
