@@ -63,16 +63,16 @@ def test_the_first_token_s_log_prob_is_held_to_float_noise():
     assert "token 0 (7): log-prob -0.1000 vs -0.3000 (bound 0.15)" in row["detail"]
 
 
-def test_a_later_token_may_be_a_tipped_attention_off_but_not_a_whole_nat():
-    """After the first token a random-weight network carries the paths' float noise on: one prompt's
-    third token was 0.58 nats off in every run, its neighbours within 0.02 (see the module doc)."""
-    tipped = answer([7, 5, 9], [-0.1, -0.70, -0.88], REF["top"])
-    row = agreement.compare_answer(REF, tipped)
-    assert row["verdict"] == "agree" and row["agreed"] == 3 and row["max_logprob_diff"] == pytest.approx(0.58)
-    off = answer([7, 5, 9], [-0.1, -0.70, -1.5], REF["top"])
+def test_a_later_token_may_carry_more_float_noise_but_not_half_a_nat():
+    """After the first token a random-weight network carries the paths' float noise on (at most
+    0.095 nats measured), so later tokens get more room than the first, but not half a nat."""
+    noisy = answer([7, 5, 9], [-0.1, -0.70, -0.6], REF["top"])
+    row = agreement.compare_answer(REF, noisy)
+    assert row["verdict"] == "agree" and row["agreed"] == 3 and row["max_logprob_diff"] == pytest.approx(0.3)
+    off = answer([7, 5, 9], [-0.1, -0.70, -0.9], REF["top"])
     row = agreement.compare_answer(REF, off)
     assert row["verdict"] == "disagree" and row["agreed"] == 2
-    assert "token 2 (9): log-prob -0.3000 vs -1.5000 (bound 1.0)" in row["detail"]
+    assert "token 2 (9): log-prob -0.3000 vs -0.9000 (bound 0.5)" in row["detail"]
 
 
 def test_text_tokenized_differently_by_the_two_servers_disagrees():

