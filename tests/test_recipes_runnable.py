@@ -41,22 +41,22 @@ def edited(file: Path, old: str, new: str, engine=GB200) -> tuple[list[str], lis
 def test_a_decode_ssm_cache_dtype_unlike_prefills_is_an_error_naming_both_lines_and_the_engines_reason():
     errors, _ = edited(SWEEP, DECODE_TAIL, DECODE_TAIL.replace("bfloat16", "float32"))
     assert len(errors) == 1
-    assert errors[0].startswith(f"{SWEEP}:74:")
-    assert "prefill sets 'bfloat16' (line 59), decode sets 'float32' (line 74)" in errors[0]
+    assert errors[0].startswith(f"{SWEEP}:76:")
+    assert "prefill sets 'bfloat16' (line 61), decode sets 'float32' (line 76)" in errors[0]
     assert "nixl/base_worker.py:_build_mamba_remote" in errors[0]
 
 
 def test_a_conv_state_layout_other_than_ds_on_one_role_is_an_error():
     errors, _ = edited(SWEEP, '    VLLM_SSM_CONV_STATE_LAYOUT: "DS"\n  vllm_config', '    VLLM_SSM_CONV_STATE_LAYOUT: "SD"\n  vllm_config')
-    assert len(errors) == 1 and f"{SWEEP}:45:" in errors[0]
-    assert "prefill sets 'DS' (line 40), decode sets 'SD' (line 45)" in errors[0]
+    assert len(errors) == 1 and f"{SWEEP}:47:" in errors[0]
+    assert "prefill sets 'DS' (line 42), decode sets 'SD' (line 47)" in errors[0]
     assert "Set VLLM_SSM_CONV_STATE_LAYOUT=DS (vllm/distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py:__init__)" in errors[0]
 
 
 def test_a_kv_cache_dtype_on_one_role_only_is_an_error_from_the_compatibility_hash():
     errors, _ = edited(SWEEP, "      max-num-batched-tokens: 16384\n", "      kv-cache-dtype: fp8\n")
     assert len(errors) == 1
-    assert "prefill sets 'fp8' (line 61), decode sets nothing (the engine's default) (line 62)" in errors[0]
+    assert "prefill sets 'fp8' (line 63), decode sets nothing (the engine's default) (line 64)" in errors[0]
     assert "compatibility hash factor 'cache_dtype'" in errors[0] and "nixl/metadata.py:compute_nixl_compatibility_hash" in errors[0]
 
 
@@ -64,7 +64,7 @@ def test_async_scheduling_on_one_role_only_costs_and_is_a_warning():
     errors, warnings = edited(SWEEP, "      async-scheduling: true\n      stream-interval: 100\n      mamba-ssm-cache-dtype: \"bfloat16\"\n      language-model-only: true\n\n",
                               "      stream-interval: 100\n      mamba-ssm-cache-dtype: \"bfloat16\"\n      language-model-only: true\n\n")
     assert errors == []
-    assert len(warnings) == 1 and "async-scheduling differs: prefill sets True (line 57)" in warnings[0]
+    assert len(warnings) == 1 and "async-scheduling differs: prefill sets True (line 59)" in warnings[0]
 
 
 def test_a_block_size_the_handshake_accepts_differing_passes_silently():
@@ -110,43 +110,43 @@ def test_the_committed_engine_descriptions_carry_the_rules_with_their_sources():
 # -- class 2: the hardware is what the GPU type has ------------------------------------------------------
 def test_a_gb200_recipe_with_8_gpus_per_node_is_an_error():
     errors, _ = edited(SWEEP, "  gpus_per_node: 4", "  gpus_per_node: 8")
-    assert len(errors) == 1 and "8 GPUs per node (line 20), but a gb200 node has 4: gb200 (line 19;" in errors[0]
+    assert len(errors) == 1 and "8 GPUs per node (line 22), but a gb200 node has 4: gb200 (line 21;" in errors[0]
 
 
 def test_nvfp4_on_hopper_and_an_arm64_image_on_x86_nodes_are_errors():
     errors, _ = edited(SWEEP, '  gpu_type: "gb200"', '  gpu_type: "h200"')
-    assert any("NVFP4 (line 13) needs Blackwell's FP4 tensor cores; gpu_type h200 (line 19" in e for e in errors)
-    assert any("the image (line 12) is linux/arm64 as its stack builds it, but gpu_type h200 (line 19) nodes are "
+    assert any("NVFP4 (line 15) needs Blackwell's FP4 tensor cores; gpu_type h200 (line 21" in e for e in errors)
+    assert any("the image (line 14) is linux/arm64 as its stack builds it, but gpu_type h200 (line 21) nodes are "
                "linux/amd64" in e for e in errors)
 
 
 # -- class 3: the workload fits the engine's limits ------------------------------------------------------
 def test_isl_plus_osl_beyond_a_roles_max_model_len_is_an_error():
     errors, _ = edited(SWEEP, "      max-num-batched-tokens: 16384\n", "      max-model-len: 8192\n")
-    assert errors == [f"{SWEEP}:79:8: benchmark.isl: isl 8192 (line 79) + osl 1024 (line 80) = 9216 tokens exceed the "
-                      "prefill role's max-model-len 8192 (line 61): vLLM refuses every request whose prompt plus "
+    assert errors == [f"{SWEEP}:81:8: benchmark.isl: isl 8192 (line 81) + osl 1024 (line 82) = 9216 tokens exceed the "
+                      "prefill role's max-model-len 8192 (line 63): vLLM refuses every request whose prompt plus "
                       "max_tokens exceed it"]
 
 
 def test_a_per_rank_batch_above_the_cuda_graph_capture_size_is_a_warning_with_the_numbers():
     errors, warnings = edited(CC5120, "      max-cudagraph-capture-size: 768\n", "      max-cudagraph-capture-size: 512\n")
     assert errors == []
-    assert warnings == [f"{CC5120}:82:18: benchmark.concurrencies: at concurrency 5120 (line 82) each of the 8 decode "
-                        "rank(s) batches up to 640 requests, above the largest CUDA-graph capture size 512 (line 76): those "
+    assert warnings == [f"{CC5120}:84:18: benchmark.concurrencies: at concurrency 5120 (line 84) each of the 8 decode "
+                        "rank(s) batches up to 640 requests, above the largest CUDA-graph capture size 512 (line 78): those "
                         "steps run outside CUDA graphs; raise max-cudagraph-capture-size to 640 or more, as NVIDIA's "
                         "-cc4096/-cc5120 variants do"]
 
 
 def test_a_concurrency_beyond_what_decode_holds_is_queued_and_warned():
     _, warnings = edited(CC5120, '  concurrencies: "5120"', '  concurrencies: "10240"')
-    assert any("concurrency 10240 (line 82) exceeds what the decode role holds at once: max-num-seqs 1024 (vLLM's "
+    assert any("concurrency 10240 (line 84) exceeds what the decode role holds at once: max-num-seqs 1024 (vLLM's "
                "default on this GPU) x data parallel 8 x 1 worker(s) = 8192" in w for w in warnings)
 
 
 def test_fewer_prompts_than_the_concurrency_is_a_warning():
     _, warnings = edited(CC5120, "  num_prompts_mult: 8\n", "  num_requests: 100\n")
-    assert warnings == [f"{CC5120}:85:17: benchmark.num_requests: 100 prompts (line 85) never reach concurrency 5120 "
-                        "(line 82): the point measures a smaller load than it names"]
+    assert warnings == [f"{CC5120}:87:17: benchmark.num_requests: 100 prompts (line 87) never reach concurrency 5120 "
+                        "(line 84): the point measures a smaller load than it names"]
 
 
 # -- what passes, and where the checks run ---------------------------------------------------------------

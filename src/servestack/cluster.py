@@ -32,6 +32,7 @@ from .errors import ServestackError
 from .fsutil import atomic_write_text
 from .proc import run
 from .project import state_home
+from .recipes.srtslurm import SRT_SLURM
 from .runners.slurm import ENROOT_MIN_VERSION, parse_enroot_version
 
 VENDOR_ENV = "SERVESTACK_VENDOR"
@@ -291,6 +292,7 @@ def ensure_srtctl(root: Path | None = None, *, partition: str = "main", account:
     and the environment to call it with.
     """
     archive = vendor_archive("srt-slurm")
+    SRT_SLURM.check_snapshot(archive)
     python312 = find_python312()
     home = _built("srtctl", _cache_key(archive, str(python312)), _build_srtctl(archive, python312))
     [tree] = [p for p in (home / "src").iterdir() if p.is_dir()]

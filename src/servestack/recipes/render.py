@@ -33,6 +33,7 @@ from ..fsutil import atomic_write_text, sha256_file
 from ..project import Project
 from ..records.lockfile import Lock, read_lock
 from ..yamlfile import Node, parse
+from .srtslurm import SRT_SLURM
 from .validate import RENDER_MARK, UNBOUND_IMAGE, image_ref_problem
 from .variants import deep_merge
 
@@ -224,6 +225,7 @@ def render_family(family: Family, image_ref: str | None = None, lock: Lock | Non
                 f"stack: {family.stack}",
                 f"image: {image_ref if bound else 'unbound (servestack binds it to the built image by digest)'}",
                 f"lock-sha256: {lock_sha256 if bound else 'unbound'}",
+                *SRT_SLURM.header_lines(),
             ]
             out[f"{stem}.yaml"] = dump_recipe(recipe, header)
     return out

@@ -1,6 +1,6 @@
 """srtctl runner: hands a bound srt-slurm recipe to real `srtctl apply` and reads srt-slurm's own results.
 
-srtctl's contract (srt-slurm 0.3.0 src/srtctl/cli/submit.py, docs/cli.md):
+srtctl's contract (srt-slurm v1.0.68 src/srtctl/cli/submit.py, docs/cli.md):
   - `srtctl apply -f <recipe.yaml> -o <output base> --json -y` submits with sbatch and prints one
     JSON line per submission: {"status": "submitted", "slurm_job_id": "123", "output_dir":
     "<base>/123", ...} (errors: {"status": "error", "error": "..."} and exit 1).
