@@ -106,7 +106,8 @@ def test_dev_cpu_family_is_small():
     # writing where the srtctl runner reads it, with the tiny model's ordinary token ids.
     from servestack.clients.agreement import SCHEMA  # noqa: F401 - the client the command runs
     from servestack.runners.srtctl import AGREEMENT_ANSWERS, CLIENTS_IN_CONTAINER
-    from servestack.tinymodel import SPECIAL_TOKENS, TinyModelSpec
+    from servestack.tinymodel import TinyModelSpec
+    from servestack.tinytokenizer import SPECIAL_TOKENS
 
     bench = acc["benchmark"]
     assert bench["type"] == "custom"

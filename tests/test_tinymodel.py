@@ -16,15 +16,8 @@ import pytest
 
 from servestack.errors import ServestackError
 from servestack.fsutil import sha256_file
-from servestack.tinymodel import (
-    CORPUS,
-    SPECIAL_TOKENS,
-    TinyModelSpec,
-    VLLM_CPU_ENV,
-    make_model,
-    tokenizer_vocab,
-    vllm_server_argv,
-)
+from servestack.tinymodel import TinyModelSpec, VLLM_CPU_ENV, make_model, vllm_server_argv
+from servestack.tinytokenizer import CORPUS, SPECIAL_TOKENS, tokenizer_vocab
 from servestack.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
 
 FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}

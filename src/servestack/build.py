@@ -32,6 +32,7 @@ log = logging.getLogger("servestack.build")
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
 IMAGE_MAKERS = ("build.py", "layers.py", "oci.py", "trees.py", "overlay.py", "diffs.py", "wheels.py", "tinymodel.py", "tinyweights.py",
+                "tinytokenizer.py",
                 "records/lockfile.py", "records/steps.py",
                 *(f"image/{m}.py" for m in ("build", "plan", "base", "uploads", "spec")),
                 *(f"base/{m}.py" for m in ASSEMBLY))
