@@ -32,8 +32,9 @@ CDI_KIND = "nvidia.com/gpu"
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
 
 Via = Literal["nvidia-runtime", "cdi"]
-# Who a container is: the aggregated server, a disaggregated worker, Dynamo's frontend (no GPU).
-GpuRole = Literal["server", "prefill", "decode", "frontend"]
+# Who a container is: the aggregated server of the made model, a disaggregated worker, Dynamo's
+# frontend (no GPU), or the server of a real checkpoint (tensor parallel over every GPU).
+GpuRole = Literal["server", "prefill", "decode", "frontend", "all"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,6 +115,8 @@ def role_devices(host: GpuHost, role: GpuRole) -> tuple[str, ...]:
     too (both engines share it, each with its share of memory); the frontend none."""
     if role == "frontend" or not host.devices:
         return ()
+    if role == "all":
+        return host.devices
     if role == "decode" and host.count > 1:
         return host.devices[1:2]
     return host.devices[:1]
