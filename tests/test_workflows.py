@@ -281,3 +281,22 @@ def test_runner_labels_are_declared_for_actionlint():
     declared = set(yaml.safe_load((ROOT / ".github" / "actionlint.yaml").read_text())["self-hosted-runner"]["labels"])
     used = {label for _p, _d, _j, job in _jobs() if _self_hosted(job) for label in job["runs-on"]}
     assert used - {"self-hosted", "linux", "x64", "arm64"} == declared
+
+
+def test_a_one_gpu_canary_smokes_the_image_before_the_cluster_sweeps():
+    gb = load_workflow(WORKFLOWS / "gb200.yml")
+    canary, pipeline = gb["jobs"]["canary"], gb["jobs"]["pipeline"]
+    # The sweeps start only once the canary passed, so a broken image fails in minutes on one GPU.
+    assert pipeline["needs"] == "canary" and "if" not in pipeline
+    assert canary["runs-on"] == ["self-hosted", "linux", "x64", "gpu"] and canary["timeout-minutes"] <= 60
+    # Its own queue: the canary never waits for, or cancels, the cluster's pipeline.
+    assert canary["concurrency"] == {"group": "gpu-canary", "cancel-in-progress": False}
+    # The digest reaches it only through env, and is verified before anything runs it ...
+    assert canary["env"]["IMAGE"] == "${{ inputs.image }}"
+    runs = [s["run"] for s in canary["steps"] if "run" in s]
+    assert runs[0].startswith('exec nox -s pull -- "$IMAGE" --key ')
+    # ... then smoke serves the made model on the GPU, agg and disagg with the oracle, and a serving
+    # check that could not run (no GPU, a foreign platform) fails the job instead of passing it.
+    assert runs[1] == 'exec nox -s smoke -- --stack "$STACK" --image "$IMAGE" --require-serving'
+    upload = next(s for s in canary["steps"] if s.get("uses", "").startswith("actions/upload-artifact@"))
+    assert upload["if"] == "always()" and "smoke.json" in upload["with"]["path"]

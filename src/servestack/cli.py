@@ -142,13 +142,13 @@ def _image_ref(args: argparse.Namespace, project: Project) -> str:
 def _smoke_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
     p.add_argument("--no-serve", action="store_true", help="the static probe only")
+    p.add_argument("--require-serving", action="store_true", help="a serving check that cannot run fails (the GPU canary)")
 
 
 @command("smoke", "prove the image is exactly its lock, and that it serves: build/<stack>/smoke.json", _smoke_args)
 def _smoke(args: argparse.Namespace, project: Project) -> int:
     from .smoke import run_smoke
-
-    return run_smoke(project, args.stack, args.image, serve=not args.no_serve).exit_code
+    return run_smoke(project, args.stack, args.image, serve=not args.no_serve, require_serving=args.require_serving).exit_code
 
 
 class _RunnerNames:

@@ -166,7 +166,9 @@ class ModelShapes(_Model):
 
 
 class SmokeModel(_Model):
-    """The model the smoke stage serves: made offline by the build (`make`), or a path on the GPU host."""
+    """The model the smoke stage serves: made offline by the build (`make`), or a path on the GPU host.
+    A GPU stack may give both: smoke serves the made model (on CPU or GPU, as its engine runs), and
+    `path` with `config` stays the production checkpoint the static probe checks kernels against."""
 
     name: str
     make: dict[str, int | str] | None = None
@@ -174,9 +176,9 @@ class SmokeModel(_Model):
     config: ModelShapes | None = None  # a `path` model's shapes, recorded from its checkpoint
 
     @model_validator(mode="after")
-    def _one_origin(self) -> "SmokeModel":
-        if (self.make is None) == (self.path is None):
-            raise ValueError("give exactly one of `make` (a tiny model built offline) or `path`")
+    def _an_origin(self) -> "SmokeModel":
+        if self.make is None and self.path is None:
+            raise ValueError("give `make` (a tiny model built offline), `path` (a checkpoint on the GPU host), or both")
         return self
 
 

@@ -45,7 +45,8 @@ from ..records.steps import ImageRecord
 from ..project import Project
 from .containers import ensure_image, host_docker_platform
 from .junit import render_junit
-from .plan import DisaggPlan, ServePlan, detect_gpus, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
+from .gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, host_gpus
+from .plan import DisaggPlan, ServePlan, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
 from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
 from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
 from .nvidia_hook import check_nvidia_hook
@@ -61,12 +62,14 @@ def run_smoke(
     static_timeout: float = DEFAULT_STATIC_TIMEOUT,
     serve_plan_override: ServePlan | None = None,
     disagg_override: DisaggPlan | None = None,
+    require_serving: bool = False,
     echo: Callable[[str], None] | None = print,
 ) -> SmokeResult:
     """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
 
     Raises ServestackError for unusable input (a tag instead of a digest, no image.json, no lock);
     probe failures are in the result (`result.exit_code` is non-zero when any check failed).
+    `require_serving` (the GPU canary): a serving or disaggregated check that could not run fails.
     """
     started = time.monotonic()
     recorded: ImageRecord | None = None
@@ -77,7 +80,9 @@ def run_smoke(
     lock = load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
     platforms = sorted(lock.platforms)
-    platform = recorded.platform if recorded else (platforms[0] if platforms else host_docker_platform())
+    # An image for several platforms is smoked as this host's, where the lock has it: natively.
+    host = host_docker_platform()
+    platform = recorded.platform if recorded else (host if host in platforms else (platforms or [host])[0])
     if platform not in lock.platforms:
         raise ServestackError(f"{project.lock_file(stack)}: locks no wheels for the image's platform {platform}")
 
@@ -119,9 +124,12 @@ def run_smoke(
         if not pulled:
             pass  # serving checks are already recorded as not run
         elif serve:
+            gpus = host_gpus(client)
+            metrics["gpu_host"] = {"devices": list(gpus.devices), "via": gpus.via, "evidence": gpus.evidence}
             shapes = (
-                ("serving probe", serve_plan_override or serve_plan(lock, platform), run_serving_probe, None),
-                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform), run_disagg_probe, "disagg"),
+                ("serving probe", serve_plan_override or serve_plan(lock, platform, gpus), run_serving_probe, None),
+                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform, gpus), run_disagg_probe,
+                 "disagg"),
             )
             for label, plan, run, key in shapes:
                 if echo:
@@ -135,6 +143,8 @@ def run_smoke(
                     echo(f"smoke {stack}: {label} done ({time.monotonic() - started:.0f} s since start)")
         else:
             checks += _not_run_serving("serving probe disabled (--no-serve)") + _not_run_disagg("serving probe disabled (--no-serve)")
+    if require_serving:
+        checks += _required_serving(checks)
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
     record = SmokeRecord(stack, reference, platform, lock_sha256, wall, metrics, tuple(checks))
@@ -146,6 +156,18 @@ def run_smoke(
     return result
 
 
+def _required_serving(checks: list[Check]) -> list[Check]:
+    """Where serving is the point (the GPU canary), a serving check that did not run is a failure
+    of its own, naming what did not run and why; the checks themselves keep their status."""
+    skipped = [c for c in checks if c.probe in ("serving", "disagg") and c.status == NOT_RUN]
+    if not skipped:
+        return []
+    reasons = sorted({c.detail.splitlines()[0] if c.detail else "no reason given" for c in skipped})
+    return [Check("serving", "required", FAIL, f"{len(skipped)} serving checks did not run "
+                  f"({', '.join(f'{c.probe}/{c.name}' for c in skipped[:6])}{' ...' if len(skipped) > 6 else ''}): "
+                  + " | ".join(reasons[:3]))]
+
+
 __all__ = [
     "FAIL",
     "NOT_RUN",
@@ -155,7 +177,9 @@ __all__ = [
     "DisaggPlan",
     "ServePlan",
     "SmokeResult",
-    "detect_gpus",
+    "GpuHost",
+    "detect_gpu_host",
+    "gpu_container_kwargs",
     "disagg_plan",
     "engine_usage",
     "host_docker_platform",

