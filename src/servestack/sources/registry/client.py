@@ -322,6 +322,9 @@ class Client:
 
         return self._with_retries(f"write manifest {self.repository}:{ref[:19]}", put)
 
+    def delete_blob(self, digest: str) -> None:
+        self._with_retries(f"delete blob {digest[:19]}", lambda: self._send("DELETE", f"blobs/{digest}"))
+
     def delete_manifest(self, digest: str) -> None:
         self._with_retries(f"delete manifest {digest[:19]}", lambda: self._send("DELETE", f"manifests/{digest}"))
 
