@@ -74,9 +74,9 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     forged = {}
     for run_id, finished_on in (("future", "2030-01-01T00:00:00Z"), ("malformed", "9999"),
                                 ("offset", an_hour_ago.isoformat(timespec="microseconds"))):
-        monkeypatch.setattr(push, "provenance", _signed_at(finished_on))
-        forged[run_id] = _publish_run(project, private, run_id)
-    monkeypatch.undo()
+        with monkeypatch.context() as patched:
+            patched.setattr(push, "provenance", _signed_at(finished_on))
+            forged[run_id] = _publish_run(project, private, run_id)
     other_hex = "0" * 64
     rendered = push.bundle_files
 
@@ -84,9 +84,9 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
         return [BundleFile(f.title, f.data.replace(ImageRef.parse(image).hex.encode(), other_hex.encode()))
                 if f.title.startswith("recipes/") else f for f in rendered(*args, **kwargs)]
 
-    monkeypatch.setattr(push, "bundle_files", binding_another_digest)
-    forged["rebound"] = _publish_run(project, private, "rebound")
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(push, "bundle_files", binding_another_digest)
+        forged["rebound"] = _publish_run(project, private, "rebound")
 
     said: list[str] = []
     out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=said.append)
@@ -122,12 +122,15 @@ def test_stray_spdx_referrers_a_replay_and_a_missing_one_are_skipped_with_a_warn
     replay["subject"] = {"mediaType": OCI_MANIFEST, "digest": other, "size": 1}
     data = json.dumps(replay).encode()
     client.put_manifest(sha256_digest(data), data, OCI_MANIFEST)
-    missing = "sha256:" + "e" * 64
+    gone = json.dumps({**replay, "annotations": {"deleted": "soon"}}).encode()
+    missing = sha256_digest(gone)
+    client.put_manifest(missing, gone, OCI_MANIFEST)
     tag = client.fallback_tag(image.digest)
     index = json.loads(client.get_manifest(tag)[0])
-    index["manifests"] += [{"mediaType": OCI_MANIFEST, "digest": d, "size": len(data), "artifactType": sbom.SPDX_JSON}
-                           for d in (sha256_digest(data), missing)]
-    client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)
+    index["manifests"] += [{"mediaType": OCI_MANIFEST, "digest": d, "size": len(d_bytes), "artifactType": sbom.SPDX_JSON}
+                           for d, d_bytes in ((sha256_digest(data), data), (missing, gone))]
+    client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)  # the registry checks they exist ...
+    client.delete_manifest(missing)  # ... so one is deleted after it is listed
 
     said: list[str] = []
     out = publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=said.append)
