@@ -358,13 +358,15 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", help="sha256:... of one publication (default: the newest that verifies)")
     p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
                                         "(default: the reference's own; the registry host never matters)")
+    p.add_argument("--not-before", metavar="TIME", help="refuse publications signed before TIME (RFC 3339): no rollback")
 
 
 @command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
 def _pull(args: argparse.Namespace, project: Project) -> int:
     from . import publish
 
-    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say)
+    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
+                 not_before_time=args.not_before)
     return 0
 
 

@@ -55,7 +55,14 @@ class BundleFile:
                 "annotations": {TITLE: self.title}}
 
 
-def title_problem(title: str) -> str | None:
+MAX_TITLE = 1024  # characters in a file title; a path component may have at most 255, as on Linux
+
+
+def title_problem(title: object) -> str | None:
+    if not isinstance(title, str):
+        return f"file title {str(title)[:80]!r} is not a string"
+    if len(title) > MAX_TITLE or any(len(part.encode()) > 255 for part in title.split("/")):
+        return f"file title {title[:60]!r}... ({len(title)} characters) is longer than a file name or path may be"
     if not title or any(part in ("", ".", "..") or part.startswith(".") for part in title.split("/")):
         return f"file title {title!r} is not a plain relative path"
     if any(ch == "\\" or ord(ch) < 32 for ch in title):
@@ -65,12 +72,12 @@ def title_problem(title: str) -> str | None:
 
 def titles_problem(titles: list[str]) -> str | None:
     """The first title that is not a plain relative path, or that another title uses as its directory."""
-    for title in titles:
-        problem = title_problem(title) or next((f"file title {title!r} is also the directory of {other!r}"
-                                                for other in titles if other.startswith(title + "/")), None)
-        if problem:
-            return problem
-    return None
+    problem = next(filter(None, map(title_problem, titles)), None)
+    if problem:
+        return problem
+    directories = {"/".join(title.split("/")[:n]): title for title in titles for n in range(1, title.count("/") + 1)}
+    return next((f"file title {title!r} is also the directory of {directories[title]!r}" for title in titles
+                 if title in directories), None)
 
 
 def created_timestamp(lock: Lock) -> str:

@@ -16,7 +16,9 @@ are one signature each (what `cosign sign` and `cosign attest` push, read from t
     cosign verify-attestation --key servestack.pub --insecure-ignore-tlog --type spdxjson IMAGE@sha256:...
 
 Both tags are read, amended and written back: other signers' layers stay, and a layer this key
-already signed for the same payload is not added again.
+already signed for the same payload is not added again. A damaged tag (not a manifest, or a layer
+whose blob the registry lost) is reported and rewritten without what is gone, never fatal: the
+registry refuses a manifest naming a missing blob, and the publication must still be completed.
 
 cosign 3 reads Sigstore bundles among the image's referrers instead (cosign's specs/BUNDLE_SPEC.md):
 one manifest per bundle, artifactType and its one layer `application/vnd.dev.sigstore.bundle.v0.3+json`,
@@ -43,6 +45,7 @@ from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature
 
 from .. import signing
+from ..errors import ServestackError
 from ..imageref import ImageRef
 from ..sources.registry import EMPTY_JSON, OCI_MANIFEST, Client, Descriptor, sha256_digest
 from .bundle import CREATED, referrer_manifest
@@ -83,11 +86,22 @@ def _signed_by(signer: CryptoSigner, payload: bytes, signature_b64: str) -> bool
         return False
 
 
-def _layers(client: Client, tag: str) -> list[dict[str, Any]]:
-    found = client.get_manifest(tag)
-    if found is None:
+def _layers(client: Client, tag: str, damaged: list[str]) -> list[dict[str, Any]]:
+    """The tag's layers whose blobs the registry still has; what is not is said in DAMAGED."""
+    try:
+        found = client.get_manifest(tag)
+        layers = list(json.loads(found[0]).get("layers") or []) if found else []
+    except (ServestackError, ValueError, TypeError, AttributeError) as exc:
+        damaged.append(f"{tag}: not a readable manifest ({str(exc)[:200]}); written afresh")
         return []
-    return list(json.loads(found[0]).get("layers") or [])
+    kept = []
+    for layer in layers:
+        digest = layer.get("digest") if isinstance(layer, dict) else None
+        if isinstance(digest, str) and client.has_blob(digest):
+            kept.append(layer)
+        else:
+            damaged.append(f"{tag}: layer {str(digest)[:80]} is missing from the registry; left out")
+    return kept
 
 
 def _put(client: Client, tag: str, layers: list[dict[str, Any]]) -> None:
@@ -106,17 +120,20 @@ def attach(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoS
     """Sign IMAGE (whose descriptor is SUBJECT) and attach each (DSSE envelope, predicate type) as its
     attestation, in both of cosign's layouts; returns the two tags and the bundles' references."""
     payload = simple_signing_payload(image)
-    layers = _layers(client, signature_tag(image))
+    damaged: list[str] = []
+    layers = _layers(client, signature_tag(image), damaged)
     mine = [layer for layer in layers if layer.get("digest") == sha256_digest(payload)
             and _signed_by(signer, payload, (layer.get("annotations") or {}).get(SIGNATURE, ""))]
     if not mine:
         signature = base64.b64encode(bytes.fromhex(signer.sign(payload).signature)).decode()
         layers.append({"mediaType": SIMPLE_SIGNING, "size": len(payload), "digest": client.push_blob(payload),
                        "annotations": {SIGNATURE: signature}})
+    if not mine or damaged:
         _put(client, signature_tag(image), layers)
 
-    layers = _layers(client, attestation_tag(image))
-    added = False
+    before = len(damaged)
+    layers = _layers(client, attestation_tag(image), damaged)
+    added = len(damaged) > before
     for envelope, predicate_type in attestations:
         statement = json.loads(envelope)["payload"]
         if not any(_same_statement(client, layer, statement, signer) for layer in layers):
@@ -131,7 +148,7 @@ def attach(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoS
     bundles = [signed.get(json.loads(e)["payload"]) or attach_bundle(client, image, subject, signer, e, t)
                for e, t in [(sign, COSIGN_SIGN_PREDICATE), *attestations]]
     return {"signature": f"{image.name}:{signature_tag(image)}", "attestation": f"{image.name}:{attestation_tag(image)}",
-            "bundles": [f"{image.name}@{digest}" for digest in bundles]}
+            "bundles": [f"{image.name}@{digest}" for digest in bundles], "damaged": damaged}
 
 
 def key_hint(signer: CryptoSigner) -> str:
@@ -179,7 +196,7 @@ def _bundled_statements(client: Client, image: ImageRef, signer: CryptoSigner) -
         try:
             layer = json.loads(client.get_manifest(r.digest)[0])["layers"][0]
             dsse = json.loads(client.get_blob(layer["digest"]))["dsseEnvelope"]
-        except (ValueError, KeyError, TypeError, IndexError):
+        except (ServestackError, ValueError, KeyError, TypeError, IndexError):
             continue
         if _signed_envelope(json.dumps(dsse).encode(), signer, f"bundle {r.digest}"):
             found.setdefault(dsse["payload"], r.digest)
@@ -202,6 +219,6 @@ def _same_statement(client: Client, layer: dict[str, Any], statement: str, signe
         data = client.get_blob(layer["digest"])
         if json.loads(data).get("payload") != statement:
             return False
-    except (ValueError, KeyError, TypeError, AttributeError):
+    except (ServestackError, ValueError, KeyError, TypeError, AttributeError):
         return False
     return _signed_envelope(data, signer, f"attestation layer {layer['digest']}")

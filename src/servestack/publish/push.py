@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import signing
-from ..errors import InputError
+from ..errors import InputError, ServestackError
 from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
 from ..project import Project
@@ -94,20 +94,36 @@ def _copy_manifest(src: Client, dst: Client, digest: str, scratch: Path) -> tupl
 
 
 def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
-                    signer: signing.CryptoSigner) -> tuple[str, bytes, str] | None:
-    """(attestation digest, envelope, "api" | "tag") of a publication of this bundle this key signed, if any."""
-    referrers, where = client.referrers(image.digest)
+                    signer: signing.CryptoSigner) -> tuple[bytes, bytes] | None:
+    """(attestation manifest, envelope) of a publication of this bundle this key signed, if any."""
+    referrers, _ = client.referrers(image.digest)
     for r in referrers:
         if r.artifact_type != ATTESTATION_TYPE or r.annotation.get(BUNDLE_ANNOTATION) != bundle_digest:
             continue
-        found = client.get_manifest(r.digest)
         try:
+            found = client.get_manifest(r.digest)
             envelope = client.get_blob(json.loads(found[0])["layers"][0]["digest"]) if found else b""
             signing.verify_envelope(envelope, signer.public_key, f"attestation {r.digest}")
-        except (PublishError, signing.SignatureError, KeyError, IndexError, ValueError):
-            continue
-        return r.digest, envelope, where
+        except (ServestackError, KeyError, IndexError, ValueError, TypeError):
+            continue  # damaged or another key's: a complete one is written beside it
+        return found[0], envelope
     return None
+
+
+def _ensure(client: Client, blobs: list[bytes], manifests: list[tuple[bytes, str, str]],
+            repaired: list[str]) -> None:
+    """Every blob, then every (manifest, artifact type, what) present: each is checked with a HEAD
+    and pushed only when missing, so a re-run repairs a damaged publication and leaves a whole one
+    alone. Blobs first: the registry refuses a manifest whose blobs are missing."""
+    for data in dict.fromkeys(blobs):
+        if not client.has_blob(sha256_digest(data)):
+            client.push_blob(data)
+            repaired.append(f"blob {sha256_digest(data)}")
+    for data, _, what in manifests:
+        digest = sha256_digest(data)
+        if not client.has_manifest(digest):
+            client.put_manifest(digest, data, OCI_MANIFEST)
+            repaired.append(f"{what} manifest {digest}")
 
 
 def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, document: bytes, created: str) -> str:
@@ -151,26 +167,26 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     # First, so no publication is indexed whose SBOM pull would not find.
     sbom_digest = _push_plain_sbom(client, target, subject, document, created)
     already = _signed_already(client, target, bundle_digest, signer)
-    if already is not None:  # the same files, signed by this key: publishing again adds nothing
-        attestation_digest, envelope, how = already
+    if already is not None:  # the same files, signed by this key: re-signing would add a second publication
+        attestation, envelope = already
     else:
         published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
                                                      run_id, created, published), signer)
         attestation = attestation_manifest(envelope, subject, bundle_digest, created)
-        attestation_digest = sha256_digest(attestation)
-        # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
-        # whatever fails halfway, nothing is indexed that points at something missing.
-        for blob in (registry.EMPTY_JSON, envelope, *(f.data for f in files)):
-            client.push_blob(blob)
-        bundle_headers = client.put_manifest(bundle_digest, manifest, OCI_MANIFEST)
-        attestation_headers = client.put_manifest(attestation_digest, attestation, OCI_MANIFEST)
-        how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest),
-                                                           PUBLICATION_TYPE, ((CREATED, created),)), bundle_headers)
-        client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation),
-                                                     ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
-                                                                        (CREATED, created))),
-                            attestation_headers)
+    attestation_digest = sha256_digest(attestation)
+    # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
+    # whatever fails halfway, nothing is indexed that points at something missing; and a re-run
+    # finds what a failure or a deletion left missing and puts it back.
+    repaired: list[str] = []
+    _ensure(client, [registry.EMPTY_JSON, envelope, *(f.data for f in files)],
+            [(manifest, PUBLICATION_TYPE, "bundle"), (attestation, ATTESTATION_TYPE, "attestation")], repaired)
+    headers = {"OCI-Subject": target.digest} if client.referrers(target.digest)[1] == "api" else {}
+    how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest),
+                                                       PUBLICATION_TYPE, ((CREATED, created),)), headers)
+    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation),
+                                                 ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
+                                                                    (CREATED, created))), headers)
     # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
     sbom_envelope = signing.sign_statement(signing.statement(
         [signing.Subject(signed_identity(target), target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
@@ -186,6 +202,8 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
         "bundle_size": len(manifest) + sum(len(f.data) for f in files),
         "run": run_id,
+        "repaired": repaired if already is not None else [],
+        "damaged": tags.get("damaged", []),
         "seconds": round(time.monotonic() - started, 2),
     }
     atomic_write_json(project.artifacts(stack) / "publish.json", record)
@@ -195,5 +213,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
              f"\n  sbom        {record['sbom']['referrer']} (SPDX 2.3, {record['sbom']['packages']} packages)"
              f"\n  cosign      {tags['signature']}, {tags['attestation']} (cosign 2); {len(tags['bundles'])} "
              f"Sigstore bundles among the referrers (cosign 3)"
-             f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
+             + "".join(f"\n  repaired    {line}" for line in record["repaired"])
+             + "".join(f"\n  damaged     {line}" for line in record["damaged"])
+             + f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
     return record

@@ -24,6 +24,7 @@ import requests
 
 from ...errors import NetworkError, ServestackError
 from .. import http
+from .limits import BLOB_LIMIT, CHUNK, LAYER_LIMIT, MANIFEST_LIMIT, Body, Overflow, content_length, read_bounded
 from .model import DIGEST, MANIFEST_TYPES, OCI_INDEX, Descriptor, Reference, sha256_digest
 from .trust import basic_credentials, ca_file, certs_d, loopback
 
@@ -168,20 +169,39 @@ class Client:
     def has_blob(self, digest: str) -> bool:
         return self._with_retries(f"check blob {digest[:19]}", lambda: self._send("HEAD", f"blobs/{digest}").status_code == 200)
 
-    def get_blob(self, digest: str) -> bytes:
-        def get() -> bytes:
-            response = self._send("GET", f"blobs/{digest}")
-            if response.status_code == 404:
-                raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} is missing (HTTP 404)")
-            if response.status_code != 200:
-                raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: HTTP {response.status_code}")
-            return response.content
+    def get_blob(self, digest: str, *, size: int | None = None, limit: int = BLOB_LIMIT) -> bytes:
+        """A blob read into memory: at most its declared SIZE when known, else LIMIT bytes, checked
+        against its digest."""
+        def get() -> Body:
+            with self._send("GET", f"blobs/{digest}", stream=True) as response:
+                if response.status_code == 404:
+                    raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} is missing (HTTP 404)")
+                if response.status_code != 200:
+                    raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: HTTP {response.status_code}")
+                return self._bounded(response, min(limit, size) if size is not None else limit, f"blob {digest}")
 
-        data = self._with_retries(f"download blob {digest[:19]}", get)
-        if sha256_digest(data) != digest:
+        body = self._with_retries(f"download blob {digest[:19]}", get)
+        if body.digest != digest:
             raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} does not match its digest "
-                                f"(the registry served content hashing to {sha256_digest(data)})")
-        return data
+                                f"(the registry served content hashing to {body.digest})")
+        if size is not None and len(body.data) != size:
+            raise RegistryError(f"{self.registry}/{self.repository}: blob {digest} is {len(body.data)} bytes, its "
+                                f"descriptor says {size}")
+        return body.data
+
+    def _bounded(self, response: requests.Response, limit: int, what: str) -> Body:
+        """The response's body, streamed and cut off past LIMIT bytes (a Content-Length above it is
+        refused before reading anything)."""
+        where = f"{self.registry}/{self.repository}: {what}"
+        declared = content_length(response.headers)
+        if declared is not None and declared > limit:
+            raise RegistryError(f"{where}: the registry announces {declared} bytes, more than the {limit} read for it")
+        try:
+            return read_bounded(response.iter_content(CHUNK), limit)
+        except Overflow as exc:
+            raise RegistryError(f"{where}: the registry sent {exc}; not read further") from None
+        except requests.RequestException as exc:
+            raise _Retry(f"{type(exc).__name__}: {_short(exc)}") from None
 
     def push_blob(self, data: bytes) -> str:
         """Upload DATA unless the registry has it; returns its digest."""
@@ -228,20 +248,28 @@ class Client:
 
         return self._with_retries(f"mount blob {digest[:19]}", mount)
 
-    def download_blob(self, digest: str, dest: Path) -> None:
-        """Stream a blob to DEST (atomically), checking it hashes to its digest."""
+    def download_blob(self, digest: str, dest: Path, *, size: int | None = None) -> None:
+        """Stream a blob to DEST (atomically), checking it hashes to its digest and is no longer than its
+        declared SIZE (when given) or the layer ceiling."""
+        limit = min(size, LAYER_LIMIT) if size is not None else LAYER_LIMIT
+
         def download() -> None:
             response = self._send("GET", f"blobs/{digest}", stream=True)
             with response:
                 if response.status_code != 200:
                     raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: HTTP {response.status_code}")
+                written = 0
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 tmp = dest.with_name(dest.name + f".part{os.getpid()}")
                 h = hashlib.sha256()
                 try:
                     with open(tmp, "wb") as out:
                         try:
-                            for chunk in response.iter_content(1 << 20):
+                            for chunk in response.iter_content(CHUNK):
+                                written += len(chunk)
+                                if written > limit:
+                                    raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: the "
+                                                        f"registry sent more than {limit} bytes; not read further")
                                 h.update(chunk)
                                 out.write(chunk)
                         except requests.RequestException as exc:
@@ -256,22 +284,28 @@ class Client:
 
     # ----------------------------------------------------------------- manifests
 
-    def get_manifest(self, ref: str, what: str | None = None) -> tuple[bytes, str] | None:
+    def get_manifest(self, ref: str, what: str | None = None, *, limit: int = MANIFEST_LIMIT
+                     ) -> tuple[bytes, str] | None:
         """(bytes, media type) of the manifest at a tag or digest, or None when there is none.
 
-        A digest reference is checked against the bytes served."""
-        def get() -> tuple[bytes, str] | None:
-            response = self._send("GET", f"manifests/{ref}", headers={"Accept": MANIFEST_TYPES})
-            if response.status_code == 404:
-                return None
-            if response.status_code != 200:
-                raise RegistryError(f"{self.registry}/{self.repository}:{ref}: HTTP {response.status_code}")
-            return response.content, response.headers.get("Content-Type", "").split(";")[0]
+        A digest reference is checked against the bytes served; at most LIMIT bytes are read."""
+        def get() -> tuple[Body, str] | None:
+            with self._send("GET", f"manifests/{ref}", headers={"Accept": MANIFEST_TYPES}, stream=True) as response:
+                if response.status_code == 404:
+                    return None
+                if response.status_code != 200:
+                    raise RegistryError(f"{self.registry}/{self.repository}:{ref}: HTTP {response.status_code}")
+                return (self._bounded(response, limit, f"manifest {ref[:80]}"),
+                        response.headers.get("Content-Type", "").split(";")[0])
 
         found = self._with_retries(what or f"read manifest {self.repository}@{ref[:19]}", get)
-        if found and DIGEST.match(ref) and sha256_digest(found[0]) != ref:
+        if found and DIGEST.match(ref) and found[0].digest != ref:
             raise RegistryError(f"{self.registry}/{self.repository}: manifest {ref} does not match its digest")
-        return found
+        return (found[0].data, found[1]) if found else None
+
+    def has_manifest(self, ref: str) -> bool:
+        return self._with_retries(f"check manifest {ref[:19]}", lambda: self._send(
+            "HEAD", f"manifests/{ref}", headers={"Accept": MANIFEST_TYPES}).status_code == 200)
 
     def put_manifest(self, ref: str, data: bytes, media_type: str) -> requests.structures.CaseInsensitiveDict:
         """Store a manifest at a tag or its digest; returns the response headers (OCI-Subject, ...)."""
@@ -288,6 +322,9 @@ class Client:
 
         return self._with_retries(f"write manifest {self.repository}:{ref[:19]}", put)
 
+    def delete_blob(self, digest: str) -> None:
+        self._with_retries(f"delete blob {digest[:19]}", lambda: self._send("DELETE", f"blobs/{digest}"))
+
     def delete_manifest(self, digest: str) -> None:
         self._with_retries(f"delete manifest {digest[:19]}", lambda: self._send("DELETE", f"manifests/{digest}"))
 
@@ -295,13 +332,23 @@ class Client:
 
     def referrers(self, subject: str) -> tuple[list[Descriptor], str]:
         """The manifests whose subject is SUBJECT, and where they were found ("api" or "tag")."""
-        def api() -> requests.Response:
-            return self._send("GET", f"referrers/{subject}", headers={"Accept": OCI_INDEX})
+        def api() -> Body | None:
+            with self._send("GET", f"referrers/{subject}", headers={"Accept": OCI_INDEX}, stream=True) as response:
+                if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(OCI_INDEX):
+                    return self._bounded(response, MANIFEST_LIMIT, f"referrers of {subject}")
+                return None
 
-        response = self._with_retries(f"list referrers of {subject[:19]}", api)
-        if response.status_code == 200 and response.headers.get("Content-Type", "").startswith(OCI_INDEX):
-            return [Descriptor.from_json(m) for m in response.json().get("manifests", [])], "api"
+        body = self._with_retries(f"list referrers of {subject[:19]}", api)
+        if body is not None:
+            return self._descriptors(body.data, f"referrers of {subject}"), "api"
         return self._fallback_index(subject)[0], "tag"
+
+    def _descriptors(self, data: bytes, what: str) -> list[Descriptor]:
+        try:
+            return [Descriptor.from_json(m) for m in json.loads(data).get("manifests", [])]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RegistryError(f"{self.registry}/{self.repository}: {what}: not a referrers index "
+                                f"({_short(exc)})") from None
 
     @staticmethod
     def fallback_tag(subject: str) -> str:
@@ -311,12 +358,7 @@ class Client:
         found = self.get_manifest(self.fallback_tag(subject))
         if found is None:
             return [], None
-        try:
-            manifests = json.loads(found[0]).get("manifests", [])
-            return [Descriptor.from_json(m) for m in manifests], sha256_digest(found[0])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RegistryError(f"{self.registry}/{self.repository}:{self.fallback_tag(subject)}: not a referrers "
-                                f"index ({exc})") from None
+        return self._descriptors(found[0], self.fallback_tag(subject)), sha256_digest(found[0])
 
     def add_referrer(self, subject: str, referrer: Descriptor, headers: Any, *, settle: float = 0.3,
                      attempts: int = 12) -> str:

@@ -1,0 +1,216 @@
+"""Which of an image's publications pull takes: every attestation among its referrers is a
+candidate; each is verified (the signature with the key, that it names this image, its signed time,
+its bundle's files against the statement, every recipe bound to this image) and the newest that
+verifies is taken. A candidate that fails is skipped and named, never fatal: whoever can push a
+referrer (a co-tenant, a replay of another image's publication) must not be able to block this one.
+Everything read is bounded (sources/registry/limits.py), so a hostile registry costs seconds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .. import signing
+from ..errors import ServestackError
+from ..fsutil import sha256_bytes
+from ..imageref import ImageRef
+from ..sources import registry
+from ..sources.registry import Client, Descriptor
+from ..sources.registry.limits import (
+    BUNDLE_FILE_LIMIT,
+    BUNDLE_TOTAL_LIMIT,
+    ENVELOPE_LIMIT,
+    MANIFEST_LIMIT,
+    declared_problem,
+)
+from . import sbom
+from .binding import check_bindings
+from .bundle import ATTESTATION_TYPE, BUNDLE_ANNOTATION, PUBLICATION_TYPE, TITLE, BundleFile, PublishError, titles_problem
+from .provenance import signed_identity
+from .push import image_client, image_subject
+from .signedtime import published_instant, utc_text
+
+MAX_CANDIDATES = 64  # attestations verified per pull; more than a legitimate image gathers in years of runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class Publication:
+    image: ImageRef
+    bundle_digest: str
+    attestation_digest: str
+    statement: dict[str, Any]
+    files: tuple[BundleFile, ...]
+    referrers: str  # "api" or "tag"
+    published: datetime  # the signed finishedOn, in UTC
+    recipes: int = 0  # how many recipes were checked to bind this image and the bundle's lock
+    skipped: tuple[str, ...] = ()  # the other candidates, each with why it was not taken
+    signed_sboms: frozenset[str] = frozenset()  # the SBOM digests of every publication that verified
+    listed: tuple[Descriptor, ...] = field(default=(), repr=False)  # the image's referrers, deduplicated
+
+    def file(self, title: str) -> BundleFile:
+        return next(f for f in self.files if f.title == title)
+
+    @property
+    def stack(self) -> str:
+        return self.statement["predicate"]["buildDefinition"]["externalParameters"]["stack"]
+
+    @property
+    def repository(self) -> dict[str, Any]:
+        return self.statement["predicate"]["buildDefinition"]["externalParameters"]["repository"]
+
+
+def published_at(publication: Publication) -> str:
+    return utc_text(publication.published)
+
+
+def deduplicated(referrers: list[Descriptor]) -> list[Descriptor]:
+    """One descriptor per (artifact type, digest), in digest order: an index may list one manifest
+    thousands of times, and each copy would be verified (and held) again."""
+    unique = {(r.artifact_type, r.digest): r for r in reversed(referrers)}
+    return sorted(unique.values(), key=lambda r: (r.digest, str(r.artifact_type)))
+
+
+def fetch_publication(reference: str, key: Path, bundle: str | None = None, repository: str | None = None,
+                      *, floor: datetime | None = None, now: datetime | None = None) -> Publication:
+    """Find the image's publications, verify each and take the newest valid one, or the one naming
+    BUNDLE; none older than FLOOR (`--not-before`). A candidate that fails is skipped and named in
+    `skipped`; only when none verifies does this fail. The signature names the image's repository
+    path and digest; REPOSITORY says which path it names when that differs (a copy in another
+    repository)."""
+    image = ImageRef.parse(reference)
+    public_key = signing.load_public_key(key)
+    client = image_client(image)
+    image_subject(client, image)
+    listed, where = client.referrers(image.digest)
+    referrers = deduplicated(listed)
+    found_in = ("the referrers API" if where == "api"
+                else f"the referrers API or the fallback tag {client.fallback_tag(image.digest)}")
+    attestations = [r for r in referrers if r.artifact_type == ATTESTATION_TYPE]
+    bundles = {r.digest for r in referrers if r.artifact_type == PUBLICATION_TYPE}
+    if not attestations:
+        raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
+    skipped: list[str] = []
+    if bundle:  # the annotation is unsigned: it only narrows the search, the statement must still name BUNDLE
+        named = [r for r in attestations if r.annotation.get(BUNDLE_ANNOTATION) == bundle]
+        others = len(attestations) - len(named)
+        attestations = named
+        skipped += [f"{others} attestation(s) annotated with other bundles"] if others else []
+    if len(attestations) > MAX_CANDIDATES:
+        skipped.append(f"{len(attestations) - MAX_CANDIDATES} more attestation(s) not examined: at most "
+                       f"{MAX_CANDIDATES} are verified per pull; name the publication with --bundle")
+        attestations = attestations[:MAX_CANDIDATES]
+    now = now or datetime.now(timezone.utc)
+    valid = []
+    for descriptor in attestations:
+        try:
+            candidate = _verified(client, image, descriptor, public_key, where, repository, now)
+        except (ServestackError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            skipped.append(f"attestation {descriptor.digest}: {str(exc)[:500]}")
+            continue
+        if floor is not None and candidate.published < floor:
+            skipped.append(f"attestation {descriptor.digest}: verifies, published {published_at(candidate)}, "
+                           f"before --not-before {utc_text(floor)}")
+            continue
+        valid.append(candidate)
+    if bundle:
+        skipped += [f"attestation {v.attestation_digest}: names bundle {v.bundle_digest}, not {bundle}" for v in valid
+                    if v.bundle_digest != bundle]
+        valid = [v for v in valid if v.bundle_digest == bundle]
+    if not valid:
+        raise PublishError(f"{image}: no publication signed by {key} verifies"
+                           + (f" and names bundle {bundle}" if bundle else "")
+                           + (f" and is not older than {utc_text(floor)}" if floor else "") + ":\n  "
+                           + "\n  ".join(skipped))
+    signed_sboms = frozenset(f.digest for v in valid for f in v.files if f.title == sbom.SBOM_TITLE)
+    valid.sort(key=lambda v: (v.published, v.attestation_digest), reverse=True)
+    chosen, *older = valid
+    skipped += [f"attestation {v.attestation_digest}: verifies, published {published_at(v)}, older than "
+                f"the one taken" for v in older]
+    return replace(chosen, skipped=tuple(skipped), signed_sboms=signed_sboms, listed=tuple(referrers))
+
+
+def _verified(client: Client, image: ImageRef, descriptor: Descriptor, public_key, where: str,
+              repository: str | None, now: datetime) -> Publication:
+    attestation = descriptor.digest
+    manifest = referrer_manifest(client, descriptor, image, f"attestation {attestation}")
+    envelope_layer = manifest["layers"][0]
+    problem = declared_problem(envelope_layer.get("size"), ENVELOPE_LIMIT, "its envelope")
+    if problem:
+        raise PublishError(problem)
+    envelope = client.get_blob(envelope_layer["digest"], size=envelope_layer["size"])
+    statement = signing.verify_envelope(envelope, public_key, f"attestation {attestation}")
+    subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
+    identity = signed_identity(image, repository)
+    names = {identity, str(image)}  # publications before the identity left the host out signed the full name
+    if not any(subjects.get(n) == image.hex for n in names):
+        signed_for = [n for n in subjects if "@sha256:" in n]
+        raise PublishError(f"signed for {', '.join(signed_for) or 'another image'}, not {identity}"
+                           + ("" if repository else " (a copy in another repository: say which one the signature "
+                                                    "names, --repository)"))
+    published = published_instant(statement, now)
+    bundle_digest = manifest.get("annotations", {}).get(BUNDLE_ANNOTATION, "")
+    if subjects.get("publication") != bundle_digest.split(":")[-1]:
+        raise PublishError(f"names bundle {bundle_digest[:80]}, which its statement does not sign")
+    bundle_bytes = client.get_manifest(bundle_digest) if bundle_digest else None
+    if bundle_bytes is None:
+        raise PublishError(f"the signed bundle {bundle_digest} is missing from {client.registry}")
+    files = _bundle_files(client, image, bundle_digest, json.loads(bundle_bytes[0]), subjects)
+    signed_files = set(subjects) - names - {"publication"}
+    if signed_files != {f.title for f in files}:
+        missing = sorted(signed_files - {f.title for f in files})
+        raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)[:500]}")
+    stack = statement["predicate"]["buildDefinition"]["externalParameters"]["stack"]
+    lock = next((f for f in files if f.title == f"pins/{stack}.lock"), None)
+    if lock is None:
+        raise PublishError(f"bundle {bundle_digest}: no pins/{str(stack)[:80]}.lock")
+    recipes = check_bindings(tuple(files), identity, sha256_bytes(lock.data))
+    return Publication(image=image, bundle_digest=bundle_digest, attestation_digest=attestation, statement=statement,
+                       files=tuple(files), referrers=where, published=published, recipes=recipes)
+
+
+def _bundle_files(client: Client, image: ImageRef, bundle_digest: str, bundle: dict[str, Any],
+                  subjects: dict[str, str]) -> list[BundleFile]:
+    """The bundle's files, each read up to its declared size once every declaration is in bounds."""
+    if (bundle.get("subject") or {}).get("digest") != image.digest:
+        raise PublishError(f"bundle {bundle_digest}: its subject is {(bundle.get('subject') or {}).get('digest')}, "
+                           f"not {image.digest}")
+    layers = bundle.get("layers", [])
+    problem = titles_problem([(layer.get("annotations") or {}).get(TITLE, "") for layer in layers])
+    if problem:
+        raise PublishError(f"bundle {bundle_digest}: {problem}")
+    for layer in layers:
+        problem = declared_problem(layer.get("size"), BUNDLE_FILE_LIMIT, f"file {layer['annotations'][TITLE]}")
+        if problem:
+            raise PublishError(f"bundle {bundle_digest}: {problem}")
+    if sum(layer["size"] for layer in layers) > BUNDLE_TOTAL_LIMIT:
+        raise PublishError(f"bundle {bundle_digest}: its files declare more than {BUNDLE_TOTAL_LIMIT} bytes in all")
+    files = []
+    for layer in layers:
+        title = layer["annotations"][TITLE]
+        if subjects.get(title) != layer["digest"].split(":")[-1]:
+            raise PublishError(f"bundle {bundle_digest}: {title} has digest {layer['digest']}, the signed statement "
+                               f"says sha256:{subjects.get(title, '(not signed)')}")
+        try:
+            data = client.get_blob(layer["digest"], size=layer["size"])
+        except registry.RegistryError as exc:
+            raise PublishError(f"bundle file {title}: {exc}") from None
+        files.append(BundleFile(title, data))
+    return files
+
+
+def referrer_manifest(client: Client, descriptor: Descriptor, image: ImageRef, what: str) -> dict[str, Any]:
+    """A referrer's manifest, read no further than its descriptor declares, whose subject must be IMAGE."""
+    problem = declared_problem(descriptor.size, MANIFEST_LIMIT, "its descriptor")
+    if problem:
+        raise PublishError(f"{what}: {problem}")
+    found = client.get_manifest(descriptor.digest, limit=descriptor.size)
+    if found is None:
+        raise PublishError(f"{what}: listed as a referrer but missing from {client.registry}")
+    manifest = json.loads(found[0])
+    if (manifest.get("subject") or {}).get("digest") != image.digest:
+        raise PublishError(f"{what}: its subject is {str((manifest.get('subject') or {}).get('digest'))[:80]}, "
+                           f"not {image.digest}")
+    return manifest
