@@ -49,6 +49,19 @@ def test_a_different_token_at_a_near_tie_ends_the_comparison_there():
     assert "near tie at token 1: 5 vs 6" in row["detail"]
 
 
+def test_a_near_tie_of_three_may_reorder_as_long_as_both_choices_stay_near_the_top():
+    """Batch-shape noise reordered a three-way tie at one prompt's sixth token: the reference's choice
+    fell to the candidate's third place. It is a near tie all the same: the candidate's choice is
+    within the tolerance of the reference's best, and the reference's among the candidate's best."""
+    ref = answer([7, 5], [-0.1, -2.08], [[(7, -0.1), (8, -2.1), (9, -3)], [(5, -2.08), (6, -2.1425), (4, -2.3)]])
+    cand = answer([7, 6], [-0.1, -2.045], [[(7, -0.1), (8, -2.1), (9, -3)], [(6, -2.045), (4, -2.23), (5, -2.24)]])
+    row = agreement.compare_answer(ref, cand)
+    assert row["verdict"] == "agree" and row["parted_at"] == 1 and "near tie at token 1: 5 vs 6" in row["detail"]
+    # Out of the candidate's list altogether, the reference's choice was no near tie there.
+    gone = answer([7, 6], [-0.1, -2.045], [[(7, -0.1), (8, -2.1), (9, -3)], [(6, -2.045), (4, -2.23), (3, -2.3)]])
+    assert agreement.compare_answer(ref, gone)["verdict"] == "disagree"
+
+
 def test_a_lost_state_disagrees_from_its_first_token_naming_the_gap():
     lost = answer([3, 3, 3], [-0.2, -0.2, -0.2], [[(3, -0.2), (7, -3.0)]] * 3)
     row = agreement.compare_answer(REF, lost)
