@@ -72,18 +72,15 @@ def test_lower_is_better_metrics_regress_upwards():
     assert judge(a, b, higher_is_better=True).verdict == NO_REGRESSION  # as tok/s: a 40% improvement
 
 
-def test_the_t_test_on_pairs_decides_at_n3_where_mann_whitney_is_a_coin_toss():
-    """A real 15% slowdown, 3 rounds, 3% noise: the paired interval calls it nearly every time."""
-    from scipy import stats
-
-    called, mw = 0, 0
-    for seed in range(200):
-        a, b = interleaved(3, -0.15, noise=0.03, seed=seed)
-        called += judge(a, b).verdict == REGRESSION
-        mw += stats.mannwhitneyu(b, a, alternative="less", method="exact").pvalue <= 0.05
-    assert called / 200 > 0.5 and called > 0  # beyond the limit by 5%: usually decided at three rounds
-    assert judge(*interleaved(3, -0.15, noise=0.03, seed=1)).verdict != NO_REGRESSION
-    assert mw / 200 <= 1.0  # (Mann-Whitney says "moved", never by how much: it cannot clear a threshold)
+def test_a_real_slowdown_is_never_passed_at_three_rounds_and_decided_within_the_budget():
+    """Where Mann-Whitney's 3 against 3 turned one overlapping repeat into "within noise" (a pass),
+    the paired interval says "undecided" and measures on: a 15% slowdown with 3% noise per
+    measurement is "no regression" at three rounds under 1% of the time (about half are already
+    "regression"), and "regression" by eight nearly always."""
+    at_three = [judge(*interleaved(3, -0.15, noise=0.03, seed=seed)).verdict for seed in range(200)]
+    assert at_three.count(NO_REGRESSION) <= 2 and at_three.count(REGRESSION) > 80
+    at_eight = [judge(*interleaved(8, -0.15, noise=0.03, seed=seed)).verdict for seed in range(200)]
+    assert at_eight.count(REGRESSION) > 190
 
 
 # --------------------------------------------------------------------------- drift: alongside against apart
