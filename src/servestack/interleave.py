@@ -110,11 +110,50 @@ def _gated_decision(recipe: str, c: int, dirs: dict[str, Path], rounds: int, gpu
                           policy=policy)
 
 
+@dataclass(frozen=True, kw_only=True)
+class Session:
+    """What an interleaved session measured: each side's points, the recipes' conditions, and how
+    each point was decided."""
+
+    points: dict[str, list]  # {side: [ThroughputPoint]}, repeat = the round
+    conditions: dict[str, dict]  # {recipe: stages.plan.conditions}
+    decided: list[PointLog]
+
+
+def compared(session: Session, stack: str, pipeline: str, images: tuple[str, str], labels: tuple[str, str],
+             out: Path, policy: verdicts.Policy):
+    """The session's two sides, compared paired (compare.py), as a Comparison."""
+    from . import compare
+    from .stages.results import StageResult
+
+    sides = []
+    for side, image, label in zip(SIDES, images, labels):
+        measured = StageResult(stack=stack, pipeline=pipeline, stage="throughput", image=image, runner="local",
+                               out_dir=out / side, throughput=session.points[side], conditions=session.conditions)
+        sides.append(compare.side_from_results({"stages": [measured.to_dict()]}, label, out / side)[0])
+    return compare.compare(sides[0], sides[1], policy, alongside=True)
+
+
+def _measured(planned: list, side_dir: Path) -> list:
+    """Every result file a side's recipes hold, as ThroughputPoints (repeat: the round)."""
+    from .stages.results import parse_throughput_point, parse_vllm_result
+
+    points = []
+    for p in planned:
+        for f in sorted((side_dir / p.key).glob("*.json")):
+            try:
+                c, k = parse_throughput_point(f.stem)
+            except ValueError:
+                continue
+            points.append(replace(parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=c), repeat=k))
+    return points
+
+
 def measure(project, pipeline_name: str, image_a: str, image_b: str, out: Path, *, policy: verdicts.Policy,
             recipes: tuple[str, ...] | None = None, runner=None,
-            echo: Callable[[str], None] | None = print) -> list[PointLog]:
-    """Both images' throughput stage, interleaved, into `out/a` and `out/b`; returns how each point
-    was decided. The pipeline's throughput stage says the recipes, points and workload."""
+            echo: Callable[[str], None] | None = print) -> Session:
+    """Both images' throughput stage, interleaved, into `out/a` and `out/b`. The pipeline's
+    throughput stage says the recipes, points and workload."""
     from .runners.registry import make_runner
     from .stages.pipeline import load_pipeline
     from .stages.run import _selected, plan_stage, write_job_files
@@ -135,8 +174,11 @@ def measure(project, pipeline_name: str, image_a: str, image_b: str, out: Path, 
             raise InputError(pipeline.file, "stages.throughput.recipes",
                              f"{pa.key} is started by {pa.runner_kind}, not a server this session can hold")
         logs += _measure_recipe(runner, {"a": pa, "b": pb}, stage, policy, write_job_files, echo)
+    from .stages.plan import conditions
+
     atomic_write_json(out / "measuring.json", [p.__dict__ for p in logs])
-    return logs
+    return Session(points={side: _measured(planned[side], out / side) for side in SIDES},
+                   conditions={p.key: conditions(p, stage) for p in planned["a"]}, decided=logs)
 
 
 def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write_job_files, echo) -> list[PointLog]:

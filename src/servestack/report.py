@@ -63,8 +63,8 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
                        if (warmup or {}).get("failed_attempts") or c.get("refused_attempts", {}).get(side)]
         if asked_again:
             lines += ["Asked again: " + "; ".join(asked_again) + ".", ""]
-    if (result.out_dir / "baseline" / "comparison.md").exists():
-        lines += [f"Held to a baseline: [{result.stage}/baseline/comparison.md](baseline/comparison.md)", ""]
+    if result.comparison:
+        lines += [f"Held to a baseline: {result.comparison}", ""]
     if result.missing:
         lines += [f"Missing points: {', '.join(f'`{m}`' for m in sorted(result.missing))}", ""]
     if result.verdict is not None:

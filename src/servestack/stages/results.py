@@ -144,6 +144,7 @@ class StageResult:
     # accelerators, the runner, the recipe's resources and benchmark (stages.run.conditions;
     # compare.py compares only recipes whose conditions match)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    comparison: str = ""  # a baseline gate's comparison.md (comparisons.place), when held to one
 
     @property
     def passed(self) -> bool:
@@ -166,6 +167,7 @@ class StageResult:
             "jobs": self.jobs,
             "timing": self.timing,
             "conditions": self.conditions,
+            "comparison": self.comparison,
         }
 
 
