@@ -308,6 +308,5 @@ def gate_failures(c: Comparison, metrics: tuple[str, ...] = GATED) -> list[tuple
 def failure_line(ch: Change, policy: verdicts.Policy) -> str:
     interval = "-" if ch.low is None else f"{ch.low:+.1%} .. {ch.high:+.1%}"
     change = "-" if ch.change is None else f"{ch.change:+.1%}"
-    where = verdicts.ALONGSIDE if ch.alongside else verdicts.NOT_ALONGSIDE
-    return (f"{ch.verdict}: {ch.metric} {change} (interval {interval}, {len(ch.b)} rounds, {where}; "
+    return (f"{ch.verdict}: {ch.metric} {change} (interval {interval}, {len(ch.b)} rounds, "
             f"threshold {policy.threshold:.0%}): {ch.reason}")

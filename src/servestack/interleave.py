@@ -162,11 +162,13 @@ def measure(project, pipeline_name: str, image_a: str, image_b: str, out: Path, 
     stage = _selected(pipeline, recipes).get("throughput")
     if stage is None:
         raise InputError(pipeline.file, "stages.throughput", "no throughput stage to measure alongside")
-    runner = runner or make_runner(pipeline, "local")
-    if runner.name != "local":
-        raise InputError(pipeline.file, "runner.kind", f"A and B are measured alongside on the local runner only "
-                                                       f"(two servers at once); {runner.name} cannot hold both")
-    planned = {side: plan_stage(project, pipeline, stage, image, out / side, "local")
+    from .runners.registry import RUNNERS
+
+    runner = runner or make_runner(pipeline)
+    if RUNNERS[runner.name].allocates_nodes or RUNNERS[runner.name].submits_recipes:
+        raise InputError(pipeline.file, "runner.kind", f"A and B are measured alongside by a runner that holds two "
+                                                       f"servers at once on this host; {runner.name} allocates nodes")
+    planned = {side: plan_stage(project, pipeline, stage, image, out / side, runner.name)
                for side, image in zip(SIDES, (image_a, image_b))}
     logs: list[PointLog] = []
     for pa, pb in zip(planned["a"], planned["b"]):
