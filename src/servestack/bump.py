@@ -183,9 +183,9 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
     if "@sha256:" not in (d.baseline or ""):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
     out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
-    session = interleave.measure(project, stack, d.baseline, d.digest_after, out, policy=policy, echo=None)
-    result = interleave.compared(session, stack, stack, (d.baseline, d.digest_after),
-                                 (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
+    session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy,
+                                 echo=None)
+    result = interleave.compared(session, stack, (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
     return result, comparisons.write(result, out, [p.__dict__ for p in session.decided])
 
 

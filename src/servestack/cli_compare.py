@@ -24,6 +24,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measure", action="store_true", help="run A and B by digest in one session, interleaved "
                                                           "(ABBA rounds per point until decided), then compare")
     p.add_argument("--pipeline", help="with --measure: whose throughput stage (default: the stack's name)")
+    p.add_argument("--pipeline-b", help="with --measure: B's server flags from this pipeline instead (the same image "
+                                        "with other flags is a comparison too; the workload must not differ)")
     p.add_argument("--recipes", type=lambda s: tuple(x for x in s.split(",") if x), help="with --measure: only these")
     run = p.add_mutually_exclusive_group()
     run.add_argument("--run-id", help="with --measure: resume this session (its points on disk are not measured again)")
@@ -57,9 +59,9 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
     if args.measure:
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
         out = args.out or comparisons.place(project, args.stack, args.a, run_id, args.b, run_id)
-        session = interleave.measure(project, name, args.a, args.b, out, policy=policy, recipes=args.recipes, echo=_say)
-        result = interleave.compared(session, args.stack, name, (args.a, args.b), (f"A {run_id}", f"B {run_id}"),
-                                     out, policy)
+        session = interleave.measure(project, interleave.pair(args.a, args.b, name, args.pipeline_b), out,
+                                     policy=policy, recipes=args.recipes, echo=_say)
+        result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
         report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
     else:
         result, report = compare.compare_references(project, args.stack, args.a, args.b, key=args.key, out=args.out,

@@ -67,13 +67,12 @@ def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stag
                          f"{gate.baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
     out = comparisons.place(project, pipeline.stack, gate.baseline, run_id, image_ref, run_id)
     policy = gate.policy()
-    session = interleave.measure(project, pipeline.name, gate.baseline, image_ref, out, policy=policy,
-                                 recipes=recipes)
-    comparison = interleave.compared(session, pipeline.stack, pipeline.name, (gate.baseline, image_ref),
-                                     (f"baseline {run_id}", f"this run {run_id}"), out, policy)
+    session = interleave.measure(project, interleave.pair(gate.baseline, image_ref, pipeline.name), out,
+                                 policy=policy, recipes=recipes)
+    comparison = interleave.compared(session, pipeline.stack, (f"baseline {run_id}", f"this run {run_id}"), out, policy)
     result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,
                          runner="local", out_dir=stage_dir, throughput=session.points["b"],
-                         conditions=session.conditions,
+                         conditions=session.conditions["b"],
                          timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}" for p in session.points["b"]],
                                  "client_seconds": sum(d.seconds for d in session.decided),
                                  "server_startup_seconds": 0.0, "benchmark_seconds": 0.0})
