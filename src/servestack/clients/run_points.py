@@ -47,12 +47,13 @@ def log(msg: str) -> None:
     print(f"[run_points {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def stop_server(grace_s: float = 60.0) -> None:
+def stop_server(grace_s: float = 15.0) -> None:
     """The server's own process first, then its group. SIGTERM to the whole group reached vLLM's
     engine core at the same moment as its API server: the engine exited on its own signal before
     the API server's shutdown asked it to, and the API server logged the death it saw as
     EngineDeadError on every normal stop. Signalled alone, the API server shuts its engine down in
-    order; the group is signalled only for what is still there after `grace_s`."""
+    order; the group is signalled only for what is still there after `grace_s` (within the 20 s
+    the local runner's `docker stop` gives this process)."""
     global _server
     if _server is None or _server.poll() is not None:
         return
