@@ -69,6 +69,7 @@ signal.signal(signal.SIGUSR1, lambda *_: stopped("asked by the API server"))
 time.sleep(60)
 ''', log])
 def shutdown(*_):
+    time.sleep(0.5)  # draining its requests first, as a real one does
     engine.send_signal(signal.SIGUSR1)
     engine.wait()
     open(log, "a").write("api server: shut down in order\\n")
