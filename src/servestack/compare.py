@@ -9,7 +9,7 @@ judged unpaired, and every such verdict is labelled "not measured alongside".
 
 A point that is not valid (a failed request, no output tokens, fewer completed than requested)
 is never compared: it is named, with the reason. So is a recipe whose conditions differ between
-the two sides (stages.run.conditions: the workload and the hardware; serving flags may differ,
+the two sides (stages.plan.conditions: the workload and the hardware; serving flags may differ,
 as images do, since that is what is being compared). The report itself is comparisons.py's.
 """
 
