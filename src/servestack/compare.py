@@ -222,8 +222,8 @@ def load_side(reference: str, *, runs: Path, pulled: Path, key: Path | None = No
 
 def _values(points: list[dict[str, Any]], key: str, alongside: bool) -> dict[int, float]:
     """{repeat: value}: measured alongside, repeat k of A pairs with repeat k of B."""
-    out = {int(p.get("repeat", 0)): float(p[key]) for p in points if p.get(key) is not None}
-    return out if alongside else dict(enumerate(out.values()))
+    values = [(int(p.get("repeat", 0)), float(p[key])) for p in points if p.get(key) is not None]
+    return dict(values) if alongside else dict(enumerate(v for _, v in values))
 
 
 def judge(recipe: str, concurrency: int, metric: Metric, a: dict[int, float], b: dict[int, float],

@@ -217,7 +217,9 @@ def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write
     specs, handles, queues = {}, {}, {}
     for arm, p in planned.items():
         command = tuple(a for a in p.spec.command if a not in ("--points", "{points}")) + ("--orders", f"{RESULTS}/{ORDERS}")
-        specs[arm] = replace(p.spec, name=f"{p.spec.name}-{arm}", command=command, points=())
+        # A server stays up for every round, not one sweep: the runner's limit is the session's.
+        specs[arm] = replace(p.spec, name=f"{p.spec.name}-{arm}", command=command, points=(),
+                             time_limit_s=p.spec.time_limit_s * policy.max_rounds)
     write_job_files(list(planned.values()))
     try:
         for arm in names:

@@ -170,6 +170,13 @@ class ThroughputGate(_Model):
     max_rounds: Annotated[int, Field(ge=2)] = 8  # the budget: a point open after it is "undecided"
     undecided_fails: bool = True  # a point the budget could not decide fails the gate
 
+    @model_validator(mode="after")
+    def _alongside_needs_an_image(self) -> "ThroughputGate":
+        if self.alongside and "@sha256:" not in (self.baseline or ""):
+            raise yamlfile.FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
+                                        "baseline: REGISTRY/REPO@sha256:<64 hex>")
+        return self
+
     def config(self) -> GateConfig:
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
 
@@ -224,8 +231,8 @@ class ThroughputStage(_Stage):
     output_len: Positive | None = None
     prompts_per_concurrency: Positive | None = None
     min_prompts: Positive = 1
-    # Each point measured this many times: what a regression verdict against a baseline reads the
-    # noise from (compare.py: 3 is the fewest that can show one).
+    # Each point measured this many times: what a verdict against a stored baseline reads the noise
+    # from (verdicts.py: 3 is the fewest it judges). Measured alongside, the rounds decide instead.
     repeats: Positive = 1
 
     @model_validator(mode="after")
