@@ -219,7 +219,7 @@ def test_compare_references_writes_under_the_stacks_comparisons(tmp_path: Path):
     for name, factors in (("a1", NOISE_A), ("b1", [0.70, 0.72, 0.69])):
         (runs / name).mkdir(parents=True)
         (runs / name / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
-    result, report = compare.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
+    result, report = comparisons.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
     assert report == tmp_path / "build" / "dev-cpu" / "comparisons" / "a1-vs-b1" / "comparison.md"
     assert {ch.metric for ch in result.regressions} >= {"tokens_per_s_per_gpu"}
 

@@ -179,7 +179,7 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
 
     policy = _policy(project, stack)
     if not alongside:
-        return compare.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
+        return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
     if "@sha256:" not in (d.baseline or ""):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
     out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)

@@ -9,25 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .commands import COMMANDS, command, image_arg as _image_arg, say as _say  # noqa: F401  (COMMANDS: tests)
 from .errors import ServestackError
 from .interrupts import Terminated, exit_code, signals_unwind
 from .project import DEFAULT_STACK, Project
-
-Command = Callable[[argparse.Namespace, Project], int]
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
-
-
-def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda p: None):
-    def register(fn: Command) -> Command:
-        COMMANDS[name] = (help, configure, fn)
-        return fn
-
-    return register
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
-
 
 # --------------------------------------------------------------------------- lock
 
@@ -125,10 +110,6 @@ def _image(args: argparse.Namespace, project: Project) -> int:
 
 
 # --------------------------------------------------------------------------- smoke and the measured stages
-
-
-def _image_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--image", help="REPO@sha256:<64 hex> (default: the digest the last `image` session recorded)")
 
 
 def _image_ref(args: argparse.Namespace, project: Project) -> str:

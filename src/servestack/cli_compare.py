@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from .cli import _say, command
+from .commands import command, say as _say
 from .errors import VerdictFailed
 from .project import Project
 
@@ -52,7 +52,7 @@ def _policy(project: Project, name: str, args: argparse.Namespace):
 @command("compare", "two images side by side, measured alongside (--measure) or from stored results; "
                     "exit 0 no regression, 4 regression, 5 undecided", _compare_args)
 def _compare(args: argparse.Namespace, project: Project) -> int:
-    from . import compare, comparisons, interleave
+    from . import comparisons, interleave
 
     name = args.pipeline or args.stack
     policy = _policy(project, name, args)
@@ -64,8 +64,8 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
         result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
         report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
     else:
-        result, report = compare.compare_references(project, args.stack, args.a, args.b, key=args.key, out=args.out,
-                                                    policy=policy)
+        result, report = comparisons.compare_references(project, args.stack, args.a, args.b, key=args.key,
+                                                        out=args.out, policy=policy)
     _say(report.read_text())
     _say(f"-> {report}")
     failing = comparisons.failing_points(result)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .cli import _image_arg, _say, command
+from .commands import command, image_arg as _image_arg, say as _say
 from .project import Project
 
 def _publish_args(p: argparse.ArgumentParser) -> None:

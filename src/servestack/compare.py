@@ -270,28 +270,9 @@ def compare(a: Side, b: Side, policy: verdicts.Policy = verdicts.Policy(), *,
     return out
 
 
-def _slug(reference: str) -> str:
+def slug(reference: str) -> str:
     tail = reference.rsplit("@", 1)[-1].replace("sha256:", "")[:12] if "@" in reference else Path(reference).name
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tail) or "side"
-
-
-def compare_references(project, stack: str, a: str, b: str, *, key: Path | None = None, out: Path | None = None,
-                       policy: verdicts.Policy = verdicts.Policy()) -> tuple[Comparison, Path]:
-    """`servestack compare A B` of two stored results: both sides resolved (published ones pulled
-    and verified into the output directory), compared apart ("not measured alongside"), written
-    where comparisons.place says; returns the comparison and its Markdown report."""
-    from . import comparisons
-
-    runs = project.artifacts(stack) / "runs"
-    out = out or comparisons.place(project, stack, a, _slug(a), b, _slug(b))
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out / "pulled", ignore_errors=True)  # a pull writes a fresh directory
-    side_a, invalid_a = load_side(a, runs=runs, pulled=out / "pulled" / "a", key=key, label=f"A {_slug(a)}")
-    side_b, invalid_b = load_side(b, runs=runs, pulled=out / "pulled" / "b", key=key, label=f"B {_slug(b)}")
-    result = compare(side_a, side_b, policy, invalid=invalid_a + invalid_b)
-    return result, comparisons.write(result, out)
 
 
 def gate_failures(c: Comparison, metrics: tuple[str, ...] = GATED) -> list[tuple[Change, str]]:

@@ -17,7 +17,7 @@ import io
 import statistics
 from pathlib import Path
 
-from . import verdicts
+from . import compare, verdicts
 from .compare import GATED, METRICS, Change, Comparison
 from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
@@ -157,3 +157,22 @@ def write(c: Comparison, out_dir: Path, measuring: list[dict] | None = None) -> 
     report = out_dir / "comparison.md"
     atomic_write_text(report, markdown(c, png, measuring))
     return report
+
+
+def compare_references(project, stack: str, a: str, b: str, *, key: Path | None = None, out: Path | None = None,
+                       policy: verdicts.Policy = verdicts.Policy()) -> tuple[Comparison, Path]:
+    """`servestack compare A B` of two stored results: both sides resolved (published ones pulled
+    and verified into the output directory), compared apart ("not measured alongside"), written
+    where comparisons.place says; returns the comparison and its Markdown report."""
+    runs = project.artifacts(stack) / "runs"
+    out = out or place(project, stack, a, compare.slug(a), b, compare.slug(b))
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out / "pulled", ignore_errors=True)  # a pull writes a fresh directory
+    side_a, invalid_a = compare.load_side(a, runs=runs, pulled=out / "pulled" / "a", key=key,
+                                          label=f"A {compare.slug(a)}")
+    side_b, invalid_b = compare.load_side(b, runs=runs, pulled=out / "pulled" / "b", key=key,
+                                          label=f"B {compare.slug(b)}")
+    result = compare.compare(side_a, side_b, policy, invalid=invalid_a + invalid_b)
+    return result, write(result, out)

@@ -177,8 +177,7 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
     the recipes, points and workload, and which runner holds the servers."""
     from .runners.registry import RUNNERS, make_runner
     from .stages.pipeline import load_pipeline
-    from .stages.plan import conditions, plan_stage, write_job_files
-    from .stages.run import _selected
+    from .stages.plan import _selected, conditions, plan_stage, write_job_files
 
     pipelines = {arm.name: load_pipeline(project.pipelines / f"{arm.pipeline}.yaml", project.root) for arm in arms}
     stages = {name: _selected(p, recipes).get("throughput") for name, p in pipelines.items()}

@@ -39,7 +39,7 @@ def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result:
     """This run's measured points against a stored baseline's."""
     gate = stage.gate
     key = None if gate.baseline_key is None else (project.root / gate.baseline_key)
-    base_run = compare._slug(gate.baseline)
+    base_run = compare.slug(gate.baseline)
     out = comparisons.place(project, pipeline.stack, gate.baseline, base_run, result.image, run_id)
     if out.exists():
         import shutil

@@ -257,3 +257,29 @@ def conditions(p: _Planned, stage: Stage) -> dict[str, object]:
             "prompts_per_concurrency": stage.prompts_per_concurrency or int(bench.get("num_prompts_mult") or 10),
             "gpus": p.gpus, "gpu_type": resources.get("gpu_type"), "runner": p.runner_kind,
             "resources_and_benchmark_sha256": hashlib.sha256(placement.encode()).hexdigest()}
+
+
+def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, Stage]:
+    """The pipeline's stages narrowed to `recipes` (None: all); a stage left with none is dropped."""
+    defined = pipeline.stages.defined()
+    if recipes is None:
+        return defined
+    known = {r for s in defined.values() for r in s.recipes}
+    unknown = [r for r in recipes if r not in known]
+    if unknown:
+        raise InputError(pipeline.file, "stages", f"runs no recipe named {', '.join(unknown)} "
+                                                  f"(its recipes: {', '.join(sorted(known))})")
+    out = {}
+    for name, settings in defined.items():
+        kept = tuple(r for r in settings.recipes if r in recipes)
+        reference = getattr(settings.gate, "agreement_with", None)
+        if reference is not None and kept:
+            if kept == (reference,):
+                raise InputError(pipeline.file, f"stages.{name}.gate.agreement_with",
+                                 f"{reference} is the reference the other recipes are held to; alone it is judged by "
+                                 f"nothing (select one of {', '.join(r for r in settings.recipes if r != reference)} too)")
+            # A recipe is judged against the reference's answers: the reference runs with it.
+            kept = tuple(r for r in settings.recipes if r in kept or r == reference)
+        if kept:
+            out[name] = settings.model_copy(update={"recipes": kept})
+    return out

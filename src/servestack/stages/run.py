@@ -40,6 +40,7 @@ from .plan import (  # noqa: F401  (re-exported: where callers have always found
     RESULTS,
     _Planned,
     _recipe,
+    _selected,
     conditions,
     pycache_dir,
     plan_stage,
@@ -188,32 +189,6 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     verdict.failures += placement_failures(result.jobs)
     result.verdict = verdict
     return result
-
-
-def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, Stage]:
-    """The pipeline's stages narrowed to `recipes` (None: all); a stage left with none is dropped."""
-    defined = pipeline.stages.defined()
-    if recipes is None:
-        return defined
-    known = {r for s in defined.values() for r in s.recipes}
-    unknown = [r for r in recipes if r not in known]
-    if unknown:
-        raise InputError(pipeline.file, "stages", f"runs no recipe named {', '.join(unknown)} "
-                                                  f"(its recipes: {', '.join(sorted(known))})")
-    out = {}
-    for name, settings in defined.items():
-        kept = tuple(r for r in settings.recipes if r in recipes)
-        reference = getattr(settings.gate, "agreement_with", None)
-        if reference is not None and kept:
-            if kept == (reference,):
-                raise InputError(pipeline.file, f"stages.{name}.gate.agreement_with",
-                                 f"{reference} is the reference the other recipes are held to; alone it is judged by "
-                                 f"nothing (select one of {', '.join(r for r in settings.recipes if r != reference)} too)")
-            # A recipe is judged against the reference's answers: the reference runs with it.
-            kept = tuple(r for r in settings.recipes if r in kept or r == reference)
-        if kept:
-            out[name] = settings.model_copy(update={"recipes": kept})
-    return out
 
 
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
