@@ -89,12 +89,14 @@ def markdown(c: Comparison, plot: str | None = None, measuring: list[dict] | Non
         lines += ["```", *failing, "```", ""]
     labels = {m.key: m.label for m in METRICS}
     if c.changes:
-        lines += ["| recipe | concurrency | metric | A median | B median | rounds | change | interval | verdict | why |",
+        lines += ["| recipe | concurrency | metric | A median | B median | rounds | change | interval | verdict "
+                  "| why |",
                   "|---|---:|---|---:|---:|---:|---:|---|---|---|"]
         lines += [_row(ch, labels) for ch in sorted(c.changes, key=lambda ch: (ch.metric not in GATED,))]
         lines.append("")
     if measuring:
-        lines += ["Rounds and time per point (interleaved):", "", "| recipe | concurrency | verdict | rounds | seconds |",
+        lines += ["Rounds and time per point (interleaved):", "",
+                  "| recipe | concurrency | verdict | rounds | seconds |",
                   "|---|---:|---|---:|---:|"]
         lines += [f"| {m['recipe']} | {m['concurrency']} | {m['verdict']} | {m['rounds']} | {m['seconds']:.0f} |"
                   for m in measuring]
@@ -110,9 +112,12 @@ def markdown(c: Comparison, plot: str | None = None, measuring: list[dict] | Non
     return "\n".join(lines)
 
 
-def spread_by_concurrency(points: dict[tuple[str, int], list[dict]], key: str) -> dict[str, list[tuple[int, float, float, float]]]:
+Spread = tuple[int, float, float, float]  # concurrency, median, lowest, highest
+
+
+def spread_by_concurrency(points: dict[tuple[str, int], list[dict]], key: str) -> dict[str, list[Spread]]:
     """{recipe: [(concurrency, median, lowest, highest)]} over each point's repeats."""
-    out: dict[str, list[tuple[int, float, float, float]]] = {}
+    out: dict[str, list[Spread]] = {}
     for (recipe, conc), ps in sorted(points.items()):
         xs = [float(p[key]) for p in ps if p.get(key) is not None]
         if xs:

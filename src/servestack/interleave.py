@@ -4,9 +4,9 @@ Per recipe both servers start once and stay up (one container each, the local ru
 by round, every concurrency point still open is measured as a pair: A then B in even rounds, B then
 A in odd ones, so a machine that slows during a round slows both halves of its pair, and a trend
 within the round falls once on each side over two rounds. A session may hold more arms than two
-(A, A', B: an A/A and an A/B from three server starts); each is compared with the first. After `min_rounds` each open point is
-judged on the gated metrics (verdicts.py, paired); a decided point is measured no more, and the
-session stops when every point is decided or `max_rounds` is spent.
+(A, A', B: an A/A and an A/B from three server starts); each is compared with the first. After
+`min_rounds` each open point is judged on the gated metric (verdicts.py, paired); a decided point
+is measured no more, and the session stops when every point is decided or `max_rounds` is spent.
 
 The servers run `clients/run_points.py --orders`: this process writes the point it wants next, the
 container measures it and answers, so the order measured is the order asked. Result files are the
@@ -49,7 +49,8 @@ class Arm:
 
 
 def pair(image_a: str, image_b: str, pipeline: str, pipeline_b: str | None = None) -> tuple[Arm, Arm]:
-    return (Arm(name="a", image=image_a, pipeline=pipeline), Arm(name="b", image=image_b, pipeline=pipeline_b or pipeline))
+    return (Arm(name="a", image=image_a, pipeline=pipeline),
+            Arm(name="b", image=image_b, pipeline=pipeline_b or pipeline))
 
 
 def order(round_index: int, arms: tuple[str, ...] = SIDES) -> tuple[str, ...]:
@@ -215,7 +216,7 @@ def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write
     concurrencies = sorted({parse_throughput_point(p)[0] for p in planned[reference].points})
     specs, handles, queues = {}, {}, {}
     for arm, p in planned.items():
-        command = tuple(a for a in p.spec.command if a not in ("--points", "{points}")) + ("--orders", f"{RESULTS}/{ORDERS}")
+        command = (*(a for a in p.spec.command if a not in ("--points", "{points}")), "--orders", f"{RESULTS}/{ORDERS}")
         # A server stays up for every round, not one sweep: the runner's limit is the session's.
         specs[arm] = replace(p.spec, name=f"{p.spec.name}-{arm}", command=command, points=(),
                              time_limit_s=p.spec.time_limit_s * policy.max_rounds)

@@ -73,7 +73,8 @@ def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stag
     result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,
                          runner="local", out_dir=stage_dir, throughput=session.points["b"],
                          conditions=session.conditions["b"],
-                         timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}" for p in session.points["b"]],
+                         timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}"
+                                                     for p in session.points["b"]],
                                  "client_seconds": sum(d.seconds for d in session.decided),
                                  "server_startup_seconds": 0.0, "benchmark_seconds": 0.0})
     result.verdict = evaluate_throughput(result.throughput, {}, stage.gate.config())
