@@ -35,6 +35,7 @@ log = logging.getLogger("servestack.interleave")
 SIDES = ("a", "b")  # a comparison's two arms: the reference and the image under test
 ORDERS = ".orders"  # in each job's result directory: run_points' orders and answers
 ANSWER_POLL_S = 0.1  # a stat of one small file: cheap next to any point
+RUNNER_POLL_EVERY = 20  # answer polls between two questions to the runner whether the server still runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,8 +93,11 @@ class Orders:
         atomic_write_json(self.directory / f"{n}.json", order_)
         deadline = time.monotonic() + timeout_s
         answer = self.directory / f"{n}.done"
+        polls = 0
         while not answer.exists():
-            if not self.still_running():
+            polls += 1
+            # The answer file is a stat; the container's state is a call to the runner (docker's API).
+            if polls % RUNNER_POLL_EVERY == 0 and not self.still_running():
                 raise ServestackError(f"{self.directory.parent}: the server's container ended while measuring {order_}")
             if time.monotonic() > deadline:
                 raise ServestackError(f"{self.directory.parent}: no answer to {order_} in {timeout_s:.0f} s")
