@@ -194,3 +194,26 @@ def test_compare_measure_prints_the_failing_points_and_exits_with_the_verdict(tm
     assert cli.main(["--project", str(project.root), "compare", "--measure", IMAGE, OTHER, "--pipeline-b", "capped",
                      "--run-id", "s1"]) == 4
     assert (tmp_path / "counter").read_text().count("x") == 12  # 2 arms x 2 points x 3 rounds, the first time only
+
+
+def test_a_throughput_gate_alongside_its_baseline_image_fails_with_the_regression_and_its_exit_code(
+        tmp_path: Path, monkeypatch):
+    """`gate: {baseline: REF@sha256:..., alongside: true}`: the stage is one session of the baseline
+    image and the image under test; a regression at c=4 fails it, with the regression's exit code."""
+    from servestack.runners import registry
+    from servestack.stages import run_stage
+    from servestack.stages.run import StageFailed
+
+    project = _project(tmp_path)
+    held = project.pipelines / "held.yaml"
+    held.write_text((project.pipelines / "dev-cpu.yaml").read_text().replace(
+        "gate: {", f"gate: {{baseline: '{OTHER}', alongside: true, "))
+    servers = StandInServers(tmp_path, {"a": {}, "b": {"4": 0.6}, "busy_after": 1000})
+    monkeypatch.setattr(registry, "make_runner", lambda pipeline, kind=None: servers)
+    result = run_stage(project, "held", "throughput", IMAGE, run_id="r1")
+    assert [(f.gate, f.point) for f in result.verdict.failures] == [("regression", "c=4")]
+    assert StageFailed(result).exit_code == 4
+    where = project.artifacts("dev-cpu") / "comparisons" / f"{OTHER[-64:][:12]}.r1-vs-{IMAGE[-64:][:12]}.r1"
+    assert result.comparison == str(where / "comparison.md")
+    assert "measured alongside (interleaved)" in (where / "comparison.md").read_text()
+    assert (result.out_dir / "results.json").exists() and (result.out_dir / "throughput_vs_concurrency.png").exists()
