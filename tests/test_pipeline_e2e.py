@@ -395,6 +395,9 @@ def test_an_a_a_measured_alongside_is_no_regression_at_every_point(alongside):
     assert aa.alongside and not aa.not_compared
     assert [(ch.concurrency, ch.verdict) for ch in aa.gated()] == [(1, "no regression"), (4, "no regression")], [
         ch.reason for ch in aa.gated()]
+    # Each server was stopped in order: its log holds no EngineDeadError (vLLM's "abort" shutdown's).
+    for arm in ("a", "a2", "b"):
+        assert "EngineDeadError" not in (alongside["out"] / arm / "agg" / "server.log").read_text(), arm
 
 
 def test_a_capped_batch_measured_alongside_is_a_regression_where_it_slows(alongside, tmp_path):

@@ -47,13 +47,13 @@ def log(msg: str) -> None:
     print(f"[run_points {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def stop_server(grace_s: float = 15.0) -> None:
-    """The server's own process first, then its group. SIGTERM to the whole group reached vLLM's
-    engine core at the same moment as its API server: the engine exited on its own signal before
-    the API server's shutdown asked it to, and the API server logged the death it saw as
-    EngineDeadError on every normal stop. Signalled alone, the API server shuts its engine down in
-    order; the group is signalled only for what is still there after `grace_s` (within the 20 s
-    the local runner's `docker stop` gives this process)."""
+def stop_server(grace_s: float = 30.0) -> None:
+    """The server's own process first, then its group. SIGTERM to the whole group reaches vLLM's
+    engine core at the same moment as its API server, so the engine exits on its own signal
+    instead of the API server's shutdown. Signalled alone, the API server shuts its engine down in
+    order (with the --shutdown-timeout the stage gives it, stages.plan: "drain", not vLLM's default
+    "abort", which kills the engine and logs EngineDeadError); the group is signalled only for what
+    is still there after `grace_s`, which outlasts that timeout."""
     global _server
     if _server is None or _server.poll() is not None:
         return

@@ -60,13 +60,21 @@ def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Moun
     return recipe.model_path, []
 
 
+# vLLM's default shutdown timeout, 0, is its "abort" mode: on SIGTERM the API server force-kills its
+# engine core at once, and its output handler, still waiting for outputs, logs EngineDeadError at
+# every normal stop. Any timeout is "drain" mode: the engine finishes what it holds (nothing, at the
+# end of a job) and exits on its own; measured on dev-cpu: no error, stopped in 5 s. A recipe or the
+# pipeline's extra_flags may set another.
+SHUTDOWN_TIMEOUT_S = 10
+
+
 def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
     python = pipeline.runner.python
     flags = {**recipe.server_flags, **pipeline.server.extra_flags}
     for reserved in ("model", "served-model-name", "port", "host"):
         flags.pop(reserved, None)
     argv = server_argv(python, {"model": model, "served-model-name": recipe.served_model_name, "host": "127.0.0.1",
-                                "port": pipeline.server.port, **flags})
+                                "port": pipeline.server.port, "shutdown-timeout": SHUTDOWN_TIMEOUT_S, **flags})
     return {"argv": argv, "env": recipe.server_env,
             "health_url": f"http://127.0.0.1:{pipeline.server.port}/health",
             "startup_timeout": pipeline.server.startup_timeout}
