@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from servestack.clients import CLIENTS_DIR
@@ -49,3 +50,45 @@ def test_a_server_that_dies_fails_fast(tmp_path):
     spec = _spec(tmp_path, server={"argv": [sys.executable, "-c", "raise SystemExit(1)"],
                                    "health_url": "http://127.0.0.1:9/health", "startup_timeout": 30})
     assert _run(spec, "1") == 3
+
+
+# A server shaped like vLLM's: an API server (the group's leader) and its engine (a child in the
+# same group). The engine records which signal stopped it: SIGTERM from outside, or the API
+# server's own shutdown (SIGUSR1 here, then its exit), which is the order that logs no error.
+SERVER = """
+import os, signal, subprocess, sys, time
+log = sys.argv[1]
+engine = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+log = sys.argv[1]
+def stopped(why):
+    open(log, "a").write("engine: " + why + "\\\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, lambda *_: stopped("SIGTERM from outside: the API server would see a dead engine"))
+signal.signal(signal.SIGUSR1, lambda *_: stopped("asked by the API server"))
+time.sleep(60)
+''', log])
+def shutdown(*_):
+    time.sleep(0.5)  # draining its requests first, as a real one does
+    engine.send_signal(signal.SIGUSR1)
+    engine.wait()
+    open(log, "a").write("api server: shut down in order\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, shutdown)
+time.sleep(60)
+"""
+
+
+def test_a_server_is_stopped_through_its_api_server_so_its_engine_is_shut_down_in_order(tmp_path):
+    """SIGTERM to the whole group reached vLLM's engine core beside its API server, and every normal
+    stop logged EngineDeadError; signalled alone, the API server stops its engine itself."""
+    sys.path.insert(0, str(CLIENTS_DIR))
+    try:
+        import run_points
+    finally:
+        sys.path.pop(0)
+    log = tmp_path / "log"
+    run_points._server = subprocess.Popen([sys.executable, "-c", SERVER, str(log)], start_new_session=True)
+    time.sleep(1.0)  # both processes have their handlers
+    run_points.stop_server(grace_s=10)
+    assert log.read_text().splitlines() == ["engine: asked by the API server", "api server: shut down in order"]

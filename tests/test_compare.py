@@ -1,6 +1,6 @@
-"""Comparing two images by their results: what regresses beyond the noise, what cannot be judged,
-and what is not compared at all. The points are real vLLM benchmark results (tests/data/dev-cpu),
-measured again with known changes."""
+"""Comparing two images by their results: what regresses beyond the threshold, what is undecided,
+what is not compared at all, and how a stored baseline's verdict is labelled. The points are real
+vLLM benchmark results (tests/data/dev-cpu), measured again with known changes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from servestack import compare
+from servestack import comparisons, compare
 from servestack.errors import InputError
 from servestack.project import Project
 from servestack.stages.results import StageResult, parse_vllm_result
@@ -49,7 +49,7 @@ def test_the_same_image_measured_twice_has_no_regression_at_any_point():
     b, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_B)], "B")
     result = compare.compare(a, b)
     assert result.changes and not result.regressions
-    assert {ch.verdict for ch in result.changes} == {"within noise"}
+    assert {ch.verdict for ch in result.changes} == {"no regression"}
     assert len(result.changes) == 3 * len(compare.METRICS)
 
 
@@ -61,36 +61,61 @@ def test_a_slowdown_beyond_threshold_and_noise_is_a_regression_at_the_points_it_
     assert regressed == {(16, "tokens_per_s_per_gpu"), (16, "tokens_per_s_per_user"), (16, "median_tpot_ms"),
                          (16, "p99_tpot_ms")}
     tps = next(ch for ch in result.regressions if ch.metric == "tokens_per_s_per_gpu")
-    assert tps.change == pytest.approx(0.70 / 1.00 - 1, abs=0.01) and tps.p_value == pytest.approx(0.05)
+    assert tps.change == pytest.approx(0.70 / 1.00 - 1, abs=0.01)
     assert tps.low < tps.change < tps.high < -compare.DEFAULT_THRESHOLD
     [(ch, message)] = compare.gate_failures(result)
-    assert ch is tps and "tokens_per_s_per_gpu -30.0% against the baseline" in message and "p = 0.050" in message
+    assert ch is tps and "not measured alongside" in message
+    assert message.startswith("regression: tokens_per_s_per_gpu -29.9% (interval -32.7% .. -27.0%, 3 rounds")
 
 
-def test_a_faster_image_is_an_improvement_not_a_regression():
+def test_a_faster_image_is_no_regression_and_its_change_says_by_how_much():
     a, _ = side(measured(4, NOISE_A), "A")
     b, _ = side(measured(4, [1.30, 1.32, 1.28]), "B")
-    verdicts = {ch.metric: ch.verdict for ch in compare.compare(a, b).changes}
-    assert verdicts["tokens_per_s_per_gpu"] == "improvement" and verdicts["median_tpot_ms"] == "improvement"
-    assert verdicts["median_ttft_ms"] == "within noise"  # unchanged by the scaling
+    changes = {ch.metric: ch for ch in compare.compare(a, b).changes}
+    assert changes["tokens_per_s_per_gpu"].verdict == "no regression" and changes["tokens_per_s_per_gpu"].change > 0.2
+    assert changes["median_tpot_ms"].verdict == "no regression" and changes["median_tpot_ms"].change < -0.2
 
 
-def test_a_change_the_spread_covers_is_noise_however_large():
+def test_a_change_the_spread_covers_is_undecided_never_a_pass():
+    """What Mann-Whitney called "within noise" (and the gate passed): the repeats overlap, so the
+    interval straddles the threshold, and the verdict says so, with the rounds that would decide."""
     a, _ = side(measured(4, [0.70, 1.30, 1.00]), "A")
-    b, _ = side(measured(4, [0.75, 1.25, 0.85]), "B")  # median -15%, but the repeats overlap
-    [tps] = [ch for ch in compare.compare(a, b).changes if ch.metric == "tokens_per_s_per_gpu"]
-    assert tps.change == pytest.approx(-0.15) and tps.p_value > compare.DEFAULT_ALPHA and tps.verdict == "within noise"
+    b, _ = side(measured(4, [0.75, 1.25, 0.85]), "B")
+    result = compare.compare(a, b)
+    [tps] = [ch for ch in result.changes if ch.metric == "tokens_per_s_per_gpu"]
+    assert tps.verdict == "undecided" and tps.low < -0.10 < tps.high and "straddles" in tps.reason
+    assert [ch for ch, _ in compare.gate_failures(result)] == [tps]
+    let_pass = compare.compare(a, b, replace(compare.RegressionPolicy(), undecided_fails=False))
+    assert not compare.gate_failures(let_pass)  # the pipeline file's undecided_fails: false
 
 
-def test_too_few_repeats_cannot_show_a_regression_and_the_gate_does_not_pass_them():
+def test_too_few_repeats_are_undecided_and_the_gate_does_not_pass_them():
     a, _ = side(measured(4, [1.0]), "A")
     b, _ = side(measured(4, [0.5]), "B")
     result = compare.compare(a, b)
     [tps] = [ch for ch in result.changes if ch.metric == "tokens_per_s_per_gpu"]
-    assert tps.verdict == "inconclusive" and tps.p_value is None and tps.low is None
+    assert tps.verdict == "undecided" and tps.low is None and tps.rounds_to_decide == 3
     assert not result.regressions
     [(_, message)] = compare.gate_failures(result)
-    assert "1 and 1 repeats cannot show whether it is noise" in message and "stages.throughput.repeats" in message
+    assert message.startswith("undecided: tokens_per_s_per_gpu") and "fewer than 2 measurements" in message
+
+
+def test_a_stored_baseline_is_labelled_not_measured_alongside_and_an_interleaved_one_is_paired(tmp_path: Path):
+    """The same numbers, judged twice: apart (a stored baseline) the report says so on every verdict;
+    as one interleaved session, round k of A pairs with round k of B."""
+    drifting = [1.00, 0.90, 0.80]  # the machine slowed through the session, for both sides alike
+    a, _ = side(measured(4, drifting), "A")
+    b, _ = side(measured(4, [f * 0.99 for f in drifting]), "B")
+    stored, paired = compare.compare(a, b), compare.compare(a, b, alongside=True)
+    [apart] = [ch for ch in stored.gated()]
+    [together] = [ch for ch in paired.gated()]
+    assert apart.verdict == "undecided" and not apart.alongside
+    assert together.verdict == "no regression" and together.alongside
+    assert together.change == pytest.approx(-0.01) and together.high - together.low < 1e-6
+    md = comparisons.write(stored, tmp_path / "stored").read_text()
+    assert "**not measured alongside** (a stored baseline)" in md
+    assert "measured alongside (interleaved)" in comparisons.write(paired, tmp_path / "paired").read_text()
+    assert json.loads((tmp_path / "stored" / "comparison.json").read_text())["measured"] == "not measured alongside"
 
 
 def test_a_point_that_is_not_a_result_is_named_and_never_compared():
@@ -114,21 +139,28 @@ def test_different_experiments_are_named_instead_of_compared():
     assert compare.compare(a, c).not_compared == ["agg c=4: measured only in A", "agg c=16: measured only in C"]
 
 
-def test_the_report_the_json_and_the_overlay_plot(tmp_path: Path):
+def test_the_report_the_json_and_the_plot(tmp_path: Path):
     a, _ = side([p for c in (1, 4, 16) for p in measured(c, NOISE_A)], "A")
     b, _ = side([*measured(1, NOISE_B), *measured(4, NOISE_B), *measured(16, [0.70, 0.72, 0.69])], "B")
-    report = compare.write(compare.compare(a, b), tmp_path)
+    report = comparisons.write(compare.compare(a, b), tmp_path)
     md = report.read_text()
     assert md.startswith("# Comparison: `B` against `A`")
-    assert ("**1 regression** in tok/s/GPU (gated, 3 compared values); reported, not gated: 3 of the other 21 values "
-            "regressed (tok/s/user agg c=16, TPOT p50 ms agg c=16, TPOT p99 ms agg c=16), where noise alone would "
-            "flag about 1.1 at alpha 0.05.") in md
+    assert ("**regression** in tok/s/GPU (2 no regression, 1 regression, 0 undecided; **not measured alongside** "
+            "(a stored baseline)); reported, not gated: regression in tok/s/user agg c=16") in md
+    assert "FAIL agg c=16: regression: tokens_per_s_per_gpu -29.9%" in md  # the failing point, said plainly
     assert "| agg | 16 | tok/s/GPU |" in md and "| **regression** |" in md
-    assert "![tokens/s per GPU against tokens/s per user, both sides](comparison_pareto.png)" in md
-    assert (tmp_path / "comparison_pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "(comparison.png)" in md
+    assert (tmp_path / "comparison.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((tmp_path / "comparison.json").read_text())
-    assert data["schema"] == compare.SCHEMA and data["policy"]["min_repeats"] == 3
-    assert (data["regressions"], data["gated"], data["gated_regressions"]) == (4, ["tokens_per_s_per_gpu"], 1)
+    assert data["schema"] == compare.SCHEMA and data["policy"]["min_rounds"] == 3 and data["verdict"] == "regression"
+    assert (data["gated"], data["gated_regressions"]) == (["tokens_per_s_per_gpu"], 1)
+
+
+def test_the_plot_has_one_point_per_concurrency_with_the_spread_of_its_repeats():
+    a, _ = side([p for c in (1, 4) for p in measured(c, [0.9, 1.0, 1.2])], "A")
+    [(c1, median1, low1, high1), (c4, *_)] = comparisons.spread_by_concurrency(a.points, "tokens_per_s_per_gpu")["agg"]
+    assert (c1, c4) == (1, 4) and low1 < median1 < high1
+    assert high1 / low1 == pytest.approx(1.2 / 0.9)
 
 
 def test_a_tail_latency_that_moves_is_reported_but_only_the_gated_metric_decides(tmp_path: Path, capsys):
@@ -145,9 +177,9 @@ def test_a_tail_latency_that_moves_is_reported_but_only_the_gated_metric_decides
     result = compare.compare(side(points_a, "A")[0], side(points_b, "B")[0])
     assert [(ch.concurrency, ch.metric) for ch in result.regressions] == [(1, "p99_ttft_ms")]
     assert not compare.gate_failures(result)
-    assert compare.headline(result) == (
-        "**no regression** in tok/s/GPU (gated, 2 compared values); reported, not gated: 1 of the other 14 values "
-        "regressed (TTFT p99 ms agg c=1), where noise alone would flag about 0.7 at alpha 0.05.")
+    assert comparisons.headline(result) == (
+        "**no regression** in tok/s/GPU (2 no regression, 0 regression, 0 undecided; **not measured alongside** "
+        "(a stored baseline)); reported, not gated: regression in TTFT p99 ms agg c=1.")
     runs = tmp_path / "build" / "dev-cpu" / "runs"
     for name, points in (("a", points_a), ("b", points_b)):
         (runs / name).mkdir(parents=True)
@@ -188,12 +220,12 @@ def test_compare_references_writes_under_the_stacks_comparisons(tmp_path: Path):
     for name, factors in (("a1", NOISE_A), ("b1", [0.70, 0.72, 0.69])):
         (runs / name).mkdir(parents=True)
         (runs / name / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
-    result, report = compare.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
+    result, report = comparisons.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
     assert report == tmp_path / "build" / "dev-cpu" / "comparisons" / "a1-vs-b1" / "comparison.md"
     assert {ch.metric for ch in result.regressions} >= {"tokens_per_s_per_gpu"}
 
 
-def test_the_command_line_exits_1_on_a_regression_and_0_without(tmp_path: Path, capsys):
+def test_the_command_line_exits_with_the_verdict_and_prints_the_failing_points(tmp_path: Path, capsys):
     from servestack import cli
 
     runs = tmp_path / "build" / "dev-cpu" / "runs"
@@ -204,8 +236,12 @@ def test_the_command_line_exits_1_on_a_regression_and_0_without(tmp_path: Path, 
     assert cli.main(["--project", str(tmp_path), "compare", "a1", "a2"]) == 0
     assert "**no regression**" in capsys.readouterr().out
     assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1", "--threshold", "0.5"]) == 0  # -30% < 50%
-    assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1"]) == 1
-    assert "| **regression** |" in capsys.readouterr().out
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "b1"]) == 4
+    out = capsys.readouterr().out
+    assert "| **regression** |" in out and "\nFAIL agg c=4: regression: tokens_per_s_per_gpu -" in out
+    (runs / "wide").mkdir()
+    (runs / "wide" / "results.json").write_text(json.dumps(run_results(measured(4, [0.6, 1.3, 0.9]))))
+    assert cli.main(["--project", str(tmp_path), "compare", "a1", "wide"]) == 5  # undecided
     assert cli.main(["--project", str(tmp_path), "compare", "a1", "nowhere"]) == 2
 
 
@@ -240,16 +276,19 @@ def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_pat
     drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
         ("lock --upgrade", lambda: (True, "2 changes")), ("stages", _stages_leaving_a_run(project, d, [0.70, 0.72, 0.69]))])
     assert not drift.passed and [s.name for s in drift.steps] == ["lock --upgrade", "stages", "compare"]
-    assert drift.steps[-1].detail == ("1 gated regression (4 in all metrics), 0 gated points the repeats cannot "
-                                      "judge, against published")
+    assert drift.steps[-1].detail.startswith("regression: 1 gated point(s) regressed (")
+    assert drift.steps[-1].detail.endswith("0 undecided, against published")
+    assert bump.exit_code(drift) == 4
     md = report.read_text()
     assert report == project.artifacts("dev-cpu") / "bump" / "drift.md"
-    assert "**FAIL**" in md and "**1 regression** in the gated metric against `published` (3 in the metrics reported beside it)" in md and "| compare | **FAIL** |" in md
+    assert "**regression** (not measured alongside), 1 gated point(s) regressed, against `published`" in md
+    assert "**FAIL**" in md and "| compare | **FAIL** |" in md
     assert json.loads((report.parent / "drift.json").read_text())["schema"] == bump.SCHEMA
     unchanged = _bump_project(tmp_path / "aa", {"image": "published", "run": "published"})
     drift, report = bump.bump(unchanged, "dev-cpu", echo=None, steps=lambda d: [
         ("stages", _stages_leaving_a_run(unchanged, d, NOISE_B))])
-    assert drift.passed and "no regression in the gated metric against `published`" in report.read_text()
+    assert drift.passed and "**no regression** (not measured alongside)" in report.read_text()
+    assert bump.exit_code(drift) == 0
     elsewhere = _bump_project(tmp_path / "other", {"image": "published", "run": "published"})
     drift, _ = bump.bump(elsewhere, "dev-cpu", echo=None, steps=lambda d: [
         ("stages", _stages_leaving_a_run(elsewhere, d, NOISE_B, {**CONDITIONS, "isl": 1024}))])

@@ -14,7 +14,9 @@ the `servestack` command line.
     srtctl, held to the aggregated recipe's answers (the local runner);
   - a gate that cannot be met (baseline far above anything a CPU does), applied to the slurm run's
     points by rerunning it with its run id: nothing is measured again, and the verdict names the
-    recipe, the point and the numbers. (An operator's scancel mid-sweep is test_runners_slurm's;
+    recipe, the point and the numbers;
+  - A and B measured alongside (interleave.py): one session of three servers, an A/A and a capped
+    batch; and the slurm run held to itself as a stored baseline, labelled "not measured alongside". (An operator's scancel mid-sweep is test_runners_slurm's;
     a job lost mid-sweep and retried for its remaining points, test_workflows_e2e's gb200 job.)
 
 The image comes from build/dev-cpu/image.json; when that is missing it is built (cached: fast
@@ -336,9 +338,9 @@ def test_a_rerun_with_the_same_run_id_measures_nothing_again(gated_run):
     assert not [a for j in gated_run["results"]["jobs"] for a in j["attempts"]], gated_run["results"]["jobs"]
 
 
-# ----------------------------------------------------------------------------- held to a baseline
+# ----------------------------------------------------------------------------- measured alongside
 
-REPEATED_PIPELINE = """
+SESSION_PIPELINE = """
 stack: dev-cpu
 runner: {{kind: local, python: python3}}
 model_paths: {{tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}}
@@ -353,56 +355,87 @@ stages:
     output_len: 16
     prompts_per_concurrency: 4
     min_prompts: 8
-    repeats: 3
-    gate: {gate}
+    gate: {{regression_threshold: 0.25, min_rounds: 3, max_rounds: 6}}
 """
 
 
 @pytest.fixture(scope="module")
-def baseline_runs(image_ref, tmp_path_factory):
-    """One image measured three times, each point 3 times: the baseline, the same again held to it
-    (A/A), and with the server's batch capped to one sequence held to it (A/B: c=4 slows, c=1 not)."""
-    root = tmp_path_factory.mktemp("baseline")
+def alongside(image_ref, tmp_path_factory):
+    """One interleaved session of three servers, the server starts the stored A/A and A/B tests
+    used: the image (a), the same image again (a2), and the image with its batch capped to one
+    sequence (b: c=4 slows, c=1 not). Rounds A, A', B then B, A', A per point until decided."""
+    from servestack import interleave
+    from servestack.stages.pipeline import load_pipeline
+
+    root = tmp_path_factory.mktemp("alongside")
     (root / "pipelines").mkdir()
     (root / "recipes").symlink_to(ROOT / "recipes")
     data = ROOT / "data" / "gsm8k"
-    held = "{regression_threshold: 0.25, baseline: reference}"
-    for name, flags, gate in (("reference", "{}", "{}"), ("again", "{}", held), ("capped", "{max-num-seqs: 1}", held)):
-        (root / "pipelines" / f"{name}.yaml").write_text(REPEATED_PIPELINE.format(data=data, flags=flags, gate=gate))
-    runs = {}
-    for name in ("reference", "again", "capped"):
-        t0 = time.monotonic()
-        proc = subprocess.run(_cli("throughput", "--stack", STACK, "--pipeline", name, "--image", image_ref,
-                                   "--run-id", name, project=root), capture_output=True, text=True, timeout=1800)
-        stage = root / "build" / STACK / "runs" / name / "throughput"
-        runs[name] = {"proc": proc, "dir": stage, "results": json.loads((stage / "results.json").read_text())}
-        print(f"{name}: {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f})")
-    return runs
+    for name, flags in (("reference", "{}"), ("capped", "{max-num-seqs: 1}")):
+        (root / "pipelines" / f"{name}.yaml").write_text(SESSION_PIPELINE.format(data=data, flags=flags))
+    project = Project(root)
+    policy = load_pipeline(project.pipelines / "reference.yaml", root).stages.throughput.gate.policy()
+    arms = (interleave.Arm(name="a", image=image_ref, pipeline="reference"),
+            interleave.Arm(name="a2", image=image_ref, pipeline="reference"),
+            interleave.Arm(name="b", image=image_ref, pipeline="capped"))
+    out = root / "session"
+    t0 = time.monotonic()
+    session = interleave.measure(project, arms, out, policy=policy, echo=print)
+    print(f"session: {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}): "
+          + "; ".join(f"{d.arm} c={d.concurrency} {d.verdict} in {d.rounds} rounds, {d.seconds:.0f} s"
+                      for d in session.decided))
+    return {"session": session, "out": out, "policy": policy, "image": image_ref}
 
 
-def test_the_same_image_measured_again_shows_no_regression_against_its_baseline(baseline_runs):
-    ref, again = baseline_runs["reference"], baseline_runs["again"]
-    assert ref["proc"].returncode == 0, ref["proc"].stdout[-3000:]
-    assert sorted((p["concurrency"], p["repeat"]) for p in ref["results"]["throughput"]) == [
-        (c, k) for c in (1, 4) for k in range(3)]
-    assert again["proc"].returncode == 0, again["proc"].stdout[-3000:] + (again["dir"] / "baseline" / "comparison.md").read_text()
-    checks = [c for c in again["results"]["verdict"]["checks"] if c["gate"] == "regression"]
-    assert [(c["point"], c["passed"]) for c in checks] == [("c=1", True), ("c=4", True)]
-    # The gated metric decides; the 14 latency and per-user values beside it are reported (a p99 over
-    # 4-8 requests moves by 30-40% between two runs of the same image, all three repeats alike).
-    assert "**no regression** in tok/s/GPU (gated, 2 compared values)" in (
-        again["dir"] / "baseline" / "comparison.md").read_text()
+def test_an_a_a_measured_alongside_is_no_regression_at_every_point(alongside):
+    from servestack import interleave
+
+    aa = interleave.compared(alongside["session"], STACK, ("A", "A again"), alongside["out"], alongside["policy"],
+                             arms=("a", "a2"))
+    assert aa.alongside and not aa.not_compared
+    assert [(ch.concurrency, ch.verdict) for ch in aa.gated()] == [(1, "no regression"), (4, "no regression")], [
+        ch.reason for ch in aa.gated()]
+    # Each server was stopped in order: its log holds no EngineDeadError (vLLM's "abort" shutdown's).
+    for arm in ("a", "a2", "b"):
+        assert "EngineDeadError" not in (alongside["out"] / arm / "agg" / "server.log").read_text(), arm
 
 
-def test_a_capped_batch_is_flagged_where_it_slows_and_fails_the_pipeline(baseline_runs):
-    capped = baseline_runs["capped"]
-    report = (capped["dir"] / "baseline" / "comparison.md").read_text()
-    assert capped["proc"].returncode == 1, capped["proc"].stdout[-3000:] + report
-    failures = capped["results"]["verdict"]["failures"]
-    assert [(f["gate"], f["recipe"], f["point"]) for f in failures] == [("regression", "agg", "c=4")], report
-    assert "FAIL regression    agg c=4: tokens_per_s_per_gpu -" in capped["proc"].stdout
-    comparison = json.loads((capped["dir"] / "baseline" / "comparison.json").read_text())
-    gated = {c["concurrency"]: c for c in comparison["changes"] if c["metric"] == "tokens_per_s_per_gpu"}
-    assert gated[4]["verdict"] == "regression" and gated[4]["p_value"] <= 0.05 and gated[4]["change"] < -0.25
-    assert gated[1]["verdict"] != "regression"
-    assert (capped["dir"] / "baseline" / "comparison_pareto.png").read_bytes()[:8] == PNG
+def test_a_capped_batch_measured_alongside_is_a_regression_where_it_slows(alongside, tmp_path):
+    from servestack import comparisons, interleave
+
+    ab = interleave.compared(alongside["session"], STACK, ("A", "capped"), alongside["out"], alongside["policy"],
+                             arms=("a", "b"))
+    gated = {ch.concurrency: ch for ch in ab.gated()}
+    assert gated[4].verdict == "regression" and gated[4].high < -0.25, gated[4]
+    assert gated[1].verdict != "regression", gated[1]
+    report = comparisons.write(ab, tmp_path, [d.__dict__ for d in alongside["session"].decided]).read_text()
+    assert "FAIL agg c=4: regression: tokens_per_s_per_gpu -" in report and "measured alongside (interleaved)" in report
+    assert (tmp_path / "comparison.png").read_bytes()[:8] == PNG
+
+
+def test_a_change_of_the_thresholds_size_is_never_no_regression(alongside):
+    """The capped batch's real pairs at c=4, judged against a threshold the size of the change they
+    show: the interval straddles it, so the verdict is undecided (or regression), never a pass."""
+    from dataclasses import replace
+
+    from servestack import interleave
+
+    policy = alongside["policy"]
+    ab = interleave.compared(alongside["session"], STACK, ("A", "capped"), alongside["out"], policy, arms=("a", "b"))
+    [c4] = [ch for ch in ab.gated() if ch.concurrency == 4]
+    at_its_size = replace(policy, threshold=abs(c4.change))
+    again = interleave.compared(alongside["session"], STACK, ("A", "capped"), alongside["out"], at_its_size,
+                                arms=("a", "b"))
+    [judged] = [ch for ch in again.gated() if ch.concurrency == 4]
+    assert judged.verdict in ("regression", "undecided"), judged
+
+
+def test_a_stored_baseline_is_labelled_not_measured_alongside(slurm_run, tmp_path):
+    """The slurm run held to itself as a stored baseline (no server started): one repeat a side is
+    undecided (exit 5), and the report says the sides were not measured alongside."""
+    proc = subprocess.run(_cli("compare", "--stack", STACK, str(slurm_run["dir"]), str(slurm_run["dir"]),
+                               "--out", str(tmp_path)), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "**not measured alongside** (a stored baseline)" in proc.stdout
+    assert "FAIL agg c=1: undecided: tokens_per_s_per_gpu" in proc.stdout
+    assert json.loads((tmp_path / "comparison.json").read_text())["measured"] == "not measured alongside"

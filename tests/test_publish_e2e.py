@@ -543,7 +543,7 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
     and its run's results are the side; the slower image's regression is named at its point."""
     from dataclasses import replace
 
-    from servestack import compare
+    from servestack import comparisons
     from servestack.report import write_run
     from servestack.stages.results import StageResult, parse_vllm_result
 
@@ -562,15 +562,15 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
         publish.publish(project, STACK, key=private, run_id=label, echo=None)
         images.append(image)
     here = Project(tmp_path / "reader")
-    result, report = compare.compare_references(here, STACK, images[0], images[1], key=public)
+    result, report = comparisons.compare_references(here, STACK, images[0], images[1], key=public)
     assert [(ch.recipe, ch.concurrency, ch.metric) for ch in result.regressions] == [("agg", 4, "tokens_per_s_per_gpu")]
     out = report.parent
     for side in ("a", "b"):
         assert json.loads((out / "pulled" / side / "publication.json").read_text())["image"] in images
     assert f"image `{images[1]}`" in report.read_text()
     with pytest.raises(ServestackError):  # a key that did not sign them verifies nothing
-        compare.compare_references(here, STACK, images[0], images[1], key=signing.keygen(tmp_path / "other.key")[1],
-                                   out=tmp_path / "refused")
+        comparisons.compare_references(here, STACK, images[0], images[1],
+                                       key=signing.keygen(tmp_path / "other.key")[1], out=tmp_path / "refused")
 
 
 def test_of_three_publications_pull_takes_the_newest_in_every_index_order_and_a_replay_blocks_nothing(env, tmp_path):

@@ -45,6 +45,9 @@ def test_committed_pipelines_load():
      r"p.yaml:5:5: stages.throughput.time_limit: 'soon' is not a duration"),
     ("stack: x\nstages:\n  throughput:\n    recipes: [a]\n    gate: {baselines: {b: {4: 10}}}\n",
      r"p.yaml:5:\d+: stages.throughput.gate.baselines.b: baseline for a recipe this stage does not run"),
+    # Measured alongside, the baseline is run: it must be an image by digest.
+    ("stack: x\nstages:\n  throughput:\n    recipes: [a]\n    gate: {baseline: run1, alongside: true}\n",
+     r"p.yaml:5:\d+: stages.throughput.gate.alongside: measuring alongside runs the baseline"),
     ("stack: x\nstages:\n  accuracy:\n    recipes: [a]\n    gate: {}\n    extra: 1\n",
      r"p.yaml:6:5: stages.accuracy.extra: unknown field; expected one of: gate, gpus, gsm8k, recipes, time_limit"),
     ("stack: x\nretry: {retry_on: [COMPLETED]}\nstages: {throughput: {recipes: [a]}}\n",
@@ -100,3 +103,11 @@ def test_paths_are_relative_to_the_project_root(tmp_path):
 
 def test_durations():
     assert [parse_duration(x) for x in (90, "90s", "30m", "2h", "01:30:00", "05:00")] == [90, 90, 1800, 7200, 5400, 300]
+
+
+def test_the_gate_says_the_verdicts_budget_and_whether_undecided_fails(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("stack: x\nstages:\n  throughput:\n    recipes: [a]\n    gate: {regression_threshold: 0.05, "
+                 "min_rounds: 4, max_rounds: 6, undecided_fails: false}\n")
+    policy = load_pipeline(f, tmp_path).stages.throughput.gate.policy()
+    assert (policy.threshold, policy.min_rounds, policy.max_rounds, policy.undecided_fails) == (0.05, 4, 6, False)

@@ -154,16 +154,21 @@ def test_repeats_measure_each_point_again_and_a_baseline_gate_holds_the_run_to_a
                      run_id="same")
     assert same.passed, same.verdict  # A/A: no regression at any point
     assert [c.gate for c in same.verdict.checks].count("regression") == 3
-    assert "**no regression**" in (same.out_dir / "baseline" / "comparison.md").read_text()
-    assert "(baseline/comparison.md)" in (same.out_dir / "report.md").read_text()
+    # One place for comparisons, named by both digests and run ids, and labelled as a stored baseline.
+    where = project.artifacts("dev-cpu") / "comparisons" / f"base-vs-{IMAGE.rsplit(':', 1)[1][:12]}.same"
+    assert same.comparison == str(where / "comparison.md")
+    assert "**no regression** in tok/s/GPU" in where.joinpath("comparison.md").read_text()
+    assert "**not measured alongside**" in where.joinpath("comparison.md").read_text()
+    assert f"Held to a baseline: {where / 'comparison.md'}" in (same.out_dir / "report.md").read_text()
 
     slow = run_stage(project, "dev-cpu", "throughput", IMAGE,
                      RepeatingRunner(lambda c, k: (0.70, 0.72, 0.69)[k] if c == 16 else NOISE[k]), run_id="slow")
     assert not slow.passed
     [failure] = slow.verdict.failures
     assert failure.gate == "regression" and failure.recipe == "agg" and failure.point == "c=16"
-    with pytest.raises(StageFailed, match=r"FAIL regression\s+agg c=16: tokens_per_s_per_gpu -30.0% against the baseline"):
+    with pytest.raises(StageFailed, match=r"FAIL regression\s+agg c=16: regression: tokens_per_s_per_gpu -29.9%") as failed:
         raise_for_verdict(slow)
+    assert failed.value.exit_code == 4  # the verdict's own exit code (errors.VERDICT_EXIT_CODES)
 
 
 def test_a_bump_measures_each_point_at_least_as_often_as_a_verdict_needs(tmp_path):

@@ -47,6 +47,7 @@ class Drift:
     stages: list[dict[str, Any]] = field(default_factory=list)
     comparison: dict[str, Any] | None = None
     comparison_report: str | None = None
+    verdict: str | None = None  # the gated metric's (verdicts.py), once compared
 
     @property
     def passed(self) -> bool:
@@ -56,7 +57,8 @@ class Drift:
         return {"schema": SCHEMA, "stack": self.stack, "passed": self.passed, "baseline": self.baseline,
                 "digest_before": self.digest_before, "digest_after": self.digest_after,
                 "lock_changes": self.lock_changes, "asked": self.asked, "moved_anyway": self.moved_anyway, "steps": [s.__dict__ for s in self.steps],
-                "stages": self.stages, "comparison": self.comparison, "comparison_report": self.comparison_report}
+                "stages": self.stages, "comparison": self.comparison, "comparison_report": self.comparison_report,
+                "verdict": self.verdict}
 
 
 def last_published(project: Project, stack: str) -> str:
@@ -91,8 +93,8 @@ def markdown(d: Drift) -> str:
         lines.append("not compared (the bump stopped before, or there was no baseline)")
     else:
         n, reported = d.comparison["gated_regressions"], d.comparison["regressions"] - d.comparison["gated_regressions"]
-        verdict = f"**{compare.plural(n, 'regression')}**" if n else "no regression"
-        lines.append(f"{verdict} in the gated metric against `{d.baseline}` "
+        verdict = f"**{d.comparison['verdict']}** ({d.comparison['measured']})"
+        lines.append(f"{verdict}, {n} gated point(s) regressed, against `{d.baseline}` "
                      f"({reported} in the metrics reported beside it): "
                      f"{len(d.comparison['changes'])} metric values compared, {len(d.comparison['not_compared'])} "
                      f"not compared ({d.comparison_report})")
@@ -150,18 +152,45 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
 
 
 def _policy(project: Project, stack: str):
-    """The stack's pipeline's regression threshold and level (its throughput gate), else the defaults."""
-    from .compare import RegressionPolicy
+    """The stack's pipeline's throughput gate's verdict policy, else the defaults."""
     from .stages.pipeline import load_pipeline
+    from .verdicts import Policy
 
     pipeline = load_pipeline(project.pipelines / f"{stack}.yaml", project.root) \
         if (project.pipelines / f"{stack}.yaml").exists() else None
     gate = pipeline.stages.throughput.gate if pipeline and pipeline.stages.throughput else None
-    return RegressionPolicy(gate.regression_threshold, gate.regression_alpha) if gate else RegressionPolicy()
+    return gate.policy() if gate else Policy()
+
+
+def exit_code(d: Drift) -> int:
+    """A failed step is 1; a bump whose only failure is the comparison exits with its verdict's code."""
+    from .errors import verdict_exit_code
+
+    failed = [s for s in d.steps if not s.ok]
+    if failed and [s.name for s in failed] == ["compare"] and d.verdict is not None:
+        return verdict_exit_code(d.verdict)
+    return 1 if failed or not d.steps else 0
+
+
+def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None, alongside: bool):
+    """The bumped run against the baseline: measured again beside it (one interleaved session of both
+    images), or against its stored results."""
+    from . import comparisons, interleave
+
+    policy = _policy(project, stack)
+    if not alongside:
+        return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
+    if "@sha256:" not in (d.baseline or ""):
+        raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
+    out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
+    session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy,
+                                 echo=None)
+    result = interleave.compared(session, stack, (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
+    return result, comparisons.write(result, out, [p.__dict__ for p in session.decided])
 
 
 def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,
-         run_id: str | None = None, echo: Callable[[str], None] | None = print,
+         run_id: str | None = None, echo: Callable[[str], None] | None = print, alongside: bool = False,
          steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
          ) -> tuple[Drift, Path]:
     """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
@@ -188,15 +217,15 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
         started = time.monotonic()
         try:
             d.baseline = d.baseline or last_published(project, stack)
-            result, report = compare.compare_references(project, stack, d.baseline, str(run), key=key,
-                                                        policy=_policy(project, stack))
+            result, report = _compare(project, stack, d, run, key, alongside)
             d.comparison, d.comparison_report = result.to_dict(), str(report)
+            d.verdict = result.verdict()
             failing = compare.gate_failures(result)
             ok = bool(result.gated()) and not failing
-            detail = (f"{compare.plural(len(result.gated_regressions()), 'gated regression')} "
+            detail = (f"{d.verdict}: {len(result.gated_regressions())} gated point(s) regressed "
                       f"({len(result.regressions)} in all metrics), "
-                      f"{sum(1 for ch, _ in failing if ch.verdict == 'inconclusive')} gated points the repeats "
-                      f"cannot judge, against {d.baseline}") if result.gated() else (
+                      f"{sum(1 for ch in result.gated() if ch.verdict == 'undecided')} undecided, "
+                      f"against {d.baseline}") if result.gated() else (
                 f"nothing in common with {d.baseline} to compare: " + ("; ".join(result.not_compared) or "no point"))
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]

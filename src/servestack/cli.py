@@ -9,25 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from .commands import COMMANDS, command, image_arg as _image_arg, say as _say  # noqa: F401  (COMMANDS: tests)
 from .errors import ServestackError
 from .interrupts import Terminated, exit_code, signals_unwind
 from .project import DEFAULT_STACK, Project
-
-Command = Callable[[argparse.Namespace, Project], int]
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
-
-
-def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda p: None):
-    def register(fn: Command) -> Command:
-        COMMANDS[name] = (help, configure, fn)
-        return fn
-
-    return register
-
-
-def _say(text: str = "") -> None:
-    print(text, flush=True)
-
 
 # --------------------------------------------------------------------------- lock
 
@@ -127,10 +112,6 @@ def _image(args: argparse.Namespace, project: Project) -> int:
 # --------------------------------------------------------------------------- smoke and the measured stages
 
 
-def _image_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--image", help="REPO@sha256:<64 hex> (default: the digest the last `image` session recorded)")
-
-
 def _image_ref(args: argparse.Namespace, project: Project) -> str:
     if args.image:
         return args.image
@@ -174,8 +155,10 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner", choices=_RunnerNames(), metavar="RUNNER", help="override the pipeline's runner (%(choices)s)")
     p.add_argument("--recipes", type=lambda s: tuple(x for x in s.split(",") if x),
                    help="only these of the pipeline's recipes, comma-separated (e.g. agg-acc,agg)")
-    p.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
-                                    "image digest and the pipeline file, so a rerun resumes)")
+    run = p.add_mutually_exclusive_group()
+    run.add_argument("--run-id", help="results directory build/<stack>/runs/<run id> (default: derived from the "
+                                      "image digest and the pipeline file, so a rerun resumes)")
+    run.add_argument("--fresh", action="store_true", help="measure again under a new run id instead of resuming")
     p.add_argument("--skip-preflight", action="store_true",
                    help="start servers without the GPU node preflight (named in each job record), e.g. a GPU stack "
                         "on CPU nodes")
@@ -195,17 +178,25 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     name = args.pipeline or args.stack
     runner = _runner(project, name, args.runner) if args.runner else None
     started = time.monotonic()
-    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=args.run_id,
+    run_id = time.strftime("%Y%m%d-%H%M%S") if args.fresh else args.run_id
+    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=run_id,
                            recipes=args.recipes, skip_preflight=args.skip_preflight)
     for result in results:
         _say(format_verdict(result.verdict))
+        if result.comparison:
+            _say(f"  -> {result.comparison}")
         _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
     if results:
         client = sum(r.timing.get("client_seconds") or 0.0 for r in results)
         wall = time.monotonic() - started
         _say(f"{results[0].runner} runner: wall {wall:.1f} s, inside the benchmark clients {client:.1f} s, "
              f"overhead {wall - client:.1f} s")
-    return 0 if results and all(r.passed for r in results) else 1
+    failed = [r for r in results if not r.passed]
+    if failed:
+        from .stages import StageFailed
+
+        return StageFailed(failed[0]).exit_code  # a baseline gate's verdict has its own code
+    return 0 if results else 1
 
 
 @command("accuracy", "GSM8K on the image by digest through the pipeline's runner, gated", _stage_args)
@@ -330,119 +321,6 @@ def _count(items) -> dict:
     return out
 
 
-# --------------------------------------------------------------------------- publish, pull, verify
-
-
-def _publish_args(p: argparse.ArgumentParser) -> None:
-    _image_arg(p)
-    p.add_argument("--records", type=Path, help="a directory `pull` wrote for this digest: its lock and build/image/"
-                                               "smoke records are published (default: this checkout's)")
-    p.add_argument("--to", help="REGISTRY/REPOSITORY to copy the image to (by digest) and publish there")
-    p.add_argument("--run", dest="run_id", help="include build/<stack>/runs/<RUN>/ results, reports and plots")
-    p.add_argument("--key", type=Path, default=Path("servestack.key"), help="ECDSA P-256 private key (servestack keygen)")
-
-
-@command("publish", "push the image's signed bundle (recipes, lock, records, results) as OCI referrers", _publish_args)
-def _publish(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
-
-    publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
-                    records_dir=args.records, echo=_say)
-    return 0
-
-
-def _pull_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex> (tags are refused)")
-    p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
-    p.add_argument("--out", type=Path, help="a new or empty directory (default: ./servestack-<digest prefix>)")
-    p.add_argument("--bundle", help="sha256:... of one publication (default: the newest that verifies)")
-    p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
-                                        "(default: the reference's own; the registry host never matters)")
-    p.add_argument("--not-before", metavar="TIME", help="refuse publications signed before TIME (RFC 3339): no rollback")
-
-
-@command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
-def _pull(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
-
-    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
-                 not_before_time=args.not_before)
-    return 0
-
-
-def _compare_args(p: argparse.ArgumentParser) -> None:
-    for side in ("a", "b"):
-        p.add_argument(side, help=f"{side.upper()}: a run id (build/<stack>/runs/<id>), a run directory, a directory "
-                                  "`pull` wrote, or REGISTRY/REPO@sha256:<64 hex> (its verified publication's results)")
-    p.add_argument("--key", type=Path, help="the publisher's public key (PEM), for a side named by digest")
-    p.add_argument("--out", type=Path, help="where comparison.md, .json and the overlay plot go "
-                                            "(default: build/<stack>/comparisons/<A>-vs-<B>)")
-    p.add_argument("--threshold", type=float, default=None, help="relative change a regression must exceed (0.10)")
-    p.add_argument("--alpha", type=float, default=None, help="one-sided Mann-Whitney level (0.05)")
-
-
-@command("compare", "two images side by side by their results; exit 1 when the gated metric (tokens/s per GPU) "
-                    "regressed beyond the noise, or the repeats cannot tell", _compare_args)
-def _compare(args: argparse.Namespace, project: Project) -> int:
-    from . import compare
-
-    policy = compare.RegressionPolicy(
-        threshold=compare.DEFAULT_THRESHOLD if args.threshold is None else args.threshold,
-        alpha=compare.DEFAULT_ALPHA if args.alpha is None else args.alpha)
-    result, report = compare.compare_references(project, args.stack, args.a, args.b, key=args.key, out=args.out,
-                                                policy=policy)
-    _say(report.read_text())
-    _say(f"-> {report}")
-    return 1 if compare.gate_failures(result) else 0
-
-
-def _bump_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--baseline", help="what to hold the bumped image to: a run id, a directory, or REF@sha256:... "
-                                      "(default: the image build/<stack>/publish.json records, with its run)")
-    p.add_argument("--key", type=Path, default=Path("servestack.pub"), help="the publisher's public key, for a "
-                                                                           "baseline by digest (default: servestack.pub)")
-    p.add_argument("--run-id", help="the bumped image's run (default: derived from its digest and the pipeline)")
-
-
-@command("bump", "lock --upgrade, build, image, smoke, stages, compare with the last published baseline: "
-                 "build/<stack>/bump/drift.md", _bump_args)
-def _bump(args: argparse.Namespace, project: Project) -> int:
-    from . import bump
-
-    drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say)
-    _say(report.read_text())
-    _say(f"-> {report}")
-    return 0 if drift.passed else 1
-
-
-def _verify_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex>")
-    p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
-    p.add_argument("--rebuild", action="store_true", required=True,
-                   help="rebuild from the bundle's lock and commit in a scratch worktree and compare digests")
-
-
-@command("verify", "rebuild a published image from its signed lock and commit; same digest?", _verify_args)
-def _verify(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
-
-    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, echo=_say)["same"] else 1
-
-
-def _keygen_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--key", type=Path, default=Path("servestack.key"),
-                   help="private key path (mode 0600); the public key goes beside it as .pub")
-
-
-@command("keygen", "make an ECDSA P-256 key pair for publish (private) and pull (public)", _keygen_args)
-def _keygen(args: argparse.Namespace, project: Project) -> int:
-    from . import signing
-
-    private, public = signing.keygen(args.key)
-    _say(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")
-    return 0
-
-
 # --------------------------------------------------------------------------- services
 
 
@@ -470,6 +348,8 @@ def _services(args: argparse.Namespace, project: Project) -> int:
         _say(f"{name}: {'done' if name == 'nodes-down' else 'up'}{f' ({result})' if isinstance(result, str) else ''}")
     return 0
 
+
+from . import cli_compare, cli_publish  # noqa: E402,F401  (register compare, bump; publish, pull, verify, keygen)
 
 # --------------------------------------------------------------------------- entry point
 

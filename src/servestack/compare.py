@@ -1,40 +1,33 @@
-"""Two images side by side by their results, and a regression verdict that respects the noise.
+"""Two images side by side by their results, and three verdicts per point and metric.
 
-A side is a run (`build/<stack>/runs/<id>`, its results.json) or a publication pulled by digest
-(the verified bundle's `runs/<id>/results.json`). For every recipe and concurrency both sides
-measured, each metric's change is the relative change of the medians over the repeats, with a 95%
-bootstrap interval (scipy.stats.bootstrap, percentile method, fixed seed). A point regresses on a
-metric only when both hold:
-
-  - the change is worse than `threshold` (relative: 0.10 = ten per cent slower or later), and
-  - a one-sided Mann-Whitney U test (scipy.stats.mannwhitneyu, exact) says B's values moved that
-    way at `alpha` (the p reported is that test's, in the direction of the change). With 3
-    repeats a side the smallest p it can give is 0.05, so 3 is the fewest that can show a
-    regression; with fewer, a change beyond the threshold is `inconclusive`, never a pass.
+A side is a run (`build/<stack>/runs/<id>`, its results.json), a publication pulled by digest
+(the verified bundle's `runs/<id>/results.json`), or one half of an interleaved session
+(interleave.py). For every recipe and concurrency both sides measured, each metric's change B / A
+is judged by verdicts.py: "no regression", "regression" or "undecided" (with the rounds that would
+decide it). Measured alongside, round k of A is paired with round k of B; a stored baseline is
+judged unpaired, and every such verdict is labelled "not measured alongside".
 
 A point that is not valid (a failed request, no output tokens, fewer completed than requested)
 is never compared: it is named, with the reason. So is a recipe whose conditions differ between
-the two sides (stages.run.conditions: the workload and the hardware; serving flags may differ,
-as images do, since that is what is being compared).
+the two sides (stages.plan.conditions: the workload and the hardware; serving flags may differ,
+as images do, since that is what is being compared). The report itself is comparisons.py's.
 """
 
 from __future__ import annotations
 
-import io
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import verdicts
 from .errors import InputError
-from .fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 SCHEMA = "servestack.comparison/1"
 STAGE_SCHEMA = "servestack.stage-result/1"  # StageResult.to_dict()
-MIN_REPEATS = 3  # the fewest a side for a one-sided exact Mann-Whitney test to reach p = 0.05
-DEFAULT_THRESHOLD = 0.10
-DEFAULT_ALPHA = 0.05
+MIN_REPEATS = verdicts.Policy().min_rounds  # the fewest repeats a verdict reads
+DEFAULT_THRESHOLD = verdicts.Policy().threshold
+DEFAULT_ALPHA = verdicts.Policy().alpha
 
 
 @dataclass(frozen=True)
@@ -57,10 +50,7 @@ METRICS = (
 GATED = ("tokens_per_s_per_gpu",)  # what a pipeline's baseline gate fails on; the rest are reported
 
 
-@dataclass(frozen=True)
-class RegressionPolicy:
-    threshold: float = DEFAULT_THRESHOLD
-    alpha: float = DEFAULT_ALPHA
+RegressionPolicy = verdicts.Policy
 
 
 @dataclass
@@ -75,18 +65,20 @@ class Side:
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Change:
     recipe: str
     concurrency: int
     metric: str
     a: tuple[float, ...]
     b: tuple[float, ...]
-    change: float  # median(b) / median(a) - 1
-    low: float | None  # the 95% bootstrap interval of `change` (None: fewer than 2 repeats a side)
+    change: float | None  # B / A - 1 (verdicts.py; None: too few values to estimate)
+    low: float | None  # its (1 - 2 alpha) interval
     high: float | None
-    p_value: float | None  # one-sided Mann-Whitney in the direction of the change (None: fewer than MIN_REPEATS)
-    verdict: str  # regression | improvement | within noise | inconclusive
+    verdict: str  # verdicts.VERDICTS
+    reason: str
+    rounds_to_decide: int | None  # undecided: rounds in all that would decide it at the spread seen
+    alongside: bool  # A and B measured in the same session (paired), else "not measured alongside"
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -96,7 +88,8 @@ class Change:
 class Comparison:
     a: Side
     b: Side
-    policy: RegressionPolicy
+    policy: verdicts.Policy
+    alongside: bool = False
     changes: list[Change] = field(default_factory=list)
     accuracy: list[dict[str, Any]] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)  # what could not be, and why
@@ -111,10 +104,17 @@ class Comparison:
     def gated_regressions(self, metrics: tuple[str, ...] = GATED) -> list[Change]:
         return [c for c in self.gated(metrics) if c.verdict == "regression"]
 
+    def verdict(self, metrics: tuple[str, ...] = GATED) -> str:
+        """The gated metric's verdict over every point (verdicts.worst)."""
+        return verdicts.worst([c.verdict for c in self.gated(metrics)] or [verdicts.UNDECIDED])
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "a": _side_dict(self.a), "b": _side_dict(self.b),
-                "policy": {"threshold": self.policy.threshold, "alpha": self.policy.alpha, "min_repeats": MIN_REPEATS,
-                           "test": "one-sided Mann-Whitney U (exact), 95% bootstrap interval of the median change"},
+                "measured": verdicts.ALONGSIDE if self.alongside else verdicts.NOT_ALONGSIDE,
+                "verdict": self.verdict(),
+                "policy": {**self.policy.__dict__,
+                           "test": ("Student t on paired log ratios of ABBA rounds" if self.alongside else
+                                    "Welch t on log values of two periods")},
                 "changes": [c.to_dict() for c in self.changes], "accuracy": self.accuracy,
                 "not_compared": self.not_compared, "regressions": len(self.regressions),
                 "gated": list(GATED), "gated_regressions": len(self.gated_regressions())}
@@ -218,57 +218,33 @@ def load_side(reference: str, *, runs: Path, pulled: Path, key: Path | None = No
                                "or an image reference with @sha256: digest")
 
 
-# ----------------------------------------------------------------------------- the statistics
+# ----------------------------------------------------------------------------- the verdicts
 
-def _median(xs: tuple[float, ...]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-def _interval(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float | None, float | None]:
-    if len(a) < 2 or len(b) < 2 or len(set(a)) == 1 == len(set(b)):
-        return (None, None) if len(a) < 2 or len(b) < 2 else (_median(b) / _median(a) - 1,) * 2
-    import numpy as np
-    from scipy import stats
-
-    def change(x, y, axis=-1):
-        return np.median(y, axis=axis) / np.median(x, axis=axis) - 1
-
-    res = stats.bootstrap((np.array(a), np.array(b)), change, n_resamples=2000, method="percentile",
-                          vectorized=True, rng=np.random.default_rng(0))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+def _values(points: list[dict[str, Any]], key: str, alongside: bool) -> dict[int, float]:
+    """{repeat: value}: measured alongside, repeat k of A pairs with repeat k of B."""
+    values = [(int(p.get("repeat", 0)), float(p[key])) for p in points if p.get(key) is not None]
+    return dict(values) if alongside else dict(enumerate(v for _, v in values))
 
 
-def _p_higher(a: tuple[float, ...], b: tuple[float, ...], higher: bool) -> float | None:
-    """One-sided exact Mann-Whitney p that B's values are higher (else lower) than A's."""
-    if len(a) < MIN_REPEATS or len(b) < MIN_REPEATS:
-        return None
-    from scipy import stats
-
-    return float(stats.mannwhitneyu(b, a, alternative="greater" if higher else "less", method="exact").pvalue)
-
-
-def judge(recipe: str, concurrency: int, metric: Metric, a: tuple[float, ...], b: tuple[float, ...],
-          policy: RegressionPolicy) -> Change:
-    change = _median(b) / _median(a) - 1 if _median(a) else math.inf
-    worse = -change if metric.higher_is_better else change  # > 0: B is worse by this fraction
-    low, high = _interval(a, b)
-    p = _p_higher(a, b, change > 0)  # that the values moved the way the medians did
-    if abs(worse) <= policy.threshold:
-        verdict = "within noise"
-    elif p is None:
-        verdict = "inconclusive"
-    elif p <= policy.alpha:
-        verdict = "regression" if worse > 0 else "improvement"
+def judge(recipe: str, concurrency: int, metric: Metric, a: dict[int, float], b: dict[int, float],
+          policy: verdicts.Policy, alongside: bool) -> Change:
+    if alongside:  # rounds where one half failed pair with nothing
+        common = sorted(set(a) & set(b))
+        va, vb = tuple(a[k] for k in common), tuple(b[k] for k in common)
     else:
-        verdict = "within noise"
-    return Change(recipe, concurrency, metric.key, a, b, change, low, high, p, verdict)
+        va, vb = tuple(a.values()), tuple(b.values())
+    d = verdicts.judge(va, vb, higher_is_better=metric.higher_is_better, alongside=alongside, policy=policy)
+    est = d.estimate
+    return Change(recipe=recipe, concurrency=concurrency, metric=metric.key, a=va, b=vb,
+                  change=None if est is None else est.change, low=None if est is None else est.low,
+                  high=None if est is None else est.high, verdict=d.verdict, reason=d.reason,
+                  rounds_to_decide=d.rounds_to_decide, alongside=alongside)
 
 
-def compare(a: Side, b: Side, policy: RegressionPolicy = RegressionPolicy(), *,
-            invalid: list[str] | None = None) -> Comparison:
-    out = Comparison(a, b, policy, not_compared=list(invalid or []))
+def compare(a: Side, b: Side, policy: verdicts.Policy = verdicts.Policy(), *,
+            invalid: list[str] | None = None, alongside: bool = False) -> Comparison:
+    """`alongside`: A and B were measured in one interleaved session (their repeats pair up)."""
+    out = Comparison(a, b, policy, alongside, not_compared=list(invalid or []))
     differing = set()
     for key in sorted(set(a.conditions) & set(b.conditions)):
         ca, cb = a.conditions[key], b.conditions[key]
@@ -284,10 +260,9 @@ def compare(a: Side, b: Side, policy: RegressionPolicy = RegressionPolicy(), *,
             out.not_compared.append(f"{recipe} c={conc}: measured only in {a.label if key in a.points else b.label}")
             continue
         for metric in METRICS:
-            va = tuple(float(p[metric.key]) for p in a.points[key] if p.get(metric.key) is not None)
-            vb = tuple(float(p[metric.key]) for p in b.points[key] if p.get(metric.key) is not None)
+            va, vb = (_values(side.points[key], metric.key, alongside) for side in (a, b))
             if va and vb:
-                out.changes.append(judge(recipe, conc, metric, va, vb, policy))
+                out.changes.append(judge(recipe, conc, metric, va, vb, policy, alongside))
     for recipe in sorted(set(a.accuracy) & set(b.accuracy)):
         ma, mb = (sum(v) / len(v) for v in (a.accuracy[recipe], b.accuracy[recipe]))
         out.accuracy.append({"recipe": recipe, "a": a.accuracy[recipe], "b": b.accuracy[recipe],
@@ -295,145 +270,24 @@ def compare(a: Side, b: Side, policy: RegressionPolicy = RegressionPolicy(), *,
     return out
 
 
-# ----------------------------------------------------------------------------- the report
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
-
-
-def plural(n: int, what: str) -> str:
-    return f"{n} {what}{'s' if n != 1 else ''}"
-
-
-def headline(c: Comparison, metrics: tuple[str, ...] = GATED) -> str:
-    """The verdict on the gated metric first, then what the reported metrics showed: each is its own
-    test at `alpha`, so across many of them some false alarms are expected from noise alone (tail
-    latencies over a handful of requests most of all), and they inform rather than decide."""
-    labels = {m.key: m.label for m in METRICS}
-    gated = c.gated(metrics)
-    regressed = c.gated_regressions(metrics)
-    names = ", ".join(labels[m] for m in metrics)
-    out = (f"**{plural(len(regressed), 'regression')}**" if regressed else "**no regression**") + (
-        f" in {names} (gated, {plural(len(gated), 'compared value')})")
-    reported = [ch for ch in c.changes if ch.metric not in metrics]
-    moved = [ch for ch in reported if ch.verdict == "regression"]
-    if not reported:
-        return out + "."
-    if not moved:
-        return out + f"; reported, not gated: no regression in the other {plural(len(reported), 'value')}."
-    where = ", ".join(f"{labels[ch.metric]} {ch.recipe} c={ch.concurrency}" for ch in moved)
-    return out + (f"; reported, not gated: {len(moved)} of the other {len(reported)} values regressed ({where}), "
-                  f"where noise alone would flag about {len(reported) * c.policy.alpha:.1f} at alpha {c.policy.alpha}.")
-
-
-def markdown(c: Comparison, plot: str | None = None) -> str:
-    lines = [f"# Comparison: `{c.b.label}` against `{c.a.label}`", "",
-             f"- A `{c.a.label}`: image `{c.a.image}`", f"- B `{c.b.label}`: image `{c.b.image}`",
-             (f"- a point regresses when it is worse by more than {c.policy.threshold:.0%} and a one-sided "
-              f"Mann-Whitney U test gives p <= {c.policy.alpha} (it needs {MIN_REPEATS} repeats a side); "
-              "the interval is the 95% bootstrap interval of the change of the medians"), ""]
-    lines += [headline(c), ""]
-    if c.changes:
-        lines += ["| recipe | concurrency | metric | A (median, n) | B (median, n) | change | 95% interval | p | verdict |",
-                  "|---|---:|---|---:|---:|---:|---|---:|---|"]
-        labels = {m.key: m.label for m in METRICS}
-        for ch in c.changes:
-            interval = "-" if ch.low is None else f"{_pct(ch.low)} .. {_pct(ch.high)}"
-            mark = f"**{ch.verdict}**" if ch.verdict in ("regression", "inconclusive") else ch.verdict
-            lines.append(f"| {ch.recipe} | {ch.concurrency} | {labels[ch.metric]} | {_median(ch.a):,.2f} ({len(ch.a)}) "
-                         f"| {_median(ch.b):,.2f} ({len(ch.b)}) | {_pct(ch.change)} | {interval} "
-                         f"| {'-' if ch.p_value is None else f'{ch.p_value:.3f}'} | {mark} |")
-        lines.append("")
-    if c.accuracy:
-        lines += ["| recipe | accuracy A | accuracy B | change |", "|---|---:|---:|---:|"]
-        for r in c.accuracy:
-            lines.append(f"| {r['recipe']} | {r['mean_a']:.4f} | {r['mean_b']:.4f} | {r['change']:+.4f} |")
-        lines.append("")
-    if c.not_compared:
-        lines += ["Not compared:", ""] + [f"- {n}" for n in c.not_compared] + [""]
-    if plot:
-        lines += [f"![tokens/s per GPU against tokens/s per user, both sides]({plot})", ""]
-    return "\n".join(lines)
-
-
-def plot_overlay(c: Comparison, out_dir: Path) -> str | None:
-    """tokens/s per GPU against tokens/s per user, both sides' medians and Pareto fronts."""
-    from .report import _pareto_xy
-
-    series = {}
-    for side in (c.a, c.b):
-        xy = [(_median(tuple(p["tokens_per_s_per_user"] for p in ps)), _median(tuple(p["tokens_per_s_per_gpu"] for p in ps)))
-              for ps in side.points.values()]
-        if xy:
-            series[side.label] = xy
-    if not series:
-        return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for (label, xy), colour in zip(series.items(), ("tab:blue", "tab:orange")):
-        ax.scatter([x for x, _ in xy], [y for _, y in xy], color=colour, alpha=0.6, label=f"{label}")
-        front = _pareto_xy(xy)
-        ax.plot([x for x, _ in front], [y for _, y in front], color=colour, marker="o", label=f"{label} Pareto front")
-    ax.set_xlabel("tokens/s per user (1000 / median TPOT)")
-    ax.set_ylabel("total tokens/s per GPU")
-    ax.set_title(f"{c.b.label} against {c.a.label}")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "comparison_pareto.png"
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", metadata={"Software": None})
-    plt.close(fig)
-    atomic_write_bytes(out_dir / name, buf.getvalue())
-    return name
-
-
-def write(c: Comparison, out_dir: Path) -> Path:
-    """comparison.json, comparison.md and the overlay plot in `out_dir`; returns the Markdown file."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    plot = plot_overlay(c, out_dir)
-    atomic_write_json(out_dir / "comparison.json", c.to_dict())
-    report = out_dir / "comparison.md"
-    atomic_write_text(report, markdown(c, plot))
-    return report
-
-
-def _slug(reference: str) -> str:
+def slug(reference: str) -> str:
     tail = reference.rsplit("@", 1)[-1].replace("sha256:", "")[:12] if "@" in reference else Path(reference).name
     return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in tail) or "side"
 
 
-def compare_references(project, stack: str, a: str, b: str, *, key: Path | None = None, out: Path | None = None,
-                       policy: RegressionPolicy = RegressionPolicy()) -> tuple[Comparison, Path]:
-    """`servestack compare A B`: both sides resolved (published ones pulled and verified into the
-    output directory), compared, written; returns the comparison and its Markdown report."""
-    runs = project.artifacts(stack) / "runs"
-    out = out or project.artifacts(stack) / "comparisons" / f"{_slug(a)}-vs-{_slug(b)}"
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out / "pulled", ignore_errors=True)  # a pull writes a fresh directory
-    side_a, invalid_a = load_side(a, runs=runs, pulled=out / "pulled" / "a", key=key, label=f"A {_slug(a)}")
-    side_b, invalid_b = load_side(b, runs=runs, pulled=out / "pulled" / "b", key=key, label=f"B {_slug(b)}")
-    result = compare(side_a, side_b, policy, invalid=invalid_a + invalid_b)
-    return result, write(result, out)
-
-
 def gate_failures(c: Comparison, metrics: tuple[str, ...] = GATED) -> list[tuple[Change, str]]:
-    """What fails a pipeline's baseline gate: a gated metric that regressed, or that the repeats
-    cannot judge (a gate that cannot decide does not pass)."""
+    """What fails a gate: a gated metric that regressed, and one still undecided unless the policy
+    lets undecided pass (stages.throughput.gate.undecided_fails)."""
     out = []
     for ch in c.gated(metrics):
-        if ch.verdict == "regression":
-            out.append((ch, (f"{ch.metric} {_pct(ch.change)} against the baseline (median {_median(ch.b):,.2f} vs "
-                             f"{_median(ch.a):,.2f}, 95% interval {_pct(ch.low)} .. {_pct(ch.high)}, Mann-Whitney "
-                             f"p = {ch.p_value:.3f} <= {c.policy.alpha}; threshold {c.policy.threshold:.0%})")))
-        elif ch.verdict == "inconclusive":
-            out.append((ch, (f"{ch.metric} {_pct(ch.change)} against the baseline, beyond the "
-                             f"{c.policy.threshold:.0%} threshold, but {len(ch.a)} and {len(ch.b)} repeats cannot show "
-                             f"whether it is noise (the test needs {MIN_REPEATS} a side: stages.throughput.repeats)")))
+        failing = ch.verdict == verdicts.REGRESSION or (ch.verdict == verdicts.UNDECIDED and c.policy.undecided_fails)
+        if failing:
+            out.append((ch, failure_line(ch, c.policy)))
     return out
+
+
+def failure_line(ch: Change, policy: verdicts.Policy) -> str:
+    interval = "-" if ch.low is None else f"{ch.low:+.1%} .. {ch.high:+.1%}"
+    change = "-" if ch.change is None else f"{ch.change:+.1%}"
+    return (f"{ch.verdict}: {ch.metric} {change} (interval {interval}, {len(ch.b)} rounds, "
+            f"threshold {policy.threshold:.0%}): {ch.reason}")

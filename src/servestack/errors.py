@@ -49,6 +49,25 @@ class NetworkError(ServestackError):
     exit_code = 3
 
 
+# A comparison's verdict on its gated metric, as the exit code of `compare`, the throughput stage held
+# to a baseline, and `bump` (README, "Exit codes"): one code per verdict, apart from the codes of
+# failures that are not verdicts.
+VERDICT_EXIT_CODES = {"no regression": 0, "regression": 4, "undecided": 5}
+
+
+def verdict_exit_code(verdict: str) -> int:
+    return VERDICT_EXIT_CODES[verdict]
+
+
+class VerdictFailed(ServestackError):
+    """A comparison decided against B, or could not decide within its budget."""
+
+    def __init__(self, verdict: str, message: str):
+        self.verdict = verdict
+        self.exit_code = verdict_exit_code(verdict)
+        super().__init__(message)
+
+
 class InputErrors(ServestackError):
     """Several problems found in one pass, so the user fixes them all at once."""
 

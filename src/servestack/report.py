@@ -1,7 +1,9 @@
 """Stage reports: results.json, a Markdown report (GitHub step-summary friendly), PNG plots.
 
 Plots (matplotlib, Agg backend, written only when there are throughput points):
-  throughput_vs_concurrency.png  total tokens/s per GPU against concurrency, one line per recipe;
+  throughput_vs_concurrency.png  total tokens/s per GPU against concurrency, one line per recipe,
+                                 one point per concurrency (the median of its repeats, a bar for
+                                 their spread);
   pareto.png                     total tokens/s per GPU against tokens/s per user (1000 / median
                                  TPOT), one line per recipe, the Pareto frontier marked.
 """
@@ -63,8 +65,8 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
                        if (warmup or {}).get("failed_attempts") or c.get("refused_attempts", {}).get(side)]
         if asked_again:
             lines += ["Asked again: " + "; ".join(asked_again) + ".", ""]
-    if (result.out_dir / "baseline" / "comparison.md").exists():
-        lines += [f"Held to a baseline: [{result.stage}/baseline/comparison.md](baseline/comparison.md)", ""]
+    if result.comparison:
+        lines += [f"Held to a baseline: {result.comparison}", ""]
     if result.missing:
         lines += [f"Missing points: {', '.join(f'`{m}`' for m in sorted(result.missing))}", ""]
     if result.verdict is not None:
@@ -134,6 +136,16 @@ def _pareto(points: list[ThroughputPoint]) -> list[ThroughputPoint]:
     return sorted(best, key=lambda p: (-p.tokens_per_s_per_user, -p.tokens_per_s_per_gpu))
 
 
+def _spread(points: list[ThroughputPoint]) -> list[tuple[int, float, float, float]]:
+    """[(concurrency, median, lowest, highest)] of tokens/s per GPU over each concurrency's repeats."""
+    import statistics
+
+    by_c: dict[int, list[float]] = {}
+    for p in points:
+        by_c.setdefault(p.concurrency, []).append(p.tokens_per_s_per_gpu)
+    return [(c, statistics.median(xs), min(xs), max(xs)) for c, xs in sorted(by_c.items())]
+
+
 def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "") -> dict[str, str]:
     """Write the two PNGs; returns {title: file name}."""
     if not points:
@@ -165,8 +177,11 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for recipe, ps in sorted(by_recipe.items()):
-        ps = sorted(ps, key=lambda p: p.concurrency)
-        ax.plot([p.concurrency for p in ps], [p.tokens_per_s_per_gpu for p in ps], marker="o", label=recipe)
+        # One point per concurrency (the median of its repeats) with their spread as a bar: repeats
+        # joined in measurement order drew a zig-zag.
+        rows = _spread(ps)
+        ax.errorbar([r[0] for r in rows], [r[1] for r in rows], yerr=[[r[1] - r[2] for r in rows],
+                    [r[3] - r[1] for r in rows]], marker="o", capsize=4, label=recipe)
     ax.set_xscale("log", base=2)
     finish(fig, ax, "concurrency", "Throughput per GPU vs concurrency", "throughput_vs_concurrency.png",
            "tokens/s per GPU vs concurrency")

@@ -22,6 +22,9 @@ Timing: every server start-up and every client run appends one JSON line to
 `<out_dir>/.timing.jsonl` ({"event": "server" | "point", "point", "started", "seconds", "ok"}), so
 the pipeline can tell time spent inside the benchmark clients from its own overhead.
 
+With `--orders DIR` the points are not given up front: the server stays up and runs each point
+another process asks for in DIR (serve_orders), until asked to stop.
+
 Exit codes: 0 all points done; 1 some point failed; 3 the server did not come up.
 """
 
@@ -44,19 +47,32 @@ def log(msg: str) -> None:
     print(f"[run_points {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def stop_server() -> None:
+def stop_server(grace_s: float = 30.0) -> None:
+    """The server's own process first, then its group. SIGTERM to the whole group reaches vLLM's
+    engine core at the same moment as its API server, so the engine exits on its own signal
+    instead of the API server's shutdown. Signalled alone, the API server shuts its engine down in
+    order (with the --shutdown-timeout the stage gives it, stages.plan: "drain", not vLLM's default
+    "abort", which kills the engine and logs EngineDeadError); the group is signalled only for what
+    is still there after `grace_s`, which outlasts that timeout."""
     global _server
     if _server is None or _server.poll() is not None:
         return
     log(f"stopping server pid {_server.pid}")
-    try:
-        os.killpg(_server.pid, signal.SIGTERM)
-        _server.wait(timeout=30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
+    for send, wait in ((lambda: os.kill(_server.pid, signal.SIGTERM), grace_s),
+                       (lambda: os.killpg(_server.pid, signal.SIGTERM), 10.0),
+                       (lambda: os.killpg(_server.pid, signal.SIGKILL), 10.0)):
         try:
-            os.killpg(_server.pid, signal.SIGKILL)
+            send()
+            _server.wait(timeout=wait)
+            break
         except ProcessLookupError:
-            pass
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # the engine's children outlive a leader that exited first
+        os.killpg(_server.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     _server = None
 
 
@@ -158,10 +174,41 @@ def run_point(spec: dict, point: str) -> bool:
     return False
 
 
+def serve_orders(spec: dict, orders: str, poll_s: float = 0.05) -> bool:
+    """Interleaved measuring (servestack.interleave): with the server up, run the points another
+    process asks for, one at a time, in the order asked. `<orders>/<seq>.json` holds
+    {"point": NAME} or {"stop": true}; `<seq>.done` answers it with {"ok": bool}. The asking side
+    waits for each answer, so its A, B, B, A order is the order measured."""
+    os.makedirs(orders, exist_ok=True)
+    with open(os.path.join(orders, "serving"), "w") as f:
+        f.write(str(os.getpid()))
+    ok, seq = True, 0
+    while True:
+        order = os.path.join(orders, f"{seq}.json")
+        if not os.path.exists(order):
+            time.sleep(poll_s)
+            continue
+        with open(order, encoding="utf-8") as f:
+            asked = json.load(f)
+        if asked.get("stop"):
+            answer = {"ok": ok, "stopped": True}
+        else:
+            answer = {"ok": run_point(spec, asked["point"]), "point": asked["point"]}
+            ok = answer["ok"] and ok
+        tmp = os.path.join(orders, f".{seq}.done")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(answer, f)
+        os.replace(tmp, os.path.join(orders, f"{seq}.done"))
+        if asked.get("stop"):
+            return ok
+        seq += 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--spec", required=True)
-    ap.add_argument("--points", required=True, help="comma-separated point names")
+    ap.add_argument("--points", default="", help="comma-separated point names")
+    ap.add_argument("--orders", help="a directory: serve the points asked there, one by one, until told to stop")
     args = ap.parse_args(argv)
     with open(args.spec, encoding="utf-8") as f:
         spec = json.load(f)
@@ -170,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     todo = [p for p in points if not os.path.exists(os.path.join(spec["out_dir"], f"{p}.json"))]
-    if not todo:
+    if not todo and not args.orders:
         log("every point has a result on disk")
         return 0
     try:
@@ -181,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                    seconds=round(time.monotonic() - t0, 3), ok=up)
             if not up:
                 return 3
+        if args.orders:
+            return 0 if serve_orders(spec, args.orders) else 1
         ok = True
         for p in points:
             ok = run_point(spec, p) and ok

@@ -161,11 +161,30 @@ class ThroughputGate(_Model):
     # regression_threshold and the repeats' noise, or when the repeats are too few to tell.
     baseline: str | None = None
     baseline_key: Path | None = None
+    # Measured alongside: the baseline (an image by digest) and this image in one interleaved
+    # session, ABBA rounds per point until decided (interleave.py); else the baseline's stored results.
+    alongside: bool = False
     regression_threshold: Fraction = 0.10
-    regression_alpha: Annotated[float, Field(gt=0.0, lt=1.0)] = 0.05
+    regression_alpha: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.05
+    min_rounds: Annotated[int, Field(ge=2)] = 3
+    max_rounds: Annotated[int, Field(ge=2)] = 8  # the budget: a point open after it is "undecided"
+    undecided_fails: bool = True  # a point the budget could not decide fails the gate
+
+    @model_validator(mode="after")
+    def _alongside_needs_an_image(self) -> "ThroughputGate":
+        if self.alongside and "@sha256:" not in (self.baseline or ""):
+            raise yamlfile.FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
+                                        "baseline: REGISTRY/REPO@sha256:<64 hex>")
+        return self
 
     def config(self) -> GateConfig:
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
+
+    def policy(self):
+        from ..verdicts import Policy
+
+        return Policy(threshold=self.regression_threshold, alpha=self.regression_alpha, min_rounds=self.min_rounds,
+                      max_rounds=max(self.max_rounds, self.min_rounds), undecided_fails=self.undecided_fails)
 
 
 class _Stage(_Model):
@@ -212,8 +231,8 @@ class ThroughputStage(_Stage):
     output_len: Positive | None = None
     prompts_per_concurrency: Positive | None = None
     min_prompts: Positive = 1
-    # Each point measured this many times: what a regression verdict against a baseline reads the
-    # noise from (compare.py: 3 is the fewest that can show one).
+    # Each point measured this many times: what a verdict against a stored baseline reads the noise
+    # from (verdicts.py: 3 is the fewest it judges). Measured alongside, the rounds decide instead.
     repeats: Positive = 1
 
     @model_validator(mode="after")

@@ -141,9 +141,10 @@ class StageResult:
     # benchmark_seconds, overhead_seconds (wall - client): see stages.run
     timing: dict[str, Any] = field(default_factory=dict)
     # {recipe: what makes two runs of it the same experiment}: input and output lengths, prompts,
-    # accelerators, the runner, the recipe's resources and benchmark (stages.run.conditions;
+    # accelerators, the runner, the recipe's resources and benchmark (stages.plan.conditions;
     # compare.py compares only recipes whose conditions match)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    comparison: str = ""  # a baseline gate's comparison.md (comparisons.place), when held to one
 
     @property
     def passed(self) -> bool:
@@ -166,6 +167,7 @@ class StageResult:
             "jobs": self.jobs,
             "timing": self.timing,
             "conditions": self.conditions,
+            "comparison": self.comparison,
         }
 
 

@@ -4,7 +4,8 @@ Layout: `build/<stack>/runs/<run id>/<stage>/` with one directory per recipe hol
 files (`<concurrency>.json`: vLLM's result JSON; `repeat-<i>.json`: the gsm8k client's), plus
 `results.json` (normalized results and the verdict), `report.md` and plots. The run id is derived
 from the image digest and the pipeline file, so rerunning the same thing resumes it: points with
-a file on disk are not redone.
+a file on disk are not redone (the command line's --fresh measures again under a new id).
+Planning the jobs is stages/plan.py's; holding the throughput stage to a baseline, stages/baseline.py's.
 """
 
 from __future__ import annotations
@@ -13,22 +14,17 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-from ..clients import CLIENTS_DIR, CONTAINER_DIR
-from ..datasets import gsm8k_dir
-from ..engine import server_argv
 from ..errors import InputError, ServestackError
-from ..fsutil import atomic_write_json
 from ..imageref import ImageRef
 from ..progress import phase
 from ..project import Project
-from ..recipes.read import RecipeView
-from ..runners.base import JobSpec, Mount, Runner
+from ..runners.base import Runner
 from ..runners.driver import run_job
-from ..runners.preflight import NodePreflight
-from ..runners.registry import RUNNERS, make_runner, starting
+from ..runners.registry import RUNNERS, make_runner
+from .baseline import hold_to_baseline, measure_alongside_baseline
 from .gates import (
     Verdict,
     evaluate_accuracy,
@@ -38,6 +34,18 @@ from .gates import (
     placement_failures,
 )
 from .pipeline import STAGES, Pipeline, Stage, load_pipeline
+from .plan import (  # noqa: F401  (re-exported: where callers have always found the planner)
+    PYCACHE,
+    PYCACHE_ENV,
+    RESULTS,
+    _Planned,
+    _recipe,
+    _selected,
+    conditions,
+    pycache_dir,
+    plan_stage,
+    write_job_files,
+)
 from .results import (
     StageResult,
     compare_answers,
@@ -45,32 +53,22 @@ from .results import (
     parse_gsm8k_result,
     parse_throughput_point,
     parse_vllm_result,
-    throughput_point,
 )
 
 log = logging.getLogger("servestack.stages")
 
-RESULTS = "/results"
-MODEL = "/model"
-DATA = "/data/gsm8k"
-# The image ships sources without bytecode, so every fresh container compiles torch and vLLM again
-# (three processes per server, one per client): about a minute per job on 2 cores. Jobs keep the
-# bytecode outside the image, in a host directory per image digest (the image is not changed).
-PYCACHE = "/var/cache/servestack-pycache"
-# The image sets PYTHONDONTWRITEBYTECODE=1 (nothing may be written into it); with the prefix, the
-# bytecode goes to the mounted directory instead, so writing it is allowed again (empty = unset).
-PYCACHE_ENV = {"PYTHONPYCACHEPREFIX": PYCACHE, "PYTHONDONTWRITEBYTECODE": ""}
-
-
-def pycache_dir(project: Project, stack: str, image_ref: str) -> Path:
-    return project.artifacts(stack) / "pycache" / image_ref.rsplit("sha256:", 1)[-1][:16]
-
 
 class StageFailed(ServestackError):
-    """The stage ran but its gates failed; `.result` holds the numbers and the verdict."""
+    """The stage ran but its gates failed; `.result` holds the numbers and the verdict. When the only
+    failures are a baseline gate's verdicts, the exit code is that verdict's (errors.py)."""
 
     def __init__(self, result: StageResult):
+        from ..errors import verdict_exit_code
+
         self.result = result
+        gates = {f.gate for f in result.verdict.failures}
+        if gates and gates <= {"regression", "undecided"}:
+            self.exit_code = verdict_exit_code("regression" if "regression" in gates else "undecided")
         super().__init__(format_verdict(result.verdict))
 
 
@@ -79,210 +77,6 @@ def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
     h.update(image_ref.encode())
     h.update(Path(pipeline.file).read_bytes())
     return h.hexdigest()[:12]
-
-
-def _recipe(project: Project, pipeline: Pipeline, name: str) -> RecipeView:
-    return RecipeView.load(project.recipes / pipeline.stack / f"{name}.yaml")
-
-
-def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Mount]]:
-    if pipeline.model_dir is None and recipe.model_path in pipeline.model_paths:
-        return pipeline.model_paths[recipe.model_path], []  # a directory inside the image
-    host = pipeline.model_dir
-    if host is None and recipe.model_path and Path(recipe.model_path).is_dir():
-        host = Path(recipe.model_path).resolve()
-    if host is not None:
-        if not host.is_dir():
-            raise InputError(pipeline.file, "model_dir", f"{host} is not a directory")
-        return MODEL, [Mount(host, MODEL)]
-    if not recipe.model_path:
-        raise InputError(recipe.file, "model.path", "required (or set model_dir in the pipeline)")
-    return recipe.model_path, []
-
-
-def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
-    python = pipeline.runner.python
-    flags = {**recipe.server_flags, **pipeline.server.extra_flags}
-    for reserved in ("model", "served-model-name", "port", "host"):
-        flags.pop(reserved, None)
-    argv = server_argv(python, {"model": model, "served-model-name": recipe.served_model_name, "host": "127.0.0.1",
-                                "port": pipeline.server.port, **flags})
-    return {"argv": argv, "env": recipe.server_env,
-            "health_url": f"http://127.0.0.1:{pipeline.server.port}/health",
-            "startup_timeout": pipeline.server.startup_timeout}
-
-
-@dataclass
-class _Planned:
-    key: str  # the recipe as the pipeline names it (recipes/<stack>/<key>.yaml): results, gates, baselines
-    recipe: RecipeView
-    spec: JobSpec
-    points: tuple[str, ...]
-    gpus: int
-    runner_kind: str  # the runner that starts this recipe's shape (_runner_kind)
-    # What run_points reads in the container ({"server", "point", "out_dir"}): `write_job_files`
-    # puts it at job_file before the job runs. None for a job that is the recipe itself.
-    job: dict | None = None
-
-    @property
-    def job_file(self) -> Path:
-        return self.spec.out_dir / ".jobs" / "job.json"  # RESULTS/.jobs/job.json in the container
-
-
-def _runner_kind(pipeline: Pipeline, kind: str, recipe: RecipeView) -> str:
-    """`kind` when it can start the recipe's shape, else the pipeline's runner for that shape."""
-    if recipe.shape in RUNNERS[kind].shapes:
-        return kind
-    other = pipeline.runner.disaggregated if recipe.shape == "disaggregated" else None
-    if other and recipe.shape in RUNNERS[other].shapes:
-        return other
-    raise InputError(pipeline.file, "runner.disaggregated",
-                     f"{recipe.file} is {recipe.shape}; the {kind} runner cannot start it (set runner.disaggregated "
-                     f"to one of {', '.join(starting(recipe.shape))})")
-
-
-def _preflight(project: Project, pipeline: Pipeline, recipe: RecipeView, skip: bool) -> NodePreflight | None:
-    """The node preflight a GPU stack's recipe gets on Slurm (its driver minimum is the stack's gpu_node.min_driver)."""
-    from ..lock import load_lock
-
-    if not project.lock_file(pipeline.stack).exists():
-        return None  # nothing without a lock runs; the stage names the missing lock where it needs one
-    min_driver = (load_lock(project, pipeline.stack).gpu_node or {}).get("min_driver")
-    if not min_driver:
-        return None
-    res = recipe.raw.get("resources") or {}
-    nodes = int(res.get("prefill_nodes") or 0) + int(res.get("decode_nodes") or 0) or int(res.get("agg_nodes") or 1)
-    return NodePreflight(int(min_driver), int(res.get("gpus_per_node") or 0), nodes, skipped=skip)
-
-
-def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str,
-               stage_dir: Path, runner_kind: str | None = None, *, skip_preflight: bool = False) -> list[_Planned]:
-    """One job per recipe for `runner_kind` (default: the pipeline's runner), or for the pipeline's
-    runner.disaggregated where that runner cannot start the recipe's shape, as data: nothing is
-    written (`write_job_files` does, when the jobs are about to run)."""
-    default_kind = runner_kind or pipeline.runner.kind
-    planned = []
-    base_url = f"http://127.0.0.1:{pipeline.server.port}"
-    python = pipeline.runner.python
-    for name in stage.recipes:
-        recipe = _recipe(project, pipeline, name)
-        kind = _runner_kind(pipeline, default_kind, recipe)
-        out_dir = stage_dir / name
-        preflight = _preflight(project, pipeline, recipe, skip_preflight) if RUNNERS[kind].allocates_nodes else None
-        gpus = stage.gpus or recipe.gpus
-        if stage.name == "throughput":
-            concs = list(stage.concurrencies or recipe.concurrencies)
-            if not concs:
-                raise InputError(recipe.file, "benchmark.concurrencies",
-                                 f"no concurrency points (set them here or in {pipeline.file} stages.throughput)")
-            # Round by round (1, 4, 1-r1, 4-r1, ...): a server slower for a minute (its first
-            # requests, a noisy neighbour) then costs every concurrency a little instead of
-            # every repeat of one point, which a baseline gate would read as its regression.
-            points = tuple(throughput_point(c, k) for k in range(stage.repeats) for c in concs)
-        else:
-            points = stage.points
-        if RUNNERS[kind].submits_recipes:
-            extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
-            if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
-                # srtctl mounts a host model directory at /model: the pipeline's, else the model
-                # the stack's build wrote.
-                host = pipeline.model_dir or project.artifacts(pipeline.stack) / "model"
-                if not host.is_dir():
-                    raise InputError(pipeline.file, "model_dir", f"{host} is not a directory "
-                                     f"(`nox -s build -- --stack {pipeline.stack}` writes the stack's model)")
-                extra["model_dir"] = str(host)
-            if stage.name == "accuracy" and stage.gate.agreement_with is None:
-                extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
-            elif stage.name == "accuracy":
-                extra["clients_dir"] = str(CLIENTS_DIR)  # the recipe's custom benchmark runs agreement.py
-            # The recipe's job sweeps each concurrency once: one job per repeat (a fresh deployment each,
-            # so the repeats also show how much one deployment differs from the next).
-            repeats = stage.repeats if stage.name == "throughput" else 1
-            for k in range(repeats):
-                mine = tuple(p for p in points if repeats == 1 or parse_throughput_point(p)[1] == k)
-                spec = JobSpec(
-                    name=f"{stage.name}-{name}" + (f"-r{k}" if k else ""), points=mine, out_dir=out_dir, command=(),
-                    image=image_ref, time_limit_s=stage.time_limit,
-                    gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
-                    extra=extra, preflight=preflight,
-                )
-                planned.append(_Planned(name, recipe, spec, mine, gpus, kind))
-            continue
-        model, mounts = _model_mount(pipeline, recipe)
-        pycache = pycache_dir(project, pipeline.stack, image_ref)
-        mounts = [*mounts, Mount(CLIENTS_DIR, CONTAINER_DIR), Mount(out_dir, RESULTS, read_only=False),
-                  Mount(pycache, PYCACHE, read_only=False)]
-        if stage.name == "throughput":
-            isl = stage.input_len or int(recipe.benchmark.get("isl") or 128)
-            osl = stage.output_len or int(recipe.benchmark.get("osl") or 32)
-            mult = stage.prompts_per_concurrency or int(recipe.benchmark.get("num_prompts_mult") or 10)
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/vllm_bench_serve.py",
-                         "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
-                         "--model", model, "--served-model-name", recipe.served_model_name,
-                         "--tokenizer", model, "--dataset-name", "random",
-                         "--random-input-len", str(isl), "--random-output-len", str(osl),
-                         "--num-prompts", "{num_prompts}", "--max-concurrency", "{concurrency}",
-                         "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--temperature", "0",
-                         "--ready-check-timeout-sec", "60",
-                         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-                         "--disable-tqdm", "--save-result", "--result-dir", "{out_dir}",
-                         "--result-filename", "{out_name}",
-                         "--metadata", f"servestack_recipe={name}", f"servestack_gpus={gpus}"],
-                "prompts_per_point": mult, "min_prompts": stage.min_prompts,
-                "timeout": stage.time_limit,
-            }
-        elif stage.gate.agreement_with is not None:
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/agreement.py", "collect", "--base-url", base_url,
-                         "--model", recipe.served_model_name, "--vocab-size", str(_oracle_vocab(project, pipeline)),
-                         "--out", "{out}"],
-                "timeout": stage.time_limit,
-            }
-        else:
-            data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
-            mounts.append(Mount(data, DATA))
-            g = stage.gsm8k
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/gsm8k.py", "--base-url", base_url,
-                         "--model", recipe.served_model_name, "--dataset", f"{DATA}/test.jsonl",
-                         "--fewshot-from", f"{DATA}/train.jsonl", "--num-questions", str(g.num_questions),
-                         "--shots", str(g.shots), "--repeats", "1", "--first-repeat", "{index}",
-                         "--concurrency", str(g.concurrency), "--max-tokens", str(g.max_tokens),
-                         "--out", "{out}"],
-                "timeout": stage.time_limit,
-            }
-        job = {"server": _server(pipeline, recipe, model), "point": point, "out_dir": RESULTS}
-        spec = JobSpec(
-            name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
-            command=(python, f"{CONTAINER_DIR}/run_points.py", "--spec", f"{RESULTS}/.jobs/job.json",
-                     "--points", "{points}"),
-            image=image_ref, mounts=tuple(mounts), env=dict(PYCACHE_ENV),
-            time_limit_s=stage.time_limit,
-            gpus=recipe.accelerators if stage.gpus is None else gpus,
-            recipe_file=recipe.file, recipe_name=name, preflight=preflight,
-        )
-        planned.append(_Planned(name, recipe, spec, points, gpus, kind, job))
-    return planned
-
-
-def _oracle_vocab(project: Project, pipeline: Pipeline) -> int:
-    from ..lock import load_lock
-    from ..smoke.plan import oracle_vocab
-
-    vocab = oracle_vocab(load_lock(project, pipeline.stack))
-    if vocab is None:
-        raise InputError(pipeline.file, "stages.accuracy.gate.agreement_with",
-                         f"the oracle needs a smoke model the project makes; {pipeline.stack}'s is a checkpoint (use threshold)")
-    return vocab
-
-
-def write_job_files(planned: list[_Planned]) -> None:
-    """The in-container job specs, next to each job's results (where its command reads them)."""
-    for p in planned:
-        if p.job is not None:
-            atomic_write_json(p.job_file, p.job)
-
 
 def _read_timing(planned: list[_Planned], since: float) -> tuple[float | None, float, dict[str, float]]:
     """Client and server start-up seconds that run_points recorded since `since` (this invocation)."""
@@ -326,55 +120,6 @@ def _reported_client_seconds(f: Path) -> float | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
     return None
-
-
-def conditions(p: _Planned, stage: Stage) -> dict[str, object]:
-    """What makes two throughput runs of a recipe the same experiment (compare.py holds them equal):
-    the workload and the hardware it ran on. Not the serving flags: changing those, like changing
-    the image, is what a comparison is for."""
-    bench = p.recipe.benchmark
-    resources = p.recipe.raw.get("resources") or {}
-    placement = json.dumps({"resources": resources, "benchmark": {k: v for k, v in bench.items() if k != "concurrencies"}},
-                           sort_keys=True, default=str)
-    return {"isl": stage.input_len or int(bench.get("isl") or 128),
-            "osl": stage.output_len or int(bench.get("osl") or 32),
-            "prompts_per_concurrency": stage.prompts_per_concurrency or int(bench.get("num_prompts_mult") or 10),
-            "gpus": p.gpus, "gpu_type": resources.get("gpu_type"), "runner": p.runner_kind,
-            "resources_and_benchmark_sha256": hashlib.sha256(placement.encode()).hexdigest()}
-
-
-def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result: StageResult) -> None:
-    """The stage's results against gate.baseline's (compare.py), written to <stage>/baseline/; a
-    regression, or a change the repeats cannot judge, is a failure of the stage's verdict."""
-    from .. import compare
-    from .gates import Check, Failure
-
-    gate = stage.gate
-    out = result.out_dir / "baseline"
-    if out.exists():
-        import shutil
-
-        shutil.rmtree(out)  # judged afresh each time: the baseline's publication is pulled again
-    key = None if gate.baseline_key is None else (project.root / gate.baseline_key)
-    try:
-        base, invalid = compare.load_side(gate.baseline, runs=project.artifacts(pipeline.stack) / "runs",
-                                          pulled=out / "pulled", key=key, label=f"baseline {gate.baseline}")
-    except InputError as exc:
-        raise InputError(pipeline.file, "stages.throughput.gate.baseline", str(exc)) from exc
-    here, _ = compare.side_from_results({"stages": [result.to_dict()]}, "this run", result.out_dir)
-    policy = compare.RegressionPolicy(gate.regression_threshold, gate.regression_alpha)
-    comparison = compare.compare(base, here, policy, invalid=invalid)
-    compare.write(comparison, out)
-    failing = {(ch.recipe, ch.concurrency, ch.metric): msg for ch, msg in compare.gate_failures(comparison)}
-    for ch in comparison.gated():
-        where = f"c={ch.concurrency}"
-        msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
-        result.verdict.checks.append(Check("regression", ch.recipe, where, ch.change, -policy.threshold, msg is None))
-        if msg is not None:
-            result.verdict.failures.append(Failure("regression", ch.recipe, where, msg, ch.change, -policy.threshold))
-    if not comparison.gated():
-        result.verdict.failures.append(Failure("regression", "-", None, f"nothing to hold to {gate.baseline}: "
-                                               + ("; ".join(comparison.not_compared) or "no point in common")))
 
 
 def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], image_ref: str,
@@ -446,32 +191,6 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     return result
 
 
-def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, Stage]:
-    """The pipeline's stages narrowed to `recipes` (None: all); a stage left with none is dropped."""
-    defined = pipeline.stages.defined()
-    if recipes is None:
-        return defined
-    known = {r for s in defined.values() for r in s.recipes}
-    unknown = [r for r in recipes if r not in known]
-    if unknown:
-        raise InputError(pipeline.file, "stages", f"runs no recipe named {', '.join(unknown)} "
-                                                  f"(its recipes: {', '.join(sorted(known))})")
-    out = {}
-    for name, settings in defined.items():
-        kept = tuple(r for r in settings.recipes if r in recipes)
-        reference = getattr(settings.gate, "agreement_with", None)
-        if reference is not None and kept:
-            if kept == (reference,):
-                raise InputError(pipeline.file, f"stages.{name}.gate.agreement_with",
-                                 f"{reference} is the reference the other recipes are held to; alone it is judged by "
-                                 f"nothing (select one of {', '.join(r for r in settings.recipes if r != reference)} too)")
-            # A recipe is judged against the reference's answers: the reference runs with it.
-            kept = tuple(r for r in settings.recipes if r in kept or r == reference)
-        if kept:
-            out[name] = settings.model_copy(update={"recipes": kept})
-    return out
-
-
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
               runner: Runner | None = None, *, run_id: str | None = None,
               recipes: tuple[str, ...] | None = None, skip_preflight: bool = False,
@@ -505,6 +224,12 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.time(), time.monotonic()
+    if settings.name == "throughput" and settings.gate.baseline and settings.gate.alongside:
+        result = measure_alongside_baseline(project, pipeline, settings, image_ref, rid, stage_dir, recipes)
+        _finish_timing(result.timing, time.monotonic() - t0)
+        report.write_stage(result)
+        log.info("%s", format_verdict(result.verdict))
+        return result
     runner = runner or make_runner(pipeline)
     # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
     kind = runner.name if runner.name in RUNNERS else pipeline.runner.kind
@@ -522,7 +247,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     used = "+".join(dict.fromkeys(j["runner"] for j in jobs)) or runner.name
     result = collect_stage(pipeline, settings, planned, image_ref, used, stage_dir, jobs, since=started)
     if settings.name == "throughput" and settings.gate.baseline:
-        hold_to_baseline(project, pipeline, settings, result)
+        hold_to_baseline(project, pipeline, settings, result, rid)
     _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
     log.info("%s", format_verdict(result.verdict))

@@ -1,0 +1,98 @@
+"""`servestack compare` and `servestack bump`: the commands that end in a verdict.
+
+Their exit code is the gated metric's verdict (errors.VERDICT_EXIT_CODES): 0 no regression,
+4 regression, 5 undecided (0 instead when the pipeline's gate lets undecided pass); the failing
+points are printed before it, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from .commands import command, say as _say
+from .errors import VerdictFailed
+from .project import Project
+
+
+def _compare_args(p: argparse.ArgumentParser) -> None:
+    for side in ("a", "b"):
+        p.add_argument(side, help=f"{side.upper()}: with --measure an image REGISTRY/REPO@sha256:<64 hex> to run; "
+                                  "else a run id (build/<stack>/runs/<id>), a run directory, a directory `pull` "
+                                  "wrote, or REGISTRY/REPO@sha256:<64 hex> (its verified publication's results)")
+    p.add_argument("--measure", action="store_true", help="run A and B by digest in one session, interleaved "
+                                                          "(ABBA rounds per point until decided), then compare")
+    p.add_argument("--pipeline", help="with --measure: whose throughput stage (default: the stack's name)")
+    p.add_argument("--pipeline-b", help="with --measure: B's server flags from this pipeline instead (the same image "
+                                        "with other flags is a comparison too; the workload must not differ)")
+    p.add_argument("--recipes", type=lambda s: tuple(x for x in s.split(",") if x), help="with --measure: only these")
+    run = p.add_mutually_exclusive_group()
+    run.add_argument("--run-id", help="with --measure: resume this session (its points on disk are not measured again)")
+    run.add_argument("--fresh", action="store_true", help="with --measure: a new session (the default)")
+    p.add_argument("--key", type=Path, help="the publisher's public key (PEM), for a stored side named by digest")
+    p.add_argument("--out", type=Path, help="where comparison.md, .json and .png go "
+                                            "(default: build/<stack>/comparisons/<A digest>.<run>-vs-<B digest>.<run>)")
+    p.add_argument("--threshold", type=float, default=None, help="relative change a regression must exceed "
+                                                                 "(default: the pipeline's gate, else 0.10)")
+    p.add_argument("--alpha", type=float, default=None, help="each one-sided bound's level (default 0.05)")
+
+
+def _policy(project: Project, name: str, args: argparse.Namespace):
+    from . import verdicts
+    from .stages.pipeline import load_pipeline
+
+    file = project.pipelines / f"{name}.yaml"
+    stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
+    policy = stage.gate.policy() if stage is not None else verdicts.Policy()
+    changes = {k: v for k, v in (("threshold", args.threshold), ("alpha", args.alpha)) if v is not None}
+    return verdicts.Policy(**{**policy.__dict__, **changes})
+
+
+@command("compare", "two images side by side, measured alongside (--measure) or from stored results; "
+                    "exit 0 no regression, 4 regression, 5 undecided", _compare_args)
+def _compare(args: argparse.Namespace, project: Project) -> int:
+    from . import comparisons, interleave
+
+    name = args.pipeline or args.stack
+    policy = _policy(project, name, args)
+    if args.measure:
+        run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
+        out = args.out or comparisons.place(project, args.stack, args.a, run_id, args.b, run_id)
+        session = interleave.measure(project, interleave.pair(args.a, args.b, name, args.pipeline_b), out,
+                                     policy=policy, recipes=args.recipes, echo=_say)
+        result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
+        report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
+    else:
+        result, report = comparisons.compare_references(project, args.stack, args.a, args.b, key=args.key,
+                                                        out=args.out, policy=policy)
+    _say(report.read_text())
+    _say(f"-> {report}")
+    failing = comparisons.failing_points(result)
+    for line in failing:
+        _say(line)
+    if failing:
+        raise VerdictFailed(result.verdict(), f"{result.verdict()}: {len(failing)} gated point(s) fail ({report})")
+    return 0
+
+
+def _bump_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--baseline", help="what to hold the bumped image to: a run id, a directory, or REF@sha256:... "
+                                      "(default: the image build/<stack>/publish.json records, with its run)")
+    p.add_argument("--alongside", action="store_true", help="measure the baseline image and the bumped one in one "
+                                                            "interleaved session (the baseline must be REF@sha256:...)")
+    p.add_argument("--key", type=Path, default=Path("servestack.pub"), help="the publisher's public key, for a "
+                                                                           "baseline by digest (default: servestack.pub)")
+    p.add_argument("--run-id", help="the bumped image's run (default: derived from its digest and the pipeline)")
+
+
+@command("bump", "lock --upgrade, build, image, smoke, stages, compare with the last published baseline: "
+                 "build/<stack>/bump/drift.md", _bump_args)
+def _bump(args: argparse.Namespace, project: Project) -> int:
+    from . import bump
+
+    drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say,
+                              alongside=args.alongside)
+    _say(report.read_text())
+    _say(f"-> {report}")
+    return bump.exit_code(drift)

@@ -1,0 +1,73 @@
+"""`servestack publish`, `pull`, `verify` and `keygen`: the signed bundle beside an image."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .commands import command, image_arg as _image_arg, say as _say
+from .project import Project
+
+def _publish_args(p: argparse.ArgumentParser) -> None:
+    _image_arg(p)
+    p.add_argument("--records", type=Path, help="a directory `pull` wrote for this digest: its lock and build/image/"
+                                               "smoke records are published (default: this checkout's)")
+    p.add_argument("--to", help="REGISTRY/REPOSITORY to copy the image to (by digest) and publish there")
+    p.add_argument("--run", dest="run_id", help="include build/<stack>/runs/<RUN>/ results, reports and plots")
+    p.add_argument("--key", type=Path, default=Path("servestack.key"), help="ECDSA P-256 private key (servestack keygen)")
+
+
+@command("publish", "push the image's signed bundle (recipes, lock, records, results) as OCI referrers", _publish_args)
+def _publish(args: argparse.Namespace, project: Project) -> int:
+    from . import publish
+
+    publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
+                    records_dir=args.records, echo=_say)
+    return 0
+
+
+def _pull_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex> (tags are refused)")
+    p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
+    p.add_argument("--out", type=Path, help="a new or empty directory (default: ./servestack-<digest prefix>)")
+    p.add_argument("--bundle", help="sha256:... of one publication (default: the newest that verifies)")
+    p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
+                                        "(default: the reference's own; the registry host never matters)")
+    p.add_argument("--not-before", metavar="TIME", help="refuse publications signed before TIME (RFC 3339): no rollback")
+
+
+@command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
+def _pull(args: argparse.Namespace, project: Project) -> int:
+    from . import publish
+
+    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
+                 not_before_time=args.not_before)
+    return 0
+
+
+def _verify_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("reference", help="REGISTRY/REPO@sha256:<64 hex>")
+    p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
+    p.add_argument("--rebuild", action="store_true", required=True,
+                   help="rebuild from the bundle's lock and commit in a scratch worktree and compare digests")
+
+
+@command("verify", "rebuild a published image from its signed lock and commit; same digest?", _verify_args)
+def _verify(args: argparse.Namespace, project: Project) -> int:
+    from . import publish
+
+    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, echo=_say)["same"] else 1
+
+
+def _keygen_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--key", type=Path, default=Path("servestack.key"),
+                   help="private key path (mode 0600); the public key goes beside it as .pub")
+
+
+@command("keygen", "make an ECDSA P-256 key pair for publish (private) and pull (public)", _keygen_args)
+def _keygen(args: argparse.Namespace, project: Project) -> int:
+    from . import signing
+
+    private, public = signing.keygen(args.key)
+    _say(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")
+    return 0

@@ -1,0 +1,83 @@
+"""The throughput stage held to another image: `gate.baseline`, measured alongside or stored.
+
+Alongside (`gate.alongside: true`, the baseline an image by digest): the stage is one interleaved
+session of both images (interleave.py), and each point's verdict is paired. Stored (a run id, a run
+directory, a pulled publication): this run's points against the baseline's, apart, and every verdict
+says "not measured alongside". Either way the comparison goes where comparisons.place puts it, and
+each gated point's regression (and undecided, when `undecided_fails`) is a failure of the stage.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import compare, comparisons, verdicts
+from ..errors import InputError
+from ..project import Project
+from .gates import Check, Failure, evaluate_throughput
+from .pipeline import Pipeline, Stage
+from .results import StageResult
+
+
+def _judged(comparison: compare.Comparison, result: StageResult, gate_baseline: str) -> None:
+    failing = {(ch.recipe, ch.concurrency, ch.metric): msg for ch, msg in compare.gate_failures(comparison)}
+    for ch in comparison.gated():
+        where = f"c={ch.concurrency}"
+        msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
+        measured = 0.0 if ch.change is None else ch.change
+        result.verdict.checks.append(Check("regression", ch.recipe, where, measured, -comparison.policy.threshold,
+                                           msg is None))
+        if msg is not None:
+            result.verdict.failures.append(Failure(ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
+                                                   ch.recipe, where, msg, measured, -comparison.policy.threshold))
+    if not comparison.gated():
+        result.verdict.failures.append(Failure("regression", "-", None, f"nothing to hold to {gate_baseline}: "
+                                               + ("; ".join(comparison.not_compared) or "no point in common")))
+
+
+def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result: StageResult, run_id: str) -> None:
+    """This run's measured points against a stored baseline's."""
+    gate = stage.gate
+    key = None if gate.baseline_key is None else (project.root / gate.baseline_key)
+    base_run = compare.slug(gate.baseline)
+    out = comparisons.place(project, pipeline.stack, gate.baseline, base_run, result.image, run_id)
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out / "pulled", ignore_errors=True)  # judged afresh: the publication is pulled again
+    try:
+        base, invalid = compare.load_side(gate.baseline, runs=project.artifacts(pipeline.stack) / "runs",
+                                          pulled=out / "pulled", key=key, label=f"baseline {base_run}")
+    except InputError as exc:
+        raise InputError(pipeline.file, "stages.throughput.gate.baseline", str(exc)) from exc
+    here, _ = compare.side_from_results({"stages": [result.to_dict()]}, f"this run {run_id}", result.out_dir)
+    comparison = compare.compare(base, here, gate.policy(), invalid=invalid)
+    result.comparison = str(comparisons.write(comparison, out))
+    _judged(comparison, result, gate.baseline)
+
+
+def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str, run_id: str,
+                               stage_dir: Path, recipes: tuple[str, ...] | None) -> StageResult:
+    """The stage as one interleaved session of the baseline image (A) and this one (B)."""
+    from .. import interleave
+
+    gate = stage.gate
+    if "@sha256:" not in gate.baseline:
+        raise InputError(pipeline.file, "stages.throughput.gate.baseline",
+                         f"{gate.baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
+    out = comparisons.place(project, pipeline.stack, gate.baseline, run_id, image_ref, run_id)
+    policy = gate.policy()
+    session = interleave.measure(project, interleave.pair(gate.baseline, image_ref, pipeline.name), out,
+                                 policy=policy, recipes=recipes)
+    comparison = interleave.compared(session, pipeline.stack, (f"baseline {run_id}", f"this run {run_id}"), out, policy)
+    result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,
+                         runner="local", out_dir=stage_dir, throughput=session.points["b"],
+                         conditions=session.conditions["b"],
+                         timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}"
+                                                     for p in session.points["b"]],
+                                 "client_seconds": sum(d.seconds for d in session.decided),
+                                 "server_startup_seconds": 0.0, "benchmark_seconds": 0.0})
+    result.verdict = evaluate_throughput(result.throughput, {}, stage.gate.config())
+    result.comparison = str(comparisons.write(comparison, out, [d.__dict__ for d in session.decided]))
+    _judged(comparison, result, gate.baseline)
+    return result
