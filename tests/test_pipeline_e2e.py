@@ -395,9 +395,13 @@ def test_an_a_a_measured_alongside_is_no_regression_at_every_point(alongside):
     assert aa.alongside and not aa.not_compared
     assert [(ch.concurrency, ch.verdict) for ch in aa.gated()] == [(1, "no regression"), (4, "no regression")], [
         ch.reason for ch in aa.gated()]
-    # Each server was stopped in order: its log holds no EngineDeadError (vLLM's "abort" shutdown's).
+    # Each server was stopped in order, in vLLM's drain mode: its requests completed and its workers
+    # exited gracefully, and nothing died before the shutdown began. (vLLM 0.31's AsyncLLM output
+    # handler can still log EngineDeadError after a completed drain: 1 of 3 servers under CI's load.)
     for arm in ("a", "a2", "b"):
-        assert "EngineDeadError" not in (alongside["out"] / arm / "agg" / "server.log").read_text(), arm
+        log = (alongside["out"] / arm / "agg" / "server.log").read_text()
+        assert "mode=drain" in log and "all workers exited gracefully" in log, arm
+        assert "EngineDeadError" not in log.split("[shutdown] API server: shutdown triggered")[0], arm
 
 
 def test_a_capped_batch_measured_alongside_is_a_regression_where_it_slows(alongside, tmp_path):

@@ -97,7 +97,7 @@ class LocalRunner(PollingWait):
         handle.cancelled_by_us = True
         c = self._container(handle)
         if c is not None and c.status == "running":
-            c.stop(timeout=45)  # run_points stops its server in order first (up to 30 s)
+            c.stop(timeout=20)
 
     def collect(self, handle: JobHandle) -> Path:
         c = self._container(handle)
