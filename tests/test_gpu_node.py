@@ -21,7 +21,7 @@ import pytest
 from servestack.lock import load_lock
 from servestack.probe.static.gpu_caches import check_caches
 from servestack.probe.static.gpu_kernels import check_kernels
-from servestack.probe.static.gpu_node import check_cuda_compiler, check_verbs_providers, elf_dynamic
+from servestack.probe.static.gpu_node import check_cuda_compiler, check_cuda_release, check_verbs_providers, elf_dynamic
 from servestack.project import Project
 from servestack.smoke.nvidia_hook import check_nvidia_hook
 
@@ -185,6 +185,31 @@ def test_without_a_cuda_compiler_the_first_kernel_needs_the_network(tmp_path, mo
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     c = check_cuda_compiler({"gpu_node": {"cuda_arch": "sm_100a"}})
     assert c["status"] == "fail" and "no nvcc" in c["detail"]
+
+
+def cuda_home(tmp_path: Path, compiler: str, cudart_version: int) -> Path:
+    """A CUDA_HOME in miniature: an nvcc that says its release, and the runtime's header."""
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    (home / "include").mkdir()
+    (home / "bin" / "nvcc").write_text(f"#!/bin/sh\necho 'Cuda compilation tools, release {compiler}, V{compiler}.37'\n")
+    os.chmod(home / "bin" / "nvcc", 0o755)
+    (home / "include" / "cuda_runtime_api.h").write_text(f"#define CUDART_VERSION  {cudart_version}\n")
+    return home
+
+
+def test_a_compiler_of_another_cuda_release_than_the_runtime_headers_fails_naming_both(tmp_path, monkeypatch):
+    # What the H200 canary met: nvidia-cuda-nvcc 13.5 beside torch's nvidia-cuda-runtime 13.0, and
+    # FlashInfer's sampler failing to compile at engine start.
+    monkeypatch.setenv("CUDA_HOME", str(cuda_home(tmp_path, "13.5", 13000)))
+    c = check_cuda_release({"gpu_node": {"cuda_arch": "sm_90a"}})
+    assert c["status"] == "fail"
+    assert "nvcc is CUDA 13.5 but its runtime headers are CUDA 13.0" in c["detail"] and "cuda-toolkit[nvcc] 13.0.*" in c["detail"]
+
+
+def test_a_compiler_of_the_runtime_s_release_passes(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_HOME", str(cuda_home(tmp_path, "13.0", 13000)))
+    assert check_cuda_release({"gpu_node": {"cuda_arch": "sm_90a"}})["status"] == "pass"
 
 
 def test_a_compiler_that_writes_no_cuda_binary_fails(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ import requests
 
 from fixtures.records import write_image_record
 from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
-from servestack import build, image, lock, services
+from servestack import oci, build, image, lock, services
 from servestack.errors import InputErrors, ServestackError
 from servestack.image.spec import load_plan
 from servestack.project import Project
@@ -292,13 +292,38 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
     project = Project(tmp_path)
     (tmp_path / "pins").mkdir()
     digest = "sha256:" + "a" * 64
-    assert image.check_expected(project, "s", digest, "lock1").status == "none"
+    assert image.check_expected(project, "s", "linux/amd64", digest, "lock1").status == "none"
     image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"127.0.0.1:5000/servestack/s@{digest}",
-                                                          "s", lock_sha256="lock1"), "3.11.2")
-    assert image.check_expected(project, "s", digest, "lock1").status == "reproduced"
-    assert image.check_expected(project, "s", "sha256:" + "b" * 64, "lock1").status == "different"
-    assert image.check_expected(project, "s", digest, "lock2").status == "stale"
+                                                          "s", lock_sha256="lock1"), "3.11.2", ["linux/amd64"])
+    assert image.check_expected(project, "s", "linux/amd64", digest, "lock1").status == "reproduced"
+    assert image.check_expected(project, "s", "linux/amd64", "sha256:" + "b" * 64, "lock1").status == "different"
+    assert image.check_expected(project, "s", "linux/amd64", digest, "lock2").status == "stale"
+    assert image.check_expected(project, "s", "linux/arm64", digest, "lock1").status == "none"
     assert "--update-expected" in json.loads((tmp_path / "pins" / "s.image.json").read_text())["update"]
+
+
+def test_each_platform_s_digest_is_kept_and_the_index_is_named_once_every_platform_of_the_lock_has_one(tmp_path):
+    project = Project(tmp_path)
+    (tmp_path / "pins").mkdir()
+    amd64, arm64 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    lock_platforms = ["linux/amd64", "linux/arm64"]
+    image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"r/s@{amd64}", "s", lock_sha256="lock1"),
+                         "3.11.2", lock_platforms)
+    written = json.loads((tmp_path / "pins" / "s.image.json").read_text())
+    assert written["index"] is None and list(written["platforms"]) == ["linux/amd64"]
+    image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"r/s@{arm64}", "s", lock_sha256="lock1",
+                                                          platform="linux/arm64"), "3.11.2", lock_platforms)
+    written = json.loads((tmp_path / "pins" / "s.image.json").read_text())
+    assert written["platforms"] == {"linux/amd64": {"digest": amd64, "size": 500}, "linux/arm64": {"digest": arm64, "size": 500}}
+    index = oci.index({"linux/amd64": (amd64, 500), "linux/arm64": (arm64, 500)})
+    assert written["index"] == index.digest
+    entries = json.loads(index.data)["manifests"]
+    assert [(e["platform"]["architecture"], e["platform"].get("variant")) for e in entries] == [("amd64", None), ("arm64", "v8")]
+    # A new lock drops the other platform's digest (it was built from the old lock) and the index with it.
+    image.write_expected(project, "s", write_image_record(tmp_path / "image.json", f"r/s@{amd64}", "s", lock_sha256="lock2"),
+                         "3.11.2", lock_platforms)
+    written = json.loads((tmp_path / "pins" / "s.image.json").read_text())
+    assert list(written["platforms"]) == ["linux/amd64"] and written["index"] is None
 
 
 def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_version_compiled(tmp_path):
@@ -307,9 +332,9 @@ def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_ver
     made = write_image_record(tmp_path / "image.json", "127.0.0.1:5000/servestack/s@sha256:" + "a" * 64, "s")
     with pytest.raises(ServestackError, match=r"s.image.json not written: the image's interpreter is Python 3.11.7, but "
                                               r"this build's bytecode was compiled by Python 3.11.2"):
-        image.write_expected(project, "s", made, "3.11.7")
+        image.write_expected(project, "s", made, "3.11.7", ["linux/amd64"])
     assert not (tmp_path / "pins" / "s.image.json").exists()
-    image.write_expected(project, "s", made, None)  # a base image's version is not known: nothing to compare
+    image.write_expected(project, "s", made, None, ["linux/amd64"])  # a base image's version is not known: nothing to compare
     assert (tmp_path / "pins" / "s.image.json").exists()
 
 

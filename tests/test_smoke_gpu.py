@@ -240,6 +240,23 @@ def test_the_engine_log_names_its_kernels_graphs_start_up_and_nixl_transfers() -
     assert json.loads(json.dumps(engine.to_json()))["cuda_graphs"]["captured"] is True
 
 
+# The aggregated engine's own lines on the lent H200 (benchmarks/results/h200-canary.md), verbatim.
+H200_LOG = """\
+(EngineCore pid=4336) INFO 12-05 02:40:12 [qwen_gdn_linear_attn.py:177] Using FlashInfer GDN prefill kernel (requested=auto, head_k_dim=128).
+(EngineCore pid=4336) INFO 12-05 02:40:13 [cuda.py:526] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN', 'FLASHINFER', 'TRITON_ATTN', 'FLEX_ATTENTION'].
+Capturing CUDA graphs (FULL): 100%|██████████| 2/2 [00:00<00:00, 52.13it/s]
+(EngineCore pid=4336) INFO 12-05 02:40:32 [model_runner.py:1087] Graph capturing finished in 2 secs, took 0.21 GiB
+(EngineCore pid=4336) INFO 12-05 02:40:57 [core.py:373] init engine (profile, create kv cache, warmup model) took 42.54 s (compilation: 3.51 s)
+"""
+
+
+def test_the_h200_s_own_log_names_what_the_static_probe_predicted_for_sm90() -> None:
+    engine = gpulogs.engine_log(H200_LOG)
+    # kernel_shapes predicted FlashInfer for a 128-dim GDN model on SM90, and FLASH_ATTN first on SM90.
+    assert (engine.gdn_prefill, engine.gdn_head_k_dim, engine.attention) == ("FlashInfer", 128, "FLASH_ATTN")
+    assert engine.cuda_graphs.captured and engine.init_engine_s == 42.54
+
+
 def test_an_eager_engine_is_missing_its_cuda_graphs() -> None:
     engine = gpulogs.engine_log(EAGER_LOG)
     assert (engine.gdn_prefill, engine.gdn_head_k_dim, engine.attention) == ("Triton/FLA", 64, "FLASH_ATTN")

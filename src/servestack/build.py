@@ -15,7 +15,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import cache, indexes, lock, overlay, tinymodel, verified
+from . import cache, indexes, lock, overlay, platforms, tinymodel, verified
 from . import wheels as wheelfiles
 from .base.tarball import ASSEMBLY
 from .errors import ServestackError
@@ -65,11 +65,6 @@ def _alias_wheel(wheel: LockedWheel, alias: str, out: Path, epoch: int) -> Build
                       alias_of=wheel.name)
 
 
-def _platform(document: Lock, stack: str) -> str:
-    platforms = sorted(document.platforms)
-    if len(platforms) != 1:
-        raise ServestackError(f"pins/{stack}.lock: one target platform per image is supported, the lock has {platforms}")
-    return platforms[0]
 
 
 def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: str, *, rehash: bool = False) -> dict[str, Path]:
@@ -144,8 +139,10 @@ def _model(name: str, spec: tinymodel.TinyModelSpec, out: Path, makers: str, reh
     return BuiltModel(name, str(model_dir), files)
 
 
-def build(project: Project, stack: str, *, allow_unverified: bool = False, rehash: bool = False) -> Path:
-    """Fetch, verify and overlay the lock's inputs; refuses unverified PRs unless `allow_unverified`."""
+def build(project: Project, stack: str, *, platform: str | None = None, allow_unverified: bool = False,
+          rehash: bool = False) -> Path:
+    """Fetch, verify and overlay the lock's inputs for one platform (platforms.choose: this machine's by
+    default); refuses unverified PRs unless `allow_unverified`."""
     out = project.artifacts(stack)
     record_path = out / "build.json"
     record_path.unlink(missing_ok=True)
@@ -163,7 +160,7 @@ def build(project: Project, stack: str, *, allow_unverified: bool = False, rehas
             f"pins/{stack}.lock: PRs {', '.join(unverified)} are unverified (no evidence in the stack file and no "
             "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
         )
-    platform = _platform(document, stack)
+    platform = platforms.choose(sorted(document.platforms), platform, f"pins/{stack}.lock")
     wheels = document.wheels(platform)
     epoch = document.source_date_epoch
     paths = fetch_wheels(project, stack, document, platform, rehash=rehash)

@@ -56,6 +56,8 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
 
 
 def _build_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--platform", help="which of the stack's platforms (linux/amd64, linux/arm64); default: this "
+                                      "machine's, when the stack has it")
     p.add_argument("--allow-unverified", action="store_true", help="build even when the lock has PRs nothing verified")
     p.add_argument("--rehash", action="store_true", help="read every cached input in full, even those unchanged "
                                                          "(same inode, size, mtime, ctime) since the last full read")
@@ -66,7 +68,7 @@ def _build(args: argparse.Namespace, project: Project) -> int:
     from . import build
 
     started = time.monotonic()
-    path = build.build(project, args.stack, allow_unverified=args.allow_unverified, rehash=args.rehash)
+    path = build.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
     record = build.load_build(project, args.stack)
     overlays = sum(len(o.prs) for o in record.overlays)
     _say(f"build {args.stack}: {len(record.inputs)} wheels verified, {overlays} PR overlays applied, "
@@ -92,8 +94,13 @@ def _image(args: argparse.Namespace, project: Project) -> int:
     digest = result.digest
     if args.update_expected:
         locked = load_lock(project, args.stack)
-        path = image.write_expected(project, args.stack, result, image.interpreter_version(locked, result.platform))
-        _say(f"image {args.stack}: expected digest {digest} written to {path.relative_to(project.root)}")
+        path = image.write_expected(project, args.stack, result, image.interpreter_version(locked, result.platform),
+                                    sorted(locked.platforms))
+        _say(f"image {args.stack}: expected digest {digest} for {result.platform} written to {path.relative_to(project.root)}")
+    index = image.record_index(project, args.stack, result)
+    if index:
+        _say(f"image {args.stack}: image index {index} over every platform of the lock")
+    if args.update_expected:
         return 0
     expected = result.expected
     assert expected is not None  # build_image always checks

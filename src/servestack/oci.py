@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
+# The Docker manifest list, the index type that goes with Docker schema 2 manifests (enroot, docker
+# and containerd pick their platform's entry from it).
+INDEX_TYPE = "application/vnd.docker.distribution.manifest.list.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 PLATFORMS = {"linux/amd64": ("amd64", None), "linux/arm64": ("arm64", "v8")}
@@ -89,3 +92,14 @@ def manifest(config_doc: Document, layers: list[LayerRef]) -> Document:
         "layers": [{"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size} for layer in layers],
     }
     return Document(_serialize(body), MANIFEST_TYPE)
+
+
+def index(manifests: dict[str, tuple[str, int]]) -> Document:
+    """The image index over each platform's manifest (platform -> (digest, size)), in platform order,
+    so that its digest is a function of the manifests alone."""
+    entries = []
+    for platform, (digest, size) in sorted(manifests.items()):
+        arch, variant = PLATFORMS[platform]
+        entry_platform = {"architecture": arch, "os": "linux", **({"variant": variant} if variant else {})}
+        entries.append({"mediaType": MANIFEST_TYPE, "digest": digest, "size": size, "platform": entry_platform})
+    return Document(_serialize({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}), INDEX_TYPE)

@@ -55,11 +55,19 @@ def changed_entries(old: Lock | None, requirements: dict[str, str]) -> dict[str,
 
 
 def preferred(old: Lock | None, platform: str, *, upgrade: Upgrade, changed: dict[str, str]) -> dict[str, str]:
-    """The versions a resolution for PLATFORM should keep: name -> version."""
+    """The versions a resolution for PLATFORM should keep: name -> version.
+
+    A platform the previous lock did not have takes the versions its other platforms hold, so that a
+    stack that gains linux/amd64 serves the same releases on x86 as on arm64."""
     if old is None or upgrade.everything:
         return {}
-    return {normalize(w.name): w.version for w in old.wheels(platform)
-            if not upgrade.covers(w.name) and normalize(w.name) not in changed}
+    held = [platform] if platform in old.platforms else sorted(old.platforms)
+    versions: dict[str, str] = {}
+    for each in held:
+        for w in old.wheels(each):
+            if not upgrade.covers(w.name) and normalize(w.name) not in changed:
+                versions.setdefault(normalize(w.name), w.version)
+    return versions
 
 
 def pylock_text(versions: dict[str, str], python: str) -> str:

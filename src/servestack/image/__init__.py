@@ -18,9 +18,10 @@ involved. The same lock and the same code give the same manifest digest on any m
 from .base import debian_base, interpreter_version
 from .build import build_image, image_input_hash, image_record, load_image
 from .expected import UPDATE_COMMAND, check_expected, expected_file, write_expected
+from .index import push_index, record_index
 from .plan import Layer, link_entries, own_layers, plan
 from .uploads import EarlyLayers, PushStopped, Uploads
 
 __all__ = ["UPDATE_COMMAND", "EarlyLayers", "Layer", "PushStopped", "Uploads", "build_image", "check_expected",
            "debian_base", "expected_file", "image_input_hash", "image_record", "interpreter_version", "link_entries",
-           "load_image", "own_layers", "plan", "write_expected"]
+           "load_image", "own_layers", "plan", "push_index", "record_index", "write_expected"]

@@ -125,7 +125,8 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                  json.loads(registry.get_blob(address, repository, held["config"]["digest"])).get("history", [])]
         result = image_record(f"{address}/{repository}@{digest}", platform, held, names, record, compiled_by, skipped=True,
                               bytes_pushed=0, layers_pushed=0, layers_built=0, seconds=round(time.monotonic() - started, 2),
-                              expected=check_expected(project, stack, digest, record.lock_sha256))
+                              expected=check_expected(project, stack, platform, digest, record.lock_sha256),
+                              manifest_size=len(existing[0]))
         write_image(image_json, result)
         print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
@@ -185,7 +186,8 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
                "install_cpu_seconds": round(sum(t.install_cpu_seconds for t in made_trees), 1),
                "bytecode_cpu_seconds": round(bytecode_cpu, 1),
                "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
-        expected=check_expected(project, stack, served, record.lock_sha256),
+        expected=check_expected(project, stack, platform, served, record.lock_sha256),
+        manifest_size=len(manifest_doc.data),
     )
     write_image(out / "image.json", result)
     _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])

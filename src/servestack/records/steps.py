@@ -188,6 +188,8 @@ class ImageRecord:
     # The exact version of the interpreter that compiled the bytecode ("none": no pycs); part of
     # input_hash. None in records made before it was recorded.
     compiled_by: str | None = None
+    manifest_size: int | None = None  # the manifest's bytes, for the image index's entry
+    index: str | None = None  # the image index over every platform, when the registry holds them all
 
     @property
     def digest(self) -> str:
@@ -211,6 +213,10 @@ class ImageRecord:
             document["trees"] = dict(self.trees)
         if self.compiled_by is not None:
             document["compiled_by"] = self.compiled_by
+        if self.manifest_size is not None:
+            document["manifest_size"] = self.manifest_size
+        if self.index is not None:
+            document["index"] = self.index
         if self.expected is not None:
             document["expected"] = {"file": self.expected.file, "status": self.expected.status,
                                     "digest": self.expected.digest}
@@ -220,7 +226,7 @@ class ImageRecord:
     def from_json(cls, f: Fields) -> "ImageRecord":
         f.only("reference", "stack", "platforms", "lock_sha256", "input_hash", "total_size", "layers", "layer_names",
                "skipped", "seconds", "layers_built", "layers_pushed", "bytes_pushed", "bytes_tarred", "trees", "expected",
-               "compiled_by")
+               "compiled_by", "manifest_size", "index")
 
         def layer(item: Fields) -> ImageLayer:
             item.only("digest", "size", "title")
@@ -243,7 +249,8 @@ class ImageRecord:
             trees={k: trees.number(k) for k in trees.data} if trees else None,
             expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"))
             if expected else None,
-            compiled_by=f.str_or_none("compiled_by"),
+            compiled_by=f.str_or_none("compiled_by"), manifest_size=f.int_or_none("manifest_size", None),
+            index=f.str_or_none("index", None),
         )
 
 
@@ -258,22 +265,42 @@ def write_image(path: Path, record: ImageRecord) -> None:
 # --------------------------------------------------------------------------- pins/<stack>.image.json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
+class PlatformImage:
+    """One platform's manifest in pins/<stack>.image.json: what the image index lists for it."""
+
+    digest: str
+    size: int  # the manifest's bytes
+
+
+@dataclass(frozen=True, kw_only=True)
 class ExpectedImage:
+    """The digests a build of this lock must reproduce: one manifest per platform, and the image index
+    over all of them once every platform of the lock has one (oci.index)."""
+
     stack: str
     lock_sha256: str
-    platform: str
-    digest: str
+    platforms: dict[str, PlatformImage]
+    index: str | None  # None until every platform of the lock has a digest here
     update: str  # the command that regenerates this file
 
     def to_json(self) -> dict[str, Any]:
-        return {"stack": self.stack, "lock_sha256": self.lock_sha256, "platform": self.platform, "digest": self.digest,
-                "update": self.update}
+        return {"stack": self.stack, "lock_sha256": self.lock_sha256, "index": self.index, "update": self.update,
+                "platforms": {name: {"digest": p.digest, "size": p.size} for name, p in sorted(self.platforms.items())}}
 
     @classmethod
     def from_json(cls, f: Fields) -> "ExpectedImage":
-        f.only("stack", "lock_sha256", "platform", "digest", "update")
-        return cls(f.str("stack"), f.str("lock_sha256"), f.str("platform"), f.str("digest"), f.str("update"))
+        f.only("stack", "lock_sha256", "platforms", "index", "update")
+
+        def platform(item: Fields) -> PlatformImage:
+            item.only("digest", "size")
+            return PlatformImage(digest=item.str("digest"), size=item.int("size"))
+
+        platforms = f.entries("platforms", platform)
+        if not platforms:
+            raise f.error("platforms", "expected at least one platform's manifest digest, found none")
+        return cls(stack=f.str("stack"), lock_sha256=f.str("lock_sha256"), platforms=platforms,
+                   index=f.str_or_none("index"), update=f.str("update"))
 
 
 def read_expected(path: Path, remedy: str = "", shown: Path | str | None = None) -> ExpectedImage:

@@ -29,7 +29,8 @@ _ATTENTION = re.compile(r"Using (?P<backend>[A-Z][A-Z0-9_]*) attention backend o
                         r"\[(?P<candidates>[^\]]*)\]|Using AttentionBackendEnum\.(?P<forced>[A-Z][A-Z0-9_]*) backend\.")
 _CAPTURE_BAR = re.compile(r"Capturing CUDA graphs \((?P<mode>[^)]+)\):\s+100%[^|]*\|[^|]*\|\s*(?P<done>\d+)/(?P<total>\d+)")
 _CAPTURE_DONE = re.compile(r"Graph capturing finished in (?P<secs>\d+) secs?, took (?P<gib>-?[\d.]+) GiB")
-_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<secs>[\d.]+) seconds")
+# vLLM 0.31 on an H200 wrote "took 42.54 s (compilation: 3.51 s)"; earlier releases "took 11.52 seconds".
+_INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<secs>[\d.]+) s(?:econds)?\b")
 _KV_STATS = re.compile(r"KV Transfer metrics: (?P<fields>.*)$")
 _KV_FIELD = re.compile(r"([A-Za-z][\w ()/]*?)=([\d.]+)")
 

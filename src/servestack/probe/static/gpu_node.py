@@ -175,12 +175,46 @@ def check_cuda_compiler(config: dict) -> dict:
     return check("gpu-node:cuda-compiler", PASS, f"{nvcc} built a bfloat16 kernel for {arch} to a cubin (CUDA_HOME={home})")
 
 
+def _release(text: str, pattern: str) -> tuple[int, int] | None:
+    found = re.search(pattern, text)
+    return (int(found.group(1)), int(found.group(2))) if found else None
+
+
+def check_cuda_release(config: dict) -> dict:
+    """nvcc and the CUDA runtime headers beside it are one CUDA release. CCCL, which FlashInfer's JIT
+    modules include (its bundled copy), refuses any other pair with `#error "CUDA compiler and CUDA
+    toolkit headers are incompatible"`: on a GPU the engine then dies at start-up compiling its
+    sampler (seen on an H200 with nvcc 13.5 over torch's 13.0 runtime headers)."""
+    name = "gpu-node:cuda-release"
+    home = os.environ.get("CUDA_HOME", "")
+    nvcc, header = os.path.join(home, "bin", "nvcc"), os.path.join(home, "include", "cuda_runtime_api.h")
+    if not home or not os.path.exists(nvcc) or not os.path.exists(header):
+        return check(name, FAIL, f"CUDA_HOME={home!r} lacks bin/nvcc or include/cuda_runtime_api.h")
+    try:
+        shown = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return check(name, FAIL, f"{nvcc} --version failed: {e}")
+    compiler = _release(shown, r"release (\d+)\.(\d+)")
+    with open(header, encoding="utf-8", errors="replace") as f:
+        runtime_version = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", f.read())
+    if compiler is None or runtime_version is None:
+        return check(name, FAIL, f"cannot read the release of {nvcc} ({shown.strip()[-80:]!r}) or CUDART_VERSION of {header}")
+    value = int(runtime_version.group(1))
+    runtime = (value // 1000, value % 1000 // 10)
+    if compiler != runtime:
+        return check(name, FAIL, f"nvcc is CUDA {compiler[0]}.{compiler[1]} but its runtime headers are CUDA "
+                     f"{runtime[0]}.{runtime[1]} (CUDART_VERSION {value}, {header}): CCCL refuses the pair, so every "
+                     "FlashInfer module compiled at start-up (the sampler, the GDN prefill) fails; pin the compiler "
+                     f"to the runtime's release (cuda-toolkit[nvcc] {runtime[0]}.{runtime[1]}.*)")
+    return check(name, PASS, f"nvcc and the CUDA runtime headers are both CUDA {compiler[0]}.{compiler[1]} (CUDA_HOME={home})")
+
+
 def section_gpu_node(config: dict) -> list[dict]:
     from .gpu_caches import check_caches
     from .gpu_kernels import check_flashinfer_path, check_kernels
 
     checks = [check_verbs_providers(config), check_nixl_capi(config), check_caches(config)]
     if (config.get("gpu_node") or {}).get("cuda_arch"):
-        checks.append(check_cuda_compiler(config))
+        checks += [check_cuda_release(config), check_cuda_compiler(config)]
     checks += [check_flashinfer_path(config), check_kernels(config)]
     return checks
