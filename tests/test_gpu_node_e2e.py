@@ -5,10 +5,8 @@ A piece that is a file is taken out of a fixture image (the built image with the
 committed); a piece that is the image's environment is taken out with `env -u` in front of the
 check, as an image whose config lacks it would start. Each check runs inside the image, as the
 smoke's static probe runs it: the probe package mounted read-only, the root read-only, no home,
-a tmpfs on /tmp, no network, and under qemu here (the image is arm64).
-
-These need the GB200 image built on this machine (`nox -s build image -- --stack qwen35-gb200`:
-about 13 minutes cold); CI builds the dev-cpu image only, so there they skip, saying so.
+a tmpfs on /tmp, no network. The image is this machine's platform's (conftest's production_image:
+linux/amd64 in CI, natively), built from the lock once per session.
 """
 
 from __future__ import annotations
@@ -27,6 +25,8 @@ from servestack.probe.static.run import section_environment
 from servestack.project import Project
 from servestack.smoke.nvidia_hook import check_nvidia_hook
 from servestack.smoke.plan import VENV_PYTHON
+from servestack.platforms import PLATFORMS, host_platform
+from servestack.smoke.containers import ensure_image
 from servestack.smoke.static import NODE_HOME, PROBE_MOUNT, PROBE_PACKAGE, _emulated_arm64_cpus
 
 pytestmark = pytest.mark.e2e
@@ -38,18 +38,15 @@ CUDA_BIN = f"{SITE}/nvidia/cu13/bin"
 
 
 @pytest.fixture(scope="module")
-def gb200():
-    record = ROOT / "build" / STACK / "image.json"
-    if not record.exists():
-        pytest.skip(f"the {STACK} image is not built here (nox -s build image -- --stack {STACK})")
-    reference = json.loads(record.read_text())["reference"]
+def gb200(production_image):
+    reference, platform = production_image["reference"], production_image["platform"]
     client = services.docker_client()
-    client.images.pull(reference)
+    ensure_image(client, reference, platform)
     lock = load_lock(Project(ROOT), STACK)
     config = {"gpu_node": lock.gpu_node, "unavailable": [u.to_json() for u in lock.unavailable]}
     derived = []
     yield {"client": client, "reference": reference, "config": config, "image_env": _image_env(client, reference),
-           "derived": derived}
+           "derived": derived, "platform": platform, "multiarch": f"{PLATFORMS[platform].machine}-linux-gnu"}
     for image in derived:
         client.images.remove(image, force=True)
 
@@ -61,7 +58,7 @@ def _image_env(client, reference: str) -> list[str]:
 def without_files(gb200, *paths: str) -> str:
     """A fixture image: the built image with PATHS removed."""
     client = gb200["client"]
-    container = client.containers.run(gb200["reference"], ["rm", "-f", *paths], detach=True, platform="linux/arm64",
+    container = client.containers.run(gb200["reference"], ["rm", "-f", *paths], detach=True, platform=gb200["platform"],
                                       network_disabled=True)
     try:
         assert container.wait(timeout=300)["StatusCode"] == 0
@@ -87,13 +84,14 @@ def run_check(gb200, function: str, *, image: str | None = None, unset: tuple[st
         shutil.copytree(PROBE_PACKAGE, Path(tmp) / PROBE_PACKAGE.name, ignore=shutil.ignore_patterns("__pycache__"))
         (Path(tmp) / "config.json").write_text(json.dumps(config))
         Path(tmp).chmod(0o755)
-        volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"},
-                   _emulated_arm64_cpus(Path(tmp)): {"bind": "/sys/devices/system/cpu", "mode": "ro"}}
+        volumes = {tmp: {"bind": PROBE_MOUNT, "mode": "ro"}}
+        if gb200["platform"] == "linux/arm64" and host_platform() != "linux/arm64":
+            volumes[_emulated_arm64_cpus(Path(tmp))] = {"bind": "/sys/devices/system/cpu", "mode": "ro"}
         container = client.containers.run(
-            image or gb200["reference"], [*env_args, VENV_PYTHON, "-c", code], detach=True, platform="linux/arm64",
+            image or gb200["reference"], [*env_args, VENV_PYTHON, "-c", code], detach=True, platform=gb200["platform"],
             network_disabled=True, volumes=volumes, read_only=True, tmpfs={"/tmp": "rw,exec,nosuid,nodev,mode=1777"},
             environment={"HOME": NODE_HOME, "PYTHONDONTWRITEBYTECODE": "1"},
-            cpu_shares=256)  # minutes of qemu: whatever else runs here comes first
+            cpu_shares=256)  # whatever else runs here comes first
         try:
             status = container.wait(timeout=1800)
             out = container.logs(stdout=True, stderr=False).decode(errors="replace").strip().splitlines()
@@ -121,9 +119,9 @@ def test_both_libibverbs_copies_find_the_mlx5_provider_and_each_fails_without_it
     bundled = run_check(gb200, "gpu_node:check_verbs_providers",
                         image=without_files(gb200, "/usr/lib64/libibverbs/libmlx5-rdmav34.so"))
     assert bundled["status"] == "fail" and "/usr/lib64/libibverbs/libmlx5-rdmav34.so, which is not in the image" in bundled["detail"]
-    debian = run_check(gb200, "gpu_node:check_verbs_providers",
-                       image=without_files(gb200, "/usr/lib/aarch64-linux-gnu/libibverbs/libmlx5-rdmav34.so"))
-    assert debian["status"] == "fail" and "/usr/lib/aarch64-linux-gnu/libibverbs/libmlx5-rdmav34.so" in debian["detail"]
+    provider = f"/usr/lib/{gb200['multiarch']}/libibverbs/libmlx5-rdmav34.so"
+    debian = run_check(gb200, "gpu_node:check_verbs_providers", image=without_files(gb200, provider))
+    assert debian["status"] == "fail" and provider in debian["detail"]
 
 
 def test_dynamo_finds_libnixl_capi_by_bare_name_only_with_the_image_s_loader_path(gb200):
@@ -141,8 +139,9 @@ def test_every_cache_is_writable_with_a_read_only_root_and_no_home_only_with_the
     assert homeless["status"] == "fail" and f"writes {NODE_HOME}/" in homeless["detail"]
 
 
-def test_without_nvcc_no_sm100a_cubin_is_built_and_vllm_leaves_flashinfer_s_kernels(gb200):
-    """The compiler's pass case is the smoke's (an sm_100a cubin under qemu takes minutes)."""
+def test_nvcc_builds_an_sm100a_cubin_of_its_runtime_s_release_and_without_it_vllm_leaves_flashinfer_s_kernels(gb200):
+    assert run_check(gb200, "gpu_node:check_cuda_release")["status"] == "pass"
+    assert run_check(gb200, "gpu_node:check_cuda_compiler")["status"] == "pass"
     assert run_check(gb200, "gpu_kernels:check_flashinfer_path")["status"] == "pass"
     no_nvcc = without_files(gb200, f"{CUDA_BIN}/nvcc")
     compiler = run_check(gb200, "gpu_node:check_cuda_compiler", image=no_nvcc)

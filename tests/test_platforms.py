@@ -40,3 +40,11 @@ def test_a_platform_new_to_the_lock_prefers_the_versions_the_other_platforms_hol
     assert preferred(old, "linux/amd64", upgrade=Upgrade(), changed={}) == {"redis": "8.1.0", "openai": "3.57.0"}
     assert preferred(old, "linux/amd64", upgrade=Upgrade.of(["redis"]), changed={}) == {"openai": "3.57.0"}
     assert preferred(old, "linux/amd64", upgrade=Upgrade.of([]), changed={}) == {}
+
+
+def test_one_lock_s_builds_for_two_platforms_name_two_images():
+    from servestack.build import input_hash
+
+    same = {"lock_sha256": "0" * 64, "containers": "c", "overlays": [], "model_files": {"config.json": "1" * 64}}
+    assert input_hash(platform="linux/amd64", **same) != input_hash(platform="linux/arm64", **same)
+    assert input_hash(platform="linux/amd64", **same) == input_hash(platform="linux/amd64", **same)

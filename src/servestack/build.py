@@ -210,17 +210,29 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
                for w, i in zip(wheels, inputs)
                if normalize(w.name) in DIST_ALIASES and DIST_ALIASES[normalize(w.name)] not in present]
     lock_sha256 = lock.lock_digest(project, stack)
+    identity = input_hash(lock_sha256=lock_sha256, platform=platform, containers=_containers_hash(project),
+                          overlays=[(o.package, o.wheel.sha256) for o in overlays_out],
+                          model_files=model.files if model else None)
+    record = BuildRecord(stack, platform, lock_sha256, epoch, tuple(inputs), tuple(overlays_out), tuple(unverified),
+                         model, identity)
+    write_build(record_path, record)
+    return record_path
+
+
+def input_hash(*, lock_sha256: str, platform: str, containers: str, overlays: list[tuple[str, str]],
+               model_files: dict[str, str] | None) -> str:
+    """What names the image these inputs make (the registry's cache tag derives from it)."""
     identity = {
         "image_makers": _makers_hash(),
         "lock_sha256": lock_sha256,
-        "overlays": [(o.package, o.wheel.sha256) for o in overlays_out],
-        "model": model.files if model else None,
-        "containers": _containers_hash(project),
+        # One lock holds every platform's wheels: without the platform, an arm64 build of a lock
+        # was handed the amd64 image from the registry's cache tag.
+        "platform": platform,
+        "overlays": overlays,
+        "model": model_files,
+        "containers": containers,
     }
-    record = BuildRecord(stack, platform, lock_sha256, epoch, tuple(inputs), tuple(overlays_out), tuple(unverified),
-                         model, sha256_bytes(canonical_json(identity).encode()))
-    write_build(record_path, record)
-    return record_path
+    return sha256_bytes(canonical_json(identity).encode())
 
 
 def load_build(project: Project, stack: str) -> BuildRecord:

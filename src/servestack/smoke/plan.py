@@ -166,8 +166,10 @@ SERVING_ENTRY_MODULES = ["dynamo.vllm", "dynamo.frontend", "vllm.entrypoints.ope
 
 def gpu_stack_checks(lock: Lock) -> dict[str, Any]:
     """A GPU stack's probe also reads its native closure, its import closure and its kernels' shapes."""
-    recorded = lock.smoke_model.config
-    models = [{"name": lock.smoke_model.name, "source": recorded["source"], "config": recorded}] if recorded else []
+    recorded, checkpoint = lock.smoke_model.config, lock.smoke_model.path
+    # The recorded shapes are the checkpoint's (smoke_model.path), whatever model smoke itself serves.
+    label = Path(checkpoint).name if checkpoint else lock.smoke_model.name
+    models = [{"name": label, "source": recorded["source"], "config": recorded}] if recorded else []
     return {"native_closure": {"libraries": NATIVE_LIBRARIES}, "import_closure": SERVING_ENTRY_MODULES,
             "kernel_shapes": {"models": models}}
 
