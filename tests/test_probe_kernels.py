@@ -119,7 +119,7 @@ def test_a_library_whose_provider_lacks_a_symbol_fails_naming_the_symbol_and_bot
     site = nccl_image(tmp_path, provider_has_suspend=False)
     (result,) = check_native_closure({"site_packages": str(site), "native_closure": {"libraries": {"torch": ["torch/lib/*.so*"]}}})
     assert result["status"] == "fail", result
-    assert "ncclCommSuspend (needed by torch/lib/libtorch_cuda.so, expected from libnccl.so.2)" in result["detail"]
+    assert "torch/lib/libtorch_cuda.so: ncclCommSuspend (expected from libnccl.so.2)" in result["detail"]
 
 
 @HAS_CC
@@ -127,6 +127,33 @@ def test_the_same_library_passes_with_a_provider_that_defines_it(tmp_path):
     site = nccl_image(tmp_path, provider_has_suspend=True)
     (result,) = check_native_closure({"site_packages": str(site), "native_closure": {"libraries": {"torch": ["torch/lib/*.so*"]}}})
     assert result["status"] == "pass", result
+
+
+@HAS_CC
+def test_a_needed_library_the_image_lacks_fails_naming_it(tmp_path):
+    site = nccl_image(tmp_path, provider_has_suspend=True)
+    (site / "nvidia" / "nccl" / "lib" / "libnccl.so.2").unlink()
+    (result,) = check_native_closure({"site_packages": str(site), "native_closure": {"libraries": {"torch": ["torch/lib/*.so*"]}}})
+    assert result["status"] == "fail", result
+    assert "torch/lib/libtorch_cuda.so: the library libnccl.so.2, " in result["detail"], result
+    assert "(expected from nowhere on the loader's path)" in result["detail"], result
+
+
+@HAS_CC
+def test_an_optional_plugin_or_another_python_s_extension_that_cannot_load_is_named_not_failed(tmp_path):
+    site = tmp_path / "site" / "nixl"
+    site.mkdir(parents=True)
+    needs_doca = "int doca_open(void); int go(void) { return doca_open(); }\n"
+    build(site / "libplugin_GPUNETIO.so", needs_doca, "-Wl,--allow-shlib-undefined")
+    build(site / "_bindings.cpython-314-x86_64-linux-gnu.so", needs_doca, "-Wl,--allow-shlib-undefined")
+    build(site / "libplugin_UCX.so", "int ucx(void) { return 0; }\n")
+    spec = {"libraries": {"nixl": ["nixl/*.so"]}, "plugins": {"optional": ["libplugin_[!U]*.so", "libplugin_U[!C]*.so"]}}
+    (result,) = check_native_closure({"site_packages": str(tmp_path / "site"), "native_closure": spec})
+    assert result["status"] == "pass", result
+    assert "optional plugins that cannot load here, lacking their own libraries: libplugin_GPUNETIO.so" in result["detail"]
+    build(site / "libplugin_UCX.so", needs_doca, "-Wl,--allow-shlib-undefined")  # the plugin serving loads
+    (result,) = check_native_closure({"site_packages": str(tmp_path / "site"), "native_closure": spec})
+    assert result["status"] == "fail" and "nixl/libplugin_UCX.so: doca_open" in result["detail"], result
 
 
 @HAS_CC

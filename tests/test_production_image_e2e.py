@@ -24,7 +24,7 @@ def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_
     assert record.expected is not None and record.expected.status == "reproduced", record.expected
 
     result = smoke.run_smoke(production_image["project"], STACK, echo=None)
-    checks = {f"{c.probe}/{c.name}": c for c in result.checks}
+    checks = {f"{c.probe}/{c.name}": c for c in result.record.checks}
     failed = {name: c.detail[:400] for name, c in checks.items() if c.status == "fail"}
     assert not failed, failed
     for name in ("static/kernels:gdn-prefill:SM90:tiny-qwen35", "static/kernels:gdn-prefill:SM100:tiny-qwen35",
@@ -32,6 +32,6 @@ def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_
                  "static/kernels:attention:SM90:Qwen3.5-397B-A17B-NVFP4",
                  "static/gpu-node:cuda-release", "static/gpu-node:cuda-compiler", "static/gpu-node:nixl-capi"):
         assert checks[name].status == "pass", (name, checks[name].detail)
-    serving = [c for c in result.checks if c.probe in ("serving", "disagg")]
+    serving = [c for c in result.record.checks if c.probe in ("serving", "disagg")]
     assert serving and all(c.status == "not_run" for c in serving)
     assert "needs NVIDIA GPUs" in checks["serving/ready"].detail

@@ -159,6 +159,14 @@ NATIVE_LIBRARIES = {
     "flashinfer": ["flashinfer/**/*.so", "flashinfer_jit_cache/**/*.so"],
     "nixl": ["nixl*/**/*.so*", ".nixl*.libs/*.so*"],
 }
+# FlashInfer 0.7 ships no shared library of its own: its modules are compiled at first use, or come
+# with flashinfer-jit-cache where the lock has it.
+NATIVE_OPTIONAL = ["flashinfer"]
+# What NIXL and its UCX load only when asked for: NIXL's backends (GPUNETIO needs DOCA) and telemetry
+# exporters, UCX's transports for other hardware (mlx5 GPU-direct needs FlexIO) and its perftest
+# modules. Serving asks for NIXL's UCX backend and UCX's CUDA transports, which must load.
+NATIVE_PLUGINS = {"optional": ["libplugin_[!U]*.so", "libplugin_U[!C]*.so", "libtelemetry_exporter_*.so",
+                               "libuct_ib*.so*", "libuct_rdmacm*.so*", "libucx_perftest*.so*"]}
 # What a GPU worker imports when it starts: Dynamo's workers, vLLM's server, and the model's module.
 SERVING_ENTRY_MODULES = ["dynamo.vllm", "dynamo.frontend", "vllm.entrypoints.openai.api_server",
                          "vllm.model_executor.models.qwen3_5"]
@@ -170,7 +178,8 @@ def gpu_stack_checks(lock: Lock) -> dict[str, Any]:
     # The recorded shapes are the checkpoint's (smoke_model.path), whatever model smoke itself serves.
     label = Path(checkpoint).name if checkpoint else lock.smoke_model.name
     models = [{"name": label, "source": recorded["source"], "config": recorded}] if recorded else []
-    return {"native_closure": {"libraries": NATIVE_LIBRARIES}, "import_closure": SERVING_ENTRY_MODULES,
+    return {"native_closure": {"libraries": NATIVE_LIBRARIES, "optional": NATIVE_OPTIONAL, "plugins": NATIVE_PLUGINS},
+            "import_closure": SERVING_ENTRY_MODULES,
             "kernel_shapes": {"models": models}}
 
 

@@ -11,9 +11,11 @@ first, as the loader's global scope has it.
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 
@@ -182,15 +184,21 @@ class Closure:
                         queue.append(provider)
         return found, lost
 
-    def missing(self, path: str) -> tuple[list[Missing], list[str]]:
+    def missing(self, path: str, loaded: tuple[str, ...] = ()) -> tuple[list[Missing], list[str]]:
+        """What `path` leaves undefined in a process that has already loaded `loaded` (torch's and the
+        CUDA wheels' libraries, which `import torch` loads first, and the package's own bundled ones):
+        a needed name matches an already-loaded library by its soname, as the loader matches it."""
         elf = self.elf(path)
         if elf is None:
             return [], []
         providers, lost = self._providers(elf)
-        providers += self._scope()
+        present = [e for e in (self.elf(p) for p in loaded) if e is not None]
+        names = {n for e in present for n in (e.soname, os.path.basename(e.path)) if n}
+        lost = [name for name in lost if name not in names]
+        providers += self._scope() + present
         host = tuple(p for name in lost if name in HOST_PROVIDED for p in HOST_PROVIDED[name])
-        problems = [Missing(symbol=n, library=path, expected_from=f"{name} (not found)") for name in lost
-                    if name not in HOST_PROVIDED]
+        problems = [Missing(symbol=f"the library {name}", library=path, expected_from="nowhere on the loader's path")
+                    for name in lost if name not in HOST_PROVIDED]
         for symbol, version, library in elf.undefined:
             if host and symbol.startswith(host):
                 continue
@@ -216,6 +224,9 @@ def _guess_provider(symbol: str, providers: list[Elf]) -> str:
     return named[0] if named else "none of its needed libraries"
 
 
+PRELOADED = ["torch/lib/*.so*", "nvidia/*/lib/*.so*"]
+
+
 def libraries(site: str, patterns: list[str]) -> list[str]:
     found = set()
     for pattern in patterns:
@@ -225,7 +236,33 @@ def libraries(site: str, patterns: list[str]) -> list[str]:
     return sorted(found)
 
 
+def _torch_tag(site: str) -> str | None:
+    """The installed torch's major and minor as builds name them (2.13.0 -> "213")."""
+    found = glob.glob(os.path.join(site, "torch-*.dist-info"))
+    version = re.match(r"torch-(\d+)\.(\d+)", os.path.basename(found[0])) if found else None
+    return version.group(1) + version.group(2) if version else None
+
+
+def _loadable_here(path: str, torch_tag: str | None) -> bool:
+    """An extension module built for another Python (`_C.cpython-313-x86_64-linux-gnu.so`) or another
+    torch (`nixl_ep_cpp_torch211...`, beside the one for the torch installed) is never loaded."""
+    import sys
+
+    name = os.path.basename(path)
+    python = re.search(r"\.(cpython-\d+)", name)
+    if python and python.group(1) != sys.implementation.cache_tag:
+        return False
+    torch = re.search(r"_torch(\d{3})\b", name)
+    return not (torch and torch_tag and torch.group(1) != torch_tag)
+
+
+def _plugin(path: str, plugins: dict) -> bool:
+    return any(fnmatch.fnmatch(os.path.basename(path), pattern) for pattern in plugins.get("optional", []))
+
+
 def check_native_closure(config: dict, env: dict[str, str] | None = None, root: str = "/") -> list[dict]:
+    """Per package: every strong undefined symbol of its shared libraries resolves. Optional plugins
+    (NIXL's backends: GPUNETIO needs DOCA, which a node without it does not load) are named, not failed."""
     spec = config.get("native_closure") or {}
     if not spec.get("libraries"):
         return []
@@ -235,25 +272,41 @@ def check_native_closure(config: dict, env: dict[str, str] | None = None, root: 
     closure = Closure(default_loader(dict(os.environ) if env is None else env, root),
                       scope=(os.path.realpath(sys.executable),))
     results = []
+    # `import torch` loads its own libraries and the CUDA wheels' (torch/__init__.py's global deps)
+    # before vLLM, FlashInfer or NIXL load theirs.
+    first = tuple(libraries(site, PRELOADED))
+    plugins = spec.get("plugins") or {}
+    torch_tag = _torch_tag(site)
     for package, patterns in sorted(spec["libraries"].items()):
-        files = libraries(site, patterns)
+        files = [f for f in libraries(site, patterns) if _loadable_here(f, torch_tag)]
         label = f"native-closure:{package}"
         if not files:
-            results.append(check(label, FAIL, f"no shared library of {package} under {site} ({', '.join(patterns)})"))
+            if package in (spec.get("optional") or []):
+                results.append(check(label, PASS, f"{package} carries no shared library here ({', '.join(patterns)}): "
+                                                  "its kernels are compiled at first use"))
+            else:
+                results.append(check(label, FAIL, f"no shared library of {package} under {site} ({', '.join(patterns)})"))
             continue
-        problems, host = [], set()
+        by_library: dict[str, list[Missing]] = {}
+        host: set[str] = set()
         for path in files:
-            found, left = closure.missing(path)
-            problems += found
+            found, left = closure.missing(path, loaded=first + tuple(files))
+            if found:
+                by_library[path] = found
             host.update(left)
-        shown = [f"{m.symbol} (needed by {os.path.relpath(m.library, site)}, expected from {m.expected_from})"
-                 for m in problems[:12]]
-        more = f"; and {len(problems) - 12} more" if len(problems) > 12 else ""
-        exempt = f"; {', '.join(sorted(host))} {HOST_REASON}" if host else ""
+        unloadable = sorted(os.path.basename(p) for p in by_library if _plugin(p, plugins))
+        problems = {p: m for p, m in by_library.items() if not _plugin(p, plugins)}
+        shown = [f"{os.path.relpath(path, site)}: {', '.join(m.symbol for m in missing[:3])}"
+                 f"{f' and {len(missing) - 3} more' if len(missing) > 3 else ''} (expected from {missing[0].expected_from})"
+                 for path, missing in list(problems.items())[:8]]
+        notes = (f"; {', '.join(sorted(host))} {HOST_REASON}" if host else "") + (
+            f"; optional plugins that cannot load here, lacking their own libraries: {', '.join(unloadable)}"
+            if unloadable else "")
         if problems:
-            results.append(check(label, FAIL, f"{len(problems)} undefined symbols of {len(files)} libraries resolve "
-                                              f"nowhere in the image: {'; '.join(shown)}{more}{exempt}"))
+            count = sum(len(m) for m in problems.values())
+            results.append(check(label, FAIL, f"{count} undefined symbols in {len(problems)} of {len(files)} libraries "
+                                              f"resolve nowhere in the image: {'; '.join(shown)}{notes}"))
         else:
             results.append(check(label, PASS, f"every strong undefined symbol of {len(files)} libraries resolves in "
-                                              f"its needed closure{exempt}"))
+                                              f"its needed closure{notes}"))
     return results

@@ -46,8 +46,9 @@ def _type_checking(test: ast.AST) -> bool:
 
 
 def module_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]]:
-    """(absolute module, line) of each import that runs when the module loads: not in functions, not
-    under `if TYPE_CHECKING`, not in a `try` that catches the ImportError (an optional dependency)."""
+    """(absolute module, line) of each import that runs whenever the module loads: not in functions,
+    not under an `if` (TYPE_CHECKING, a platform, a version), not in a `try` that catches the
+    ImportError (an optional dependency)."""
     found = []
 
     def visit(body: list[ast.stmt]) -> None:
@@ -62,11 +63,14 @@ def module_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]
                     base = node.module or ""
                 found.append((base, node.lineno))
                 found.extend((f"{base}.{alias.name}", -node.lineno) for alias in node.names if alias.name != "*")
-            elif isinstance(node, ast.If) and not _type_checking(node.test):
-                visit(node.body)
-                visit(node.orelse)
+            elif isinstance(node, ast.If) and _type_checking(node.test):
+                visit(node.orelse)  # `if TYPE_CHECKING: ... else: import X` runs the else
             elif isinstance(node, ast.Try) and not _guarded(node.handlers):
                 visit(node.body)
+            elif isinstance(node, ast.With):
+                visit(node.body)
+            # Any other `if` is a condition the scan cannot evaluate (a platform, a Python version, a
+            # package being available): its imports are optional, as a guarded `try`'s are.
 
     visit(tree.body)
     return found
@@ -96,7 +100,9 @@ def unresolved_imports(entries: list[str], site: str, available: Callable[[str],
         path = module_file(name, site)
         if path is None:
             top = name.split(".")[0]
-            if not available(top) and top not in missing:
+            # setuptools and pip put their _vendor directory on sys.path before they import from it.
+            vendored = os.path.exists(os.path.join(site, by.split("/")[0], "_vendor", top))
+            if not vendored and not available(top) and top not in missing:
                 missing[top] = Unresolved(module=top, imported_by=by)
             continue
         with open(path, encoding="utf-8", errors="replace") as f:
