@@ -19,6 +19,20 @@ pytestmark = pytest.mark.e2e
 STACK = "qwen35-gb200"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _unpacked_only_while_needed(production_image):
+    """The production image unpacked is ~14 GB of the CI machine's disk: gone once this module is done."""
+    yield
+    import docker.errors
+
+    from servestack import services
+
+    try:
+        services.docker_client().images.remove(production_image["reference"], force=True)
+    except docker.errors.ImageNotFound:
+        pass
+
+
 def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_natively(production_image):
     record = production_image["record"]
     assert record.expected is not None and record.expected.status == "reproduced", record.expected
