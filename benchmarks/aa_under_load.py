@@ -22,9 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-from servestack import interleave
-from servestack.project import Project
+from servestack.stages import interleave
 from servestack.stages.pipeline import load_pipeline
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 PIPELINE = """

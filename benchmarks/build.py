@@ -44,16 +44,19 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from servestack import build, image, layers, overlay, services, wheels
-from servestack.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from servestack import image, services, wheels
+from servestack import inputs as build
+from servestack.image import layers
 from servestack.image.spec import load_plan
+from servestack.image.trees import install_all
+from servestack.inputs import overlay
 from servestack.lock import load_lock
-from servestack.project import Project, cache_home
 from servestack.records.lockfile import DebianBase
 from servestack.records.steps import ImageRecord
-from servestack.services import registry as registry_service
+from servestack.services import oci_registry as registry_service
 from servestack.sources import registry
-from servestack.trees import install_all
+from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
+from servestack.util.project import Project, cache_home
 
 HERE = Path(__file__).resolve().parent
 CASES = ("naive", "cold", "cold_layers", "cold_again", "noop", "changes", "limit", "noop_nox", "base")
@@ -303,7 +306,8 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
 
 def debian_base_timings(project: Project, stack: str, work: Path) -> dict:
     """Resolving, fetching and assembling the stack's Debian base, each timed on its own, per platform."""
-    from servestack.base import resolve, tarball
+    from servestack.debian import closure as resolve
+    from servestack.debian import tarball
 
     base = load_lock(project, stack).base
     platforms = sorted(base.resolved)

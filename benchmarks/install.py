@@ -21,10 +21,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from servestack import build, image
+from servestack import image
+from servestack import inputs as build
+from servestack.image.trees import children_cpu_seconds, install_all
 from servestack.lock import load_lock
-from servestack.project import Project, cache_home
-from servestack.trees import children_cpu_seconds, install_all
+from servestack.util.project import Project, cache_home
 
 HERE = Path(__file__).resolve().parent
 

@@ -8,14 +8,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))
 
+from fixtures import workflow_jobs  # noqa: E402
 from fixtures.debian_mirror import ReadThroughMirror  # noqa: E402
 from fixtures.github_server import FakeGitHub, serve  # noqa: E402
 from fixtures.servers import package_index, push_image, serve_directory  # noqa: E402
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
-from fixtures import workflow_jobs  # noqa: E402
+
 from servestack import cluster, services  # noqa: E402
 from servestack.services import daemons  # noqa: E402
-
 
 # The services a fast test may not use: each starts (or relies on) a system daemon.
 DAEMON_SERVICES = ("ensure_dockerd", "ensure_registry", "ensure_tls_registry", "ensure_munge", "ensure_slurm", "ensure_binfmt_aarch64", "docker_client")
@@ -181,7 +181,7 @@ def srtctl() -> cluster.Srtctl:
 
 @pytest.fixture(scope="session")
 def workflow_sha() -> str:
-    from servestack.proc import run
+    from servestack.util.proc import run
 
     return run(["git", "-C", str(ROOT), "rev-parse", "HEAD"]).stdout.strip()
 
@@ -193,7 +193,7 @@ def runner_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def keys(runner_root) -> dict[str, str]:
-    from servestack.proc import run
+    from servestack.util.proc import run
 
     key = runner_root / "keys" / "servestack.key"
     key.parent.mkdir()
@@ -221,8 +221,9 @@ def production_image() -> dict:
     """The production stack's image for this machine's platform (linux/amd64 in CI), built from its lock
     once per session, or taken from the registry when this lock's image is already there (the build
     step's cache). Its native static probe and GPU-node checks run on it."""
-    from servestack import build, image, services
-    from servestack.project import Project
+    from servestack import image, services
+    from servestack import inputs as build
+    from servestack.util.project import Project
 
     project = Project(ROOT)
     services.ensure_registry()

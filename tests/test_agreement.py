@@ -11,8 +11,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from fixtures.servers import JsonHandler
+
 from servestack.clients import agreement
 from servestack.errors import InputError
 from servestack.stages.gates import evaluate_agreement
@@ -246,8 +246,8 @@ def test_the_gate_holds_every_recipe_to_the_reference(tmp_path: Path):
 
 
 def test_the_report_names_what_was_asked_again(tmp_path: Path):
-    from servestack.report import markdown_stage
     from servestack.stages.results import StageResult
+    from servestack.stages.stage_report import markdown_stage
 
     candidate = {**run(REF), "warmup": {"served": True, "failed_attempts": 1}, "refused_attempts": 2}
     comparisons, runs = compare_answers({"agg-acc": run(REF), "disagg-acc": candidate}, "agg-acc")
@@ -259,8 +259,8 @@ def test_the_report_names_what_was_asked_again(tmp_path: Path):
 
 
 def test_selecting_a_recipe_the_oracle_judges_runs_its_reference_too():
+    from servestack.stages.execute import _selected
     from servestack.stages.pipeline import load_pipeline
-    from servestack.stages.run import _selected
 
     root = Path(__file__).resolve().parents[1]
     pipeline = load_pipeline(root / "pipelines" / "dev-cpu.yaml", root)

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from servestack.base import ldcache, resolve, scripts
-from servestack.base.debfile import read_deb
-from servestack.base.rootfs import Root, merged_usr, unpack
-from servestack.base.tarball import assemble
+from servestack.debian import closure as resolve
+from servestack.debian import ldcache, scripts
+from servestack.debian.debfile import read_deb
+from servestack.debian.rootfs import Root, merged_usr, unpack
+from servestack.debian.tarball import assemble
 from servestack.errors import ServestackError
 
 EPOCH = 1783764997

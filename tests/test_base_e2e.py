@@ -24,14 +24,14 @@ from pathlib import Path
 import pytest
 from fixtures.servers import serve_directory
 
-from servestack import cache, services
-from servestack.base import resolve
-from servestack.base import tarball as base_tarball
-from servestack.base.resolve import resolve_suite
-from servestack.cache import IntegrityError
+from servestack import services
+from servestack.debian import closure as resolve
+from servestack.debian import tarball as base_tarball
+from servestack.debian.closure import resolve_suite
 from servestack.lock import load_lock
-from servestack.project import Project
-from servestack.sources import debian
+from servestack.sources import cache, debian
+from servestack.sources.cache import IntegrityError
+from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from servestack.bytecode import BytecodePool, Module
 from servestack.errors import ServestackError
-from servestack import bytecode, trees
-from servestack.trees import compiler
+from servestack.image import bytecode, trees
+from servestack.image.bytecode import BytecodePool, Module
+from servestack.image.trees import compiler
 
 DDIR = "/opt/venv/lib/python3.11/site-packages"
 # How trees were compiled before the pool: one interpreter per tree, one file at a time.

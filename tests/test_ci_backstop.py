@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fixtures.records import write_image_record, write_smoke_record
-from servestack import workflow
+
+from servestack import ci as workflow
 from servestack.errors import ServestackError
-from servestack.project import Project
-from servestack.records.smoke import Check
-from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.records.smokefile import Check
 from servestack.runners.driver import cancel_recorded, process_started, recorded_jobs, run_job
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
+from servestack.util.project import Project
 
 
 class RecordingRunner(PollingWait):

@@ -84,7 +84,8 @@ def test_a_second_signal_lets_the_cleanup_finish_unless_it_comes_late(tmp_path, 
     marker = tmp_path / "cleaned-up"
     script = textwrap.dedent(f"""
         import os, signal, sys, time
-        from servestack import cli, interrupts
+        from servestack import cli
+        from servestack.util import interrupts
         interrupts.UNWIND_GRACE_S = {grace}
         def slow(args, project):
             try:

@@ -8,8 +8,8 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from fixtures.servers import JsonHandler
+
 from servestack.clients import gsm8k
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "gsm8k"  # shipped with the project

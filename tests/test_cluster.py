@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from servestack import cluster
-from servestack.proc import CommandError, run
+from servestack.util.proc import CommandError, run
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from servestack import comparisons, compare
+from servestack import compare
+from servestack.compare import comparisons
 from servestack.errors import InputError
-from servestack.project import Project
 from servestack.stages.results import StageResult, parse_vllm_result
+from servestack.util.project import Project
 
 DATA = Path(__file__).parent / "data" / "dev-cpu"
 CONDITIONS = {"isl": 128, "osl": 32, "prompts_per_concurrency": 4, "gpus": 1, "gpu_type": "cpu", "runner": "local",

@@ -4,8 +4,9 @@ the words `lock`, `lock --upgrade`, `lock --check --online` and `bump` all print
 from __future__ import annotations
 
 from fixtures.records import committed_lock
-from servestack.drift import moves
-from servestack.preferences import Upgrade
+
+from servestack.lock.drift import moves
+from servestack.lock.preferences import Upgrade
 from servestack.records.lockfile import LockedWheel
 
 

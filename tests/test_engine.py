@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from servestack.engine import flags_to_argv, server_argv
+from servestack.util.vllm_command import flags_to_argv, server_argv
 
 
 def test_flags_are_written_the_way_recipes_write_them():

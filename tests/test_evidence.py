@@ -10,13 +10,15 @@ from __future__ import annotations
 import socket
 
 import pytest
-
 from fixtures.tinystack import github, tinyserve_stack
-from servestack import build, lock, lockcheck
+
+from servestack import inputs as build
+from servestack import lock
 from servestack.errors import InputErrors, ServestackError
+from servestack.lock import check as lockcheck
 from servestack.probe.static.evidence import evidence_problem
-from servestack.project import Project
 from servestack.sources.github import GitHub
+from servestack.util.project import Project
 
 PR1_EVIDENCE = '          - {file: tinyserve/util.py, contains: "max(low, min(value, high))"}\n'
 PR2_EVIDENCE = "          - {attribute: 'tinyserve.extra:extra_feature'}\n"

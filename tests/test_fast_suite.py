@@ -6,9 +6,9 @@ import importlib
 import pkgutil
 
 import pytest
+from conftest import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
 
 import servestack
-from conftest import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
 from servestack import services
 
 
@@ -26,11 +26,11 @@ def test_a_fast_test_cannot_spawn_a_daemon_directly(tmp_path):
 def test_the_guard_holds_where_the_services_call_each_other(tmp_path):
     # Not through the package's re-exports: each module's own binding, as the services use them.
     with pytest.raises(DaemonInFastTest, match=r"calls services\.ensure_munge"):
-        services.slurm.ensure_munge()
+        services.slurm_daemons.ensure_munge()
     with pytest.raises(DaemonInFastTest, match=r"calls services\.ensure_dockerd"):
         services.dockerd.ensure_dockerd()
     with pytest.raises(DaemonInFastTest, match="starts a daemon: docker-registry serve"):
-        services.registry.spawn_detached(["docker-registry", "serve"], tmp_path / "log")
+        services.oci_registry.spawn_detached(["docker-registry", "serve"], tmp_path / "log")
 
 
 def test_no_module_of_servestack_holds_an_unguarded_daemon_starter():

@@ -7,12 +7,12 @@ The mirror is what `git clone --mirror` of a GitHub repository gives: branches p
 from __future__ import annotations
 
 import pytest
+from test_evidence import PR1_EVIDENCE, entries, stack_with, unreachable
 
 from servestack import lock
 from servestack.errors import InputError
-from servestack.proc import run
 from servestack.sources.gitmirror import GitMirror
-from test_evidence import PR1_EVIDENCE, entries, stack_with, unreachable
+from servestack.util.proc import run
 
 
 @pytest.fixture

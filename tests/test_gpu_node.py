@@ -22,8 +22,8 @@ from servestack.lock import load_lock
 from servestack.probe.static.gpu_caches import check_caches
 from servestack.probe.static.gpu_kernels import check_kernels
 from servestack.probe.static.gpu_node import check_cuda_compiler, check_cuda_release, check_verbs_providers, elf_dynamic
-from servestack.project import Project
 from servestack.smoke.nvidia_hook import check_nvidia_hook
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 GB200 = load_lock(Project(ROOT), "qwen35-gb200")

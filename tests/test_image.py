@@ -22,14 +22,16 @@ from types import SimpleNamespace
 
 import pytest
 import requests
-
 from fixtures.records import write_image_record
 from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
-from servestack import oci, build, image, lock, services
+
+from servestack import image, lock, services
+from servestack import inputs as build
 from servestack.errors import InputErrors, ServestackError
+from servestack.image import oci
 from servestack.image.spec import load_plan
-from servestack.project import Project
-from servestack.trees import install_all
+from servestack.image.trees import install_all
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGE_BASE = debian_base("python3", "python3-venv", "ca-certificates", "libnuma1", "libgomp1")
@@ -214,7 +216,7 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
 def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, world, isolated_cache):
     """The pipeline: a package's own layer is written while other trees are made, with the key plan() gives
     it, so the layer step finds it cached; an overlaid package is left to the plan (its files split)."""
-    from servestack import layers
+    from servestack.image import layers
 
     project = make_project(tmp_path / "p", world)
     plan_file = tmp_path / "image.yaml"
@@ -252,7 +254,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
 def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatch, isolated_cache):
     """EarlyLayers compresses the base while the trees are made and `base_layers` names it after: the tarball
     (225 MB for dev-cpu) is read once for its key, not by each."""
-    from servestack import layers
+    from servestack.image import layers
 
     tarball = tmp_path / "base.tar"
     (tmp_path / "root" / "etc").mkdir(parents=True)
@@ -262,7 +264,7 @@ def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatc
     hashed: list[Path] = []
     real = layers.sha256_file
     monkeypatch.setattr(layers, "sha256_file", lambda path: hashed.append(Path(path)) or real(path))
-    monkeypatch.setattr(image.base, "debian_base", lambda base, platform: tarball)
+    monkeypatch.setattr(image.base_image, "debian_base", lambda base, platform: tarball)
 
     class Progress:  # what `_base` reports to
         def expect(self, n):
@@ -273,7 +275,7 @@ def test_the_debian_base_is_read_for_its_key_once_per_build(tmp_path, monkeypatc
 
     early = image.EarlyLayers(SimpleNamespace(inputs=(), overlays=()), None, 0, tarball)
     assert early.finish() == {}
-    base = image.base.base_layers(SimpleNamespace(base=None), "linux/amd64", "127.0.0.1:1", Progress())
+    base = image.base_image.base_layers(SimpleNamespace(base=None), "linux/amd64", "127.0.0.1:1", Progress())
     assert hashed == [tarball]
     assert base.layers[0].digest == layers.cached(layers.tarball_key(tarball)).digest
 
@@ -349,8 +351,8 @@ def test_the_image_input_hash_and_cache_tag_change_with_the_compiling_interprete
 
 
 def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, world, isolated_cache):
-    from servestack import layers
-    from servestack.trees import children_cpu_seconds
+    from servestack.image import layers
+    from servestack.image.trees import children_cpu_seconds
 
     project = make_project(tmp_path / "p", world)
     build.build(project, "tinyimg")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from servestack.imageref import ImageRef, ImageRefError
+from servestack.records.imageref import ImageRef, ImageRefError
 
 HEX = "ab" * 32
 

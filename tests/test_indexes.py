@@ -10,14 +10,18 @@ import shutil
 from datetime import datetime, timezone
 
 import pytest
-
 from fixtures.records import committed_lock
-from servestack.records.lockfile import LockedPR, LockedWheel, OverlayPatch
-from servestack import build, cache, drift, indexes, lock, lockcheck, relock
-from servestack.cache import IntegrityError
-from servestack.errors import InputError
-from servestack.preferences import Upgrade
 from test_evidence import PR1_EVIDENCE, stack_with, unreachable
+
+from servestack import inputs as build
+from servestack import lock
+from servestack.errors import InputError
+from servestack.lock import check as lockcheck
+from servestack.lock import drift, relock
+from servestack.lock.preferences import Upgrade
+from servestack.records.lockfile import LockedPR, LockedWheel, OverlayPatch
+from servestack.sources import cache, indexes
+from servestack.sources.cache import IntegrityError
 
 
 @pytest.fixture(autouse=True)

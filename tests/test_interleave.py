@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servestack import interleave
 from servestack.clients import CLIENTS_DIR
+from servestack.stages import interleave
 
 
 def test_rounds_alternate_abba_so_drift_within_a_round_falls_on_both_sides():
@@ -80,7 +80,7 @@ class StandInServers:
         (tmp / "speeds.json").write_text(json.dumps(speeds))
 
     def submit(self, job):
-        from servestack.runners.base import JobHandle
+        from servestack.runners.interface import JobHandle
 
         arm = job.name.rsplit("-", 1)[1]
         spec = {"point": {"argv": [sys.executable, "-c", CLIENT, "{point}", "{out}", str(DATA),
@@ -93,7 +93,7 @@ class StandInServers:
         return JobHandle(self.name, job.name, job)
 
     def state(self, handle):
-        from servestack.runners.base import JobState
+        from servestack.runners.interface import JobState
 
         rc = self.procs[handle.job_id].poll()
         return JobState.RUNNING if rc is None else JobState.COMPLETED if rc == 0 else JobState.FAILED
@@ -112,7 +112,7 @@ class StandInServers:
 def _project(tmp_path: Path):
     import yaml
 
-    from servestack.project import Project
+    from servestack.util.project import Project
 
     root = tmp_path / "proj"
     (root / "pipelines").mkdir(parents=True)
@@ -143,7 +143,7 @@ def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_t
     from the 9th point on; pairs measured after it share it, so the A/A is no regression at both
     points and the capped batch a regression at c=4 only. The slowdown began inside round 1's c=1
     triple (b, a2 quiet; a busy): that one pair differs by 20%, and c=1 took a round more to decide."""
-    from servestack import verdicts
+    from servestack.compare import verdicts
     from servestack.stages.pipeline import load_pipeline
 
     project = _project(tmp_path)
@@ -176,7 +176,7 @@ def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_t
 
 def test_compare_measure_prints_the_failing_points_and_exits_with_the_verdict(tmp_path: Path, monkeypatch, capsys):
     from servestack import cli
-    from servestack.runners import registry
+    from servestack.runners import selection as registry
 
     project = _project(tmp_path)
     (project.root / "pins").mkdir()
@@ -202,9 +202,9 @@ def test_a_throughput_gate_alongside_its_baseline_image_fails_with_the_regressio
         tmp_path: Path, monkeypatch):
     """`gate: {baseline: REF@sha256:..., alongside: true}`: the stage is one session of the baseline
     image and the image under test; a regression at c=4 fails it, with the regression's exit code."""
-    from servestack.runners import registry
+    from servestack.runners import selection as registry
     from servestack.stages import run_stage
-    from servestack.stages.run import StageFailed
+    from servestack.stages.execute import StageFailed
 
     project = _project(tmp_path)
     held = project.pipelines / "held.yaml"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from servestack.interrupts import held, signals_unwind
+from servestack.util.interrupts import held, signals_unwind
 
 
 def test_a_nested_unwind_keeps_the_grace_of_the_outer_one():

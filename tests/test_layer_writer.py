@@ -11,9 +11,9 @@ import tarfile
 import pytest
 import zstandard
 
-from servestack import layers, oci
-from servestack.fsutil import canonical_json
-from servestack.progress import Progress, phase
+from servestack.image import layers, oci
+from servestack.util.fsutil import canonical_json
+from servestack.util.progress import Progress, phase
 
 EPOCH = 1_700_000_000
 

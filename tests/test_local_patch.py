@@ -9,12 +9,14 @@ import hashlib
 import json
 
 import pytest
-
 from fixtures.tinystack import github, pr_items, tinyserve_stack
-from servestack import build, lock, lockcheck
+
+from servestack import inputs as build
+from servestack import lock
 from servestack.errors import InputError
+from servestack.lock import check as lockcheck
 from servestack.probe.static import evidence as probe
-from servestack.project import Project
+from servestack.util.project import Project
 
 PATCHES = """\
     patches:

@@ -12,12 +12,13 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from fixtures.tinystack import DEBIAN_BASE, github, pr_items, tinyserve_stack
-from servestack import lock, lockcheck
+
+from servestack import lock
 from servestack.errors import InputError, InputErrors, NetworkError
-from servestack.project import Project
+from servestack.lock import check as lockcheck
 from servestack.sources.github import GitHub
+from servestack.util.project import Project
 
 
 def make_project(tmp_path: Path, world, prs=(1, 2, 3), base_image: str | None = None) -> Project:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from fixtures import workflow_jobs
 
-from servestack.project import DEFAULT_STACK
+from servestack.util.project import DEFAULT_STACK
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -143,9 +143,9 @@ def breakage_images(build_job, runner_root) -> dict[str, str]:
 def run_oracle_against(image: str, smoke: dict):
     from servestack import services
     from servestack.lock import load_lock
-    from servestack.project import Project
-    from servestack.smoke.plan import disagg_plan
+    from servestack.smoke.checklist import disagg_plan
     from servestack.smoke.serving import run_disagg_probe
+    from servestack.util.project import Project
 
     reference = smoke["metrics"].get("agreement_reference")
     assert reference, "the main job's smoke recorded no oracle reference (test_the_readme_main_job... runs first)"

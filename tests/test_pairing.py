@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from fixtures.servers import package_index, serve_directory
-from servestack import lock, pairing
+
+from servestack import lock
 from servestack.errors import InputError, InputErrors
-from servestack.project import Project
-from servestack.stack import load_stack
+from servestack.lock import pairing
+from servestack.records.stack import load_stack
+from servestack.util.project import Project
 from servestack.wheels import pack_wheel
 
 # What ai-dynamo 1.6.1's METADATA says (abridged): the vllm extra pins vLLM and NIXL; another

@@ -40,8 +40,8 @@ import pytest
 from fixtures.children import stop, stopped_on_exit
 
 from servestack import services
-from servestack.proc import run
-from servestack.project import Project
+from servestack.util.proc import run
+from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
 
@@ -61,7 +61,8 @@ def _cli(*args: str, project: Path = ROOT) -> list[str]:
 def image_ref() -> str:
     services.ensure_dockerd()
     services.ensure_registry()
-    from servestack import build, image
+    from servestack import image
+    from servestack import inputs as build
 
     # Always through build + image: seconds when the registry already holds this build.
     project = Project(ROOT)
@@ -364,7 +365,7 @@ def alongside(image_ref, tmp_path_factory):
     """One interleaved session of three servers, the server starts the stored A/A and A/B tests
     used: the image (a), the same image again (a2), and the image with its batch capped to one
     sequence (b: c=4 slows, c=1 not). Rounds A, A', B then B, A', A per point until decided."""
-    from servestack import interleave
+    from servestack.stages import interleave
     from servestack.stages.pipeline import load_pipeline
 
     root = tmp_path_factory.mktemp("alongside")
@@ -388,7 +389,7 @@ def alongside(image_ref, tmp_path_factory):
 
 
 def test_an_a_a_measured_alongside_is_no_regression_at_every_point(alongside):
-    from servestack import interleave
+    from servestack.stages import interleave
 
     aa = interleave.compared(alongside["session"], STACK, ("A", "A again"), alongside["out"], alongside["policy"],
                              arms=("a", "a2"))
@@ -405,7 +406,8 @@ def test_an_a_a_measured_alongside_is_no_regression_at_every_point(alongside):
 
 
 def test_a_capped_batch_measured_alongside_is_a_regression_where_it_slows(alongside, tmp_path):
-    from servestack import comparisons, interleave
+    from servestack.compare import comparisons
+    from servestack.stages import interleave
 
     ab = interleave.compared(alongside["session"], STACK, ("A", "capped"), alongside["out"], alongside["policy"],
                              arms=("a", "b"))
@@ -422,7 +424,7 @@ def test_a_change_of_the_thresholds_size_is_never_no_regression(alongside):
     show: the interval straddles it, so the verdict is undecided (or regression), never a pass."""
     from dataclasses import replace
 
-    from servestack import interleave
+    from servestack.stages import interleave
 
     policy = alongside["policy"]
     ab = interleave.compared(alongside["session"], STACK, ("A", "capped"), alongside["out"], policy, arms=("a", "b"))

@@ -8,7 +8,7 @@ import pytest
 
 from servestack import platforms
 from servestack.errors import ServestackError
-from servestack.preferences import Upgrade, preferred
+from servestack.lock.preferences import Upgrade, preferred
 
 BOTH = ("linux/amd64", "linux/arm64")
 
@@ -43,7 +43,7 @@ def test_a_platform_new_to_the_lock_prefers_the_versions_the_other_platforms_hol
 
 
 def test_one_lock_s_builds_for_two_platforms_name_two_images():
-    from servestack.build import input_hash
+    from servestack.inputs import input_hash
 
     same = {"lock_sha256": "0" * 64, "containers": "c", "overlays": [], "model_files": {"config.json": "1" * 64}}
     assert input_hash(platform="linux/amd64", **same) != input_hash(platform="linux/arm64", **same)

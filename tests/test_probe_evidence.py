@@ -14,13 +14,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
 
 from servestack import lock, services
-from servestack.fsutil import sha256_file
-from servestack.project import Project
-from servestack.smoke.plan import probe_config
+from servestack.smoke.checklist import probe_config
 from servestack.smoke.static import run_static_probe
-from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
+from servestack.util.fsutil import sha256_file
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},

@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from test_probe_evidence import _site_with_torch
 from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
 

@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from servestack.proc import CommandError, output_bytes
+from servestack.util.proc import CommandError, output_bytes
 
 WRITE = "import sys; sys.stderr.write('noise'); sys.stdout.buffer.write(sys.stdin.buffer.read()[::-1] + bytes([0, 255]))"
 
 
 def test_output_bytes_returns_stdout_bytes_untouched_by_stderr_and_hides_secrets(caplog):
-    caplog.set_level(logging.INFO, logger="servestack.proc")
+    caplog.set_level(logging.INFO, logger="servestack.util.proc")
     out = output_bytes([sys.executable, "-c", WRITE], input=b"\x01abc", env={"API_TOKEN": "hunter2", "MODE": "x"})
     assert out == b"cba\x01\x00\xff"
     assert "API_TOKEN=***" in caplog.text and "hunter2" not in caplog.text and "MODE=x" in caplog.text

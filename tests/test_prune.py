@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from servestack import prune, trees
-from servestack.fsutil import atomic_write_json
+from servestack.image import prune, trees
+from servestack.util.fsutil import atomic_write_json
 
 
 def _tree(cache, name, mtime):
@@ -67,7 +67,7 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
 
 def test_a_cached_layer_and_tree_are_marked_used_when_a_build_reads_them(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache"))
-    from servestack import layers
+    from servestack.image import layers
 
     src = tmp_path / "f.txt"
     src.write_text("hello\n")
@@ -84,7 +84,7 @@ def test_sha256_records_go_once_their_file_is_gone_or_changed(tmp_path, monkeypa
     """`<cache>/verified/` keeps one record per file ever hashed; one whose file is removed or
     rewritten can never answer again (verified.py), so pruning drops it, even before any build is on
     record (it does not depend on what builds used)."""
-    from servestack import verified
+    from servestack.util import verified
 
     monkeypatch.setattr(verified, "RACY_NS", 0)  # the files count as old enough to be recorded at once
     cache = tmp_path / "cache"

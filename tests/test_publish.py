@@ -10,16 +10,17 @@ import stat
 
 import pytest
 import zstandard
+from fixtures.records import committed_lock, write_smoke_record
 from fixtures.tls_registry import tar_layer
 
-from fixtures.records import committed_lock, write_smoke_record
-from servestack import publish, signing
+from servestack import publish
 from servestack.errors import InputError, ServestackError
-from servestack.fsutil import atomic_write_json
-from servestack.imageref import ImageRefError
-from servestack.project import Project
-from servestack.records.smoke import Check
+from servestack.publish import signing
+from servestack.records.imageref import ImageRefError
+from servestack.records.smokefile import Check
 from servestack.sources.registry import OCI_MANIFEST, Descriptor
+from servestack.util.fsutil import atomic_write_json
+from servestack.util.project import Project
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 
@@ -94,7 +95,7 @@ def test_the_bundle_manifest_is_an_oci_artifact_whose_digest_depends_only_on_its
 
 
 def test_the_statement_signs_the_image_the_bundle_and_every_file():
-    from servestack.imageref import ImageRef
+    from servestack.records.imageref import ImageRef
 
     image = ImageRef.parse(IMAGE)
     document = publish.provenance("dev-cpu", image, "sha256:" + "cd" * 32, _files(),
@@ -120,7 +121,7 @@ def test_source_never_records_a_remote_url_carrying_credentials(tmp_path):
 
 
 def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named(tmp_path):
-    from servestack.imageref import ImageRef
+    from servestack.records.imageref import ImageRef
 
     project = Project(tmp_path)
     smoke = project.artifacts("dev-cpu") / "smoke.json"

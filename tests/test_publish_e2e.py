@@ -18,17 +18,17 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures.records import write_build_record, write_image_record, write_smoke_record
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
-from fixtures.records import write_build_record, write_image_record, write_smoke_record
-from servestack import cluster, publish, signing, tools
-from servestack.publish import sbom
+from servestack import cluster, publish, tools
 from servestack.errors import NetworkError, ServestackError
-from servestack.fsutil import atomic_write_json
-from servestack.imageref import ImageRef
-from servestack.proc import run
-from servestack.project import Project, state_home
+from servestack.publish import sbom, signing
+from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
+from servestack.util.fsutil import atomic_write_json
+from servestack.util.proc import run
+from servestack.util.project import Project, state_home
 
 pytestmark = pytest.mark.e2e
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -543,9 +543,9 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
     and its run's results are the side; the slower image's regression is named at its point."""
     from dataclasses import replace
 
-    from servestack import comparisons
-    from servestack.report import write_run
+    from servestack.compare import comparisons
     from servestack.stages.results import StageResult, parse_vllm_result
+    from servestack.stages.stage_report import write_run
 
     data = REPO_ROOT / "tests" / "data" / "dev-cpu"
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
@@ -626,7 +626,8 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all.
     Its SBOM, written from the lock and build.json, names exactly the Python distributions whose
     dist-info directories the layers hold (vendored ones too), and stock cosign verifies it."""
-    from servestack import build, image, services
+    from servestack import image, services
+    from servestack import inputs as build
 
     services.ensure_dockerd()
     services.ensure_registry()

@@ -25,12 +25,12 @@ from fixtures.hostile_registry import HostileRegistry, endless, exactly
 from fixtures.tls_registry import push_stack_image
 from test_publish_e2e import STACK, env, make_project, new_image, published, tls_registry  # noqa: F401 - fixtures
 
-from servestack import publish, signing
+from servestack import publish
 from servestack.errors import ServestackError
-from servestack.imageref import ImageRef
-from servestack.publish import cosign, push, sbom
+from servestack.publish import cosign, push, sbom, signing
 from servestack.publish.bundle import ATTESTATION_TYPE, BundleFile
 from servestack.publish.signedtime import parse_rfc3339
+from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_INDEX, OCI_MANIFEST, Client, sha256_digest
 
 pytestmark = pytest.mark.e2e

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fixtures.records import committed_lock
+
 from servestack.errors import InputError
-from servestack.project import Project
-from servestack.records.lockfile import LockedPackage, write_lock
 from servestack.recipes import (
     UNBOUND_IMAGE,
     check_rendered,
@@ -26,6 +24,8 @@ from servestack.recipes import (
     validate_paths,
     validate_text,
 )
+from servestack.records.lockfile import LockedPackage, write_lock
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 GB200_ENGINE = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")
@@ -105,9 +105,9 @@ def test_dev_cpu_family_is_small():
     # The accuracy variant is the oracle, as a custom benchmark srt-slurm runs against its frontend,
     # writing where the srtctl runner reads it, with the tiny model's ordinary token ids.
     from servestack.clients.agreement import SCHEMA  # noqa: F401 - the client the command runs
+    from servestack.inputs.tinymodel import TinyModelSpec
+    from servestack.inputs.tinytokenizer import SPECIAL_TOKENS
     from servestack.runners.srtctl import AGREEMENT_ANSWERS, CLIENTS_IN_CONTAINER
-    from servestack.tinymodel import TinyModelSpec
-    from servestack.tinytokenizer import SPECIAL_TOKENS
 
     bench = acc["benchmark"]
     assert bench["type"] == "custom"
@@ -386,7 +386,7 @@ def test_the_cpu_disaggregated_shape_keeps_prefilled_kv_through_a_stalled_decode
     kv_lease_duration*2/3 s from then. At load ~24 a decode engine stalled 20-30 s with none sent and
     pulled two requests' blocks after vLLM's default 30 s (20 s of hold) had released them; the hold
     outlasts twice the longest stall seen. The recipes follow (the test below)."""
-    from servestack.smoke.plan import KV_TRANSFER_CONFIG
+    from servestack.smoke.checklist import KV_TRANSFER_CONFIG
 
     lease = KV_TRANSFER_CONFIG["kv_connector_extra_config"]["kv_lease_duration"]
     assert lease * 2 // 3 >= 2 * 30
@@ -397,7 +397,7 @@ def test_dev_cpu_disagg_recipes_serve_the_shape_smoke_proves_on_cpu():
     starts it) run the same CPU shape: KV over NixlConnector in host memory with the same KV lease,
     UCX over TCP, bfloat16 (the only dtype Gated DeltaNet runs in on CPU). A change to one must reach
     the other."""
-    from servestack.smoke.plan import DISAGG_ENV, KV_TRANSFER_CONFIG
+    from servestack.smoke.checklist import DISAGG_ENV, KV_TRANSFER_CONFIG
 
     for name in ("disagg", "disagg-acc"):
         recipe = yaml.safe_load((ROOT / "recipes" / "dev-cpu" / f"{name}.yaml").read_text())
@@ -447,7 +447,7 @@ DEV_CPU_ENV_DEPARTURES = {
 
 
 def test_dev_cpu_carries_every_production_qwen35_setting_or_says_why_not():
-    from servestack.tinymodel import QWEN35_ENV, QWEN35_FLAGS
+    from servestack.inputs.tinymodel import QWEN35_ENV, QWEN35_FLAGS
 
     production = yaml.safe_load((ROOT / "recipes/families/qwen35-gb200.yaml").read_text())["base"]["backend"]
     departures = []

@@ -9,8 +9,8 @@ import pytest
 
 from servestack.cli import main
 from servestack.errors import InputError
-from servestack.project import Project
 from servestack.recipes import closest_set, committed_sets, compare_dirs, format_comparisons
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ROOT / "recipes" / "qwen35-gb200"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from servestack.errors import InputErrors
-from servestack.project import Project
 from servestack.recipes import check_before_run, validate_files
-from servestack.recipes.engine import load_engine
+from servestack.recipes.engine_cli import load_engine
 from servestack.recipes.kvrules import derive
 from servestack.recipes.validate import validate_text
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 GB200 = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")

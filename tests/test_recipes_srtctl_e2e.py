@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from servestack import cluster
-from servestack.proc import run
-from servestack.project import Project
 from servestack.recipes import committed_sets
+from servestack.util.proc import run
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(p for d in committed_sets(Project(ROOT)) for p in d.glob("*.yaml"))

@@ -12,9 +12,9 @@ import pytest
 
 from servestack.cli import main
 from servestack.errors import InputError
-from servestack.project import Project
 from servestack.recipes import load_engine, validate_committed, validate_files, validate_text
-from servestack.recipes.engine import DYNAMO_VLLM, VLLM_SERVE, ValueSpec, _option_spec, _probe_kind
+from servestack.recipes.engine_cli import DYNAMO_VLLM, VLLM_SERVE, ValueSpec, _option_spec, _probe_kind
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 GB200 = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")

@@ -7,12 +7,21 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fixtures.records import write_image_record
+
 from servestack.errors import InputError, ServestackError
 from servestack.records.lockfile import read_lock, write_lock
-from servestack.records.steps import (BuildInput, BuildRecord, BuiltModel, BuiltOverlay, WheelFile, read_build, read_image,
-                                      write_build, write_image)
+from servestack.records.steps import (
+    BuildInput,
+    BuildRecord,
+    BuiltModel,
+    BuiltOverlay,
+    WheelFile,
+    read_build,
+    read_image,
+    write_build,
+    write_image,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -95,8 +104,8 @@ def test_the_image_record_refuses_a_tag_and_round_trips(tmp_path):
 
 
 def test_the_smoke_record_rewrites_smoke_json_byte_identical_and_checks_its_fields(tmp_path):
-    from servestack.fsutil import canonical_json
-    from servestack.records.smoke import read_smoke, write_smoke
+    from servestack.records.smokefile import read_smoke, write_smoke
+    from servestack.util.fsutil import canonical_json
 
     # smoke.json as `smoke` wrote it before the typed record (SmokeResult.to_json: asdict of each check)
     document = {

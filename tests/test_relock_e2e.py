@@ -11,12 +11,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
-
 from fixtures.simple_index import SimpleIndex, serve, tiny_wheel
 from fixtures.tinystack import DEBIAN_BASE
-from servestack import lock, relock
-from servestack.preferences import Upgrade
-from servestack.project import Project
+
+from servestack import lock
+from servestack.lock import relock
+from servestack.lock.preferences import Upgrade
+from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servestack.report import _pareto, markdown_stage, plot_throughput, write_stage
 from servestack.stages.gates import GateConfig, evaluate_throughput
 from servestack.stages.results import StageResult, parse_vllm_result
+from servestack.stages.stage_report import _pareto, markdown_stage, plot_throughput, write_stage
 
 DATA = Path(__file__).parent / "data" / "dev-cpu"
 

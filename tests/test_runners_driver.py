@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
 from servestack.runners.driver import RetryPolicy, run_job
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 
 
 class ScriptedRunner(PollingWait):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import io
-import os
 import json
+import os
 import subprocess
 import tarfile
 import time
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from servestack.runners.base import JobSpec, JobState, Mount
 from servestack.runners.driver import run_job
+from servestack.runners.interface import JobSpec, JobState, Mount
 from servestack.runners.local import LocalRunner
 
 # POSIX sh only (dash builtins): write {"point": P} for each point, sleeping between them.

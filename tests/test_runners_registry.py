@@ -1,4 +1,4 @@
-"""Adding a runner is one module and one entry in `runners.registry.RUNNERS`.
+"""Adding a runner is one module and one entry in `runners.selection.RUNNERS`.
 
 The test below adds one (a runner with its own pipeline settings) the way a new runner would be
 added, and checks that the pipeline file, the CLI and the stage planner all take it from the
@@ -17,14 +17,14 @@ from pydantic import BaseModel, ConfigDict
 from servestack.cli import build_parser
 from servestack.clients import CONTAINER_DIR
 from servestack.errors import InputErrors
-from servestack.project import Project
-from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 from servestack.runners.local import LocalRunner
-from servestack.runners.registry import RUNNERS, SRTCTL_ENV, RunnerKind, make_runner
+from servestack.runners.selection import RUNNERS, SRTCTL_ENV, RunnerKind, make_runner
 from servestack.runners.slurm import SlurmRunner
 from servestack.runners.srtctl import SrtctlRunner
+from servestack.stages.execute import plan_stage
 from servestack.stages.pipeline import load_pipeline
-from servestack.stages.run import plan_stage
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "servestack"

@@ -15,16 +15,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
 from fixtures.children import stopped_on_exit
+
 from servestack.clients import CLIENTS_DIR
-from servestack.proc import run
-from servestack.runners.base import JobSpec, JobState, Mount
-from servestack.runners.driver import RetryPolicy, run_job
-from servestack.runners.preflight import NodePreflight
 from servestack.errors import ServestackError
-from servestack.runners.slurm import (SlurmConfig, SlurmRunner, choose_container, format_time_limit,
-                                      render_batch_script)
+from servestack.runners.driver import RetryPolicy, run_job
+from servestack.runners.interface import JobSpec, JobState, Mount
+from servestack.runners.preflight import NodePreflight
+from servestack.runners.slurm import SlurmConfig, SlurmRunner, choose_container, format_time_limit, render_batch_script
+from servestack.util.proc import run
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 
@@ -136,7 +135,7 @@ def test_scancel_by_someone_else_retries_only_the_remaining_points(tmp_path, slu
 DRIVER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
-    from servestack.runners.base import JobSpec
+    from servestack.runners.interface import JobSpec
     from servestack.runners.driver import run_job
     from servestack.runners.slurm import SlurmConfig, SlurmRunner
     spec = JobSpec(**{**json.loads(sys.argv[1]), "out_dir": Path(json.loads(sys.argv[1])["out_dir"])})

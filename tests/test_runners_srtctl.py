@@ -10,10 +10,9 @@ import pytest
 import yaml
 
 from servestack.errors import InputErrors, ServestackError
-from servestack.runners.base import JobHandle, JobSpec
+from servestack.runners.interface import JobHandle, JobSpec
 from servestack.runners.slurm import pull_reference
-from servestack.runners.srtctl import (GSM8K_IN_CONTAINER, SrtctlRunner, bind_recipe, parse_apply_output,
-                                       results_in)
+from servestack.runners.srtctl import GSM8K_IN_CONTAINER, SrtctlRunner, bind_recipe, parse_apply_output, results_in
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGEST = "sha256:" + "cd" * 32

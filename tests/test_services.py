@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from servestack import services
-from servestack.proc import run
+from servestack.util.proc import run
 
 pytestmark = [
     pytest.mark.e2e,

@@ -7,8 +7,8 @@ import ipaddress
 import pytest
 
 from servestack.errors import ServestackError
-from servestack.pullregistry import _registry_conf
 from servestack.services import netns, slurm_nodes
+from servestack.services.pull_registry import _registry_conf
 
 
 def test_nodes_are_numbered_with_addresses_on_the_cluster_network_only():

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from servestack import services
-from servestack.proc import run
-from servestack.project import state_home
 from servestack.services import netns, slurm_nodes
+from servestack.util.proc import run
+from servestack.util.project import state_home
 
 pytestmark = pytest.mark.e2e
 

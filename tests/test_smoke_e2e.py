@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from servestack import services, smoke
-from servestack.base.resolve import resolve_suite
-from servestack.base.tarball import tarball
-from servestack.fsutil import atomic_write_json, canonical_json, sha256_file
-from servestack.project import Project
+from servestack.debian.closure import resolve_suite
+from servestack.debian.tarball import tarball
 from servestack.records.fields import Fields
 from servestack.records.lockfile import read_base
+from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_file
+from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
 
@@ -264,11 +264,11 @@ def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
 
 def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_container_goes(fake_stack, client) -> None:
     """Three containers, the workers in the frontend's network namespace; the prefill worker dies."""
-    env = {"DYN_FILE_KV": smoke.plan.DISCOVERY_DIR}
+    env = {"DYN_FILE_KV": smoke.checklist.DISCOVERY_DIR}
     shape = smoke.DisaggPlan((
-        smoke.plan.Role("frontend", ("sh", "-c", "sleep 600"), env),
-        smoke.plan.Role("prefill", ("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), env),
-        smoke.plan.Role("decode", ("sh", "-c", f"touch {smoke.plan.DISCOVERY_DIR}/decode-was-here; sleep 600"), env),
+        smoke.checklist.Role("frontend", ("sh", "-c", "sleep 600"), env),
+        smoke.checklist.Role("prefill", ("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), env),
+        smoke.checklist.Role("decode", ("sh", "-c", f"touch {smoke.checklist.DISCOVERY_DIR}/decode-was-here; sleep 600"), env),
     ), model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True, ready_timeout=60,
                              serve_plan_override=smoke.ServePlan(None, "aggregated not under test"), disagg_override=shape)
@@ -310,7 +310,7 @@ def test_interrupted_smoke_removes_its_container(fake_stack, client, sigs: str, 
     script = textwrap.dedent(f"""
         from pathlib import Path
         from servestack import smoke
-        from servestack.project import Project
+        from servestack.util.project import Project
         plan = smoke.ServePlan(["sh", "-c", "sleep 600"], model="none")
         smoke.run_smoke(Project(Path({str(fake_stack['project'].root)!r})), {STACK!r}, image={fake_stack['reference']!r},
                         ready_timeout=300, serve_plan_override=plan)

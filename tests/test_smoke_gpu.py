@@ -8,14 +8,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fixtures.records import committed_lock
+
 from servestack import smoke
 from servestack.records.lockfile import LockedPackage, LockedWheel, SmokeModel
+from servestack.records.stack import SmokeModel as StackSmokeModel
 from servestack.smoke import gpulogs
 from servestack.smoke.endpoints import Target, check_gpu_path
 from servestack.smoke.gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, no_gpu
-from servestack.stack import SmokeModel as StackSmokeModel
 
 ONE_GPU = GpuHost(devices=("0",), via="nvidia-runtime", evidence="test: one GPU")
 TWO_GPUS = GpuHost(devices=("0", "1"), via="nvidia-runtime", evidence="test: two GPUs")
@@ -126,7 +126,7 @@ def _flag(argv: list[str] | tuple[str, ...], flag: str) -> str:
 
 @pytest.fixture
 def amd64_host(monkeypatch) -> None:
-    monkeypatch.setattr(smoke.plan, "host_docker_platform", lambda: "linux/amd64")
+    monkeypatch.setattr(smoke.checklist, "host_docker_platform", lambda: "linux/amd64")
 
 
 PRODUCTION_SWITCHES = ("--async-scheduling", "--language-model-only", "--no-enable-prefix-caching",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from servestack.report import _placed
 from servestack.runners.srtlogs import address_problems, placement
 from servestack.stages.gates import placement_failures
+from servestack.stages.stage_report import _placed
 
 JOB = Path(__file__).parent / "data" / "srtctl-multinode"
 

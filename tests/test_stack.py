@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from servestack.errors import InputErrors
-from servestack.project import Project
-from servestack.stack import load_stack
+from servestack.records.stack import load_stack
+from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
 

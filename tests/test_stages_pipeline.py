@@ -83,7 +83,7 @@ def test_every_problem_is_reported_at_once(tmp_path):
 
 
 def test_the_default_retry_states_are_the_runners_retryable_states(tmp_path):
-    from servestack.runners.base import RETRYABLE
+    from servestack.runners.interface import RETRYABLE
 
     f = tmp_path / "p.yaml"
     f.write_text("stack: x\nstages: {throughput: {recipes: [a]}}\n")

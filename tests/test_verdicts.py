@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from servestack import verdicts
-from servestack.verdicts import NO_REGRESSION, REGRESSION, UNDECIDED, Policy
+from servestack.compare import verdicts
+from servestack.compare.verdicts import NO_REGRESSION, REGRESSION, UNDECIDED, Policy
 
 POLICY = Policy(threshold=0.10, alpha=0.05, min_rounds=3, max_rounds=8)
 

@@ -9,10 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-
-from servestack import build, cache, overlay, tinymodel, verified
-
 from test_image import make_project
+
+from servestack import inputs as build
+from servestack.inputs import overlay, tinymodel
+from servestack.sources import cache
+from servestack.util import verified
 
 
 @pytest.fixture

@@ -114,7 +114,8 @@ def test_record_format_and_verification(tmp_path):
     assert (info.name, info.version, info.tag, info.tags) == ("demo", "0.31.0", "py3-none-any", ("py3-none-any",))
     rec = {e.path: e for e in info.record}
     assert rec["demo-0.31.0.dist-info/RECORD"].hash == "" and rec["demo-0.31.0.dist-info/RECORD"].size is None
-    import base64, hashlib  # noqa: E401
+    import base64  # noqa: E401
+    import hashlib
 
     expected = base64.urlsafe_b64encode(hashlib.sha256(b"X = 1\n").digest()).rstrip(b"=").decode()
     assert rec["demo/__init__.py"].hash == f"sha256={expected}" and rec["demo/__init__.py"].size == 6

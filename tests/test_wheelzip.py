@@ -14,7 +14,7 @@ from installer.sources import WheelFile
 from zlib_ng import zlib_ng
 
 from servestack.wheels import pack_wheel
-from servestack.wheelzip import WheelZipFile, open_wheel
+from servestack.wheels.zipread import WheelZipFile, open_wheel
 
 
 def _contents() -> dict[str, bytes]:

@@ -34,10 +34,10 @@ from conftest import srtctl_nodes
 from fixtures import workflow_jobs
 
 from servestack import services
-from servestack.imageref import ImageRef
-from servestack.proc import run
+from servestack.records.imageref import ImageRef
 from servestack.runners.driver import recorded_jobs
 from servestack.services import netns, slurm_nodes
+from servestack.util.proc import run
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from servestack import yamlfile
 from servestack.errors import InputError
+from servestack.util import yamlfile
 
 
 def test_document_and_nodes_are_one_parse(tmp_path: Path):

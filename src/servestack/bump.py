@@ -18,12 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import compare
-from .errors import InputError, ServestackError
-from .fsutil import atomic_write_json, atomic_write_text
-from .project import Project
+from servestack import compare
+from servestack.errors import InputError, ServestackError
+from servestack.util.fsutil import atomic_write_json, atomic_write_text
+from servestack.util.project import Project
 
-SCHEMA = "servestack.drift/1"
+SCHEMA = "servestack.lock.drift/1"
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Drift:
     digest_after: str | None = None
     lock_changes: list[str] = field(default_factory=list)
     asked: list[str] = field(default_factory=list)  # what `lock --upgrade` was asked to move, and moved
-    moved_anyway: list[str] = field(default_factory=list)  # what moved unasked: drift (servestack.drift)
+    moved_anyway: list[str] = field(default_factory=list)  # what moved unasked: drift (servestack.lock.drift)
     steps: list[Step] = field(default_factory=list)
     stages: list[dict[str, Any]] = field(default_factory=list)
     comparison: dict[str, Any] | None = None
@@ -112,10 +112,12 @@ def write(project: Project, d: Drift) -> Path:
 
 def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     """Each step as (name, action -> (ok, detail)); they run in order and the first failure ends the bump."""
-    from . import build, image, relock
-    from .preferences import Upgrade
-    from .smoke import run_smoke
-    from .stages import run_pipeline
+    from servestack import image
+    from servestack import inputs as build
+    from servestack.lock import relock
+    from servestack.lock.preferences import Upgrade
+    from servestack.smoke import run_smoke
+    from servestack.stages import run_pipeline
 
     def relocked() -> tuple[bool, str]:
         # Drift first: what a relock without asking would move is not the upgrade's doing.
@@ -141,7 +143,7 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return result.exit_code == 0, f"smoke exit status {result.exit_code}"
 
     def staged() -> tuple[bool, str]:
-        from .compare import MIN_REPEATS
+        from servestack.compare import MIN_REPEATS
 
         results = run_pipeline(project, stack, d.digest_after, run_id=run_id, min_repeats=MIN_REPEATS)
         d.stages = [{"stage": r.stage, "passed": r.passed, "dir": str(r.out_dir)} for r in results]
@@ -153,8 +155,8 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
 
 def _policy(project: Project, stack: str):
     """The stack's pipeline's throughput gate's verdict policy, else the defaults."""
-    from .stages.pipeline import load_pipeline
-    from .verdicts import Policy
+    from servestack.compare.verdicts import Policy
+    from servestack.stages.pipeline import load_pipeline
 
     pipeline = load_pipeline(project.pipelines / f"{stack}.yaml", project.root) \
         if (project.pipelines / f"{stack}.yaml").exists() else None
@@ -164,7 +166,7 @@ def _policy(project: Project, stack: str):
 
 def exit_code(d: Drift) -> int:
     """A failed step is 1; a bump whose only failure is the comparison exits with its verdict's code."""
-    from .errors import verdict_exit_code
+    from servestack.errors import verdict_exit_code
 
     failed = [s for s in d.steps if not s.ok]
     if failed and [s.name for s in failed] == ["compare"] and d.verdict is not None:
@@ -175,7 +177,8 @@ def exit_code(d: Drift) -> int:
 def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None, alongside: bool):
     """The bumped run against the baseline: measured again beside it (one interleaved session of both
     images), or against its stored results."""
-    from . import comparisons, interleave
+    from servestack.compare import comparisons
+    from servestack.stages import interleave
 
     policy = _policy(project, stack)
     if not alongside:
@@ -194,7 +197,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
          steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
          ) -> tuple[Drift, Path]:
     """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
-    from .image import load_image
+    from servestack.image import load_image
 
     d = Drift(stack, baseline=baseline)
     try:

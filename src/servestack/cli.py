@@ -9,10 +9,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .commands import COMMANDS, command, image_arg as _image_arg, say as _say  # noqa: F401  (COMMANDS: tests)
-from .errors import ServestackError
-from .interrupts import Terminated, exit_code, signals_unwind
-from .project import DEFAULT_STACK, Project
+from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
+from servestack.commands import image_arg as _image_arg
+from servestack.commands import say as _say
+from servestack.errors import ServestackError
+from servestack.util.interrupts import Terminated, exit_code, signals_unwind
+from servestack.util.project import DEFAULT_STACK, Project
 
 # --------------------------------------------------------------------------- lock
 
@@ -30,8 +32,9 @@ def _lock_args(p: argparse.ArgumentParser) -> None:
 
 @command("lock", "resolve pins/<stack>.yaml into pins/<stack>.lock (a relock keeps every locked version)", _lock_args)
 def _lock(args: argparse.Namespace, project: Project) -> int:
-    from . import lockcheck, relock
-    from .preferences import Upgrade
+    from servestack.lock import check as lockcheck
+    from servestack.lock import relock
+    from servestack.lock.preferences import Upgrade
 
     if args.online and not args.check:
         raise ServestackError("--online goes with --check")
@@ -65,7 +68,7 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 @command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json", _build_args)
 def _build(args: argparse.Namespace, project: Project) -> int:
-    from . import build
+    from servestack import inputs as build
 
     started = time.monotonic()
     path = build.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
@@ -87,8 +90,8 @@ def _image_args(p: argparse.ArgumentParser) -> None:
 @command("image", "write the image's layers, push what the registry lacks, check the expected digest: "
                   "build/<stack>/image.json", _image_args)
 def _image(args: argparse.Namespace, project: Project) -> int:
-    from . import image
-    from .lock import load_lock
+    from servestack import image
+    from servestack.lock import load_lock
 
     result = image.build_image(project, args.stack)
     digest = result.digest
@@ -122,7 +125,7 @@ def _image(args: argparse.Namespace, project: Project) -> int:
 def _image_ref(args: argparse.Namespace, project: Project) -> str:
     if args.image:
         return args.image
-    from .image import load_image
+    from servestack.image import load_image
 
     return load_image(project, args.stack).reference
 
@@ -135,7 +138,7 @@ def _smoke_args(p: argparse.ArgumentParser) -> None:
 
 @command("smoke", "prove the image is exactly its lock, and that it serves: build/<stack>/smoke.json", _smoke_args)
 def _smoke(args: argparse.Namespace, project: Project) -> int:
-    from .smoke import run_smoke
+    from servestack.smoke import run_smoke
     return run_smoke(project, args.stack, args.image, serve=not args.no_serve, require_serving=args.require_serving).exit_code
 
 
@@ -144,7 +147,7 @@ class _RunnerNames:
     builds every subcommand's parser, and importing the runners costs a no-op build 0.4 s."""
 
     def _names(self) -> list[str]:
-        from .runners.registry import RUNNERS
+        from servestack.runners.selection import RUNNERS
 
         return list(RUNNERS)
 
@@ -173,14 +176,14 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
 
 def _runner(project: Project, pipeline_name: str, kind: str):
     """The pipeline's runner, of another kind than the file says (the CLI's --runner)."""
-    from .runners.registry import make_runner
-    from .stages.pipeline import load_pipeline
+    from servestack.runners.selection import make_runner
+    from servestack.stages.pipeline import load_pipeline
 
     return make_runner(load_pipeline(project.pipelines / f"{pipeline_name}.yaml", project.root), kind)
 
 
 def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, ...]) -> int:
-    from .stages import format_verdict, run_pipeline
+    from servestack.stages import format_verdict, run_pipeline
 
     name = args.pipeline or args.stack
     runner = _runner(project, name, args.runner) if args.runner else None
@@ -200,7 +203,7 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
              f"overhead {wall - client:.1f} s")
     failed = [r for r in results if not r.passed]
     if failed:
-        from .stages import StageFailed
+        from servestack.stages import StageFailed
 
         return StageFailed(failed[0]).exit_code  # a baseline gate's verdict has its own code
     return 0 if results else 1
@@ -228,7 +231,7 @@ def _cancel_args(p: argparse.ArgumentParser) -> None:
 
 @command("cancel", "cancel the jobs a run left live (after its process was killed: the CI backstop)", _cancel_args)
 def _cancel(args: argparse.Namespace, project: Project) -> int:
-    from .runners.driver import cancel_recorded
+    from servestack.runners.driver import cancel_recorded
 
     run_dir = project.artifacts(args.stack) / "runs" / args.run_id
     cancelled = cancel_recorded(run_dir, lambda kind: _runner(project, args.pipeline or args.stack, kind))
@@ -242,7 +245,7 @@ def _cancel(args: argparse.Namespace, project: Project) -> int:
 @command("outputs", "the stack's digests as GitHub step outputs, its records and reports as the step summary",
          lambda p: p.add_argument("--run-id", help="also summarize this run's stage reports"))
 def _outputs(args: argparse.Namespace, project: Project) -> int:
-    from . import workflow
+    from servestack import ci as workflow
 
     outputs = workflow.step_outputs(project, args.stack)
     workflow.write_step(outputs, workflow.summary(project, args.stack, args.run_id))
@@ -278,14 +281,14 @@ def _recipes_args(p: argparse.ArgumentParser) -> None:
 
 @command("recipes", "render, bind, check, validate and compare srt-slurm recipes", _recipes_args)
 def _recipes(args: argparse.Namespace, project: Project) -> int:
-    from . import recipes
+    from servestack import recipes
 
     stack = args.stack or DEFAULT_STACK
     if args.action == "render":
         if args.image:
             reference = args.image
             if reference == "last":
-                from .image import load_image
+                from servestack.image import load_image
 
                 reference = load_image(project, stack).reference
             paths = recipes.render_recipes(project, stack, reference)
@@ -340,8 +343,8 @@ def _services_args(p: argparse.ArgumentParser) -> None:
 
 @command("services", "start the embedded services (dockerd, loopback registry, Slurm)", _services_args)
 def _services(args: argparse.Namespace, project: Project) -> int:
-    from . import services
-    from .services import slurm_nodes
+    from servestack import services
+    from servestack.services import slurm_nodes
 
     starters = {
         "docker": services.ensure_dockerd,
@@ -356,7 +359,7 @@ def _services(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
-from . import cli_compare, cli_publish  # noqa: E402,F401  (register compare, bump; publish, pull, verify, keygen)
+from servestack import cli_compare, cli_publish  # noqa: E402,F401  (register compare, bump; publish, pull, verify, keygen)
 
 # --------------------------------------------------------------------------- entry point
 

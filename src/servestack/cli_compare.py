@@ -11,9 +11,10 @@ import argparse
 import time
 from pathlib import Path
 
-from .commands import command, say as _say
-from .errors import VerdictFailed
-from .project import Project
+from servestack.commands import command
+from servestack.commands import say as _say
+from servestack.errors import VerdictFailed
+from servestack.util.project import Project
 
 
 def _compare_args(p: argparse.ArgumentParser) -> None:
@@ -39,8 +40,8 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
 
 
 def _policy(project: Project, name: str, args: argparse.Namespace):
-    from . import verdicts
-    from .stages.pipeline import load_pipeline
+    from servestack.compare import verdicts
+    from servestack.stages.pipeline import load_pipeline
 
     file = project.pipelines / f"{name}.yaml"
     stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
@@ -52,7 +53,8 @@ def _policy(project: Project, name: str, args: argparse.Namespace):
 @command("compare", "two images side by side, measured alongside (--measure) or from stored results; "
                     "exit 0 no regression, 4 regression, 5 undecided", _compare_args)
 def _compare(args: argparse.Namespace, project: Project) -> int:
-    from . import comparisons, interleave
+    from servestack.compare import comparisons
+    from servestack.stages import interleave
 
     name = args.pipeline or args.stack
     policy = _policy(project, name, args)
@@ -89,7 +91,7 @@ def _bump_args(p: argparse.ArgumentParser) -> None:
 @command("bump", "lock --upgrade, build, image, smoke, stages, compare with the last published baseline: "
                  "build/<stack>/bump/drift.md", _bump_args)
 def _bump(args: argparse.Namespace, project: Project) -> int:
-    from . import bump
+    from servestack import bump
 
     drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say,
                               alongside=args.alongside)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .commands import command, image_arg as _image_arg, say as _say
-from .project import Project
+from servestack.commands import command
+from servestack.commands import image_arg as _image_arg
+from servestack.commands import say as _say
+from servestack.util.project import Project
+
 
 def _publish_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
@@ -19,7 +22,7 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
 
 @command("publish", "push the image's signed bundle (recipes, lock, records, results) as OCI referrers", _publish_args)
 def _publish(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
+    from servestack import publish
 
     publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
                     records_dir=args.records, echo=_say)
@@ -38,7 +41,7 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
 
 @command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
 def _pull(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
+    from servestack import publish
 
     publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
                  not_before_time=args.not_before)
@@ -54,7 +57,7 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 
 @command("verify", "rebuild a published image from its signed lock and commit; same digest?", _verify_args)
 def _verify(args: argparse.Namespace, project: Project) -> int:
-    from . import publish
+    from servestack import publish
 
     return 0 if publish.verify_rebuild(project, args.reference, key=args.key, echo=_say)["same"] else 1
 
@@ -66,7 +69,7 @@ def _keygen_args(p: argparse.ArgumentParser) -> None:
 
 @command("keygen", "make an ECDSA P-256 key pair for publish (private) and pull (public)", _keygen_args)
 def _keygen(args: argparse.Namespace, project: Project) -> int:
-    from . import signing
+    from servestack.publish import signing
 
     private, public = signing.keygen(args.key)
     _say(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from .project import Project
+from servestack.util.project import Project
 
 Command = Callable[[argparse.Namespace, Project], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform as host
 from dataclasses import dataclass
 
-from .errors import ServestackError
+from servestack.errors import ServestackError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,9 +12,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import proc
-from .errors import ServestackError
-from .project import cache_home
+from servestack.errors import ServestackError
+from servestack.util import proc
+from servestack.util.project import cache_home
 
 TOOLS = {"cosign": "cosign", "oras": "oras"}  # binary -> Debian package
 

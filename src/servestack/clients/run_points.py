@@ -175,7 +175,7 @@ def run_point(spec: dict, point: str) -> bool:
 
 
 def serve_orders(spec: dict, orders: str, poll_s: float = 0.05) -> bool:
-    """Interleaved measuring (servestack.interleave): with the server up, run the points another
+    """Interleaved measuring (servestack.stages.interleave): with the server up, run the points another
     process asks for, one at a time, in the order asked. `<orders>/<seq>.json` holds
     {"point": NAME} or {"stop": true}; `<seq>.done` answers it with {"ok": bool}. The asking side
     waits for each answer, so its A, B, B, A order is the order measured."""

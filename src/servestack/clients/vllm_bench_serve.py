@@ -18,7 +18,8 @@ def main(argv=None):
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older vLLM layouts
         from vllm.utils import FlexibleArgumentParser
-    from vllm.benchmarks.serve import add_cli_args, main as bench_main
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.benchmarks.serve import main as bench_main
 
     parser = FlexibleArgumentParser(description="vllm bench serve")
     add_cli_args(parser)

@@ -15,12 +15,12 @@ involved. The same lock and the same code give the same manifest digest on any m
 - `expected`: the digest committed beside the lock (pins/<stack>.image.json).
 """
 
-from .base import debian_base, interpreter_version
-from .build import build_image, image_input_hash, image_record, load_image
-from .expected import UPDATE_COMMAND, check_expected, expected_file, write_expected
-from .index import push_index, record_index
-from .plan import Layer, link_entries, own_layers, plan
-from .uploads import EarlyLayers, PushStopped, Uploads
+from servestack.image.build import build_image, image_input_hash, image_record, load_image
+from servestack.image.base_image import debian_base, interpreter_version
+from servestack.image.expected import UPDATE_COMMAND, check_expected, expected_file, write_expected
+from servestack.image.index import push_index, record_index
+from servestack.image.layer_plan import Layer, link_entries, own_layers, plan
+from servestack.image.uploads import EarlyLayers, PushStopped, Uploads
 
 __all__ = ["UPDATE_COMMAND", "EarlyLayers", "Layer", "PushStopped", "Uploads", "build_image", "check_expected",
            "debian_base", "expected_file", "image_input_hash", "image_record", "interpreter_version", "link_entries",

@@ -10,24 +10,25 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .. import build as build_step
-from .. import layers, oci, prune, services
-from ..errors import ServestackError
-from ..fsutil import canonical_json, sha256_bytes, sha256_file
-from ..lock import load_lock
-from ..progress import Progress, phase
-from ..project import Project
-from ..records.lockfile import DebianBase, Lock
-from ..records.steps import BuildRecord, ImageLayer, ImageRecord, read_image, write_image
-from ..sources import registry
-from ..trees import children_cpu_seconds, compiler, install_all
-from .base import Base, base_layers, debian_base, interpreter_version
-from .expected import check_expected
-from .plan import Layer, plan
-from .uploads import EarlyLayers, Uploads
+from servestack import inputs as build_step
+from servestack import services
+from servestack.errors import ServestackError
+from servestack.image import layers, oci, prune
+from servestack.image.base_image import Base, base_layers, debian_base, interpreter_version
+from servestack.image.expected import check_expected
+from servestack.image.layer_plan import Layer, plan
+from servestack.image.trees import children_cpu_seconds, compiler, install_all
+from servestack.image.uploads import EarlyLayers, Uploads
+from servestack.lock import load_lock
+from servestack.records.lockfile import DebianBase, Lock
+from servestack.records.steps import BuildRecord, ImageLayer, ImageRecord, read_image, write_image
+from servestack.sources import registry
+from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
+from servestack.util.progress import Progress, phase
+from servestack.util.project import Project
 
 if TYPE_CHECKING:
-    from .spec import ImagePlan
+    from servestack.image.spec import ImagePlan
 
 log = logging.getLogger("servestack.image")
 
@@ -41,7 +42,7 @@ def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
         "org.opencontainers.image.description": f"servestack stack {record.stack} built from its lock",
         "org.opencontainers.image.created": oci.created(record.source_date_epoch),
         "org.opencontainers.image.licenses": "Apache-2.0",
-        "io.servestack.stack": record.stack,
+        "io.servestack.records.stack": record.stack,
         "io.servestack.lock.sha256": record.lock_sha256,
         "io.servestack.prs": ",".join(prs),
     }
@@ -131,7 +132,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
         print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
 
-    from .spec import load_plan
+    from servestack.image.spec import load_plan
 
     spec = load_plan(project.containers / "image.yaml")
     with Uploads(address, repository) as uploads:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import oci
-from ..errors import ServestackError
-from ..project import Project
-from ..records.steps import ExpectedCheck, ExpectedImage, ImageRecord, PlatformImage, read_expected
-from ..records.steps import write_expected as write_expected_record
+from servestack.errors import ServestackError
+from servestack.image import oci
+from servestack.records.steps import ExpectedCheck, ExpectedImage, ImageRecord, PlatformImage, read_expected
+from servestack.records.steps import write_expected as write_expected_record
+from servestack.util.project import Project
 
 
 def expected_file(project: Project, stack: str) -> Path:

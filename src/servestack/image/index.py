@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from .. import oci
-from ..errors import ServestackError
-from ..imageref import ImageRef
-from ..project import Project
-from ..records.steps import ImageRecord, write_image
-from ..sources import registry
-from .expected import read_committed
+from servestack.errors import ServestackError
+from servestack.image import oci
+from servestack.image.expected import read_committed
+from servestack.records.imageref import ImageRef
+from servestack.records.steps import ImageRecord, write_image
+from servestack.sources import registry
+from servestack.util.project import Project
 
 
 def push_index(project: Project, stack: str, address: str, repository: str, lock_sha256: str) -> str | None:

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .. import yamlfile
+from servestack.util import yamlfile
 
 SOURCES = ("base", "venv", "packages", "model", "top")
 

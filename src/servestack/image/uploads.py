@@ -11,17 +11,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .. import layers
-from ..errors import ServestackError
-from ..records.steps import BuildRecord
-from ..sources import registry
-from ..trees import Tree
-from ..wheels import normalize
-from .base import Base, base_key, send_base_blob
-from .plan import Layer, own_layers
+from servestack.errors import ServestackError
+from servestack.image import layers
+from servestack.image.base_image import Base, base_key, send_base_blob
+from servestack.image.layer_plan import Layer, own_layers
+from servestack.image.trees import Tree
+from servestack.records.steps import BuildRecord
+from servestack.sources import registry
+from servestack.wheels import normalize
 
 if TYPE_CHECKING:
-    from .spec import ImagePlan
+    from servestack.image.spec import ImagePlan
 
 log = logging.getLogger("servestack.image")
 

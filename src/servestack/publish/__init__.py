@@ -17,7 +17,7 @@ The package reads as the flow: bundle (what is published, planned as data), prov
 statement), push (`publish`), fetch (`pull`: verify, check the image, write), rebuild (`verify --rebuild`).
 """
 
-from .bundle import (
+from servestack.publish.bundle import (
     PUBLICATION_TYPE,
     BundleFile,
     Records,
@@ -25,10 +25,10 @@ from .bundle import (
     created_timestamp,
     publication_manifest,
 )
-from .fetch import STACK_JSON, pull
-from .provenance import PROVENANCE_V1, Source, provenance
-from .push import publish
-from .rebuild import verify_rebuild
+from servestack.publish.fetch import STACK_JSON, pull
+from servestack.publish.provenance import PROVENANCE_V1, Source, provenance
+from servestack.publish.push import publish
+from servestack.publish.rebuild import verify_rebuild
 
 __all__ = [
     "PROVENANCE_V1", "PUBLICATION_TYPE", "STACK_JSON", "BundleFile", "Records", "Source", "check_smoke",

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from ..imageref import ImageRef
-from .bundle import BundleFile, PublishError
+from servestack.publish.bundle import BundleFile, PublishError
+from servestack.records.imageref import ImageRef
 
 RECIPES = "recipes/"
 _HEADER = re.compile(r"^# (image|lock-sha256): (.*?)\s*$", re.M)

@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from ..errors import InputError, ServestackError
-from ..imageref import ImageRef
-from ..project import Project
-from ..records.lockfile import Lock
-from ..records.smoke import SmokeRecord, read_smoke
-from ..records.steps import ImageRecord, read_image
-from ..sources import registry
-from ..sources.registry import OCI_EMPTY, OCI_MANIFEST, Descriptor, sha256_digest
+from servestack.errors import InputError, ServestackError
+from servestack.records.imageref import ImageRef
+from servestack.records.lockfile import Lock
+from servestack.records.smokefile import SmokeRecord, read_smoke
+from servestack.records.steps import ImageRecord, read_image
+from servestack.sources import registry
+from servestack.sources.registry import OCI_EMPTY, OCI_MANIFEST, Descriptor, sha256_digest
+from servestack.util.project import Project
 
 PUBLICATION_TYPE = "application/vnd.servestack.publication.v1+json"
 ATTESTATION_TYPE = "application/vnd.servestack.attestation.v1+json"
@@ -132,7 +132,7 @@ def check_smoke(records: Records, image: ImageRef) -> None:
 def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path,
                  records: Records | None = None, sbom: bytes | None = None) -> list[BundleFile]:
     """Every file of the bundle, sorted by title; the recipes are rendered now, bound to IMAGE, and validated."""
-    from .. import recipes
+    from servestack import recipes
 
     records = records or Records.of_project(project, stack)
     files = [

@@ -13,25 +13,32 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import signing
-from ..errors import ServestackError
-from ..fsutil import sha256_bytes
-from ..imageref import ImageRef
-from ..sources import registry
-from ..sources.registry import Client, Descriptor
-from ..sources.registry.limits import (
+from servestack.errors import ServestackError
+from servestack.publish import sbom, signing
+from servestack.publish.binding import check_bindings
+from servestack.publish.bundle import (
+    ATTESTATION_TYPE,
+    BUNDLE_ANNOTATION,
+    PUBLICATION_TYPE,
+    TITLE,
+    BundleFile,
+    PublishError,
+    titles_problem,
+)
+from servestack.publish.provenance import signed_identity
+from servestack.publish.push import image_client, image_subject
+from servestack.publish.signedtime import published_instant, utc_text
+from servestack.records.imageref import ImageRef
+from servestack.sources import registry
+from servestack.sources.registry import Client, Descriptor
+from servestack.sources.registry.limits import (
     BUNDLE_FILE_LIMIT,
     BUNDLE_TOTAL_LIMIT,
     ENVELOPE_LIMIT,
     MANIFEST_LIMIT,
     declared_problem,
 )
-from . import sbom
-from .binding import check_bindings
-from .bundle import ATTESTATION_TYPE, BUNDLE_ANNOTATION, PUBLICATION_TYPE, TITLE, BundleFile, PublishError, titles_problem
-from .provenance import signed_identity
-from .push import image_client, image_subject
-from .signedtime import published_instant, utc_text
+from servestack.util.fsutil import sha256_bytes
 
 MAX_CANDIDATES = 64  # attestations verified per pull; more than a legitimate image gathers in years of runs
 

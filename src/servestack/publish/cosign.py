@@ -44,12 +44,12 @@ from cryptography.hazmat.primitives import serialization
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature
 
-from .. import signing
-from ..errors import ServestackError
-from ..imageref import ImageRef
-from ..sources.registry import EMPTY_JSON, OCI_MANIFEST, Client, Descriptor, sha256_digest
-from .bundle import CREATED, referrer_manifest
-from .provenance import signed_identity
+from servestack.errors import ServestackError
+from servestack.publish import signing
+from servestack.publish.bundle import CREATED, referrer_manifest
+from servestack.publish.provenance import signed_identity
+from servestack.records.imageref import ImageRef
+from servestack.sources.registry import EMPTY_JSON, OCI_MANIFEST, Client, Descriptor, sha256_digest
 
 SIGSTORE_BUNDLE = "application/vnd.dev.sigstore.bundle.v0.3+json"
 COSIGN_SIGN_PREDICATE = "https://sigstore.dev/cosign/sign/v1"

@@ -11,18 +11,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import InputError, ServestackError
-from ..fsutil import canonical_json, sha256_bytes, sha256_file
-from ..imageref import ImageRef
-from ..project import Project
-from ..sources.registry import OCI_INDEX
-from ..sources.registry.limits import CONFIG_LIMIT, declared_problem
-from . import sbom
-from .bundle import PublishError
-from .candidates import Publication, fetch_publication, published_at, referrer_manifest
-from .layerfiles import files_in_layer_file
-from .push import image_client, image_subject
-from .signedtime import not_before
+from servestack.errors import InputError, ServestackError
+from servestack.publish import sbom
+from servestack.publish.bundle import PublishError
+from servestack.publish.candidates import Publication, fetch_publication, published_at, referrer_manifest
+from servestack.publish.layerfiles import files_in_layer_file
+from servestack.publish.push import image_client, image_subject
+from servestack.publish.signedtime import not_before
+from servestack.records.imageref import ImageRef
+from servestack.sources.registry import OCI_INDEX
+from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
+from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
+from servestack.util.project import Project
 
 __all__ = ["STACK_JSON", "Publication", "check_image_agrees", "check_sbom", "fetch_publication", "pull"]
 MAX_SKIPPED_SHOWN = 20  # lines of skipped candidates printed; publication.json's caller can ask for the rest
@@ -108,7 +108,7 @@ def _default_out(image: ImageRef) -> Path:
 def _check_recipes(staging: Path) -> list[str]:
     """The bundle's recipes pass `recipes validate` before they reach OUT (the engine's rules where this
     checkout describes their stack's engine): raises InputErrors, returns the warnings."""
-    from ..recipes import check_before_run
+    from servestack.recipes import check_before_run
 
     files = sorted((staging / "recipes").glob("*.yaml"))
     return [str(w).replace(str(staging) + os.sep, "") for w in check_before_run(files, Project.find())] if files else []

@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import proc, signing
-from ..imageref import ImageRef
-from .bundle import BundleFile
+from servestack.publish import signing
+from servestack.publish.bundle import BundleFile
+from servestack.records.imageref import ImageRef
+from servestack.util import proc
 
 PROVENANCE_V1 = "https://slsa.dev/provenance/v1"
 BUILD_TYPE = "urn:servestack:build-type:image-from-lock:v1"

@@ -11,17 +11,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .. import signing
-from ..errors import InputError, ServestackError
-from ..fsutil import atomic_write_json
-from ..imageref import ImageRef
-from ..project import Project
-from ..records.lockfile import read_lock
-from ..records.steps import read_build
-from ..sources import registry
-from ..sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
-from . import cosign, sbom
-from .bundle import (
+from servestack.errors import InputError, ServestackError
+from servestack.publish import cosign, sbom, signing
+from servestack.publish.bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
     CREATED,
@@ -35,7 +27,14 @@ from .bundle import (
     publication_manifest,
     sbom_manifest,
 )
-from .provenance import PROVENANCE_V1, Source, provenance, signed_identity
+from servestack.publish.provenance import PROVENANCE_V1, Source, provenance, signed_identity
+from servestack.records.imageref import ImageRef
+from servestack.records.lockfile import read_lock
+from servestack.records.steps import read_build
+from servestack.sources import registry
+from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
+from servestack.util.fsutil import atomic_write_json
+from servestack.util.project import Project
 
 
 def image_client(image: ImageRef) -> Client:

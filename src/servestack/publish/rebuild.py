@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from .. import proc
-from ..imageref import ImageRef
-from ..project import Project, cache_home
-from .bundle import PublishError
-from .fetch import fetch_publication
+from servestack.publish.bundle import PublishError
+from servestack.publish.fetch import fetch_publication
+from servestack.records.imageref import ImageRef
+from servestack.util import proc
+from servestack.util.project import Project, cache_home
 
 VERIFY_REGISTRY = "127.0.0.1:5098"  # its own registry: a rebuild never replaces what others pull
 # Shared with the rebuild: what was fetched from outside (content-addressed, verified on use), the
@@ -46,8 +46,9 @@ def _derived_caches_fresh(cache: Path) -> Iterator[None]:
 def verify_rebuild(project: Project, reference: str, *, key: Path,
                    echo: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?"""
-    from .. import build, services
-    from .. import image as image_step
+    from servestack import image as image_step
+    from servestack import inputs as build
+    from servestack import services
 
     started = time.monotonic()
     publication = fetch_publication(reference, key)

@@ -27,13 +27,13 @@ from typing import Any
 
 from packageurl import PackageURL
 
-from ..imageref import ImageRef
-from ..records.lockfile import Lock
-from ..records.steps import BuildInput, BuildRecord, BuiltOverlay, ImageRecord
-from ..sources.registry import Client
-from ..wheels import normalize
-from .bundle import SBOM_TITLE, SPDX_JSON, PublishError
-from .layerfiles import files_in_layer_file
+from servestack.publish.bundle import SBOM_TITLE, SPDX_JSON, PublishError
+from servestack.publish.layerfiles import files_in_layer_file
+from servestack.records.imageref import ImageRef
+from servestack.records.lockfile import Lock
+from servestack.records.steps import BuildInput, BuildRecord, BuiltOverlay, ImageRecord
+from servestack.sources.registry import Client
+from servestack.wheels import normalize
 
 __all__ = ["SBOM_TITLE", "SPDX_JSON", "SPDX_PREDICATE", "BaseSystem", "DebianPackage", "base_system", "parse_dpkg_status",
            "python_distributions", "read_sbom", "spdx_document"]

@@ -18,12 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import InputError, InputErrors
-from ..project import DEFAULT_STACK, Project
-from .compare import FileComparison, closest_set, compare_dirs, format_comparisons
-from .engine import EngineSpec, describe, load_engine
-from .render import Family, check_rendered, committed_sets, families, load_family, render_committed, render_family, render_recipes
-from .validate import UNBOUND_IMAGE, header_stack, image_ref_problem, validate_paths, validate_text
+from servestack.errors import InputError, InputErrors
+from servestack.recipes.engine_cli import EngineSpec, describe, load_engine
+from servestack.recipes.render import (
+    Family,
+    check_rendered,
+    committed_sets,
+    families,
+    load_family,
+    render_committed,
+    render_family,
+    render_recipes,
+)
+from servestack.recipes.semantic_diff import FileComparison, closest_set, compare_dirs, format_comparisons
+from servestack.recipes.validate import UNBOUND_IMAGE, header_stack, image_ref_problem, validate_paths, validate_text
+from servestack.util.project import DEFAULT_STACK, Project
 
 
 def engine_file(project: Project, stack: str) -> Path:
@@ -52,7 +61,7 @@ class _Engines:
             path = engine_file(self.project, stack)
             if not path.exists():
                 raise InputError(recipe, "", f"no engine description for stack {stack!r} ({path} is missing): "
-                                             "pass --stack or --engine, or generate it with servestack.recipes.engine")
+                                             "pass --stack or --engine, or generate it with servestack.recipes.engine_cli")
         spec = self.load(path)
         self.used[recipe] = path
         return spec
@@ -65,7 +74,7 @@ class _Engines:
         if stack is None or not file.exists():
             return ()
         if stack not in self.stacks:
-            from ..stack import load_stack
+            from servestack.records.stack import load_stack
 
             self.stacks[stack] = tuple(load_stack(file).platforms)
         return self.stacks[stack]

@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .kvrules import KvRule
-from .roles import Found, Role, roles
-from .structure import Checker
+from servestack.recipes.kvrules import KvRule
+from servestack.recipes.roles import Found, Role, roles
+from servestack.recipes.structure import Checker
 
 
 @dataclass(frozen=True, kw_only=True)

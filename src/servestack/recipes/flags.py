@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..yamlfile import Node
-from .engine import DYNAMO_VLLM, VLLM_SERVE, ParserSpec
-from .structure import Checker, suggest
+from servestack.recipes.engine_cli import DYNAMO_VLLM, VLLM_SERVE, ParserSpec
+from servestack.recipes.structure import Checker, suggest
+from servestack.util.yamlfile import Node
 
 
 def worker_command(frontend_type: Any) -> str:
@@ -29,7 +29,7 @@ def check_flags(c: Checker, args: Node | None, where: tuple[str, ...], parser_na
     parser = c.engine.parser(parser_name)
     if parser is None:
         c.err(args, where, f"{c.engine.source or 'the engine description'} does not describe {parser_name!r}, "
-              f"the command srt-slurm starts here: regenerate it with servestack.recipes.engine "
+              f"the command srt-slurm starts here: regenerate it with servestack.recipes.engine_cli "
               f"where that command is installed", at_key=True)
         return
     for key, child in args.value.items():

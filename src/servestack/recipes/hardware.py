@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..yamlfile import Node
-from .structure import Checker, is_int
+from servestack.recipes.structure import Checker, is_int
+from servestack.util.yamlfile import Node
 
 FP4 = frozenset({"nvfp4", "fp4", "mxfp4"})
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from servestack.errors import InputError
 
 KV_DIR = "vllm/distributed/kv_transfer/"
 ARG_UTILS = "vllm/engine/arg_utils.py"
@@ -309,7 +309,7 @@ def load_rules(data: Any, path: Path | str) -> tuple[KvRule, ...]:
 def main(argv: list[str] | None = None) -> int:
     import json
 
-    from ..fsutil import atomic_write_text, canonical_json
+    from servestack.util.fsutil import atomic_write_text, canonical_json
 
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     wheel, target = Path(argv[0]), Path(argv[1])
     description = json.loads(target.read_text())
-    from ..fsutil import sha256_file
+    from servestack.util.fsutil import sha256_file
 
     description["kv_transfer"] = describe_rules(wheel_sources(wheel), f"{wheel.name} sha256:{sha256_file(wheel)}")
     atomic_write_text(target, canonical_json(description))

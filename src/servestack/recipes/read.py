@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
-from ..yamlfile import Document, load
-from .schema import deployment_shape
-from .structure import concurrency_list
+from servestack.errors import InputError
+from servestack.recipes.schema import deployment_shape
+from servestack.recipes.structure import concurrency_list
+from servestack.util.yamlfile import Document, load
 
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")
 

@@ -28,14 +28,14 @@ from typing import Any
 
 import yaml
 
-from ..errors import InputError, Location
-from ..fsutil import atomic_write_text, sha256_file
-from ..project import Project
-from ..records.lockfile import Lock, read_lock
-from ..yamlfile import Node, parse
-from .srtslurm import SRT_SLURM
-from .validate import RENDER_MARK, UNBOUND_IMAGE, image_ref_problem
-from .variants import deep_merge
+from servestack.errors import InputError, Location
+from servestack.recipes.srtslurm import SRT_SLURM
+from servestack.recipes.validate import RENDER_MARK, UNBOUND_IMAGE, image_ref_problem
+from servestack.recipes.variants import deep_merge
+from servestack.records.lockfile import Lock, read_lock
+from servestack.util.fsutil import atomic_write_text, sha256_file
+from servestack.util.project import Project
+from servestack.util.yamlfile import Node, parse
 
 FAMILIES_DIR = "families"
 

@@ -11,9 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..yamlfile import Node
-from . import schema as S
-from .structure import is_int
+from servestack.recipes import schema as S
+from servestack.recipes.structure import is_int
+from servestack.util.yamlfile import Node
 
 V1_MODES = {"prefill": "prefill", "decode": "decode", "agg": "aggregated"}
 

@@ -3,11 +3,11 @@ hardware is what its GPU type has (hardware.py), its workload fits the engine's 
 
 from __future__ import annotations
 
-from ..yamlfile import Node
-from .crossrole import check_roles
-from .hardware import check_hardware
-from .structure import Checker
-from .workload import check_workload
+from servestack.recipes.crossrole import check_roles
+from servestack.recipes.hardware import check_hardware
+from servestack.recipes.structure import Checker
+from servestack.recipes.workload import check_workload
+from servestack.util.yamlfile import Node
 
 
 def check_runnable(c: Checker, root: Node) -> None:

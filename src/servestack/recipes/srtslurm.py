@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import InputError
+from servestack.errors import InputError
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,10 +12,10 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from ..errors import InputError, Location
-from ..yamlfile import Node
-from . import schema as S
-from .engine import EngineSpec
+from servestack.errors import InputError, Location
+from servestack.recipes import schema as S
+from servestack.recipes.engine_cli import EngineSpec
+from servestack.util.yamlfile import Node
 
 _CONC_STRING = re.compile(r"^[0-9]+(x[0-9]+)*$")
 _PLACEHOLDER = re.compile(r"\{\s*[A-Za-z_][\w.-]*\s*\}")

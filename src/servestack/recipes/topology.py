@@ -3,10 +3,10 @@ nodes, the engine's parallel sizes make up each worker's GPUs; and which engine 
 
 from __future__ import annotations
 
-from ..yamlfile import Node
-from . import schema as S
-from .flags import check_env, check_flags, frontend_type, worker_command
-from .structure import Checker, is_int
+from servestack.recipes import schema as S
+from servestack.recipes.flags import check_env, check_flags, frontend_type, worker_command
+from servestack.recipes.structure import Checker, is_int
+from servestack.util.yamlfile import Node
 
 
 def fit(c: Checker, role: str, nodes_n: Node | None, workers_n: Node | None, gpus_n: Node | None,

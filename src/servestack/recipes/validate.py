@@ -28,15 +28,15 @@ import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from ..errors import InputError, Location
-from ..imageref import ImageRef
-from ..yamlfile import Node, parse
-from . import schema as S
-from .engine import EngineSpec, load_engine
-from .runnable import check_runnable
-from .structure import Checker
-from .topology import check_recipe
-from .variants import expand_overrides
+from servestack.errors import InputError, Location
+from servestack.recipes import schema as S
+from servestack.recipes.engine_cli import EngineSpec, load_engine
+from servestack.recipes.runnable import check_runnable
+from servestack.recipes.structure import Checker
+from servestack.recipes.topology import check_recipe
+from servestack.recipes.variants import expand_overrides
+from servestack.records.imageref import ImageRef
+from servestack.util.yamlfile import Node, parse
 
 UNBOUND_IMAGE = "servestack-unbound"
 RENDER_MARK = "# Rendered by servestack"

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from ..yamlfile import Node
-from . import schema as S
-from .structure import Checker, suggest
+from servestack.recipes import schema as S
+from servestack.recipes.structure import Checker, suggest
+from servestack.util.yamlfile import Node
 
 
 def expand_overrides(c: Checker, root: Node) -> tuple[Node, dict, dict, list[tuple[str, Node]]]:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import math
 import re
 
-from ..yamlfile import Node
-from .hardware import FP4, GPUS
-from .roles import Role, roles
-from .structure import Checker, concurrency_list, is_int
+from servestack.recipes.hardware import FP4, GPUS
+from servestack.recipes.roles import Role, roles
+from servestack.recipes.structure import Checker, concurrency_list, is_int
+from servestack.util.yamlfile import Node
 
 # vLLM 0.31.0's defaults when a role leaves them unset, on GPUs of >= 70 GB
 # (engine/arg_utils.py:_set_default_max_num_seqs_and_batched_tokens_args) and for the largest capture

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import InputError, Location, ServestackError
-from ..fsutil import atomic_write_json
+from servestack.errors import InputError, Location, ServestackError
+from servestack.util.fsutil import atomic_write_json
 
 T = TypeVar("T")
 _MISSING = object()

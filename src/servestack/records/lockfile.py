@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .fields import Fields, read_record, write_record
+from servestack.records.fields import Fields, read_record, write_record
 
 PR_STATUSES = ("included", "overlay", "unverified")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..imageref import ImageRef
-from .fields import Fields, read_record, write_record
+from servestack.records.fields import Fields, read_record, write_record
+from servestack.records.imageref import ImageRef
 
 # --------------------------------------------------------------------------- build.json
 

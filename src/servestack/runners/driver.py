@@ -25,9 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..fsutil import atomic_write_json
-from ..interrupts import Terminated, held, signals_unwind
-from .base import RETRYABLE, JobHandle, JobSpec, JobState, Runner
+from servestack.runners.interface import RETRYABLE, JobHandle, JobSpec, JobState, Runner
+from servestack.util.fsutil import atomic_write_json
+from servestack.util.interrupts import Terminated, held, signals_unwind
 
 log = logging.getLogger("servestack.runners")
 

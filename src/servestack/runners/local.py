@@ -10,9 +10,9 @@ import logging
 import time
 from pathlib import Path
 
-from ..errors import ServestackError
-from ..fsutil import atomic_write_text
-from .base import JobHandle, JobSpec, JobState, PollingWait
+from servestack.errors import ServestackError
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
+from servestack.util.fsutil import atomic_write_text
 
 log = logging.getLogger("servestack.runners.local")
 
@@ -31,7 +31,7 @@ class LocalRunner(PollingWait):
     @property
     def client(self):
         if self._client is None:
-            from .. import services
+            from servestack import services
 
             self._client = services.docker_client(timeout=600)
         return self._client

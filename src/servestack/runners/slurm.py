@@ -18,13 +18,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..errors import ServestackError
-from ..fsutil import atomic_write_text
-from ..imageref import ImageRef
-from ..proc import CommandError, run
-from .base import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
-from .preflight import MARKER, SCRIPT_NAME
-from .preflight import SCRIPT as PREFLIGHT_SCRIPT
+from servestack.errors import ServestackError
+from servestack.records.imageref import ImageRef
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
+from servestack.runners.preflight import MARKER, SCRIPT_NAME
+from servestack.runners.preflight import SCRIPT as PREFLIGHT_SCRIPT
+from servestack.util.fsutil import atomic_write_text
+from servestack.util.proc import CommandError, run
 
 log = logging.getLogger("servestack.runners.slurm")
 

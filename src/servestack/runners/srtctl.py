@@ -35,16 +35,16 @@ from typing import Annotated, Any
 import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
 
-from ..clients import agreement
-from ..errors import ServestackError
-from ..fsutil import atomic_write_bytes, atomic_write_text
-from ..proc import run
-from ..recipes.read import load_recipe
-from ..yamlfile import RelativePath, relative_to_base
-from . import srtlogs
-from .base import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
-from .preflight import SCRIPT_NAME, NodePreflight
-from .slurm import pull_reference, scancel, slurm_state
+from servestack.clients import agreement
+from servestack.errors import ServestackError
+from servestack.recipes.read import load_recipe
+from servestack.runners import srtlogs
+from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
+from servestack.runners.preflight import SCRIPT_NAME, NodePreflight
+from servestack.runners.slurm import pull_reference, scancel, slurm_state
+from servestack.util.fsutil import atomic_write_bytes, atomic_write_text
+from servestack.util.proc import run
+from servestack.util.yamlfile import RelativePath, relative_to_base
 
 log = logging.getLogger("servestack.runners.srtctl")
 
@@ -124,7 +124,7 @@ def parse_apply_output(stdout: str) -> list[dict[str, Any]]:
 def results_in(output_dir: Path) -> dict[str, Path]:
     """srt-slurm's result files under `<output_dir>/logs`, by point name: the concurrency for
     sa-bench, `repeat-<i>` for gsm8k_run<i+1>.json."""
-    from ..stages.results import find_srt_results  # not at import: the stages import the runners
+    from servestack.stages.results import find_srt_results  # not at import: the stages import the runners
 
     logs = output_dir / "logs"
     found: dict[str, Path] = {str(c): path for c, (path, _g) in find_srt_results(logs).items()}

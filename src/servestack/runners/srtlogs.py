@@ -57,7 +57,7 @@ def placement(output_dir: Path) -> dict[str, Any]:
     """{"nodes": {role: node}, "advertised": [{role, node, variable, value, problem?}], and for a
     disaggregated job "kv_transfers": {"successful", "failed", "from": [prefill nodes], "to": [decode
     nodes]}}; {} when srt-slurm left no logs."""
-    from ..smoke.endpoints import kv_transfers
+    from servestack.smoke.endpoints import kv_transfers
 
     logs = output_dir / "logs"
     nodes: dict[str, str] = {}

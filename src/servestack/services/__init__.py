@@ -14,11 +14,11 @@ One module per service: dockerd (and the Docker client), registry (loopback and 
 slurm, binfmt; daemons holds how each is started (detached, serialised, with a deadline).
 """
 
-from .binfmt import ensure_binfmt_aarch64
-from .dockerd import docker_client, ensure_dockerd
-from .munge import ensure_munge
-from .registry import DEFAULT_REGISTRY, ensure_registry, ensure_tls_registry
-from .slurm import ensure_slurm
+from servestack.services.binfmt import ensure_binfmt_aarch64
+from servestack.services.dockerd import docker_client, ensure_dockerd
+from servestack.services.munge import ensure_munge
+from servestack.services.oci_registry import DEFAULT_REGISTRY, ensure_registry, ensure_tls_registry
+from servestack.services.slurm_daemons import ensure_slurm
 
 __all__ = [
     "DEFAULT_REGISTRY",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import ServestackError
-from ..proc import CommandError, run
-from .daemons import BOOTSTRAP_HINT, exclusive, require
+from servestack.errors import ServestackError
+from servestack.services.daemons import BOOTSTRAP_HINT, exclusive, require
+from servestack.util.proc import CommandError, run
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from ..errors import ServestackError
-from ..project import state_home
+from servestack.errors import ServestackError
+from servestack.util.project import state_home
 
 BOOTSTRAP_HINT = "run .ci/bootstrap (as root) to install it"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..errors import ServestackError
-from ..fsutil import atomic_write_text
-from ..proc import TimeoutExpired, run
-from ..project import state_home
-from .daemons import exclusive, log_tail, require, spawn_detached, wait_until
+from servestack.errors import ServestackError
+from servestack.services.daemons import exclusive, log_tail, require, spawn_detached, wait_until
+from servestack.util.fsutil import atomic_write_text
+from servestack.util.proc import TimeoutExpired, run
+from servestack.util.project import state_home
 
 SNAPSHOTTER_DRIVER = "io.containerd.snapshotter.v1"
 DOCKER_DAEMON_JSON = Path("/etc/docker/daemon.json")

@@ -6,10 +6,10 @@ import os
 import pwd
 from pathlib import Path
 
-from ..fsutil import atomic_write_bytes
-from ..proc import TimeoutExpired, run
-from ..project import state_home
-from .daemons import exclusive, require, spawn_detached, wait_until
+from servestack.services.daemons import exclusive, require, spawn_detached, wait_until
+from servestack.util.fsutil import atomic_write_bytes
+from servestack.util.proc import TimeoutExpired, run
+from servestack.util.project import state_home
 
 MUNGE_KEY = Path("/etc/munge/munge.key")
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")

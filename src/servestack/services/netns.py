@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ServestackError
-from ..proc import run
-from .daemons import require
+from servestack.errors import ServestackError
+from servestack.services.daemons import require
+from servestack.util.proc import run
 
 BRIDGE = "ssbr0"
 NETWORK = ipaddress.ip_network("10.213.0.0/24")

@@ -18,11 +18,11 @@ import shutil
 import socket
 from pathlib import Path
 
-from ..fsutil import atomic_write_text
-from ..project import state_home
-from . import netns
-from .daemons import kill_pidfile, pid_alive, require, wait_until
-from .slurm_layout import Layout, common_conf, tail_conf
+from servestack.services import netns
+from servestack.services.daemons import kill_pidfile, pid_alive, require, wait_until
+from servestack.services.slurm_layout import Layout, common_conf, tail_conf
+from servestack.util.fsutil import atomic_write_text
+from servestack.util.project import state_home
 
 CTLD_PORT = 6917
 

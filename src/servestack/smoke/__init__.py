@@ -33,24 +33,39 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .. import services
-from ..errors import ServestackError
-from ..fsutil import atomic_write_text, sha256_file
-from ..image import load_image
-from ..imageref import ImageRef
-from ..interrupts import signals_unwind
-from ..lock import load_lock
-from ..records.smoke import SmokeRecord, write_smoke
-from ..records.steps import ImageRecord
-from ..project import Project
-from .containers import ensure_image, host_docker_platform
-from .junit import render_junit
-from .gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, host_gpus
-from .plan import DisaggPlan, ServePlan, disagg_plan, engine_usage, probe_config, serve_command, serve_plan
-from .records import FAIL, NOT_RUN, PASS, Check, SmokeResult
-from .serving import DEFAULT_READY_TIMEOUT, _not_run_disagg, _not_run_serving, run_disagg_probe, run_serving_probe
-from .nvidia_hook import check_nvidia_hook
-from .static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
+from servestack import services
+from servestack.errors import ServestackError
+from servestack.image import load_image
+from servestack.lock import load_lock
+from servestack.records.imageref import ImageRef
+from servestack.records.smokefile import SmokeRecord, write_smoke
+from servestack.records.steps import ImageRecord
+from servestack.smoke.checklist import (
+    DisaggPlan,
+    ServePlan,
+    disagg_plan,
+    engine_usage,
+    probe_config,
+    serve_command,
+    serve_plan,
+)
+from servestack.smoke.containers import ensure_image, host_docker_platform
+from servestack.smoke.gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, host_gpus
+from servestack.smoke.junit import render_junit
+from servestack.smoke.nvidia_hook import check_nvidia_hook
+from servestack.smoke.serving import (
+    DEFAULT_READY_TIMEOUT,
+    _not_run_disagg,
+    _not_run_serving,
+    run_disagg_probe,
+    run_serving_probe,
+)
+from servestack.smoke.static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
+from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check, SmokeResult
+from servestack.util.fsutil import atomic_write_text, sha256_file
+from servestack.util.interrupts import signals_unwind
+from servestack.util.project import Project
+
 
 def run_smoke(
     project: Project,

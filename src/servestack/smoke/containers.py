@@ -8,8 +8,8 @@ import platform as host_platform
 import re
 import uuid
 
-from ..errors import ServestackError
-from ..imageref import ImageRef
+from servestack.errors import ServestackError
+from servestack.records.imageref import ImageRef
 
 log = logging.getLogger("servestack.smoke")
 
@@ -30,7 +30,7 @@ def ensure_image(client, reference: str, platform: str) -> None:
         return
     except docker.errors.ImageNotFound:
         pass
-    from .. import services
+    from servestack import services
 
     if ImageRef.parse(reference).registry == services.DEFAULT_REGISTRY:
         services.ensure_registry()

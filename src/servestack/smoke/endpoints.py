@@ -14,11 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..clients import agreement
-from . import gpulogs
-from .containers import log_errors, log_message
-from .plan import FRONTEND_REQUEST_TIMEOUT_S
-from .records import FAIL, NOT_RUN, PASS
+from servestack.clients import agreement
+from servestack.smoke import gpulogs
+from servestack.smoke.checklist import FRONTEND_REQUEST_TIMEOUT_S
+from servestack.smoke.containers import log_errors, log_message
+from servestack.smoke.summary import FAIL, NOT_RUN, PASS
 
 
 @dataclass

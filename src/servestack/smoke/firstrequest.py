@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
+from servestack.smoke.endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
 
 # A short prompt and two tokens: enough for the prefill worker to compute the prompt's KV, the
 # decode worker to pull it and decode from it.

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import yaml
 
-from ..errors import ServestackError
+from servestack.errors import ServestackError
 
 CDI_KIND = "nvidia.com/gpu"
 # Where the NVIDIA driver lists each GPU it bound (one directory per PCI address), on the host.

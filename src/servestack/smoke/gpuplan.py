@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..tinymodel import QWEN35_ENV, QWEN35_FLAGS
-from .gpu import GpuHost
+from servestack.inputs.tinymodel import QWEN35_ENV, QWEN35_FLAGS
+from servestack.smoke.gpu import GpuHost
 
 # Production's recipes (recipes/families/qwen35-gb200.yaml) run with CUDA graphs (no
 # --enforce-eager) and async scheduling; the tiny model takes the rest of production's Qwen3.5

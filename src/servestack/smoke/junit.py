@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from xml.etree import ElementTree as ET
 
-from .records import FAIL, NOT_RUN, Check
+from servestack.smoke.summary import FAIL, NOT_RUN, Check
 
 
 def render_junit(stack: str, checks: list[Check], wall_s: float = 0.0) -> str:

@@ -17,8 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from ..cluster import ClusterToolsMissing, vendor_archive
-from .records import FAIL, NOT_RUN, PASS, Check
+from servestack.cluster import ClusterToolsMissing, vendor_archive
+from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 
 HOOK = "conf/hooks/98-nvidia.sh"
 LIBRARY = "src/common.sh"

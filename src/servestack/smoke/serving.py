@@ -20,12 +20,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .containers import _container_name, _log_excerpt, _remove_named
-from .discovery import DiscoveryLeases, all_running
-from .endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
-from .firstrequest import FirstRequest
-from .plan import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
-from .records import FAIL, NOT_RUN, PASS, Check
+from servestack.smoke.checklist import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
+from servestack.smoke.containers import _container_name, _log_excerpt, _remove_named
+from servestack.smoke.discovery import DiscoveryLeases, all_running
+from servestack.smoke.endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
+from servestack.smoke.firstrequest import FirstRequest
+from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 
 log = logging.getLogger("servestack.smoke")
 

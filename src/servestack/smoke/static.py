@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .containers import _container_name, _log_tail, _remove, host_docker_platform
-from .plan import VENV_PYTHON
-from .records import FAIL, PASS, Check
+from servestack.smoke.checklist import VENV_PYTHON
+from servestack.smoke.containers import _container_name, _log_tail, _remove, host_docker_platform
+from servestack.smoke.summary import FAIL, PASS, Check
 
 # A directory run as `python DIR CONFIG.json` (its __main__): copied whole, without bytecode of the host's Python.
 PROBE_PACKAGE = Path(__file__).resolve().parents[1] / "probe" / "static"

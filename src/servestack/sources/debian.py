@@ -20,10 +20,10 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from .. import cache
-from ..cache import IntegrityError
-from ..errors import ServestackError
-from ..fsutil import sha256_bytes
+from servestack.errors import ServestackError
+from servestack.sources import cache
+from servestack.sources.cache import IntegrityError
+from servestack.util.fsutil import sha256_bytes
 
 SOURCES = (Path("/etc/apt/sources.list.d"), Path("/etc/apt/sources.list"))
 INDEX = "debian"
@@ -85,7 +85,7 @@ def _read(path: str, what: str) -> bytes:
             return Path(unquote(parsed.path)).read_bytes()
         except OSError as exc:
             raise ServestackError(f"{what}: cannot read {location}: {exc.strerror}") from None
-    from . import http
+    from servestack.sources import http
 
     response = http.get(http.session(), location, what=what, timeout=120)
     if response.status_code != 200:

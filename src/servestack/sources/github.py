@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import requests
 
-from ..errors import ServestackError
-from . import http
+from servestack.errors import ServestackError
+from servestack.sources import http
 
 DEFAULT_API = "https://api.github.com"
 

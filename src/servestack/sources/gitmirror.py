@@ -18,10 +18,10 @@ import os
 import re
 from pathlib import Path
 
-from .. import proc
-from ..errors import NetworkError, ServestackError
-from ..project import cache_home
-from .github import PullRequestInfo, PullRequestNotFound
+from servestack.errors import NetworkError, ServestackError
+from servestack.sources.github import PullRequestInfo, PullRequestNotFound
+from servestack.util import proc
+from servestack.util.project import cache_home
 
 ENV = "SERVESTACK_GIT_MIRROR"
 _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}

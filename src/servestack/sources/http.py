@@ -6,7 +6,7 @@ import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
-from ..errors import NetworkError
+from servestack.errors import NetworkError
 
 USER_AGENT = "servestack"
 

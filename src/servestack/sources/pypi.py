@@ -19,12 +19,12 @@ from packaging import tags
 from packaging.markers import Marker
 from packaging.utils import parse_wheel_filename
 
-from .. import proc
-from ..errors import InputError, NetworkError, ServestackError
-from ..indexes import DEFAULT_INDEX, IndexLocation, locate
-from ..records import lockfile
-from ..stack import Stack
-from ..wheels import normalize
+from servestack.errors import InputError, NetworkError, ServestackError
+from servestack.records import lockfile
+from servestack.records.stack import Stack
+from servestack.sources.indexes import DEFAULT_INDEX, IndexLocation, locate
+from servestack.util import proc
+from servestack.wheels import normalize
 
 # Oldest glibc the image's base satisfies; manylinux wheels up to it are acceptable.
 GLIBC = (2, 36)
@@ -94,7 +94,7 @@ def resolve(stack: Stack, stack_file: Path, platform: str, *, preferences: dict[
     """Resolve the stack's packages for one platform into exactly one wheel per package, keeping the
     PREFERENCES' versions (name -> version) where the closure allows; `dated`: whether the default
     index serves upload times, without which uv's date cutoff would drop every one of its files."""
-    from ..preferences import pylock_text
+    from servestack.lock.preferences import pylock_text
 
     with tempfile.TemporaryDirectory(prefix="servestack-lock-") as tmp:
         work = Path(tmp)

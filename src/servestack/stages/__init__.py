@@ -1,8 +1,15 @@
 """Accuracy and throughput stages: normalized results, gates, and the functions the CLI calls."""
 
-from .gates import GateConfig, Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
-from .results import AccuracyRun, StageResult, ThroughputPoint, parse_gsm8k_result, parse_srt_result, parse_vllm_result
-from .run import StageFailed, raise_for_verdict, run_pipeline, run_stage
+from servestack.stages.execute import StageFailed, raise_for_verdict, run_pipeline, run_stage
+from servestack.stages.gates import GateConfig, Verdict, evaluate_accuracy, evaluate_throughput, format_verdict
+from servestack.stages.results import (
+    AccuracyRun,
+    StageResult,
+    ThroughputPoint,
+    parse_gsm8k_result,
+    parse_srt_result,
+    parse_vllm_result,
+)
 
 __all__ = [
     "AccuracyRun", "GateConfig", "StageFailed", "StageResult", "ThroughputPoint", "Verdict",

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import compare, comparisons, verdicts
-from ..errors import InputError
-from ..project import Project
-from .gates import Check, Failure, evaluate_throughput
-from .pipeline import Pipeline, Stage
-from .results import StageResult
+from servestack import compare
+from servestack.compare import comparisons, verdicts
+from servestack.errors import InputError
+from servestack.stages.gates import Check, Failure, evaluate_throughput
+from servestack.stages.pipeline import Pipeline, Stage
+from servestack.stages.results import StageResult
+from servestack.util.project import Project
 
 
 def _judged(comparison: compare.Comparison, result: StageResult, gate_baseline: str) -> None:
@@ -59,7 +60,7 @@ def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result:
 def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str, run_id: str,
                                stage_dir: Path, recipes: tuple[str, ...] | None) -> StageResult:
     """The stage as one interleaved session of the baseline image (A) and this one (B)."""
-    from .. import interleave
+    from servestack.stages import interleave
 
     gate = stage.gate
     if "@sha256:" not in gate.baseline:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..clients.agreement import describe_failures
-from .results import AccuracyRun, Check, Failure, ThroughputPoint, Verdict
+from servestack.clients.agreement import describe_failures
+from servestack.stages.results import AccuracyRun, Check, Failure, ThroughputPoint, Verdict
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def placement_failures(jobs: list[dict]) -> list[Failure]:
     """Where a job ran, as srt-slurm's logs say (runners.srtlogs): every address a process was given
     to advertise is one the job's other nodes reach (not loopback, not outside the job), and a
     disaggregated job that completed moved its KV cache over NIXL, without a failed transfer."""
-    from ..runners.srtlogs import address_problems
+    from servestack.runners.srtlogs import address_problems
 
     out = []
     for job in jobs:

@@ -6,12 +6,12 @@ The models below are the file's format: each option is declared once, with its d
 
     stack: dev-cpu
     runner:
-      kind: local                  # a name in runners.registry.RUNNERS
+      kind: local                  # a name in runners.selection.RUNNERS
       python: python3              # the image's interpreter
       slurm: {partition: null, account: null, container: auto, extra_sbatch: [], local_cluster: false}
       srtctl: {executable: srtctl, output_dir: null}
       disaggregated: null          # the runner for disaggregated recipes `kind` cannot start (srtctl)
-    retry: {max_attempts: 3, poll_seconds: 5}  # retry_on: the end states resubmitted (runners.base.RETRYABLE)
+    retry: {max_attempts: 3, poll_seconds: 5}  # retry_on: the end states resubmitted (runners.interface.RETRYABLE)
     model_dir: null                # host model dir mounted at /model (default: recipe model.path)
     model_paths: {tiny-qwen35: /opt/servestack/models/servestack/tiny-qwen35}  # alias -> dir in the image
     data_dir: data/gsm8k           # relative to the project root (default: the shipped GSM8K)
@@ -42,15 +42,23 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, create_model,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    create_model,
+    model_validator,
+)
 
-from .. import yamlfile
-from ..clients import agreement
-from ..runners.base import RETRYABLE, JobState
-from ..runners.driver import RetryPolicy
-from ..runners.registry import RUNNERS, starting
-from .gates import GateConfig
+from servestack.clients import agreement
+from servestack.runners.driver import RetryPolicy
+from servestack.runners.interface import RETRYABLE, JobState
+from servestack.runners.selection import RUNNERS, starting
+from servestack.stages.gates import GateConfig
+from servestack.util import yamlfile
 
 
 def parse_duration(value: Any) -> int:
@@ -181,7 +189,7 @@ class ThroughputGate(_Model):
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
 
     def policy(self):
-        from ..verdicts import Policy
+        from servestack.compare.verdicts import Policy
 
         return Policy(threshold=self.regression_threshold, alpha=self.regression_alpha, min_rounds=self.min_rounds,
                       max_rounds=max(self.max_rounds, self.min_rounds), undecided_fails=self.undecided_fails)

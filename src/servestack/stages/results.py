@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..clients import agreement
-from ..errors import InputError
+from servestack.clients import agreement
+from servestack.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ class StageResult:
     # benchmark_seconds, overhead_seconds (wall - client): see stages.run
     timing: dict[str, Any] = field(default_factory=dict)
     # {recipe: what makes two runs of it the same experiment}: input and output lengths, prompts,
-    # accelerators, the runner, the recipe's resources and benchmark (stages.plan.conditions;
+    # accelerators, the runner, the recipe's resources and benchmark (stages.jobs.conditions;
     # compare.py compares only recipes whose conditions match)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     comparison: str = ""  # a baseline gate's comparison.md (comparisons.place), when held to one

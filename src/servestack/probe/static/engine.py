@@ -13,7 +13,7 @@ from .report import FAIL, GPU_MARKERS, NOT_RUN, PASS, check
 
 def vllm_parser():
     """vLLM's server argument parser as `vllm serve` builds it, and where it came from. The one place
-    that knows how: `servestack.recipes.engine` describes the same parser for pins/<stack>.engine.json."""
+    that knows how: `servestack.recipes.engine_cli` describes the same parser for pins/<stack>.engine.json."""
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:

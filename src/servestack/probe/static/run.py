@@ -11,18 +11,18 @@ import sys
 import tempfile
 
 from .base import check_base
+from .cpu_isa import section_cpu_isa
+from .elfclosure import check_native_closure
 from .engine import section_engine
 from .evidence import check_prs
 from .fast_path import check_fast_path_files, section_fast_path, section_loads
+from .gpu_node import section_gpu_node
+from .import_closure import check_import_closure
 from .imports import check_entry_points, section_imports
 from .installed import check_excluded, check_lock, check_model, check_overlays, check_versions, load_stack_json
+from .kernel_shapes import section_kernel_shapes
 from .report import FAIL, check, site_packages
 from .runtime_build import runtime_builds, section_runtime_build
-from .cpu_isa import section_cpu_isa
-from .gpu_node import section_gpu_node
-from .elfclosure import check_native_closure
-from .import_closure import check_import_closure
-from .kernel_shapes import section_kernel_shapes
 from .tokenizer import section_tokenizer
 
 # The package directory: `python PACKAGE_DIR ...` runs it (see __main__), here and in the children.

@@ -21,7 +21,7 @@ loopback), client (Client: transport, blobs, manifests, referrers), calls (resol
 one-call operations).
 """
 
-from .calls import (
+from servestack.sources.registry.calls import (
     blob_exists,
     download_blob,
     get_blob,
@@ -32,8 +32,8 @@ from .calls import (
     put_manifest,
     resolve_digest,
 )
-from .client import Client, RegistryError
-from .model import (
+from servestack.sources.registry.client import Client, RegistryError
+from servestack.sources.registry.model import (
     DIGEST,
     EMPTY_JSON,
     MANIFEST_TYPES,
@@ -44,7 +44,7 @@ from .model import (
     Reference,
     sha256_digest,
 )
-from .trust import auth_files, basic_credentials, ca_file, certs_d
+from servestack.sources.registry.trust import auth_files, basic_credentials, ca_file, certs_d
 
 __all__ = [
     "DIGEST", "EMPTY_JSON", "MANIFEST_TYPES", "OCI_EMPTY", "OCI_INDEX", "OCI_MANIFEST", "Client", "Descriptor",

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ...errors import ServestackError
-from .client import Client, RegistryError
-from .model import Reference, sha256_digest
+from servestack.errors import ServestackError
+from servestack.sources.registry.client import Client, RegistryError
+from servestack.sources.registry.model import Reference, sha256_digest
 
 
 def resolve_digest(reference: str, retries: int = 4) -> str:

@@ -22,11 +22,20 @@ from typing import Any, TypeVar
 
 import requests
 
-from ...errors import NetworkError, ServestackError
-from .. import http
-from .limits import BLOB_LIMIT, CHUNK, LAYER_LIMIT, MANIFEST_LIMIT, Body, Overflow, content_length, read_bounded
-from .model import DIGEST, MANIFEST_TYPES, OCI_INDEX, Descriptor, Reference, sha256_digest
-from .trust import basic_credentials, ca_file, certs_d, loopback
+from servestack.errors import NetworkError, ServestackError
+from servestack.sources import http
+from servestack.sources.registry.limits import (
+    BLOB_LIMIT,
+    CHUNK,
+    LAYER_LIMIT,
+    MANIFEST_LIMIT,
+    Body,
+    Overflow,
+    content_length,
+    read_bounded,
+)
+from servestack.sources.registry.model import DIGEST, MANIFEST_TYPES, OCI_INDEX, Descriptor, Reference, sha256_digest
+from servestack.sources.registry.trust import basic_credentials, ca_file, certs_d, loopback
 
 log = logging.getLogger("servestack.registry")
 T = TypeVar("T")
