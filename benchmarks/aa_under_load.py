@@ -76,7 +76,7 @@ def one_run(image: str, burners: int, period: float) -> tuple[bool, list[str]]:
         (root / "pipelines").mkdir()
         (root / "recipes").symlink_to(ROOT / "recipes")
         (root / "pipelines" / "reference.yaml").write_text(PIPELINE.format(data=ROOT / "data" / "gsm8k"))
-        project = Project(root)
+        project = Project(root=root)
         policy = load_pipeline(project.pipelines / "reference.yaml", root).stages.throughput.gate.policy()
         arms = (interleave.Arm(name="a", image=image, pipeline="reference"),
                 interleave.Arm(name="a2", image=image, pipeline="reference"))

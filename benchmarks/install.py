@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--project", type=Path, default=HERE.parent, help="whose build/<stack>/build.json to install")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    project = Project(args.project.resolve())
+    project = Project(root=args.project.resolve())
     record, locked = build.load_build(project, args.stack), load_lock(project, args.stack)
     wheels = [(Path(i.path), i.sha256) for i in record.inputs] + [(Path(o.path), o.wheel.sha256) for o in record.overlays]
     version = image.interpreter_version(locked, record.platform)

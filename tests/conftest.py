@@ -15,6 +15,7 @@ from fixtures.servers import package_index, push_image, serve_directory  # noqa:
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
 
 from servestack import cluster, services  # noqa: E402
+from servestack.cluster import srtctl_tool, vendored
 from servestack.services import daemons  # noqa: E402
 
 # The services a fast test may not use: each starts (or relies on) a system daemon.
@@ -119,7 +120,7 @@ def world(tmp_path_factory):
     pkg = build_tinypkg(root / "pkg")
     index_server, index_url = serve_directory(root / "index")
     package_index(root / "index", [pkg.wheel])
-    fake = FakeGitHub(pkg.repo_name, pkg.repo)
+    fake = FakeGitHub(repo_name=pkg.repo_name, repo=pkg.repo)
     for number, pr in pkg.prs.items():
         fake.pulls[number] = {"title": f"PR {number} ({pr.kind})", "head": pr.head, "base": pr.base,
                               "merge": pr.merge, "patch": pr.patch}
@@ -148,7 +149,7 @@ def cluster_node(slurm_env) -> cluster.Cluster:
     """The login node's tools (srtctl, pyxis, enroot) on the local Slurm, or a skip saying what is missing."""
     try:
         return cluster.ensure_cluster(ROOT)
-    except cluster.ClusterToolsMissing as e:
+    except vendored.ClusterToolsMissing as e:
         pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
@@ -166,16 +167,16 @@ def srtctl_cluster() -> cluster.Cluster:
     squeue and scancel need to see those jobs."""
     try:
         return cluster.ensure_cluster(ROOT, nodes=srtctl_nodes())
-    except cluster.ClusterToolsMissing as e:
+    except vendored.ClusterToolsMissing as e:
         pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
 @pytest.fixture(scope="session")
-def srtctl() -> cluster.Srtctl:
+def srtctl() -> srtctl_tool.Srtctl:
     """srtctl installed from the vendored srt-slurm snapshot, or a skip saying what is missing."""
     try:
-        return cluster.ensure_srtctl(ROOT)
-    except cluster.ClusterToolsMissing as e:
+        return srtctl_tool.ensure_srtctl(ROOT)
+    except vendored.ClusterToolsMissing as e:
         pytest.skip(str(e))
 
 
@@ -225,7 +226,7 @@ def production_image() -> dict:
     from servestack import inputs as build
     from servestack.util.project import Project
 
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     services.ensure_registry()
     build.build(project, "qwen35-gb200")
     record = image.build_image(project, "qwen35-gb200")

@@ -251,7 +251,7 @@ def test_the_report_names_what_was_asked_again(tmp_path: Path):
 
     candidate = {**run(REF), "warmup": {"served": True, "failed_attempts": 1}, "refused_attempts": 2}
     comparisons, runs = compare_answers({"agg-acc": run(REF), "disagg-acc": candidate}, "agg-acc")
-    result = StageResult("dev-cpu", "dev-cpu", "accuracy", "img@sha256:" + "0" * 64, "local", tmp_path,
+    result = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="accuracy", image="img@sha256:" + "0" * 64, runner="local", out_dir=tmp_path,
                          accuracy=runs, agreement=comparisons)
     md = markdown_stage(result)
     assert ("Asked again: `disagg-acc`: 1 failed warm-up attempts, 2 attempts refused as unavailable (HTTP 503) "

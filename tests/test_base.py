@@ -105,7 +105,7 @@ def test_a_versioned_dependency_needs_a_version_that_satisfies_it_and_says_which
 
 def test_files_under_bin_land_in_usr_through_the_merged_usr_links_and_the_list_keeps_their_names(tmp_path):
     deb = read_deb(make_deb(tmp_path, "tool", {"bin/tool": b"#!/bin/sh\n", "usr/share/doc/tool/README": b"x"}))
-    root = Root(EPOCH)
+    root = Root(epoch=EPOCH)
     merged_usr(root, [deb])
     listed = unpack(root, deb)
     assert root.nodes["bin"].kind == "symlink" and root.nodes["bin"].link == "usr/bin"
@@ -119,7 +119,7 @@ def test_a_file_two_packages_ship_differently_is_refused_unless_one_replaces_the
     clash = read_deb(make_deb(tmp_path, "two", {"usr/bin/x": b"2"}))
     taker = read_deb(make_deb(tmp_path, "three", {"usr/bin/x": b"3"}, control="Replaces: one\n"))
     same = read_deb(make_deb(tmp_path, "four", {"usr/bin/x": b"1"}))
-    root = Root(EPOCH)
+    root = Root(epoch=EPOCH)
     unpack(root, first)
     unpack(root, same)  # the same bytes: shared, as dpkg allows
     with pytest.raises(ServestackError, match=r"two: /usr/bin/x is also shipped, differently, by one, which two "
@@ -249,7 +249,7 @@ def test_the_loader_cache_lists_each_library_by_soname_as_the_hosts_ldconfig_rea
                   + glob.glob("/usr/lib/x86_64-linux-gnu/libstdc++.so.6.*"))
     if len(libs) < 2:
         pytest.skip("this host has no x86-64 libc and libz to take as real libraries")
-    root = Root(EPOCH)
+    root = Root(epoch=EPOCH)
     root.file("etc/ld.so.conf", b"include /etc/ld.so.conf.d/*.conf\n")
     root.file("etc/ld.so.conf.d/x86_64-linux-gnu.conf", b"/usr/local/lib/x86_64-linux-gnu\n/lib/x86_64-linux-gnu\n")
     root.dir("usr/lib")

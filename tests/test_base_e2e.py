@@ -117,7 +117,7 @@ def left_to_the_scripts(path: str) -> bool:
 
 @pytest.fixture(scope="module")
 def dev_cpu():
-    lock = load_lock(Project(ROOT), "dev-cpu")
+    lock = load_lock(Project(root=ROOT), "dev-cpu")
     return {"lock": lock, "base": lock.base, "tarball": base_tarball.tarball(lock.base, PLATFORM)}
 
 

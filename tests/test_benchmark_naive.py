@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from conftest import ROOT
 
+# The script imports its sibling modules as `python benchmarks/build.py` would find them.
+sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location("benchmark_build", ROOT / "benchmarks" / "build.py")
 benchmark = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(benchmark)

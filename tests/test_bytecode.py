@@ -58,7 +58,7 @@ def _modules(site: Path) -> list[Module]:
     with open(pack, "wb") as out:
         for path in sorted(site.rglob("*.py")):
             source = path.read_bytes()
-            modules.append(Module(pack, out.tell(), len(source), f"{DDIR}/{path.relative_to(site).as_posix()}"))
+            modules.append(Module(pack=pack, offset=out.tell(), size=len(source), path=f"{DDIR}/{path.relative_to(site).as_posix()}"))
             out.write(source)
     return modules
 
@@ -160,7 +160,7 @@ def test_install_all_starts_one_compiler_per_cpu_it_may_run_on(monkeypatch):
             return None
 
     monkeypatch.setattr(trees, "BytecodePool", Recording)
-    monkeypatch.setattr(trees, "compiler", lambda python, image_version: trees.Compiler("/usr/bin/python3.11", "3.11.7"))
+    monkeypatch.setattr(trees, "compiler", lambda python, image_version: trees.Compiler(executable="/usr/bin/python3.11", version="3.11.7"))
     monkeypatch.setattr(os, "cpu_count", lambda: 64)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
     assert trees.install_all([], "3.11", None) == []

@@ -28,7 +28,7 @@ class RecordingRunner(PollingWait):
         self.seen_live = seen_live
 
     def submit(self, job: JobSpec) -> JobHandle:
-        return JobHandle(self.name, "77", job)
+        return JobHandle(runner=self.name, job_id="77", spec=job)
 
     def state(self, handle: JobHandle) -> JobState:
         if self.seen_live is not None:  # what another process would find while the job runs
@@ -46,7 +46,7 @@ class RecordingRunner(PollingWait):
 
 def test_a_live_job_is_on_disk_while_it_runs_and_gone_after(tmp_path):
     seen: list = []
-    spec = JobSpec("throughput-agg", ("1",), tmp_path / "run" / "throughput" / "agg", ("true",))
+    spec = JobSpec(name="throughput-agg", points=("1",), out_dir=tmp_path / "run" / "throughput" / "agg", command=("true",))
     spec.out_dir.mkdir(parents=True)
     assert run_job(RecordingRunner(seen), spec).complete
     assert [(j.runner, j.job_id, j.name) for j in seen] == [("fake", "77", "throughput-agg")]
@@ -115,13 +115,13 @@ def _project(tmp_path: Path, stack: str = "dev-cpu") -> Project:
     d.mkdir(parents=True)
     write_image_record(d / "image.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}")
     write_smoke_record(d / "smoke.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}", stack,
-                       tuple(Check("static", f"c{i}", "pass") for i in range(30))
-                       + (Check("serving", "ready", "not_run", "--no-serve"), Check("disagg", "ready", "not_run")))
+                       tuple(Check(probe="static", name=f"c{i}", status="pass") for i in range(30))
+                       + (Check(probe="serving", name="ready", status="not_run", detail="--no-serve"), Check(probe="disagg", name="ready", status="not_run")))
     report = d / "runs" / "gha-1-1" / "accuracy" / "report.md"
     report.parent.mkdir(parents=True)
     report.write_text("### accuracy: PASS\n")
     (report.parent / "accuracy.png").write_bytes(b"png")
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def test_outputs_and_summary_go_to_the_files_github_reads(tmp_path):

@@ -10,32 +10,32 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servestack import cluster
+from servestack.cluster import srtctl_tool, vendored
 from servestack.util.proc import CommandError, run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_vendor_dir_is_configuration_only(tmp_path, monkeypatch):
-    monkeypatch.delenv(cluster.VENDOR_ENV, raising=False)
-    with pytest.raises(cluster.ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):
-        cluster.vendor_dir()
-    monkeypatch.setenv(cluster.VENDOR_ENV, str(tmp_path / "elsewhere"))
-    assert cluster.vendor_dir() == tmp_path / "elsewhere"
+    monkeypatch.delenv(vendored.VENDOR_ENV, raising=False)
+    with pytest.raises(vendored.ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):
+        vendored.vendor_dir()
+    monkeypatch.setenv(vendored.VENDOR_ENV, str(tmp_path / "elsewhere"))
+    assert vendored.vendor_dir() == tmp_path / "elsewhere"
 
 
 def test_a_missing_snapshot_names_the_directory_and_the_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv(cluster.VENDOR_ENV, str(tmp_path))
-    with pytest.raises(cluster.ClusterToolsMissing, match=f"no srt-slurm-<commit>.tar.gz in {tmp_path}.*SERVESTACK_VENDOR"):
-        cluster.vendor_archive("srt-slurm")
+    monkeypatch.setenv(vendored.VENDOR_ENV, str(tmp_path))
+    with pytest.raises(vendored.ClusterToolsMissing, match=f"no srt-slurm-<commit>.tar.gz in {tmp_path}.*SERVESTACK_VENDOR"):
+        vendored.vendor_archive("srt-slurm")
     (tmp_path / "srt-slurm-aaaa.tar.gz").write_bytes(b"")
     (tmp_path / "srt-slurm-bbbb.tar.gz").write_bytes(b"")
-    with pytest.raises(cluster.ClusterToolsMissing, match="2 srt-slurm"):
-        cluster.vendor_archive("srt-slurm")
+    with pytest.raises(vendored.ClusterToolsMissing, match="2 srt-slurm"):
+        vendored.vendor_archive("srt-slurm")
 
 
 def test_srtslurm_config_turns_off_what_slurm_22_rejects(tmp_path):
-    config = yaml.safe_load(cluster.srtslurm_config(tmp_path, partition="main", account="acct",
+    config = yaml.safe_load(srtctl_tool.srtslurm_config(tmp_path, partition="main", account="acct",
                                                     model_paths={"tiny": "/m/tiny"}))
     assert config["use_gpus_per_node_directive"] is False and config["use_segment_sbatch_directive"] is False
     assert config["default_partition"] == "main" and config["default_account"] == "acct"
@@ -46,7 +46,7 @@ def _after_setup_script(tree: Path, env: dict[str, str], cpus: list[int]) -> tup
     """What srtctl's worker shell does (worker_stage._build_worker_preamble): `bash <setup script>`
     from the shell that then starts the worker, here a shell allowed `cpus` (as a step's cpuset
     would allow them) whose "worker" prints its CPU list. Returns that list and the script's stderr."""
-    script = tree / "configs" / cluster.PIN_WORKER_CPUS_SCRIPT
+    script = tree / "configs" / srtctl_tool.PIN_WORKER_CPUS_SCRIPT
     cpu_list = ",".join(map(str, cpus))
     proc = subprocess.run(["taskset", "--cpu-list", cpu_list, "bash", "-c",
                            f"bash {script} >/dev/null && grep Cpus_allowed_list: /proc/self/status"],
@@ -62,8 +62,8 @@ def test_the_setup_script_splits_the_cpus_between_the_workers_whose_environment_
         pytest.skip(f"this process may run on one CPU only ({allowed}): a pin to one CPU would change nothing")
     tree = tmp_path / "srt-slurm"
     (tree / "configs").mkdir(parents=True)
-    cluster._install_setup_scripts(tree)
-    pin = cluster.PIN_WORKER_CPUS_ENV
+    srtctl_tool._install_setup_scripts(tree)
+    pin = srtctl_tool.PIN_WORKER_CPUS_ENV
     everything, _ = _after_setup_script(tree, {pin: ""}, allowed)
     assert everything == _after_setup_script(tree, {}, allowed)[0] and everything != str(allowed[-1])
     # The prefill worker takes the last CPU, the decode worker the others: as Python slices them.
@@ -98,7 +98,7 @@ def test_real_srtctl_validates_the_dev_cpu_recipe(srtctl):
     out = run(srtctl.argv("dry-run", "-f", str(ROOT / "recipes" / "dev-cpu" / "agg.yaml")), env=srtctl.env)
     assert "sa-bench" in out.stdout and "tiny-qwen35" in out.stdout
     # What `make setup` would download, and the job's Python environment, are in place.
-    for needed in ("configs/nats-server", "configs/etcd", f"configs/{cluster.PIN_WORKER_CPUS_SCRIPT}", "bin/uv",
+    for needed in ("configs/nats-server", "configs/etcd", f"configs/{srtctl_tool.PIN_WORKER_CPUS_SCRIPT}", "bin/uv",
                    "bin/tachometer-scraper", ".venv-compute"):
         assert (srtctl.source / needed).exists(), needed
-    assert cluster.ensure_srtctl(ROOT) == srtctl  # cached: the same install
+    assert srtctl_tool.ensure_srtctl(ROOT) == srtctl  # cached: the same install

@@ -32,7 +32,7 @@ def measured(c: int, factors: list[float], recipe: str = "agg"):
 
 
 def run_results(points, conditions=CONDITIONS, image="127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64) -> dict:
-    stage = StageResult("dev-cpu", "dev-cpu", "throughput", image, "local", Path("."), throughput=points,
+    stage = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image=image, runner="local", out_dir=Path("."), throughput=points,
                         conditions={"agg": conditions})
     return {"passed": True, "stages": [stage.to_dict()]}
 
@@ -221,7 +221,7 @@ def test_compare_references_writes_under_the_stacks_comparisons(tmp_path: Path):
     for name, factors in (("a1", NOISE_A), ("b1", [0.70, 0.72, 0.69])):
         (runs / name).mkdir(parents=True)
         (runs / name / "results.json").write_text(json.dumps(run_results(measured(4, factors))))
-    result, report = comparisons.compare_references(Project(tmp_path), "dev-cpu", "a1", "b1")
+    result, report = comparisons.compare_references(Project(root=tmp_path), "dev-cpu", "a1", "b1")
     assert report == tmp_path / "build" / "dev-cpu" / "comparisons" / "a1-vs-b1" / "comparison.md"
     assert {ch.metric for ch in result.regressions} >= {"tokens_per_s_per_gpu"}
 
@@ -249,7 +249,7 @@ def test_the_command_line_exits_with_the_verdict_and_prints_the_failing_points(t
 # ----------------------------------------------------------------------------- bump's drift report
 
 def _bump_project(tmp_path: Path, published: dict | None) -> Project:
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     runs = project.artifacts("dev-cpu") / "runs"
     (runs / "published").mkdir(parents=True)
     (runs / "published" / "results.json").write_text(json.dumps(run_results(measured(4, NOISE_A))))

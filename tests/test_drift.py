@@ -11,7 +11,7 @@ from servestack.records.lockfile import LockedWheel
 
 
 def wheel(name: str, version: str, sha: str = "0", index: str = "pypi") -> LockedWheel:
-    return LockedWheel(name, version, f"{name}-{version}-py3-none-any.whl", sha * 64, 1, index)
+    return LockedWheel(name=name, version=version, filename=f"{name}-{version}-py3-none-any.whl", sha256=sha * 64, size=1, index=index)
 
 
 OLD = committed_lock(platforms={"p": (wheel("app", "1"), wheel("dep", "1"), wheel("lib", "1"))})

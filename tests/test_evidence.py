@@ -33,7 +33,7 @@ def stack_with(tmp_path, world, prs: dict[int, str]) -> Project:
         if evidence:
             lines += "        evidence:\n" + evidence
     (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", lines))
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def unreachable() -> GitHub:

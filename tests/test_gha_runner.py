@@ -14,7 +14,7 @@ from fixtures.gha_runner import Event, Runner, parse_command_file
 
 
 def test_expressions_follow_github_semantics():
-    ctx = Context({"needs": {"image": {"outputs": {"dev-cpu-image": "r@sha256:1"}}}, "github": {"event_name": "Push"}})
+    ctx = Context(values={"needs": {"image": {"outputs": {"dev-cpu-image": "r@sha256:1"}}}, "github": {"event_name": "Push"}})
     assert evaluate("needs.image.outputs.dev-cpu-image", ctx) == "r@sha256:1"
     assert evaluate("needs['image'].outputs['dev-cpu-image']", ctx) == "r@sha256:1"
     assert evaluate("needs.missing.outputs.x", ctx) is None
@@ -25,7 +25,7 @@ def test_expressions_follow_github_semantics():
     assert render("x-${{ github.event_name }}-${{ 1 == 1 }}", ctx) == "x-Push-true"
     assert render("${{ 1 == 1 }}", ctx) is True
     # An `if:` without a status function means success() && (...).
-    failed = Context(ctx.values, Status(failed=True))
+    failed = Context(values=ctx.values, status=Status(failed=True))
     assert condition("github.event_name == 'push'", ctx) and not condition("github.event_name == 'push'", failed)
     assert condition("always()", failed) and condition("failure()", failed) and not condition("cancelled()", failed)
 
@@ -112,7 +112,7 @@ runs:
 
 def test_a_job_runs_its_steps_like_a_runner(tmp_path):
     repo, sha = _repo(tmp_path, WORKFLOW, ACTION)
-    runner = Runner(repo, tmp_path / "runner", Event("push", "refs/heads/main", sha), log=lambda _m: None)
+    runner = Runner(repo, tmp_path / "runner", Event(name="push", ref="refs/heads/main", sha=sha), log=lambda _m: None)
     wf = repo / ".github" / "workflows" / "w.yml"
     first = runner.run_job(wf, "first")
     assert first.result == "failure"
@@ -160,7 +160,7 @@ def test_cancel_signals_the_step_then_runs_the_cancelled_steps(tmp_path, obey, m
     monkeypatch.setattr(gha, "SIGTERM_GRACE_S", 0.5)
     repo, sha = _repo(tmp_path, CANCEL)
     mark = tmp_path / "mark"
-    runner = Runner(repo, tmp_path / "runner", Event("workflow_dispatch", "refs/heads/main", sha),
+    runner = Runner(repo, tmp_path / "runner", Event(name="workflow_dispatch", ref="refs/heads/main", sha=sha),
                     base_env={"PATH": "/usr/bin:/bin", "MARK": str(mark), "OBEY": obey}, log=lambda _m: None)
 
     def cancel_when_started():
@@ -204,7 +204,7 @@ jobs:
 def test_orphans_with_the_tracking_id_are_killed_at_the_end_of_the_job(tmp_path):
     repo, sha = _repo(tmp_path, ORPHAN)
     mark = tmp_path / "mark"
-    runner = Runner(repo, tmp_path / "runner", Event("push", "refs/heads/main", sha),
+    runner = Runner(repo, tmp_path / "runner", Event(name="push", ref="refs/heads/main", sha=sha),
                     base_env={"PATH": "/usr/bin:/bin", "MARK": str(mark)}, log=lambda _m: None)
     assert runner.run_job(repo / ".github" / "workflows" / "w.yml", "j").result == "success"
     orphan, daemon = (int(Path(f"{mark}.{n}").read_text()) for n in ("orphan", "daemon"))

@@ -26,7 +26,7 @@ from servestack.smoke.nvidia_hook import check_nvidia_hook
 from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
-GB200 = load_lock(Project(ROOT), "qwen35-gb200")
+GB200 = load_lock(Project(root=ROOT), "qwen35-gb200")
 HAS_CC = pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler on this host")
 VENDORED = pytest.mark.skipif(not os.environ.get("SERVESTACK_VENDOR"), reason="SERVESTACK_VENDOR is not set")
 

@@ -42,7 +42,7 @@ def gb200(production_image):
     reference, platform = production_image["reference"], production_image["platform"]
     client = services.docker_client()
     ensure_image(client, reference, platform)
-    lock = load_lock(Project(ROOT), STACK)
+    lock = load_lock(Project(root=ROOT), STACK)
     config = {"gpu_node": lock.gpu_node, "unavailable": [u.to_json() for u in lock.unavailable]}
     derived = []
     yield {"client": client, "reference": reference, "config": config, "image_env": _image_env(client, reference),

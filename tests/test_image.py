@@ -42,7 +42,7 @@ def make_project(root: Path, world, prs=(1, 2)) -> Project:
     shutil.copytree(ROOT / "containers", root / "containers")
     (root / "pins" / "tinyimg.yaml").write_text(tinyserve_stack(
         world, "tinyimg", pr_items(world, prs), base=IMAGE_BASE, top="environment:\n  TINYSERVE_MODE: smoke\n"))
-    project = Project(root)
+    project = Project(root=root)
     lock.lock(project, "tinyimg", github(world))
     return project
 
@@ -291,7 +291,7 @@ def test_a_misspelled_plan_field_is_named_with_its_line(tmp_path):
 
 
 def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     (tmp_path / "pins").mkdir()
     digest = "sha256:" + "a" * 64
     assert image.check_expected(project, "s", "linux/amd64", digest, "lock1").status == "none"
@@ -305,7 +305,7 @@ def test_the_expected_digest_says_reproduced_different_stale_or_none(tmp_path):
 
 
 def test_each_platform_s_digest_is_kept_and_the_index_is_named_once_every_platform_of_the_lock_has_one(tmp_path):
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     (tmp_path / "pins").mkdir()
     amd64, arm64 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
     lock_platforms = ["linux/amd64", "linux/arm64"]
@@ -329,7 +329,7 @@ def test_each_platform_s_digest_is_kept_and_the_index_is_named_once_every_platfo
 
 
 def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_version_compiled(tmp_path):
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     (tmp_path / "pins").mkdir()
     made = write_image_record(tmp_path / "image.json", "127.0.0.1:5000/servestack/s@sha256:" + "a" * 64, "s")
     with pytest.raises(ServestackError, match=r"s.image.json not written: the image's interpreter is Python 3.11.7, but "
@@ -343,7 +343,7 @@ def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_ver
 def test_the_image_input_hash_and_cache_tag_change_with_the_compiling_interpreters_exact_version():
     # An image whose pycs another patch release (or no interpreter) wrote must not be reused from the registry.
     from servestack.records.steps import BuildRecord
-    record = BuildRecord("s", "linux/amd64", "0" * 64, 0, (), (), (), None, "1" * 64)
+    record = BuildRecord(stack="s", platform="linux/amd64", lock_sha256="0" * 64, source_date_epoch=0, inputs=(), overlays=(), unverified_prs=(), model=None, input_hash="1" * 64)
     hashes = {version: image.image_input_hash(record, version) for version in ("3.11.2", "3.11.7", "none")}
     assert len(set(hashes.values())) == 3 and all(h != record.input_hash for h in hashes.values())
     assert image.image_input_hash(record, "3.11.2") == hashes["3.11.2"]

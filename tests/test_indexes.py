@@ -113,13 +113,13 @@ def test_a_failed_upgrade_leaves_the_stack_file_and_the_lock_as_they_were(tmp_pa
 
 def test_changes_name_versions_and_overlays_that_can_go():
     def wheel(name: str, version: str) -> LockedWheel:
-        return LockedWheel(name, version, f"{name}-{version}-py3-none-any.whl", "0" * 64, 1, "pypi")
+        return LockedWheel(name=name, version=version, filename=f"{name}-{version}-py3-none-any.whl", sha256="0" * 64, size=1, index="pypi")
 
     def pr(status: str, patch: OverlayPatch | None = None) -> LockedPR:
-        return LockedPR("o/r", 5, "x", "t", "c" * 40, status, patch=patch)
+        return LockedPR(repo="o/r", number=5, package="x", title="t", merge_commit="c" * 40, status=status, patch=patch)
 
     old = committed_lock(resolved_at="a", platforms={"p": (wheel("x", "1"), wheel("gone", "1"))},
-                         pull_requests=(pr("overlay", OverlayPatch("pins/patches/o__r-5.diff", "0" * 64, True, ())),))
+                         pull_requests=(pr("overlay", OverlayPatch(path="pins/patches/o__r-5.diff", sha256="0" * 64, python_only=True, native_files=())),))
     new = committed_lock(resolved_at="b", platforms={"p": (wheel("x", "2"), wheel("new", "3"))},
                          pull_requests=(pr("included"),))
     assert drift.changes(old, new) == [

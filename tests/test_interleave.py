@@ -90,7 +90,7 @@ class StandInServers:
         host_job.write_text(json.dumps(spec))
         self.procs[job.name] = subprocess.Popen([sys.executable, str(CLIENTS_DIR / "run_points.py"), "--spec",
                                                  str(host_job), "--orders", str(job.out_dir / interleave.ORDERS)])
-        return JobHandle(self.name, job.name, job)
+        return JobHandle(runner=self.name, job_id=job.name, spec=job)
 
     def state(self, handle):
         from servestack.runners.interface import JobState
@@ -134,7 +134,7 @@ stages:
     prompts_per_concurrency: 4
     gate: {{regression_threshold: 0.10, min_rounds: 3, max_rounds: 6}}
 """)
-    return Project(root)
+    return Project(root=root)
 
 
 def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_the_session(tmp_path: Path):

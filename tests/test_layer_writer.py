@@ -81,8 +81,8 @@ def test_the_key_hashes_each_entry_as_its_json_line(tmp_path):
     json.dumps(identity) line per member; names that JSON escapes included."""
     odd = ['quote"', "back\\slash", "new\nline", "tab\tcontrol\x01", "caf\u00e9", "emoji\U0001f600",
            os.fsdecode(b"latin1-\xe9"), "slash/\u2028"]
-    entries = [layers.Entry(f"opt/{name}", "file", 0o644, 2 ** 40 + n, "ab" * 32) for n, name in enumerate(odd)]
-    entries += [layers.Entry(f"opt/link-{n}", "symlink", 0o777, link=name) for n, name in enumerate(odd)]
+    entries = [layers.Entry(path=f"opt/{name}", kind="file", mode=0o644, size=2 ** 40 + n, sha256="ab" * 32) for n, name in enumerate(odd)]
+    entries += [layers.Entry(path=f"opt/link-{n}", kind="symlink", mode=0o777, link=name) for n, name in enumerate(odd)]
     recipe = {"tar": layers.TAR_RECIPE, "epoch": EPOCH, "zstd_level": layers.ZSTD_LEVEL, "zstd": zstandard.ZSTD_VERSION}
     lines = [json.dumps([e.path, e.kind, e.mode, e.size, e.sha256, e.link]) + "\n" for e in layers.with_parents(entries)]
     expected = hashlib.sha256((canonical_json(recipe) + "".join(lines)).encode())
@@ -181,9 +181,9 @@ def test_the_layer_writer_writes_what_tarfile_writes_byte_for_byte(tmp_path):
     (root / "long-link").symlink_to("t" * 101)
     (root / "accent-link").symlink_to("caf\u00e9/na\u00efve.py")
     entries = layers.scan_tree(root, "opt/venv/") + [
-        layers.Entry("opt/venv/empty-dir", "dir", 0o755),
-        layers.Entry(_named(100, "d"), "dir", 0o755),  # 101 characters with its "/": a pax path
-        layers.Entry("opt/venv/\u00e9t\u00e9", "dir", 0o755)]
+        layers.Entry(path="opt/venv/empty-dir", kind="dir", mode=0o755),
+        layers.Entry(path=_named(100, "d"), kind="dir", mode=0o755),  # 101 characters with its "/": a pax path
+        layers.Entry(path="opt/venv/\u00e9t\u00e9", kind="dir", mode=0o755)]
     assert {e.mode for e in entries if e.kind == "file"} == {0o644, 0o755}
     for e in entries:
         assert _written([e]) == _tarfile_tar([e], EPOCH), e.path
@@ -197,7 +197,7 @@ def test_files_are_read_from_their_tree_pack_at_their_offset(tmp_path):
     pack.write_bytes(b"".join(contents))
     entries, offset = [], 0
     for n, data in enumerate(contents):
-        entries.append(layers.Entry(f"opt/f{n}", "file", 0o644, len(data), hashlib.sha256(data).hexdigest(),
+        entries.append(layers.Entry(path=f"opt/f{n}", kind="file", mode=0o644, size=len(data), sha256=hashlib.sha256(data).hexdigest(),
                                     source=pack, offset=offset))
         offset += len(data)
     assert _written(entries) == _tarfile_tar(entries, EPOCH)
@@ -209,13 +209,13 @@ def test_a_pack_shorter_than_its_entry_says_which_file_and_entry(tmp_path):
     pack = tmp_path / "pack"
     pack.write_bytes(b"12345")
     with pytest.raises(ValueError, match=f"{pack} at 2 \\(for opt/f\\): ends 7 bytes short"):
-        _written([layers.Entry("opt/f", "file", 0o644, 10, "", source=pack, offset=2)])
+        _written([layers.Entry(path="opt/f", kind="file", mode=0o644, size=10, sha256="", source=pack, offset=2)])
 
 
 @pytest.mark.parametrize("size", [8 ** 11 - 1, 8 ** 11, 2 ** 40 + 3])
 def test_a_size_past_eleven_octal_digits_goes_in_a_pax_header_as_tarfile_puts_it(size):
     """No test writes a 8 GB file: the header alone is compared, and its length with tar_member_size."""
-    e = layers.Entry("opt/venv/model.safetensors", "file", 0o644, size)
+    e = layers.Entry(path="opt/venv/model.safetensors", kind="file", mode=0o644, size=size)
     header = layers.tar_header(e, EPOCH)
     assert header == _tarinfo(e, EPOCH).tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     assert len(header) == (3 if size >= 8 ** 11 else 1) * 512
@@ -223,8 +223,8 @@ def test_a_size_past_eleven_octal_digits_goes_in_a_pax_header_as_tarfile_puts_it
 
 
 def test_parent_directories_are_added_once_and_before_their_contents():
-    entries = [layers.Entry("a/b/c/f", "file", 0o644), layers.Entry("a/b/g", "symlink", 0o777, link="c"),
-               layers.Entry("a/b", "dir", 0o700), layers.Entry("z", "file", 0o644)]
+    entries = [layers.Entry(path="a/b/c/f", kind="file", mode=0o644), layers.Entry(path="a/b/g", kind="symlink", mode=0o777, link="c"),
+               layers.Entry(path="a/b", kind="dir", mode=0o700), layers.Entry(path="z", kind="file", mode=0o644)]
     members = layers.with_parents(entries)
     assert [(e.path, e.kind, e.mode) for e in members] == [
         ("a", "dir", 0o755), ("a/b", "dir", 0o700), ("a/b/c", "dir", 0o755), ("a/b/c/f", "file", 0o644),
@@ -239,8 +239,8 @@ def test_entries_saved_beside_a_tree_load_back_equal(tmp_path):
 
 
 def test_config_and_manifest_are_docker_schema2_with_zstd_layers_and_stable_bytes():
-    refs = [oci.LayerRef("base", "sha256:" + "1" * 64, "sha256:" + "2" * 64, 10),
-            oci.LayerRef("top", "sha256:" + "3" * 64, "sha256:" + "4" * 64, 20)]
+    refs = [oci.LayerRef(name="base", digest="sha256:" + "1" * 64, diff_id="sha256:" + "2" * 64, size=10),
+            oci.LayerRef(name="top", digest="sha256:" + "3" * 64, diff_id="sha256:" + "4" * 64, size=20)]
     config = oci.config("linux/arm64", refs, {"PATH": "/opt/venv/bin:/usr/bin", "A": "b"}, {"l": "v"}, EPOCH)
     body = json.loads(config.data)
     assert body["architecture"] == "arm64" and body["variant"] == "v8"

@@ -43,7 +43,7 @@ def project(tmp_path, world, monkeypatch) -> Project:
     (tmp_path / "pins" / "patches").mkdir(parents=True)
     (tmp_path / "pins" / "patches" / "tinyserve-launch-negative.diff").write_text(PATCH)
     (tmp_path / "pins" / "tinyimg.yaml").write_text(tinyserve_stack(world, "tinyimg", pr_items(world, [2]), package=PATCHES))
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def test_the_lock_records_the_patch_by_hash_with_its_reason_and_check_names_an_edit(project, world):

@@ -26,7 +26,7 @@ def make_project(tmp_path: Path, world, prs=(1, 2, 3), base_image: str | None = 
     (tmp_path / "pins").mkdir()
     base = f"  image: {base_image}" if base_image else DEBIAN_BASE
     (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", pr_items(world, prs), base=base))
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def pr_entries(project: Project) -> dict[int, dict]:
@@ -76,7 +76,7 @@ def test_a_found_wheel_goes_into_the_lock_in_the_lock_s_own_spelling():
     from servestack.records.lockfile import LockedWheel
     from servestack.sources.pypi import FoundWheel
 
-    entry = LockedWheel("tinyserve", "1.0", "tinyserve-1.0-py3-none-any.whl", "ab" * 32, 1234, "local")
+    entry = LockedWheel(name="tinyserve", version="1.0", filename="tinyserve-1.0-py3-none-any.whl", sha256="ab" * 32, size=1234, index="local")
     found = FoundWheel(**{f.name: getattr(entry, f.name) for f in fields(entry)},
                        url="https://index.example/tinyserve-1.0-py3-none-any.whl", upload_time=1_700_000_000)
     assert isinstance(found, LockedWheel)
@@ -165,7 +165,7 @@ def test_check_names_a_missing_entry(tmp_path, world):
 
 @pytest.mark.parametrize("stack", ["dev-cpu", "qwen35-gb200"])
 def test_the_committed_locks_match_their_stacks(stack):
-    report = lockcheck.check(Project(Path(__file__).resolve().parents[1]), stack)
+    report = lockcheck.check(Project(root=Path(__file__).resolve().parents[1]), stack)
     assert report.ok, report.problems
 
 
@@ -181,7 +181,7 @@ def test_an_unsatisfiable_pin_is_one_readable_sentence(tmp_path, extra):
         f"  - {{name: {name}, version: {version}}}\n"
         "exclude:\n  - {name: aisimulate, reason: only a stub sdist on PyPI}\n"
         "smoke_model: {name: m, path: /m}\n")
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     with pytest.raises(InputError) as info:
         lock.lock(project, "clash")
     message = str(info.value)
@@ -213,7 +213,7 @@ def kernels_project(tmp_path: Path, world, package: str = KERNELS) -> Project:
     (tmp_path / "pins").mkdir()
     text = tinyserve_stack(world, "tiny", pr_items(world, (1,)), package=package)
     (tmp_path / "pins" / "tiny.yaml").write_text(text.replace("indexes:\n", "indexes:\n  - name: kernels\n", 1))
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 @pytest.fixture
@@ -302,7 +302,7 @@ def test_a_stack_resolved_as_of_the_future_is_refused_naming_the_file_and_field(
     (tmp_path / "pins").mkdir()
     (tmp_path / "pins" / "tiny.yaml").write_text(
         tinyserve_stack(world, "tiny", pr_items(world, (1,)), top='resolved_at: "2999-01-01T00:00:00Z"\n'))
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     with pytest.raises(InputError, match=r"tiny\.yaml: resolved_at: is 2999-01-01T00:00:00Z, later than now"):
         lock.lock(project, "tiny", github(world))
     assert not project.lock_file("tiny").exists()

@@ -149,7 +149,7 @@ def run_oracle_against(image: str, smoke: dict):
 
     reference = smoke["metrics"].get("agreement_reference")
     assert reference, "the main job's smoke recorded no oracle reference (test_the_readme_main_job... runs first)"
-    plan = disagg_plan(load_lock(Project(ROOT), "dev-cpu"), smoke["platform"])
+    plan = disagg_plan(load_lock(Project(root=ROOT), "dev-cpu"), smoke["platform"])
     checks, metrics = run_disagg_probe(services.docker_client(), image, smoke["platform"], plan, stack="dev-cpu",
                                        baseline=reference)
     return {c.name: c for c in checks}, metrics

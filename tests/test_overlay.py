@@ -30,7 +30,7 @@ def pkg(tmp_path_factory) -> TinyPkg:
 
 def ov(pkg: TinyPkg, number: int, patch: Path | None = None) -> Overlay:
     path = patch or pkg.prs[number].patch_path
-    return Overlay(pkg.repo_name, number, path, sha256_file(path))
+    return Overlay(repo=pkg.repo_name, number=number, patch=path, sha256=sha256_file(path))
 
 
 def members(wheel: Path) -> dict[str, bytes]:
@@ -188,7 +188,7 @@ def test_tampered_patch_names_file_and_hashes(pkg, tmp_path):
     good = sha256_file(patch)
     patch.write_text(pkg.patches[2].replace("hello, {name}", "HELLO, {name}"))
     with pytest.raises(InputError) as e:
-        apply_overlays(pkg.wheel, [Overlay(pkg.repo_name, 2, patch, good)], tmp_path / "out", pkg.epoch)
+        apply_overlays(pkg.wheel, [Overlay(repo=pkg.repo_name, number=2, patch=patch, sha256=good)], tmp_path / "out", pkg.epoch)
     msg = str(e.value)
     assert str(patch) in msg and good in msg and sha256_file(patch) in msg
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

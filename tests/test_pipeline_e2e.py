@@ -65,7 +65,7 @@ def image_ref() -> str:
     from servestack import inputs as build
 
     # Always through build + image: seconds when the registry already holds this build.
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     build.build(project, STACK)
     image.build_image(project, STACK)
     record = project.artifacts(STACK) / "image.json"
@@ -374,7 +374,7 @@ def alongside(image_ref, tmp_path_factory):
     data = ROOT / "data" / "gsm8k"
     for name, flags in (("reference", "{}"), ("capped", "{max-num-seqs: 1}")):
         (root / "pipelines" / f"{name}.yaml").write_text(SESSION_PIPELINE.format(data=data, flags=flags))
-    project = Project(root)
+    project = Project(root=root)
     policy = load_pipeline(project.pipelines / "reference.yaml", root).stages.throughput.gate.policy()
     arms = (interleave.Arm(name="a", image=image_ref, pipeline="reference"),
             interleave.Arm(name="a2", image=image_ref, pipeline="reference"),

@@ -124,7 +124,7 @@ def test_a_package_that_needs_the_excluded_twin_fails_to_import(fake_site, tmp_p
 def test_the_gdn_check_catches_a_torch_without_cuda_13_in_a_real_image() -> None:
     """dev-cpu's image has vLLM with the real GDN resolver and a CPU torch: asked about an SM100
     device with qwen35-gb200's fast path, vLLM itself must answer Triton, and the probe must fail."""
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     if not (ROOT / "build/dev-cpu/image.json").exists():
         subprocess.run(["nox", "-s", "build", "image"], cwd=ROOT, check=True, timeout=3600)
     reference = json.loads((ROOT / "build/dev-cpu/image.json").read_text())["reference"]

@@ -45,7 +45,7 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
     # The first records: nothing is known about what older builds used, so nothing goes.
     for _ in range(prune.KEEP_BUILDS - 1):
         prune.record_use("dev-cpu", [kept_tree], [f"sha256:{'11' * 32}"], cache)
-    assert prune.prune(cache) == prune.Pruned(0, 0)
+    assert prune.prune(cache) == prune.Pruned(removed=0, freed_bytes=0)
     assert gone_tree.exists() and gone_blob.exists()
 
     prune.record_use("other", [gone_tree], [f"sha256:{'22' * 32}"], cache)  # the oldest of the kept records
@@ -61,7 +61,7 @@ def test_only_what_none_of_the_last_builds_used_is_removed_and_never_a_fresh_fil
     assert not left_over.exists()
     assert kept_tree.exists() and kept_blob.exists() and (cache / "layers" / "keys" / "k1.json").exists()
     assert fresh_tree.exists() and (cache / "blobs" / "wheel.whl").exists()
-    assert result == prune.Pruned(4, 2 * tree_size + 500 + key_size)
+    assert result == prune.Pruned(removed=4, freed_bytes=2 * tree_size + 500 + key_size)
     assert len(list((cache / "uses").glob("*.json"))) == prune.KEEP_BUILDS
 
 

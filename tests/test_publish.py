@@ -19,7 +19,6 @@ from servestack.publish import signing
 from servestack.records.imageref import ImageRefError
 from servestack.records.smokefile import Check
 from servestack.sources.registry import OCI_MANIFEST, Descriptor
-from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project
 
 IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
@@ -31,7 +30,7 @@ def keys(tmp_path):
 
 
 def _envelope(keys) -> bytes:
-    document = signing.statement([signing.Subject("a.txt", "00" * 32)], publish.PROVENANCE_V1, {"x": 1})
+    document = signing.statement([signing.Subject(name="a.txt", sha256="00" * 32)], publish.PROVENANCE_V1, {"x": 1})
     return signing.sign_statement(document, signing.load_signer(keys[0]))
 
 
@@ -74,12 +73,12 @@ def test_an_encrypted_private_key_needs_its_password_and_the_error_shows_no_key_
 
 
 def _files() -> list[publish.BundleFile]:
-    return [publish.BundleFile("pins/dev-cpu.lock", b'{"source_date_epoch": 1700000000}'),
-            publish.BundleFile("recipes/agg.yaml", b"name: agg\n")]
+    return [publish.BundleFile(title="pins/dev-cpu.lock", data=b'{"source_date_epoch": 1700000000}'),
+            publish.BundleFile(title="recipes/agg.yaml", data=b"name: agg\n")]
 
 
 def test_the_bundle_manifest_is_an_oci_artifact_whose_digest_depends_only_on_its_inputs():
-    subject = Descriptor(OCI_MANIFEST, "sha256:" + "ab" * 32, 1234)
+    subject = Descriptor(media_type=OCI_MANIFEST, digest="sha256:" + "ab" * 32, size=1234)
     created = publish.created_timestamp(committed_lock(source_date_epoch=1700000000))
     first = publish.publication_manifest(_files(), subject, created)
     assert first == publish.publication_manifest(_files(), subject, created)
@@ -90,7 +89,7 @@ def test_the_bundle_manifest_is_an_oci_artifact_whose_digest_depends_only_on_its
     assert manifest["annotations"]["org.opencontainers.image.created"] == "2023-11-14T22:13:20Z"
     assert [(layer["annotations"]["org.opencontainers.image.title"], layer["mediaType"]) for layer in manifest["layers"]] == [
         ("pins/dev-cpu.lock", "application/json"), ("recipes/agg.yaml", "application/yaml")]
-    changed = [publish.BundleFile("pins/dev-cpu.lock", b"{}"), _files()[1]]
+    changed = [publish.BundleFile(title="pins/dev-cpu.lock", data=b"{}"), _files()[1]]
     assert publish.publication_manifest(changed, subject, created) != first
 
 
@@ -99,7 +98,7 @@ def test_the_statement_signs_the_image_the_bundle_and_every_file():
 
     image = ImageRef.parse(IMAGE)
     document = publish.provenance("dev-cpu", image, "sha256:" + "cd" * 32, _files(),
-                                  publish.Source("1" * 40, None, False), None, "2023-11-14T22:13:20Z",
+                                  publish.Source(commit="1" * 40, url=None, dirty=False), None, "2023-11-14T22:13:20Z",
                                   "2026-12-02T20:00:00.000001Z")
     subjects = {s["name"]: s["digest"]["sha256"] for s in document["subject"]}
     signed = IMAGE.split("/", 1)[1]  # the repository path and digest: not the registry's host
@@ -123,11 +122,11 @@ def test_source_never_records_a_remote_url_carrying_credentials(tmp_path):
 def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named(tmp_path):
     from servestack.records.imageref import ImageRef
 
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     smoke = project.artifacts("dev-cpu") / "smoke.json"
     with pytest.raises(ServestackError, match="build/dev-cpu/smoke.json: missing; run the session"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
-    write_smoke_record(smoke, IMAGE, checks=(Check("static", "versions", "fail"), Check("serving", "health", "pass")))
+    write_smoke_record(smoke, IMAGE, checks=(Check(probe="static", name="versions", status="fail"), Check(probe="serving", name="health", status="pass")))
     with pytest.raises(ServestackError, match=r"smoke failed .*\(static/versions\)"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
     write_smoke_record(smoke, IMAGE.replace("ab", "ef"))

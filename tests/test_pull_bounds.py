@@ -54,7 +54,7 @@ def test_not_before_takes_a_time_or_a_date_and_refuses_anything_else():
 def _recipe(reference: str, lock: str = LOCK) -> BundleFile:
     text = (f"# image: {reference}\n# lock-sha256: {lock}\nmodel:\n  container: {reference}\n"
             f"identity:\n  container:\n    image: {reference}\n")
-    return BundleFile("recipes/agg.yaml", text.encode())
+    return BundleFile(title="recipes/agg.yaml", data=text.encode())
 
 
 def test_recipes_must_bind_the_pulled_repository_and_digest_and_the_lock_on_any_host():
@@ -74,8 +74,8 @@ def test_a_64_kb_title_is_a_clean_error_not_a_traceback():
 
 
 def test_referrers_listed_many_times_are_one_candidate_each():
-    attestation = Descriptor("m", "sha256:" + "d" * 64, 10, "attestation")
-    relisted = Descriptor("m", attestation.digest, 10, "sbom")  # another type never hides the attestation
+    attestation = Descriptor(media_type="m", digest="sha256:" + "d" * 64, size=10, artifact_type="attestation")
+    relisted = Descriptor(media_type="m", digest=attestation.digest, size=10, artifact_type="sbom")  # another type never hides the attestation
     assert deduplicated([relisted] + [attestation] * 10_000) == [attestation, relisted]
 
 

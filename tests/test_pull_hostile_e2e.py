@@ -82,7 +82,7 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     rendered = push.bundle_files
 
     def binding_another_digest(*args, **kwargs):
-        return [BundleFile(f.title, f.data.replace(ImageRef.parse(image).hex.encode(), other_hex.encode()))
+        return [BundleFile(title=f.title, data=f.data.replace(ImageRef.parse(image).hex.encode(), other_hex.encode()))
                 if f.title.startswith("recipes/") else f for f in rendered(*args, **kwargs)]
 
     with monkeypatch.context() as patched:

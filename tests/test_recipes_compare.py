@@ -107,7 +107,7 @@ def test_broken_yaml_is_named_with_its_position(tmp_path: Path):
 
 
 def test_cli_compare_picks_our_set_and_exits_by_result(tmp_path: Path, capsys):
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     assert closest_set(committed_sets(project), NVIDIA) == OURS
     assert main(["--project", str(ROOT), "recipes", "compare", str(NVIDIA)]) == 0
     out = capsys.readouterr().out

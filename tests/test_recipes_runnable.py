@@ -151,7 +151,7 @@ def test_fewer_prompts_than_the_concurrency_is_a_warning():
 
 # -- what passes, and where the checks run ---------------------------------------------------------------
 def test_nvidias_files_and_every_committed_recipe_pass_with_no_error_and_no_warning():
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     for paths, stack in (([ROOT / "tests" / "data" / "srt-slurm-recipes"], "qwen35-gb200"),
                          ([ROOT / "recipes" / "qwen35-gb200", ROOT / "recipes" / "dev-cpu"], None)):
         result = validate_files(project, paths, stack=stack)
@@ -162,7 +162,7 @@ def test_nvidias_files_and_every_committed_recipe_pass_with_no_error_and_no_warn
 def project(tmp_path: Path) -> Project:
     shutil.copytree(ROOT / "pins", tmp_path / "pins")
     shutil.copytree(ROOT / "recipes", tmp_path / "recipes")
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def test_runners_and_pull_refuse_a_recipe_that_cannot_run(project: Project):

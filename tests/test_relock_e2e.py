@@ -63,7 +63,7 @@ def index(request, tmp_path, monkeypatch, debian_mirror):
 def project(tmp_path: Path) -> Project:
     (tmp_path / "pins").mkdir(exist_ok=True)
     (tmp_path / "pins" / "mini.yaml").write_text(STACK)
-    return Project(tmp_path)
+    return Project(root=tmp_path)
 
 
 def versions(project: Project) -> dict[str, str]:

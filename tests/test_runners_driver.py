@@ -28,7 +28,7 @@ class ScriptedRunner(PollingWait):
             job.point_file(p).write_text(json.dumps({"point": p}))
         jid = str(len(self.submitted))
         self._end[jid] = end
-        return JobHandle(self.name, jid, job)
+        return JobHandle(runner=self.name, job_id=jid, spec=job)
 
     def state(self, handle):
         return self._end[handle.job_id]

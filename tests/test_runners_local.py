@@ -58,7 +58,7 @@ def spec(tmp_path, points, pause):
     out = tmp_path / "agg"
     return JobSpec(name="throughput-agg", points=tuple(points), out_dir=out,
                    command=("/usr/bin/dash", "-c", SCRIPT), image=None, env={"PAUSE": str(pause)},
-                   mounts=(Mount(out, "/results", read_only=False),), time_limit_s=120)
+                   mounts=(Mount(host=out, container="/results", read_only=False),), time_limit_s=120)
 
 
 @pytest.mark.e2e

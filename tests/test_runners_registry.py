@@ -46,7 +46,7 @@ class KubeRunner(PollingWait):
         self.namespace = namespace
 
     def submit(self, job: JobSpec) -> JobHandle:
-        return JobHandle(self.name, "1", job)
+        return JobHandle(runner=self.name, job_id="1", spec=job)
 
     def state(self, handle: JobHandle) -> JobState:
         return JobState.COMPLETED
@@ -61,7 +61,7 @@ class KubeRunner(PollingWait):
 # -- its registry entry --------------------------------------------------------------------------
 @pytest.fixture
 def kube(monkeypatch):
-    monkeypatch.setitem(RUNNERS, "kube", RunnerKind(lambda p: KubeRunner(p.runner.kube.namespace),
+    monkeypatch.setitem(RUNNERS, "kube", RunnerKind(make=lambda p: KubeRunner(p.runner.kube.namespace),
                                                     settings=KubeSettings))
 
 
@@ -98,11 +98,11 @@ def test_an_unregistered_runner_is_not_a_cli_choice(capsys):
 def test_jobs_are_planned_as_the_registry_entry_says(tmp_path, kube, monkeypatch):
     """A runner that does not submit recipes gets servestack's run_points command in the image; one
     that does (like srtctl) gets the stage's recipe itself."""
-    monkeypatch.setitem(RUNNERS, "kube-recipes", RunnerKind(lambda p: KubeRunner("x"), submits_recipes=True))
+    monkeypatch.setitem(RUNNERS, "kube-recipes", RunnerKind(make=lambda p: KubeRunner("x"), submits_recipes=True))
     (tmp_path / "model").mkdir()
     f = _pipeline(tmp_path, "{kind: kube}")
     f.write_text(f.read_text() + f"model_dir: {tmp_path / 'model'}\n")
-    project = Project(ROOT)  # its recipes/dev-cpu/agg.yaml
+    project = Project(root=ROOT)  # its recipes/dev-cpu/agg.yaml
     pipeline = load_pipeline(f, project.root)
     stage = pipeline.stages.throughput
     [command_job] = plan_stage(project, pipeline, stage, IMAGE, tmp_path / "out")

@@ -18,6 +18,7 @@ import pytest
 from fixtures.children import stopped_on_exit
 
 from servestack.clients import CLIENTS_DIR
+from servestack.cluster import vendored
 from servestack.errors import ServestackError
 from servestack.runners.driver import RetryPolicy, run_job
 from servestack.runners.interface import JobSpec, JobState, Mount
@@ -31,8 +32,8 @@ IMAGE = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 def image_spec(tmp_path):
     return JobSpec(name="throughput-agg", points=("1", "4"), out_dir=tmp_path / "agg",
                    command=("python3", "/opt/servestack-clients/run_points.py", "--points", "{points}"),
-                   image=IMAGE, mounts=(Mount(tmp_path / "agg", "/results", read_only=False),
-                                        Mount(Path("/srv/model"), "/model")),
+                   image=IMAGE, mounts=(Mount(host=tmp_path / "agg", container="/results", read_only=False),
+                                        Mount(host=Path("/srv/model"), container="/model")),
                    env={"HF_HUB_OFFLINE": "1"}, time_limit_s=5400, gpus=4)
 
 
@@ -181,7 +182,7 @@ def test_preflight_finds_pyxis_and_enroot_on_the_gb200_shaped_node():
 
     try:
         node = cluster.ensure_cluster(Path(__file__).resolve().parents[1])
-    except cluster.ClusterToolsMissing as e:
+    except vendored.ClusterToolsMissing as e:
         pytest.skip(str(e))
     assert node.enroot.version >= ENROOT_MIN_VERSION
     assert preflight(SlurmConfig(env=node.env)) == "pyxis"  # srun has --container-image, enroot is recent

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from servestack.cluster import vendored
 from servestack.errors import InputErrors, ServestackError
 from servestack.runners.interface import JobHandle, JobSpec
 from servestack.runners.slurm import pull_reference
@@ -61,7 +62,7 @@ def test_results_are_read_from_srt_slurms_own_layout(tmp_path):
     assert sorted(found) == ["1", "16", "repeat-0"]
     assert found["repeat-0"].name == "gsm8k_run1.json"
     spec = JobSpec(name="throughput-agg", points=("1", "4"), out_dir=tmp_path / "out", command=())
-    SrtctlRunner().collect(JobHandle("srtctl", "42", spec, output_dir=tmp_path / "42"))
+    SrtctlRunner().collect(JobHandle(runner="srtctl", job_id="42", spec=spec, output_dir=tmp_path / "42"))
     assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["1.json"]  # only this job's points
 
 
@@ -75,7 +76,7 @@ def test_a_repeat_of_a_sweep_is_one_job_whose_results_are_that_repeats_points(tm
         (logs / f"results_concurrency_{c}_gpus_1.json").write_text(json.dumps({"c": c}))
     spec = JobSpec(name="throughput-agg-r2", points=("16-r2", "64-r2"), out_dir=tmp_path / "out", command=(),
                    extra={"points_field": "benchmark.concurrencies"})
-    SrtctlRunner().collect(JobHandle("srtctl", "43", spec, output_dir=tmp_path / "43"))
+    SrtctlRunner().collect(JobHandle(runner="srtctl", job_id="43", spec=spec, output_dir=tmp_path / "43"))
     assert sorted(p.name for p in (tmp_path / "out").glob("*.json")) == ["16-r2.json", "64-r2.json"]
     assert json.loads((tmp_path / "out" / "64-r2.json").read_text()) == {"c": 64}
 
@@ -100,7 +101,7 @@ def node():
 
     try:
         return cluster.ensure_cluster(ROOT)
-    except cluster.ClusterToolsMissing as e:
+    except vendored.ClusterToolsMissing as e:
         pytest.skip(str(e))
 
 
@@ -135,10 +136,10 @@ def test_the_preflight_is_srt_slurms_setup_script_with_its_limits_in_every_worke
     from servestack.runners.srtctl import bind_preflight
 
     recipe = {"resources": {"prefill_nodes": 2, "decode_nodes": 2}, "backend": {"prefill_environment": {"A": "1"}}}
-    bind_preflight(recipe, NodePreflight(580, 4, 4), tmp_path / "r.yaml")
+    bind_preflight(recipe, NodePreflight(min_driver=580, gpus_per_node=4, nodes=4), tmp_path / "r.yaml")
     assert recipe["setup_script"] == SCRIPT_NAME
     assert recipe["backend"]["prefill_environment"] == {"A": "1", "SERVESTACK_PREFLIGHT_MIN_DRIVER": "580",
                                                         "SERVESTACK_PREFLIGHT_GPUS": "4", "SERVESTACK_PREFLIGHT_NODES": "4"}
     assert recipe["backend"]["decode_environment"]["SERVESTACK_PREFLIGHT_GPUS"] == "4"
     with pytest.raises(ServestackError, match="setup_script is 'pin-worker-cpus.sh'; the node preflight"):
-        bind_preflight({"setup_script": "pin-worker-cpus.sh"}, NodePreflight(580, 4), tmp_path / "r.yaml")
+        bind_preflight({"setup_script": "pin-worker-cpus.sh"}, NodePreflight(min_driver=580, gpus_per_node=4), tmp_path / "r.yaml")

@@ -41,7 +41,7 @@ Version: 12.4+deb12u14
 
 def _lock(**changes):
     changes = {"pull_requests": (), **changes}
-    return committed_lock(local_patches=(LocalPatch("patched", "pins/patches/fix.diff", "f" * 64, "why", True, ()),),
+    return committed_lock(local_patches=(LocalPatch(package="patched", file="pins/patches/fix.diff", sha256="f" * 64, reason="why", python_only=True, native_files=()),),
                           **changes)
 
 
@@ -104,7 +104,7 @@ def test_pull_requests_already_in_a_release_are_said_on_the_wheel_that_contains_
 
 
 def test_the_base_s_debian_packages_sit_under_the_operating_system_with_scanner_package_urls():
-    document = _document(sbom.BaseSystem("debian", "12.12", sbom.parse_dpkg_status(STATUS)))
+    document = _document(sbom.BaseSystem(distro="debian", version="12.12", packages=sbom.parse_dpkg_status(STATUS)))
     packages = _packages(document)
     assert packages["SPDXRef-OperatingSystem"]["name"] == "debian"
     libc = packages["SPDXRef-deb-libc6-amd64"]
@@ -116,7 +116,7 @@ def test_the_base_s_debian_packages_sit_under_the_operating_system_with_scanner_
 
 
 def test_an_ubuntu_base_s_packages_are_ubuntu_s():
-    document = _document(sbom.BaseSystem("ubuntu", "24.04", sbom.parse_dpkg_status(STATUS)))
+    document = _document(sbom.BaseSystem(distro="ubuntu", version="24.04", packages=sbom.parse_dpkg_status(STATUS)))
     packages = _packages(document)
     assert packages["SPDXRef-OperatingSystem"]["name"] == "ubuntu"
     assert packages["SPDXRef-deb-libc6-amd64"]["externalRefs"][0]["referenceLocator"].startswith(
@@ -132,7 +132,7 @@ def test_the_same_inputs_give_the_same_bytes_on_every_machine_and_version():
     version, nor on the machine), so republishing an image adds no second SBOM. When the document's
     form changes on purpose, regenerate tests/data/sbom-fixture.spdx.json."""
     written = sbom.spdx_document("dev-cpu", IMAGE, build_record(), _lock(), sbom.BaseSystem(
-        "debian", "12.12", sbom.parse_dpkg_status(STATUS)), CREATED)
+        distro="debian", version="12.12", packages=sbom.parse_dpkg_status(STATUS)), CREATED)
     assert written == (Path(__file__).parent / "data" / "sbom-fixture.spdx.json").read_bytes()
 
 

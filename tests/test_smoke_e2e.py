@@ -171,7 +171,7 @@ def fake_stack(client, base_image, debian_base, tmp_path_factory):
     }
     repo = f"127.0.0.1:5000/servestack-test/smoke-{uuid.uuid4().hex[:8]}"
     reference = _alter(client, base_image, entries, repo)
-    yield {"project": Project(root), "reference": reference, "repo": repo, "site_path": sp, "server_py": server_py}
+    yield {"project": Project(root=root), "reference": reference, "repo": repo, "site_path": sp, "server_py": server_py}
     import docker.errors
 
     for image in client.images.list(name=repo):
@@ -239,7 +239,7 @@ def test_altered_overlay_file_fails_naming_it(fake_stack) -> None:
 
 def test_server_that_never_gets_ready_fails_at_the_deadline_with_its_log(fake_stack, client) -> None:
     plan = smoke.ServePlan(
-        ["sh", "-c", "echo loading weights; echo still loading shard 3/7; sleep 600"], model="none"
+        command=["sh", "-c", "echo loading weights; echo still loading shard 3/7; sleep 600"], model="none"
     )
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=6, serve_plan_override=plan)
@@ -254,7 +254,7 @@ def test_server_that_never_gets_ready_fails_at_the_deadline_with_its_log(fake_st
 
 
 def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
-    plan = smoke.ServePlan(["sh", "-c", "echo 'ValueError: no model here' >&2; exit 3"], model="none")
+    plan = smoke.ServePlan(command=["sh", "-c", "echo 'ValueError: no model here' >&2; exit 3"], model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True,
                              ready_timeout=60, serve_plan_override=plan)
     ready = {c.name: c for c in result.record.checks if c.probe == "serving"}["ready"]
@@ -265,13 +265,13 @@ def test_server_that_exits_fails_with_its_log(fake_stack) -> None:
 def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_container_goes(fake_stack, client) -> None:
     """Three containers, the workers in the frontend's network namespace; the prefill worker dies."""
     env = {"DYN_FILE_KV": smoke.checklist.DISCOVERY_DIR}
-    shape = smoke.DisaggPlan((
-        smoke.checklist.Role("frontend", ("sh", "-c", "sleep 600"), env),
-        smoke.checklist.Role("prefill", ("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), env),
-        smoke.checklist.Role("decode", ("sh", "-c", f"touch {smoke.checklist.DISCOVERY_DIR}/decode-was-here; sleep 600"), env),
+    shape = smoke.DisaggPlan(roles=(
+        smoke.checklist.Role(name="frontend", command=("sh", "-c", "sleep 600"), environment=env),
+        smoke.checklist.Role(name="prefill", command=("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), environment=env),
+        smoke.checklist.Role(name="decode", command=("sh", "-c", f"touch {smoke.checklist.DISCOVERY_DIR}/decode-was-here; sleep 600"), environment=env),
     ), model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True, ready_timeout=60,
-                             serve_plan_override=smoke.ServePlan(None, "aggregated not under test"), disagg_override=shape)
+                             serve_plan_override=smoke.ServePlan(command=None, reason="aggregated not under test"), disagg_override=shape)
     disagg = {c.name: c for c in result.record.checks if c.probe == "disagg"}
     assert disagg["ready"].status == "fail"
     assert "the prefill exited with 4" in disagg["ready"].detail and "NIXL agent failed" in disagg["ready"].detail

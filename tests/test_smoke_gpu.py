@@ -109,14 +109,14 @@ def test_with_cdi_a_role_gets_its_gpu_by_device_name() -> None:
 # --------------------------------------------------------------------------- plans and commands
 
 GPU_WHEELS = ("vllm", "ai-dynamo", "nixl", "nixl-cu13")
-TINY = SmokeModel("servestack/tiny-qwen35", make={"seed": 0})
+TINY = SmokeModel(name="servestack/tiny-qwen35", make={"seed": 0})
 
 
 def _gpu_lock(environment: dict[str, str] | None = None, model: SmokeModel = TINY):
     """The production stack's shape: vLLM's CUDA build, Dynamo and NIXL, and a made smoke model."""
     return committed_lock(
-        packages={n: LockedPackage("1", f"{n}==1", None) for n in ("vllm", "ai-dynamo", "nixl")},
-        platforms={"linux/amd64": tuple(LockedWheel(n, "1", f"{n}-1-py3-none-any.whl", "0" * 64, 1, "pypi") for n in GPU_WHEELS)},
+        packages={n: LockedPackage(version="1", requirement=f"{n}==1", commit=None) for n in ("vllm", "ai-dynamo", "nixl")},
+        platforms={"linux/amd64": tuple(LockedWheel(name=n, version="1", filename=f"{n}-1-py3-none-any.whl", sha256="0" * 64, size=1, index="pypi") for n in GPU_WHEELS)},
         environment=environment or {}, smoke_model=model)
 
 
@@ -184,7 +184,7 @@ def test_without_a_gpu_both_shapes_are_not_run_with_the_hosts_reason(amd64_host)
 
 
 def test_a_real_checkpoint_is_served_tensor_parallel_over_every_gpu(amd64_host, tmp_path: Path) -> None:
-    plan = smoke.serve_plan(_gpu_lock(model=SmokeModel("Q", path=str(tmp_path))), "linux/amd64", TWO_GPUS)
+    plan = smoke.serve_plan(_gpu_lock(model=SmokeModel(name="Q", path=str(tmp_path))), "linux/amd64", TWO_GPUS)
     assert _flag(plan.command, "--tensor-parallel-size") == "2" and _request(plan.container)["DeviceIDs"] == ["0", "1"]
 
 
@@ -198,8 +198,8 @@ def test_a_stack_may_make_the_smoke_model_beside_naming_its_checkpoint() -> None
 def test_where_serving_is_required_a_check_that_did_not_run_fails_saying_why() -> None:
     from servestack.smoke import _required_serving
 
-    checks = [smoke.Check("static", "lock", "pass", ""), smoke.Check("serving", "ready", "not_run", "needs NVIDIA GPUs and none"),
-              smoke.Check("disagg", "ready", "not_run", "needs NVIDIA GPUs and none")]
+    checks = [smoke.Check(probe="static", name="lock", status="pass", detail=""), smoke.Check(probe="serving", name="ready", status="not_run", detail="needs NVIDIA GPUs and none"),
+              smoke.Check(probe="disagg", name="ready", status="not_run", detail="needs NVIDIA GPUs and none")]
     [required] = _required_serving(checks)
     assert (required.probe, required.name, required.status) == ("serving", "required", "fail")
     assert "serving/ready, disagg/ready" in required.detail and "needs NVIDIA GPUs" in required.detail
@@ -267,7 +267,7 @@ def test_an_eager_engine_is_missing_its_cuda_graphs() -> None:
 
 
 def _target(gpus: int, **logs: str) -> Target:
-    return Target("http://127.0.0.1:1", "m", None, 1.0, logs={role: (lambda text=text: text) for role, text in logs.items()},
+    return Target(base="http://127.0.0.1:1", model="m", http=None, timeout=1.0, logs={role: (lambda text=text: text) for role, text in logs.items()},
                   gpus=gpus)
 
 

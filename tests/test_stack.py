@@ -42,7 +42,7 @@ def errors_of(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", ["dev-cpu", "qwen35-gb200"])
 def test_the_committed_stacks_are_valid(name):
-    stack = load_stack(Project(ROOT).stack_file(name))
+    stack = load_stack(Project(root=ROOT).stack_file(name))
     assert stack.name == name
 
 

@@ -44,7 +44,7 @@ def test_structural_gates_apply_without_baselines():
 
 
 def test_accuracy_mean_over_repeats():
-    runs = [AccuracyRun("agg-acc", 0, 0.90, 1319), AccuracyRun("agg-acc", 1, 0.87, 1319)]
+    runs = [AccuracyRun(recipe="agg-acc", repeat=0, accuracy=0.90, n=1319), AccuracyRun(recipe="agg-acc", repeat=1, accuracy=0.87, n=1319)]
     v = evaluate_accuracy(runs, {"agg-acc": 2}, GateConfig(accuracy_threshold=0.88))
     assert v.passed and abs(v.checks[0].measured - 0.885) < 1e-9
     v = evaluate_accuracy(runs, {"agg-acc": 2}, GateConfig(accuracy_threshold=0.89))
@@ -53,9 +53,9 @@ def test_accuracy_mean_over_repeats():
 
 
 def test_accuracy_zero_threshold_still_needs_answers():
-    ok = evaluate_accuracy([AccuracyRun("agg", 0, 0.0, 50)], {"agg": 1}, GateConfig(accuracy_threshold=0.0))
+    ok = evaluate_accuracy([AccuracyRun(recipe="agg", repeat=0, accuracy=0.0, n=50)], {"agg": 1}, GateConfig(accuracy_threshold=0.0))
     assert ok.passed
-    dead = evaluate_accuracy([AccuracyRun("agg", 0, 0.0, 50, errors=50)], {"agg": 2},
+    dead = evaluate_accuracy([AccuracyRun(recipe="agg", repeat=0, accuracy=0.0, n=50, errors=50)], {"agg": 2},
                              GateConfig(accuracy_threshold=0.0))
     assert sorted(f.gate for f in dead.failures) == ["errors", "missing"]
     assert "all 50 requests failed" in format_verdict(dead)

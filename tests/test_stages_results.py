@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from servestack.errors import InputError
+from servestack.runners.srtlogs import find_srt_results
 from servestack.stages.gates import GateConfig, evaluate_throughput
-from servestack.stages.results import find_srt_results, parse_gsm8k_result, parse_srt_result, parse_vllm_result
+from servestack.stages.results import parse_gsm8k_result, parse_srt_result, parse_vllm_result
 
 DATA = Path(__file__).parent / "data"
 

@@ -32,7 +32,7 @@ class ReplayRunner(PollingWait):
         for p in job.points:
             src = DATA / (f"{p}.json" if p.isdigit() else "gsm8k-repeat-0.json")
             job.point_file(p).write_bytes(src.read_bytes())
-        return JobHandle(self.name, str(len(self.submitted)), job)
+        return JobHandle(runner=self.name, job_id=str(len(self.submitted)), spec=job)
 
     def state(self, handle):
         return JobState.COMPLETED
@@ -63,7 +63,7 @@ class RepeatingRunner(ReplayRunner):
             for key in ("median_tpot_ms", "p99_tpot_ms"):
                 data[key] /= f
             job.point_file(p).write_text(json.dumps(data))
-        return JobHandle(self.name, str(len(self.submitted)), job)
+        return JobHandle(runner=self.name, job_id=str(len(self.submitted)), spec=job)
 
 
 def make_project(tmp_path: Path, baselines: str = "{}", throughput: str = "") -> Project:
@@ -93,7 +93,7 @@ stages:
     min_prompts: 8
     gate: {{tolerance: 0.1, baselines: {baselines}}}
 {throughput}""")
-    return Project(root)
+    return Project(root=root)
 
 
 def test_throughput_stage_layout_gates_report_and_resume(tmp_path):
@@ -209,7 +209,7 @@ def test_committed_pipelines_reference_recipes_that_exist():
     from servestack.stages.execute import _recipe
     from servestack.stages.pipeline import load_pipeline
 
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     for name in ("dev-cpu", "qwen35-gb200"):
         pipeline = load_pipeline(project.pipelines / f"{name}.yaml", project.root)
         for stage in pipeline.stages.defined().values():
@@ -228,7 +228,7 @@ def test_dev_cpu_jobs_serve_the_models_alias_from_the_image_without_gpus(tmp_pat
     from servestack.stages.execute import plan_stage
     from servestack.stages.pipeline import load_pipeline
 
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root)
     for stage in ("accuracy", "throughput"):
         settings = getattr(pipeline.stages, stage)
@@ -301,7 +301,7 @@ def test_disaggregated_recipes_go_to_the_runner_that_starts_them(tmp_path):
     from servestack.stages.execute import plan_stage
     from servestack.stages.pipeline import load_pipeline
 
-    project = Project(ROOT)
+    project = Project(root=ROOT)
     pipeline = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root).model_copy(update={"model_dir": tmp_path})
     assert pipeline.runner.kind == "local" and pipeline.runner.disaggregated == "srtctl"
     for stage, (agg, *disaggs) in (("accuracy", ("agg-acc", "disagg-acc", "disagg-multinode-acc")),

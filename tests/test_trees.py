@@ -170,7 +170,7 @@ def test_a_path_is_refused_where_a_file_is_or_its_directories_go(path, clash):
     files = trees._Files(Path("w-1.0-py3-none-any.whl"))
     for claimed in ("a/b/c/x.py", "a/b/y"):
         files.claim(claimed, "a file")
-        files[claimed] = trees._Packed(0, 0, "", False)
+        files[claimed] = trees._Packed(offset=0, size=0, sha256="", executable=False)
     with pytest.raises(ServestackError, match=f"a file cannot be at {path}: the wheel installs {clash}$"):
         files.claim(path, "a file")
     files.claim("a/b/c/other/deeper.py", "a file")  # beside what is there: no clash
@@ -334,8 +334,8 @@ def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch
     (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.2"), _fake(tmp_path, "b", "3.11.7")
     monkeypatch.setenv("PATH", _path(first, second))
     with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
-        assert trees.compiler("3.11", "3.11.2") == trees.Compiler(first_binary, "3.11.2")
-        assert trees.compiler("3.11", "3.11.7") == trees.Compiler(second_binary, "3.11.7")  # second on PATH
+        assert trees.compiler("3.11", "3.11.2") == trees.Compiler(executable=first_binary, version="3.11.2")
+        assert trees.compiler("3.11", "3.11.7") == trees.Compiler(executable=second_binary, version="3.11.7")  # second on PATH
     assert caplog.records == []
 
 
@@ -344,7 +344,7 @@ def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_pa
     monkeypatch.setenv("PATH", _path(first, second))
     with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
         chosen = trees.compiler("3.11", "3.11.99")
-    assert chosen == trees.Compiler(first_binary, "3.11.7")
+    assert chosen == trees.Compiler(executable=first_binary, version="3.11.7")
     [warning] = caplog.records
     message = warning.getMessage()
     assert "Python 3.11.99" in message and f"compiling with {first_binary} (3.11.7)" in message
@@ -355,7 +355,7 @@ def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monk
     first, first_binary = _fake(tmp_path, "a", "3.11.7")
     monkeypatch.setenv("PATH", _path(first))
     with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
-        assert trees.compiler("3.11", None) == trees.Compiler(first_binary, "3.11.7")
+        assert trees.compiler("3.11", None) == trees.Compiler(executable=first_binary, version="3.11.7")
     [warning] = caplog.records
     assert warning.getMessage().startswith("bytecode: the exact version of the image's Python 3.11 is not known "
                                            f"(none was given) (found: {first_binary} (3.11.7))")
@@ -365,7 +365,7 @@ def test_the_real_patch_releases_answer_the_probe_with_their_own_version(tmp_pat
     # The fakes above stand for these: where a host has two, the probe tells them apart through links.
     (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
     monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", first_binary), _bin(tmp_path, "b", second_binary)))
-    assert trees.compiler("3.11", second) == trees.Compiler(second_binary, second)
+    assert trees.compiler("3.11", second) == trees.Compiler(executable=second_binary, version=second)
     assert _version(trees.compiler("3.11", second).executable) == second
 
 
@@ -386,17 +386,17 @@ def test_a_shim_and_links_count_once_as_the_binary_they_run(tmp_path):
     linked = _bin(tmp_path, "venv-bin", real)
     (tmp_path / "bin").symlink_to(linked, target_is_directory=True)  # /bin -> /usr/bin
     path = _path(missing, shim, tmp_path / "empty", linked, tmp_path / "bin")
-    assert trees.interpreters("3.11", path) == [trees.Compiler(real, version)]
+    assert trees.interpreters("3.11", path) == [trees.Compiler(executable=real, version=version)]
 
 
 def test_no_python_of_that_version_on_path_means_no_bytecode(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", os.path.realpath(sys.executable))))
-    assert trees.compiler("3.99", "3.99.0") == trees.Compiler(None, "none")
+    assert trees.compiler("3.99", "3.99.0") == trees.Compiler(executable=None, version="none")
 
 
 def _debian(*debs: tuple[str, str]) -> DebianBase:
-    locked = tuple(LockedDeb(name, version, "amd64", 1, "0" * 64, f"pool/main/p/{name}.deb") for name, version in debs)
-    return DebianBase("bookworm", ("python3",), 0, "0" * 64, "debian", {"linux/amd64": locked})
+    locked = tuple(LockedDeb(name=name, version=version, architecture="amd64", size=1, sha256="0" * 64, filename=f"pool/main/p/{name}.deb") for name, version in debs)
+    return DebianBase(suite="bookworm", packages=("python3",), release_date=0, release_sha256="0" * 64, index="debian", resolved={"linux/amd64": locked})
 
 
 def test_the_image_interpreter_version_is_the_locked_interpreter_package():

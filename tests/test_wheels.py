@@ -13,20 +13,20 @@ try:
 except ImportError:  # running without an installed package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from servestack import wheels
 from servestack.errors import InputError
 from servestack.wheels import (
     add_local_label,
+    commit,
     overlay_label,
     pack_wheel,
     parse_wheel_filename,
     read_wheel,
-    read_wheel_commit,
     relabel_tree,
     unpack_wheel,
     verify_record,
     wheel_filename,
 )
+from servestack.wheels.commit import read_wheel_commit
 
 
 def make_tree(root: Path, *, name: str = "demo", version: str = "0.31.0", files: dict[str, str] | None = None,
@@ -207,7 +207,7 @@ def test_commit_direct_url_and_unknown(tmp_path):
 def test_commit_table_is_pluggable(tmp_path, monkeypatch):
     w = _wheel_with(tmp_path, "odd", "1.0", {"odd/build_info.txt": "commit=feedbeefcafe\n"})
     assert read_wheel_commit(w) is None
-    monkeypatch.setitem(wheels.COMMIT_SOURCES, "odd", [("odd/build_info.txt", lambda t: t.split("=")[1].strip())])
+    monkeypatch.setitem(commit.COMMIT_SOURCES, "odd", [("odd/build_info.txt", lambda t: t.split("=")[1].strip())])
     assert read_wheel_commit(w) == "feedbeefcafe"
 
 

@@ -72,7 +72,7 @@ def _self_hosted(job: dict) -> bool:
 
 
 def _ctx(event_name: str, ref: str, payload: dict | None = None, **more) -> Context:
-    return Context({"github": {"event_name": event_name, "ref": ref, "repository": REPO, "run_id": "100",
+    return Context(values={"github": {"event_name": event_name, "ref": ref, "repository": REPO, "run_id": "100",
                                "workflow": "build", "event": payload or {}, **more},
                     "inputs": {}, "needs": {}, "vars": {}, "matrix": {}})
 
@@ -241,7 +241,7 @@ def test_the_digest_moves_as_job_outputs(tmp_path):
     record = next(s for s in image_job["steps"] if s.get("id") == "record")
     assert record["run"].startswith("nox -s outputs ") and record.get("if") == "always()"
     # The names `nox -s outputs` writes are the names the job exports, for every stack of the matrix.
-    project = Project(tmp_path)
+    project = Project(root=tmp_path)
     for stack in stacks:
         (tmp_path / "build" / stack).mkdir(parents=True)
         write_image_record(tmp_path / "build" / stack / "image.json", f"127.0.0.1:5000/servestack/{stack}@sha256:{'a' * 64}",

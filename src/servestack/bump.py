@@ -26,7 +26,7 @@ from servestack.util.project import Project
 SCHEMA = "servestack.lock.drift/1"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Step:
     name: str
     ok: bool
@@ -34,7 +34,7 @@ class Step:
     seconds: float
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Drift:
     stack: str
     baseline: str | None = None
@@ -199,7 +199,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
     """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
     from servestack.image import load_image
 
-    d = Drift(stack, baseline=baseline)
+    d = Drift(stack=stack, baseline=baseline)
     try:
         d.digest_before = load_image(project, stack).reference
     except ServestackError:
@@ -210,7 +210,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
             ok, detail = action()
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]
-        d.steps.append(Step(name, ok, detail, round(time.monotonic() - started, 1)))
+        d.steps.append(Step(name=name, ok=ok, detail=detail, seconds=round(time.monotonic() - started, 1)))
         if echo:
             echo(f"bump {stack}: {name}: {'ok' if ok else 'FAIL'}: {detail}")
         if not ok:
@@ -232,5 +232,5 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
                 f"nothing in common with {d.baseline} to compare: " + ("; ".join(result.not_compared) or "no point"))
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]
-        d.steps.append(Step("compare", ok, detail, round(time.monotonic() - started, 1)))
+        d.steps.append(Step(name="compare", ok=ok, detail=detail, seconds=round(time.monotonic() - started, 1)))
     return d, write(project, d)

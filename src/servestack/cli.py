@@ -6,7 +6,6 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
@@ -381,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("urllib3").setLevel(logging.ERROR)
-    project = Project(args.project.resolve()) if args.project else Project.find()
+    project = Project(root=args.project.resolve()) if args.project else Project.find()
     try:
         with signals_unwind():
             return COMMANDS[args.command][2](args, project)

@@ -16,7 +16,7 @@ class ServestackError(Exception):
     exit_code = 1  # something that was checked failed, or a step could not finish
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Location:
     file: Path | str
     line: int | None = None
@@ -37,7 +37,7 @@ class InputError(ServestackError):
     exit_code = 2
 
     def __init__(self, location: Location | Path | str, field: str, problem: str):
-        self.location = location if isinstance(location, Location) else Location(location)
+        self.location = location if isinstance(location, Location) else Location(file=location)
         self.field = field
         self.problem = problem
         super().__init__(f"{self.location}: {field}: {problem}" if field else f"{self.location}: {problem}")

@@ -30,7 +30,7 @@ DEFAULT_THRESHOLD = verdicts.Policy().threshold
 DEFAULT_ALPHA = verdicts.Policy().alpha
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Metric:
     key: str  # a ThroughputPoint field in results.json
     label: str
@@ -38,14 +38,14 @@ class Metric:
 
 
 METRICS = (
-    Metric("tokens_per_s_per_gpu", "tok/s/GPU", True),
-    Metric("tokens_per_s_per_user", "tok/s/user", True),
-    Metric("median_ttft_ms", "TTFT p50 ms", False),
-    Metric("p99_ttft_ms", "TTFT p99 ms", False),
-    Metric("median_tpot_ms", "TPOT p50 ms", False),
-    Metric("p99_tpot_ms", "TPOT p99 ms", False),
-    Metric("median_itl_ms", "ITL p50 ms", False),
-    Metric("p99_itl_ms", "ITL p99 ms", False),
+    Metric(key="tokens_per_s_per_gpu", label="tok/s/GPU", higher_is_better=True),
+    Metric(key="tokens_per_s_per_user", label="tok/s/user", higher_is_better=True),
+    Metric(key="median_ttft_ms", label="TTFT p50 ms", higher_is_better=False),
+    Metric(key="p99_ttft_ms", label="TTFT p99 ms", higher_is_better=False),
+    Metric(key="median_tpot_ms", label="TPOT p50 ms", higher_is_better=False),
+    Metric(key="p99_tpot_ms", label="TPOT p99 ms", higher_is_better=False),
+    Metric(key="median_itl_ms", label="ITL p50 ms", higher_is_better=False),
+    Metric(key="p99_itl_ms", label="ITL p99 ms", higher_is_better=False),
 )
 GATED = ("tokens_per_s_per_gpu",)  # what a pipeline's baseline gate fails on; the rest are reported
 
@@ -53,7 +53,7 @@ GATED = ("tokens_per_s_per_gpu",)  # what a pipeline's baseline gate fails on; t
 RegressionPolicy = verdicts.Policy
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Side:
     """One image's results: throughput points (every repeat), accuracy, and each recipe's conditions."""
 
@@ -84,7 +84,7 @@ class Change:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Comparison:
     a: Side
     b: Side
@@ -143,7 +143,7 @@ def side_from_results(results: dict[str, Any], label: str, where: Path) -> tuple
     if not isinstance(stages, list):
         raise InputError(where, "stages", "expected a run's results.json (servestack pipeline, report.write_run)")
     images = {s.get("image") for s in stages if s.get("image")}
-    side = Side(label, ", ".join(sorted(images)) or "-", next((s.get("stack") for s in stages if s.get("stack")), "-"))
+    side = Side(label=label, image=", ".join(sorted(images)) or "-", stack=next((s.get("stack") for s in stages if s.get("stack")), "-"))
     invalid = []
     for stage in stages:
         for recipe, cond in (stage.get("conditions") or {}).items():
@@ -244,7 +244,7 @@ def judge(recipe: str, concurrency: int, metric: Metric, a: dict[int, float], b:
 def compare(a: Side, b: Side, policy: verdicts.Policy = verdicts.Policy(), *,
             invalid: list[str] | None = None, alongside: bool = False) -> Comparison:
     """`alongside`: A and B were measured in one interleaved session (their repeats pair up)."""
-    out = Comparison(a, b, policy, alongside, not_compared=list(invalid or []))
+    out = Comparison(a=a, b=b, policy=policy, alongside=alongside, not_compared=list(invalid or []))
     differing = set()
     for key in sorted(set(a.conditions) & set(b.conditions)):
         ca, cb = a.conditions[key], b.conditions[key]

@@ -31,7 +31,7 @@ _OPS = {"<<": lambda c: c < 0, "<=": lambda c: c <= 0, "=": lambda c: c == 0, ">
 Relation = tuple[str, str | None, str | None]  # name, operator, version
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Stanza:
     deb: Deb
     essential: bool
@@ -63,14 +63,14 @@ def parse_index(text: str, what: str) -> dict[str, Stanza]:
         name = fields["Package"]
         where = f"{what}: {name}"
         try:
-            deb = Deb(name, fields["Version"], fields["Architecture"], int(fields["Size"]), fields["SHA256"],
-                      fields["Filename"])
+            deb = Deb(name=name, version=fields["Version"], architecture=fields["Architecture"], size=int(fields["Size"]),
+                      sha256=fields["SHA256"], filename=fields["Filename"])
         except KeyError as missing:
             raise ServestackError(f"{where}: no {missing.args[0]} field") from None
         provides = tuple((r[0][0], r[0][2]) for r in _relations(fields.get("Provides", ""), where))
-        stanza = Stanza(deb, fields.get("Essential") == "yes", _PRIORITIES.get(fields.get("Priority", ""), len(_PRIORITIES)),
-                        _relations(fields.get("Pre-Depends", ""), where) + _relations(fields.get("Depends", ""), where),
-                        provides)
+        stanza = Stanza(deb=deb, essential=fields.get("Essential") == "yes", priority=_PRIORITIES.get(fields.get("Priority", ""), len(_PRIORITIES)),
+                        depends=_relations(fields.get("Pre-Depends", ""), where) + _relations(fields.get("Depends", ""), where),
+                        provides=provides)
         if name not in found or version_compare(deb.version, found[name].deb.version) > 0:
             found[name] = stanza
     return found

@@ -14,13 +14,13 @@ import zstandard
 from servestack.errors import ServestackError
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Member:
     info: tarfile.TarInfo
     data: bytes | None  # a regular file's bytes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DebPackage:
     fields: dict[str, str]  # the control file's fields, in its order (continuation lines kept)
     control: dict[str, bytes]  # control.tar's files other than `control`: md5sums, conffiles, postinst, ...
@@ -83,5 +83,5 @@ def read_deb(path: Path) -> DebPackage:
     members = []
     with _untar(data_name, ar[data_name], what) as tar:
         for info in tar:
-            members.append(Member(info, tar.extractfile(info).read() if info.isfile() else None))
-    return DebPackage(fields, control, members)
+            members.append(Member(info=info, data=tar.extractfile(info).read() if info.isfile() else None))
+    return DebPackage(fields=fields, control=control, members=members)

@@ -29,7 +29,7 @@ from servestack.errors import ServestackError
 MERGED = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Node:
     kind: str  # "dir" | "file" | "symlink" | "hardlink"
     mode: int = 0o755
@@ -43,7 +43,7 @@ class Node:
     owner: str = ""  # the package that shipped it, "" for what the assembly made
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Root:
     """The tree being assembled: canonical path (no leading slash, "" the root) -> node."""
 
@@ -51,7 +51,7 @@ class Root:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.nodes.setdefault("", Node("dir", mtime=self.epoch))
+        self.nodes.setdefault("", Node(kind="dir", mtime=self.epoch))
 
     def canonical(self, path: str) -> str:
         """`path` with every parent directory followed through symlinks (the last part is not followed)."""
@@ -108,7 +108,7 @@ class Root:
             return where
         parent = posixpath.dirname(where)
         if parent and parent not in self.nodes:
-            self.add(parent, Node("dir", mtime=self.epoch))
+            self.add(parent, Node(kind="dir", mtime=self.epoch))
         if node.mtime == 0:
             node.mtime = self.epoch
         self.nodes[where] = node
@@ -116,13 +116,13 @@ class Root:
 
     def file(self, path: str, data: bytes, mode: int = 0o644, *, gid: int = 0, gname: str = "root",
              replace: bool = True) -> str:
-        return self.add(path, Node("file", mode, gid=gid, gname=gname, data=data), replace=replace)
+        return self.add(path, Node(kind="file", mode=mode, gid=gid, gname=gname, data=data), replace=replace)
 
     def symlink(self, path: str, target: str, *, replace: bool = True) -> str:
-        return self.add(path, Node("symlink", 0o777, link=target), replace=replace)
+        return self.add(path, Node(kind="symlink", mode=0o777, link=target), replace=replace)
 
     def dir(self, path: str, mode: int = 0o755, *, gid: int = 0, gname: str = "root") -> str:
-        return self.add(path, Node("dir", mode, gid=gid, gname=gname), replace=False)
+        return self.add(path, Node(kind="dir", mode=mode, gid=gid, gname=gname), replace=False)
 
 
 def _replaces(package: DebPackage) -> set[str]:
@@ -155,7 +155,7 @@ def unpack(root: Root, package: DebPackage) -> list[str]:
         existing = root.nodes.get(where)
         if kind == "dir":
             if existing is None:
-                root.add(where, Node("dir", info.mode, info.uid, info.gid, info.uname, info.gname, info.mtime,
+                root.add(where, Node(kind="dir", mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname, mtime=info.mtime,
                                      owner=package.name))
             elif existing.kind not in ("dir", "symlink"):
                 raise ServestackError(f"{package.name}: {name} is a directory, but {existing.owner} ships a file there")
@@ -163,10 +163,10 @@ def unpack(root: Root, package: DebPackage) -> list[str]:
         link = info.linkname
         if kind == "hardlink":
             link = root.canonical(info.linkname)
-            if root.nodes.get(link, Node("")).kind != "file":
+            if root.nodes.get(link, Node(kind="")).kind != "file":
                 raise ServestackError(f"{package.name}: {name} is a hard link to {info.linkname}, which is not a file")
-        node = Node(kind, info.mode, info.uid, info.gid, info.uname, info.gname, info.mtime, member.data or b"",
-                    link, package.name)
+        node = Node(kind=kind, mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname, mtime=info.mtime, data=member.data or b"",
+                    link=link, owner=package.name)
         if existing is not None and existing.kind != "dir":
             same = (existing.kind, existing.data, existing.link, existing.mode) == (kind, node.data, link, node.mode)
             if not same and existing.owner and existing.owner not in replaces:
@@ -210,10 +210,10 @@ def _members(root: Root) -> list[tuple[str, Node]]:
             carrier = first[target]
             data = root.nodes[target]
             if carrier == path:
-                node = Node("file", data.mode, data.uid, data.gid, data.uname, data.gname, data.mtime, data.data,
-                            "", data.owner)
+                node = Node(kind="file", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname, mtime=data.mtime, data=data.data,
+                            link="", owner=data.owner)
             else:
-                node = Node("hardlink", data.mode, data.uid, data.gid, data.uname, data.gname, data.mtime,
+                node = Node(kind="hardlink", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname, mtime=data.mtime,
                             link=carrier, owner=data.owner)
         out.append((path, node))
     return out

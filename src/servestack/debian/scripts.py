@@ -26,7 +26,7 @@ from servestack.errors import ServestackError
 MAIL_GID, SHADOW_GID, UTMP_GID = 8, 42, 43  # base-passwd's group.master
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Context:
     root: Root
     packages: dict[str, DebPackage]
@@ -344,7 +344,7 @@ EFFECTS: list[tuple[str, Callable[[Context], list[str]]]] = [
 
 def apply(root: Root, packages: list[DebPackage], machine: int) -> list[str]:
     """Every effect for the packages present; returns what was done, one line each."""
-    context = Context(root, {p.name: p for p in packages}, machine)
+    context = Context(root=root, packages={p.name: p for p in packages}, machine=machine)
     done = []
     for package, effect in EFFECTS:
         if not package or package in context.packages:

@@ -80,7 +80,7 @@ def assemble(paths: list[Path], arch: str, epoch: int, out: Path) -> list[str]:
     if arch not in MACHINES:
         raise ServestackError(f"Debian architecture {arch!r}: a base is assembled for {', '.join(MACHINES)}")
     packages = read_packages(paths)
-    root = Root(epoch)
+    root = Root(epoch=epoch)
     merged_usr(root, packages)
     listed = {package.name: unpack(root, package) for package in packages}
     triggers = dpkgdb.write(root, packages, listed, arch)

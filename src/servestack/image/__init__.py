@@ -15,8 +15,8 @@ involved. The same lock and the same code give the same manifest digest on any m
 - `expected`: the digest committed beside the lock (pins/<stack>.image.json).
 """
 
-from servestack.image.build import build_image, image_input_hash, image_record, load_image
 from servestack.image.base_image import debian_base, interpreter_version
+from servestack.image.build import build_image, image_input_hash, image_record, load_image
 from servestack.image.expected import UPDATE_COMMAND, check_expected, expected_file, write_expected
 from servestack.image.index import push_index, record_index
 from servestack.image.layer_plan import Layer, link_entries, own_layers, plan

@@ -35,7 +35,7 @@ def interpreter_version(lock: Lock, platform: str) -> str | None:
     return debian_interpreter(lock.base, platform, lock.python)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Base:
     layers: list[oci.LayerRef]
     paths: dict[str, Path]  # blob digest -> local file, for blobs that are pushed from here
@@ -57,9 +57,9 @@ def _image_base(base: ImageBase, platform: str, address: str) -> Base:
             raise ServestackError(f"base image {base.reference}: no manifest for {platform}")
         manifest = json.loads(registry.get_manifest(ref.registry, ref.repository, digest)[0])
     config = json.loads(registry.get_blob(ref.registry, ref.repository, manifest["config"]["digest"]))
-    refs = [oci.LayerRef("base", layer["digest"], diff_id, layer["size"], layer["mediaType"])
+    refs = [oci.LayerRef(name="base", digest=layer["digest"], diff_id=diff_id, size=layer["size"], media_type=layer["mediaType"])
             for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]
-    return Base(refs, {}, config, (ref.registry, ref.repository))
+    return Base(layers=refs, paths={}, config=config, source=(ref.registry, ref.repository))
 
 
 def base_layers(lock: Lock, platform: str, address: str, progress: Progress) -> Base:
@@ -70,7 +70,7 @@ def base_layers(lock: Lock, platform: str, address: str, progress: Progress) -> 
     if layers.cached(key) is None:  # as a rule EarlyLayers compressed it already; if not, its bytes count here
         progress.expect(tarball.stat().st_size)
     blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n), key)
-    return Base([oci.LayerRef("base", blob.digest, blob.diff_id, blob.size)], {blob.digest: blob.path}, None)
+    return Base(layers=[oci.LayerRef(name="base", digest=blob.digest, diff_id=blob.diff_id, size=blob.size)], paths={blob.digest: blob.path}, config=None)
 
 
 @functools.lru_cache(maxsize=None)

@@ -57,7 +57,7 @@ def image_input_hash(record: BuildRecord, compiled_by: str) -> str:
 
 def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: BuildRecord,
                  compiled_by: str, **extra: Any) -> ImageRecord:
-    layer_list = tuple(ImageLayer(layer["digest"], layer["size"], name) for layer, name in zip(manifest["layers"], names))
+    layer_list = tuple(ImageLayer(digest=layer["digest"], size=layer["size"], title=name) for layer, name in zip(manifest["layers"], names))
     return ImageRecord(
         reference=reference, stack=record.stack, platforms=(platform,), lock_sha256=record.lock_sha256,
         input_hash=image_input_hash(record, compiled_by), compiled_by=compiled_by, total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
@@ -90,7 +90,7 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
             progress.set_step(f"layer {index} of {len(planned)}: {layer.name}")
             blob = layers.write_layer(layer_members, epoch, key,
                                       lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
-            refs.append(oci.LayerRef(layer.name, blob.digest, blob.diff_id, blob.size))
+            refs.append(oci.LayerRef(name=layer.name, digest=blob.digest, diff_id=blob.diff_id, size=blob.size))
             uploads.send(blob.digest, blob.path, blob.size)
         progress.set_step("pushing")
         pushed = uploads.wait([ref.digest for ref in base.layers] + [ref.digest for ref in refs])

@@ -96,7 +96,7 @@ def worker_base_env() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Module:
     """A module's source: `size` bytes at `offset` in `pack`, at `path` in the image (absolute: the pyc's
     co_filename and its __pycache__ name come from it)."""
@@ -107,7 +107,7 @@ class Module:
     path: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Job:
     """One tree's modules, handed to the pool one by one as they are installed (`add`); `close` says
     there are no more, and its future resolves when the last has been compiled, with each module's pyc
@@ -189,7 +189,7 @@ class BytecodePool:
     def job(self) -> Job:
         """A new job: its modules are served after every earlier job's (a tree started earlier finishes
         earlier, and its layer can be written)."""
-        job = Job(self, next(self._jobs))
+        job = Job(pool=self, number=next(self._jobs))
         if self._failure is not None:
             job.done.set_exception(self._failure)
         return job

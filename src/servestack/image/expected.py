@@ -39,11 +39,11 @@ def check_expected(project: Project, stack: str, platform: str, digest: str, loc
     committed = read_committed(project, stack)
     held = committed.platforms.get(platform) if committed else None
     if committed is None or (held is None and committed.lock_sha256 == lock_sha256):
-        return ExpectedCheck(shown, "none", None)
+        return ExpectedCheck(file=shown, status="none", digest=None)
     if committed.lock_sha256 != lock_sha256:
-        return ExpectedCheck(shown, "stale", held.digest if held else None)
+        return ExpectedCheck(file=shown, status="stale", digest=held.digest if held else None)
     assert held is not None
-    return ExpectedCheck(shown, "reproduced" if held.digest == digest else "different", held.digest)
+    return ExpectedCheck(file=shown, status="reproduced" if held.digest == digest else "different", digest=held.digest)
 
 
 def index_of(platforms: dict[str, PlatformImage], lock_platforms: tuple[str, ...] | list[str]) -> str | None:

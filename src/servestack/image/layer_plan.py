@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("servestack.image")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layer:
     name: str
     entries: tuple[layers.Entry, ...]
@@ -44,8 +44,8 @@ def _chunks(name: str, entries: list[layers.Entry], limit: int) -> list[Layer]:
         out[-1].append(e)
         size += e.size
     if len(out) == 1:
-        return [Layer(name, tuple(out[0]))]
-    return [Layer(f"{name}-{i}", tuple(chunk)) for i, chunk in enumerate(out) if chunk]
+        return [Layer(name=name, entries=tuple(out[0]))]
+    return [Layer(name=f"{name}-{i}", entries=tuple(chunk)) for i, chunk in enumerate(out) if chunk]
 
 
 def _generated(work: Path, relpath: str, data: bytes, image_path: str) -> layers.Entry:
@@ -61,7 +61,7 @@ def _venv_entries(work: Path, python: str) -> list[layers.Entry]:
     """A venv is a pyvenv.cfg and links to the interpreter; written here, nothing runs in the image."""
     cfg = f"home = /usr/bin\ninclude-system-site-packages = false\nversion = {python}\nexecutable = /usr/bin/python{python}\n"
     entries = [_generated(work, "venv/pyvenv.cfg", cfg.encode(), f"{VENV}/pyvenv.cfg")]
-    entries += [layers.Entry(f"{VENV}/bin/{name}", "symlink", 0o777, link=f"/usr/bin/python{python}")
+    entries += [layers.Entry(path=f"{VENV}/bin/{name}", kind="symlink", mode=0o777, link=f"/usr/bin/python{python}")
                 for name in ("python", "python3", f"python{python}")]
     return entries
 
@@ -130,8 +130,8 @@ def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePla
                      for o in record.overlays},
     })
     top.append(_generated(work, "stack.json", stack_json.encode(), "opt/servestack/stack.json"))
-    by_source = {"venv": [Layer("venv", tuple(_venv_entries(work, python)))], "packages": package_layers,
-                 "model": model, "top": [Layer("top", tuple(sorted(top, key=lambda e: e.path)))]}
+    by_source = {"venv": [Layer(name="venv", entries=tuple(_venv_entries(work, python)))], "packages": package_layers,
+                 "model": model, "top": [Layer(name="top", entries=tuple(sorted(top, key=lambda e: e.path)))]}
     return [layer for source in spec.layers if source.source != "base" for layer in by_source[source.source]]
 
 
@@ -146,5 +146,5 @@ def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:
             raise ServestackError(
                 f"{lock.file}: links.{path}.target {link['target']!r} matches {len(matches)} installed files "
                 f"({', '.join(matches[:5]) or 'none'}); expected exactly one under {site}")
-        entries.append(layers.Entry(path.lstrip("/"), "symlink", 0o777, link="/" + matches[0]))
+        entries.append(layers.Entry(path=path.lstrip("/"), kind="symlink", mode=0o777, link="/" + matches[0]))
     return entries

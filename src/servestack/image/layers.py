@@ -35,7 +35,7 @@ ZSTD_LEVEL = 3
 BLOB_NAME = "layer.tar.zst"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Entry:
     """One file, symlink or directory of a layer (`path` as in the image, without a leading slash)."""
 
@@ -58,10 +58,10 @@ def entry_for(source: Path, path: str) -> Entry:
     """The entry for a host file or symlink, its content hashed."""
     info = source.lstat()
     if stat.S_ISLNK(info.st_mode):
-        return Entry(path, "symlink", 0o777, link=os.readlink(source))
+        return Entry(path=path, kind="symlink", mode=0o777, link=os.readlink(source))
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{source}: only regular files and symlinks go into a layer")
-    return Entry(path, "file", 0o755 if info.st_mode & 0o100 else 0o644, info.st_size, sha256_file(source), source=source)
+    return Entry(path=path, kind="file", mode=0o755 if info.st_mode & 0o100 else 0o644, size=info.st_size, sha256=sha256_file(source), source=source)
 
 
 def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
@@ -111,7 +111,7 @@ def load_entries(path: Path, root: Path) -> list[Entry]:
     """save_entries' list, the entries sharing one Path per source (a Path each costs microseconds)."""
     rows = json.loads(path.read_bytes())
     sources = {src: root / src for src in {row[6] for row in rows} if src}
-    return [Entry(p, kind, mode, size, sha, link, sources.get(src), offset)
+    return [Entry(path=p, kind=kind, mode=mode, size=size, sha256=sha, link=link, source=sources.get(src), offset=offset)
             for p, kind, mode, size, sha, link, src, offset in rows]
 
 
@@ -133,7 +133,7 @@ def with_parents(entries: Iterable[Entry]) -> Members:
         end = path.rfind("/")
         while end != -1 and (parent := path[:end]) not in implied:  # its own parents are in once it is
             implied.add(parent)
-            out.setdefault(parent, Entry(parent, "dir", 0o755))
+            out.setdefault(parent, Entry(path=parent, kind="dir", mode=0o755))
             end = path.rfind("/", 0, end)
     return Members(out[p] for p in sorted(out))
 
@@ -156,7 +156,7 @@ def _identity_line(e: Entry) -> str:
 # --------------------------------------------------------------------------- writing
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Blob:
     """A written layer: `digest` of the compressed blob, `diff_id` of the tar, and where it is cached."""
 
@@ -407,7 +407,7 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    blob = Blob(key, f"sha256:{packed.sha256.hexdigest()}", f"sha256:{plain.sha256.hexdigest()}", packed.count, plain.count, path)
+    blob = Blob(key=key, digest=f"sha256:{packed.sha256.hexdigest()}", diff_id=f"sha256:{plain.sha256.hexdigest()}", size=packed.count, uncompressed=plain.count, path=path)
     atomic_write_json(_index(key), blob.to_json())
     return blob
 

@@ -27,7 +27,7 @@ LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 PLATFORMS = {"linux/amd64": ("amd64", None), "linux/arm64": ("arm64", "v8")}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LayerRef:
     """A layer as the manifest and config see it."""
 
@@ -38,7 +38,7 @@ class LayerRef:
     media_type: str = LAYER_TYPE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Document:
     """A serialized JSON document and its digest."""
 
@@ -81,7 +81,7 @@ def config(platform: str, layers: list[LayerRef], env: dict[str, str], labels: d
     }
     if variant:
         body["variant"] = variant
-    return Document(_serialize(body), CONFIG_TYPE)
+    return Document(data=_serialize(body), media_type=CONFIG_TYPE)
 
 
 def manifest(config_doc: Document, layers: list[LayerRef]) -> Document:
@@ -91,7 +91,7 @@ def manifest(config_doc: Document, layers: list[LayerRef]) -> Document:
         "config": config_doc.descriptor(),
         "layers": [{"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size} for layer in layers],
     }
-    return Document(_serialize(body), MANIFEST_TYPE)
+    return Document(data=_serialize(body), media_type=MANIFEST_TYPE)
 
 
 def index(manifests: dict[str, tuple[str, int]]) -> Document:
@@ -102,4 +102,4 @@ def index(manifests: dict[str, tuple[str, int]]) -> Document:
         arch, variant = PLATFORMS[platform]
         entry_platform = {"architecture": arch, "os": "linux", **({"variant": variant} if variant else {})}
         entries.append({"mediaType": MANIFEST_TYPE, "digest": digest, "size": size, "platform": entry_platform})
-    return Document(_serialize({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}), INDEX_TYPE)
+    return Document(data=_serialize({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}), media_type=INDEX_TYPE)

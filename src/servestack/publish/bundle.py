@@ -35,7 +35,7 @@ class PublishError(ServestackError):
     """A publication that cannot be made, found or trusted; the message says which part and why."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BundleFile:
     title: str  # a relative POSIX path: where pull writes it
     data: bytes
@@ -84,7 +84,7 @@ def created_timestamp(lock: Lock) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(lock.source_date_epoch))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Records:
     """Where the lock, the stack file and the build/image/smoke records come from: this checkout, or
     a directory `pull` wrote (a cluster publishing its run for an image it did not build)."""
@@ -96,12 +96,12 @@ class Records:
 
     @classmethod
     def of_project(cls, project: Project, stack: str) -> Records:
-        return cls(project.lock_file(stack), project.stack_file(stack), project.artifacts(stack), f"build/{stack}")
+        return cls(lock=project.lock_file(stack), stack_file=project.stack_file(stack), steps=project.artifacts(stack), shown=f"build/{stack}")
 
     @classmethod
     def pulled(cls, directory: Path, stack: str) -> Records:
-        return cls(directory / "pins" / f"{stack}.lock", directory / "pins" / f"{stack}.yaml", directory / "build",
-                   str(directory / "build"))
+        return cls(lock=directory / "pins" / f"{stack}.lock", stack_file=directory / "pins" / f"{stack}.yaml", steps=directory / "build",
+                   shown=str(directory / "build"))
 
     def image(self) -> ImageRecord:
         return read_image(self.steps / "image.json", "run the session that makes it first", f"{self.shown}/image.json")
@@ -136,28 +136,28 @@ def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | No
 
     records = records or Records.of_project(project, stack)
     files = [
-        BundleFile(f"pins/{stack}.lock", records.lock.read_bytes()),
-        BundleFile(f"pins/{stack}.yaml", records.stack_file.read_bytes()),
+        BundleFile(title=f"pins/{stack}.lock", data=records.lock.read_bytes()),
+        BundleFile(title=f"pins/{stack}.yaml", data=records.stack_file.read_bytes()),
     ]
     if sbom is not None:
-        files.append(BundleFile(SBOM_TITLE, sbom))
+        files.append(BundleFile(title=SBOM_TITLE, data=sbom))
     records.read("build.json")  # present and JSON
     records.image(), records.smoke()  # present and well-formed, by their readers
     for name in ("build.json", "image.json", "smoke.json"):
-        files.append(BundleFile(f"build/{name}", (records.steps / name).read_bytes()))
+        files.append(BundleFile(title=f"build/{name}", data=(records.steps / name).read_bytes()))
     rendered = recipes.render_recipes(project, stack, str(image), records.lock, out_dir=scratch / "recipes")
     engine = recipes.engine_file(project, stack)
     problems = recipes.validate_paths(rendered, engine if engine.exists() else None, require_digest=True)
     if problems:
         raise PublishError("the bound recipes do not validate:\n" + "\n".join(str(p) for p in problems))
-    files += [BundleFile(f"recipes/{p.name}", p.read_bytes()) for p in rendered]
+    files += [BundleFile(title=f"recipes/{p.name}", data=p.read_bytes()) for p in rendered]
     if run_id:
         run_dir = project.artifacts(stack) / "runs" / run_id
         if not run_dir.is_dir():
             raise InputError(run_dir, "--run", "no such run; the run ids are the directories of build/<stack>/runs/")
         for path in sorted(run_dir.rglob("*")):
             if path.is_file() and (path.name in RUN_FILES or path.suffix in (".png", ".svg")):
-                files.append(BundleFile(f"runs/{run_id}/{path.relative_to(run_dir).as_posix()}", path.read_bytes()))
+                files.append(BundleFile(title=f"runs/{run_id}/{path.relative_to(run_dir).as_posix()}", data=path.read_bytes()))
     return sorted(files, key=lambda f: f.title)
 
 
@@ -182,7 +182,7 @@ def attestation_manifest(envelope: bytes, subject: Descriptor, bundle_digest: st
 def sbom_manifest(sbom: bytes, subject: Descriptor, created: str) -> bytes:
     """The SBOM as a plain referrer of the image, where scanners look for one (trivy: artifactType
     application/spdx+json); the same bytes as the bundle's signed copy."""
-    return referrer_manifest(SPDX_JSON, [BundleFile(SBOM_TITLE, sbom).descriptor()], subject, {CREATED: created})
+    return referrer_manifest(SPDX_JSON, [BundleFile(title=SBOM_TITLE, data=sbom).descriptor()], subject, {CREATED: created})
 
 
 def _empty_descriptor() -> dict[str, Any]:

@@ -204,7 +204,7 @@ def _bundle_files(client: Client, image: ImageRef, bundle_digest: str, bundle: d
             data = client.get_blob(layer["digest"], size=layer["size"])
         except registry.RegistryError as exc:
             raise PublishError(f"bundle file {title}: {exc}") from None
-        files.append(BundleFile(title, data))
+        files.append(BundleFile(title=title, data=data))
     return files
 
 

@@ -142,7 +142,7 @@ def attach(client: Client, image: ImageRef, subject: Descriptor, signer: CryptoS
             added = True
     if added:
         _put(client, attestation_tag(image), layers)
-    sign = signing.sign_statement(signing.statement([signing.Subject(signed_identity(image), image.hex)],
+    sign = signing.sign_statement(signing.statement([signing.Subject(name=signed_identity(image), sha256=image.hex)],
                                                     COSIGN_SIGN_PREDICATE, {}), signer)
     signed = _bundled_statements(client, image, signer)
     bundles = [signed.get(json.loads(e)["payload"]) or attach_bundle(client, image, subject, signer, e, t)
@@ -181,8 +181,8 @@ def attach_bundle(client: Client, image: ImageRef, subject: Descriptor, signer: 
     manifest = referrer_manifest(SIGSTORE_BUNDLE, [layer], subject, annotations)
     digest = sha256_digest(manifest)
     headers = client.put_manifest(digest, manifest, OCI_MANIFEST)
-    client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, digest, len(manifest), SIGSTORE_BUNDLE,
-                                                 tuple(sorted(annotations.items()))), headers)
+    client.add_referrer(image.digest, Descriptor(media_type=OCI_MANIFEST, digest=digest, size=len(manifest), artifact_type=SIGSTORE_BUNDLE,
+                                                 annotations=tuple(sorted(annotations.items()))), headers)
     return digest
 
 

@@ -17,7 +17,7 @@ BUILD_TYPE = "urn:servestack:build-type:image-from-lock:v1"
 BUILDER_ID = "urn:servestack:builder:publish"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Source:
     """Which checkout the publication comes from."""
     commit: str | None
@@ -33,7 +33,7 @@ class Source:
         url = git("config", "--get", "remote.origin.url")
         if url and "@" in url.split("//")[-1].split("/")[0]:
             url = None  # a URL with credentials in it never goes into a statement
-        return cls(git("rev-parse", "HEAD"), url or None, bool(git("status", "--porcelain", "--untracked-files=no")))
+        return cls(commit=git("rev-parse", "HEAD"), url=url or None, dirty=bool(git("status", "--porcelain", "--untracked-files=no")))
 
 
 def signed_identity(image: ImageRef, repository: str | None = None) -> str:
@@ -48,9 +48,9 @@ def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[Bund
     `created` is the lock's time (the bundle's, so equal inputs give an equal bundle); `published`
     when this publication was made (finishedOn: pull takes the newest of an image's publications)."""
     lock = next(f for f in files if f.title == f"pins/{stack}.lock")
-    subjects = [signing.Subject(signed_identity(image), image.hex),
-                signing.Subject("publication", bundle_digest.split(":")[1])]
-    subjects += [signing.Subject(f.title, f.digest.split(":")[1]) for f in files]
+    subjects = [signing.Subject(name=signed_identity(image), sha256=image.hex),
+                signing.Subject(name="publication", sha256=bundle_digest.split(":")[1])]
+    subjects += [signing.Subject(name=f.title, sha256=f.digest.split(":")[1]) for f in files]
     dependencies: list[dict[str, Any]] = [{"name": f"pins/{stack}.lock", "digest": {"sha256": lock.digest.split(":")[1]}}]
     if source.commit:
         dependencies.insert(0, {"uri": f"git+{source.url or 'local'}@{source.commit}", "digest": {"gitCommit": source.commit}})

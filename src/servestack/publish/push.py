@@ -47,7 +47,7 @@ def image_subject(client: Client, image: ImageRef) -> tuple[Descriptor, bytes]:
         raise PublishError(f"{image}: no such manifest in {client.registry}")
     data, media_type = found
     media_type = media_type or json.loads(data).get("mediaType", OCI_MANIFEST)
-    return Descriptor(media_type, image.digest, len(data)), data
+    return Descriptor(media_type=media_type, digest=image.digest, size=len(data)), data
 
 
 def copy_image(source: ImageRef, to: str) -> ImageRef:
@@ -132,8 +132,8 @@ def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, docum
     client.push_blob(registry.EMPTY_JSON)
     client.push_blob(document)
     digest = sha256_digest(manifest)
-    client.add_referrer(image.digest, Descriptor(OCI_MANIFEST, digest, len(manifest), sbom.SPDX_JSON,
-                                                ((CREATED, created),)),
+    client.add_referrer(image.digest, Descriptor(media_type=OCI_MANIFEST, digest=digest, size=len(manifest), artifact_type=sbom.SPDX_JSON,
+                                                annotations=((CREATED, created),)),
                         client.put_manifest(digest, manifest, OCI_MANIFEST))
     return digest
 
@@ -181,14 +181,14 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     _ensure(client, [registry.EMPTY_JSON, envelope, *(f.data for f in files)],
             [(manifest, PUBLICATION_TYPE, "bundle"), (attestation, ATTESTATION_TYPE, "attestation")], repaired)
     headers = {"OCI-Subject": target.digest} if client.referrers(target.digest)[1] == "api" else {}
-    how = client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, bundle_digest, len(manifest),
-                                                       PUBLICATION_TYPE, ((CREATED, created),)), headers)
-    client.add_referrer(target.digest, Descriptor(OCI_MANIFEST, attestation_digest, len(attestation),
-                                                 ATTESTATION_TYPE, ((BUNDLE_ANNOTATION, bundle_digest),
+    how = client.add_referrer(target.digest, Descriptor(media_type=OCI_MANIFEST, digest=bundle_digest, size=len(manifest),
+                                                       artifact_type=PUBLICATION_TYPE, annotations=((CREATED, created),)), headers)
+    client.add_referrer(target.digest, Descriptor(media_type=OCI_MANIFEST, digest=attestation_digest, size=len(attestation),
+                                                 artifact_type=ATTESTATION_TYPE, annotations=((BUNDLE_ANNOTATION, bundle_digest),
                                                                     (CREATED, created))), headers)
     # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
     sbom_envelope = signing.sign_statement(signing.statement(
-        [signing.Subject(signed_identity(target), target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
+        [signing.Subject(name=signed_identity(target), sha256=target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
     tags = cosign.attach(client, target, subject, signer, [(envelope, PROVENANCE_V1), (sbom_envelope, sbom.SPDX_PREDICATE)])
     record = {
         "image": str(target),

@@ -62,7 +62,7 @@ def verify_rebuild(project: Project, reference: str, *, key: Path,
     worktree = scratch / "checkout"
     try:
         proc.run(["git", "-C", str(project.root), "worktree", "add", "--detach", str(worktree), commit])
-        rebuilt_project = Project(worktree)
+        rebuilt_project = Project(root=worktree)
         # The bundle's lock and stack file are what is verified, even when published from a dirty tree.
         for title in (f"pins/{stack}.lock", f"pins/{stack}.yaml"):
             (worktree / title).write_bytes(publication.file(title).data)

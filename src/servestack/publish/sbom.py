@@ -46,7 +46,7 @@ BASE_LAYER = "base"  # image.json's title of the base's layers
 TOOL = "servestack"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DebianPackage:
     name: str
     version: str
@@ -55,7 +55,7 @@ class DebianPackage:
     source_version: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BaseSystem:
     """The operating system of the image's base as its own files say."""
     distro: str  # os-release ID: "debian", "ubuntu"; the namespace of its packages' URLs
@@ -76,8 +76,8 @@ def parse_dpkg_status(text: str) -> tuple[DebianPackage, ...]:
         if fields.get("Status", "").split()[2:] != ["installed"] or "Package" not in fields:
             continue
         source, _, source_version = fields.get("Source", fields["Package"]).partition(" ")
-        packages.append(DebianPackage(fields["Package"], fields.get("Version", ""), fields.get("Architecture", ""),
-                                      source, source_version.strip("()") or fields.get("Version", "")))
+        packages.append(DebianPackage(name=fields["Package"], version=fields.get("Version", ""), architecture=fields.get("Architecture", ""),
+                                      source=source, source_version=source_version.strip("()") or fields.get("Version", "")))
     return tuple(sorted(packages, key=lambda p: (p.name, p.architecture)))
 
 
@@ -105,7 +105,7 @@ def base_system(client: Client, manifest: dict[str, Any], record: ImageRecord) -
     distro = release.get("ID") or ("debian" if DEBIAN_VERSION in found else "unknown")
     point = found.get(DEBIAN_VERSION, b"").decode().strip()
     version = point if distro == "debian" and re.fullmatch(r"[0-9.]+", point) else release.get("VERSION_ID", "")
-    return BaseSystem(distro, version, parse_dpkg_status(found[DPKG_STATUS].decode("utf-8", "replace")))
+    return BaseSystem(distro=distro, version=version, packages=parse_dpkg_status(found[DPKG_STATUS].decode("utf-8", "replace")))
 
 
 def _fold(text: str) -> str:

@@ -86,7 +86,7 @@ def load_public_key(path: Path) -> SSlibKey:
     return SSlibKey.from_crypto(key, scheme=SCHEME)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Subject:
     name: str
     sha256: str  # hex

@@ -80,7 +80,7 @@ class _Engines:
         return self.stacks[stack]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Validation:
     errors: list[InputError]
     engines: dict[Path, Path]  # each recipe file -> the engine description its flags were checked against
@@ -101,7 +101,7 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     warnings: list[InputError] = []
     errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes, warnings=warnings,
                             platforms=engines.platforms)
-    return Validation(errors, dict(engines.used), notes, warnings)
+    return Validation(errors=errors, engines=dict(engines.used), notes=notes, warnings=warnings)
 
 
 def check_before_run(paths: list[Path], project: Project | None = None) -> list[InputError]:

@@ -238,7 +238,7 @@ def describe() -> dict:
 _HUMAN_INT = re.compile(r"^(-?\d+|\d+(\.\d+)?[kmgt]|\d+[KMGT])$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ValueSpec:
     """What one flag or environment variable accepts."""
 
@@ -336,7 +336,7 @@ def _json_error(value: Any) -> str:
     return ""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ParserSpec:
     """One command line: the flags it accepts, by option string (`--max-num-batched-tokens`)."""
 
@@ -353,7 +353,7 @@ class ParserSpec:
         return sorted(o[2:] for o in self.options if o.startswith("--"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSpec:
     engine: str
     version: str

@@ -38,7 +38,7 @@ def load_recipe(file: Path | str) -> Document:
     return document
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EngineSetting:
     kind: str  # "flag" (an engine command-line flag) or "env" (a VLLM_* environment variable)
     name: str
@@ -69,9 +69,9 @@ def engine_settings(data: dict[str, Any]) -> list[EngineSetting]:
             grand = where[-2] if len(where) > 1 else ""
             flags = (parent == "vllm_config" or (grand == "roles" and key == "args")) and isinstance(value, dict)
             if flags:
-                found.extend(EngineSetting("flag", str(f), _checkable(v), ".".join(here)) for f, v in value.items())
+                found.extend(EngineSetting(kind="flag", name=str(f), value=_checkable(v), where=".".join(here)) for f, v in value.items())
             elif (key.endswith("_environment") or key in ("environment", "env")) and isinstance(value, dict):
-                found.extend(EngineSetting("env", str(n), None if v is None else _checkable(str(v)), ".".join(here))
+                found.extend(EngineSetting(kind="env", name=str(n), value=None if v is None else _checkable(str(v)), where=".".join(here))
                              for n, v in value.items() if str(n).startswith("VLLM_"))
             else:
                 walk(value, here)
@@ -80,7 +80,7 @@ def engine_settings(data: dict[str, Any]) -> list[EngineSetting]:
     return found
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecipeView:
     file: Path
     name: str

@@ -40,7 +40,7 @@ from servestack.util.yamlfile import Node, parse
 FAMILIES_DIR = "families"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Family:
     path: Path
     name: str
@@ -64,7 +64,7 @@ def load_family(path: Path) -> Family:
     path = Path(path)
     root = parse(path.read_text(), path)
     if not root.is_map:
-        raise InputError(Location(path, root.line, root.column), "", "a family must be a YAML mapping")
+        raise InputError(Location(file=path, line=root.line, column=root.column), "", "a family must be a YAML mapping")
     data = root.plain()
     known = {"family", "stack", "name_prefix", "frameworks", "identity_model", "base", "configs", "variants", "description"}
     for key in data:
@@ -80,12 +80,12 @@ def load_family(path: Path) -> Family:
         for i, item in enumerate(_need(data, key, list, path)):
             node = root.value[key].value[i]
             if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                raise InputError(Location(path, node.line, node.column), f"{key}[{i}]", "expected a mapping with a string id")
+                raise InputError(Location(file=path, line=node.line, column=node.column), f"{key}[{i}]", "expected a mapping with a string id")
             over = node.get("set")
             if over is None or over.value is None:
-                over = Node({}, node.line, node.column)
+                over = Node(value={}, line=node.line, column=node.column)
             elif not over.is_map:
-                raise InputError(Location(path, over.line, over.column), f"{key}[{i}].set",
+                raise InputError(Location(file=path, line=over.line, column=over.column), f"{key}[{i}].set",
                                  "expected a mapping (deep-merged over the recipe)")
             out.append((item["id"], over))
         return out
@@ -312,7 +312,7 @@ def check_rendered(project: Project, stacks: list[str] | None = None) -> list[In
             if actual != text:
                 a, b = actual.splitlines(), text.splitlines()
                 line = next((i + 1 for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)) + 1)
-                errors.append(InputError(Location(path, line), "",
+                errors.append(InputError(Location(file=path, line=line), "",
                                          f"differs from its render of {fpath.relative_to(project.root)} (hand edit?): re-render, or edit the family"))
         if out_dir.is_dir():
             for path in sorted(out_dir.glob("*.yaml")):

@@ -39,7 +39,7 @@ WRITTEN_OUT: dict[tuple[str, ...], tuple[Any, str]] = {
 _ABSENT = "(absent)"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Difference:
     path: tuple[str, ...]
     ours: Any  # _ABSENT when the key is missing
@@ -51,7 +51,7 @@ class Difference:
         return ".".join(self.path)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FileComparison:
     name: str
     ours: Path | None  # None: the file exists only in theirs
@@ -135,7 +135,7 @@ def compare_recipes(ours: dict, theirs: dict) -> tuple[Difference, ...]:
         va, vb = a.get(path, _ABSENT), b.get(path, _ABSENT)
         if va != vb:
             written_out = vb == _ABSENT and path in WRITTEN_OUT and WRITTEN_OUT[path][0] == va
-            diffs.append(Difference(path, va, vb, _ignored(path) or written_out))
+            diffs.append(Difference(path=path, ours=va, theirs=vb, ignored=_ignored(path) or written_out))
     return tuple(diffs)
 
 
@@ -159,7 +159,7 @@ def compare_dirs(ours_dir: Path, theirs_dir: Path) -> list[FileComparison]:
     for name in sorted(set(ours) | set(theirs)):
         a, b = ours.get(name), theirs.get(name)
         diffs = compare_recipes(_read(a), _read(b)) if a is not None and b is not None else ()
-        out.append(FileComparison(name, a, b, diffs))
+        out.append(FileComparison(name=name, ours=a, theirs=b, differences=diffs))
     return out
 
 

@@ -99,11 +99,11 @@ class Checker:
 
     def _error(self, node: Node | None, path: tuple[str, ...], problem: str, at_key: bool) -> InputError:
         if node is None:
-            loc = Location(self.file)
+            loc = Location(file=self.file)
         elif at_key and node.key_line is not None:
-            loc = Location(self.file, node.key_line, node.key_column)
+            loc = Location(file=self.file, line=node.key_line, column=node.key_column)
         else:
-            loc = Location(self.file, node.line, node.column)
+            loc = Location(file=self.file, line=node.line, column=node.column)
         field = ".".join(path)
         if self.variant:
             field = f"{self.variant}: {field}"

@@ -85,7 +85,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
     except InputError as e:
         return [e]
     if not root.is_map:
-        return [InputError(Location(file, root.line, root.column), "", "a recipe must be a YAML mapping")]
+        return [InputError(Location(file=file, line=root.line, column=root.column), "", "a recipe must be a YAML mapping")]
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     if require_digest is None:
         require_digest = text.startswith(RENDER_MARK)

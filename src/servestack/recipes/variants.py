@@ -51,7 +51,7 @@ def deep_merge(base: Node, over: Node) -> Node:
             merged[k] = deep_merge(merged[k], v)
         else:
             merged[k] = v
-    return Node(merged, base.line, base.column, base.key_line, base.key_column, base.tag)
+    return Node(value=merged, line=base.line, column=base.column, key_line=base.key_line, key_column=base.key_column, tag=base.tag)
 
 
 def _list_lengths(node: Node) -> list[int]:
@@ -79,6 +79,6 @@ def _zip_slice(node: Node, i: int) -> Node:
     if node.is_list:
         return node.value[0 if len(node.value) == 1 else i]
     if node.is_map:
-        return Node({k: _zip_slice(v, i) for k, v in node.value.items()}, node.line, node.column,
-                    node.key_line, node.key_column, node.tag)
+        return Node(value={k: _zip_slice(v, i) for k, v in node.value.items()}, line=node.line, column=node.column,
+                    key_line=node.key_line, key_column=node.key_column, tag=node.tag)
     return node

@@ -126,7 +126,7 @@ def read_record(path: Path, read: Callable[[Fields], T], remedy: str, shown: Pat
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InputError(Location(shown, exc.lineno, exc.colno), "", f"not valid JSON ({exc.msg})") from None
+        raise InputError(Location(file=shown, line=exc.lineno, column=exc.colno), "", f"not valid JSON ({exc.msg})") from None
     return read(Fields(data, shown))
 
 

@@ -35,7 +35,7 @@ def split_registry(name: str) -> tuple[str | None, str]:
     return None, name
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageRef:
     name: str  # registry host (when there is one) and repository, e.g. 127.0.0.1:5000/servestack/dev-cpu
     hex: str  # the manifest's sha256, 64 lowercase hex
@@ -47,7 +47,7 @@ class ImageRef:
             raise ImageRefError(problem)
         match = _DIGEST_REFERENCE.match(text)  # type: ignore[arg-type]
         assert match
-        return cls(match["name"], match["hex"])
+        return cls(name=match["name"], hex=match["hex"])
 
     @staticmethod
     def problem(text: object) -> str | None:

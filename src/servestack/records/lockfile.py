@@ -21,14 +21,14 @@ def _omit_none(document: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in document.items() if v is not None}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StackRef:
     name: str
     file: str
     sha256: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LockedDeb:
     """One .deb of a Debian base, as the suite's Packages index gave it."""
 
@@ -46,11 +46,11 @@ class LockedDeb:
 
 def _deb(f: Fields) -> LockedDeb:
     f.only("name", "version", "architecture", "size", "sha256", "filename")
-    return LockedDeb(f.str("name"), f.str("version"), f.str("architecture"), f.int("size"), f.str("sha256"),
-                     f.str("filename"))
+    return LockedDeb(name=f.str("name"), version=f.str("version"), architecture=f.str("architecture"), size=f.int("size"), sha256=f.str("sha256"),
+                     filename=f.str("filename"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DebianBase:
     suite: str
     packages: tuple[str, ...]  # what the stack asks for; `resolved` adds the essential set and dependencies
@@ -68,7 +68,7 @@ class DebianBase:
         return self.resolved.get(platform, ())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageBase:
     reference: str
     digest: str
@@ -82,29 +82,29 @@ def read_base(f: Fields) -> DebianBase | ImageBase:
         f.only("image")
         i = f.obj("image")
         i.only("reference", "digest")
-        return ImageBase(i.str("reference"), i.str("digest"))
+        return ImageBase(reference=i.str("reference"), digest=i.str("digest"))
     f.only("debian")
     d = f.obj("debian")
     d.only("suite", "packages", "release_date", "release_sha256", "index", "resolved")
     resolved = d.obj("resolved")
-    return DebianBase(d.str("suite"), d.strs("packages"), d.int("release_date"), d.str("release_sha256"),
-                      d.str("index"), {platform: resolved.items(platform, _deb) for platform in sorted(resolved.data)})
+    return DebianBase(suite=d.str("suite"), packages=d.strs("packages"), release_date=d.int("release_date"), release_sha256=d.str("release_sha256"),
+                      index=d.str("index"), resolved={platform: resolved.items(platform, _deb) for platform in sorted(resolved.data)})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Excluded:
     name: str
     reason: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LockedPackage:
     version: str
     requirement: str
     commit: str | None  # the upstream commit it was built from, when known
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LockedWheel:
     name: str
     version: str
@@ -122,11 +122,11 @@ def _wheel(f: Fields) -> LockedWheel:
     if f.has("url"):
         raise f.error("url", "a lock names the index, never a URL; re-lock")
     f.only("name", "version", "filename", "sha256", "size", "index")
-    return LockedWheel(f.str("name"), f.str("version"), f.str("filename"), f.str("sha256"), f.int_or_none("size", None),
-                       f.str("index"))
+    return LockedWheel(name=f.str("name"), version=f.str("version"), filename=f.str("filename"), sha256=f.str("sha256"), size=f.int_or_none("size", None),
+                       index=f.str("index"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class OverlayPatch:
     path: str  # relative to the project
     sha256: str
@@ -138,7 +138,7 @@ class OverlayPatch:
                 "native_files": list(self.native_files)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PRHistory:
     """What the PR's history source (GitHub or a git mirror) said, when it could be asked."""
     state: str | None
@@ -153,7 +153,7 @@ def _evidence_item(f: Fields) -> dict[str, str]:
     return dict(f.data)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LockedPR:
     repo: str
     number: int
@@ -198,12 +198,12 @@ class LockedPR:
             raise f.error("status", f"is {status!r}, expected one of {', '.join(PR_STATUSES)}")
         history = None
         if f.has("state"):
-            history = PRHistory(f.str_or_none("state"), f.str_or_none("head_sha"), f.strs("files"))
+            history = PRHistory(state=f.str_or_none("state"), head_sha=f.str_or_none("head_sha"), files=f.strs("files"))
         patch = None
         if f.has("patch"):
             p = f.obj("patch")
             p.only("path", "sha256", "python_only", "native_files")
-            patch = OverlayPatch(p.str("path"), p.str("sha256"), p.bool("python_only"), p.strs("native_files"))
+            patch = OverlayPatch(path=p.str("path"), sha256=p.str("sha256"), python_only=p.bool("python_only"), native_files=p.strs("native_files"))
         if status == "overlay" and patch is None:
             raise f.error("patch", "missing (an overlay PR names its patch file)")
         return cls(
@@ -215,7 +215,7 @@ class LockedPR:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LocalPatch:
     package: str
     file: str  # relative to the project (pins/patches/...)
@@ -231,11 +231,11 @@ class LocalPatch:
 
 def _local_patch(f: Fields) -> LocalPatch:
     f.only("package", "file", "sha256", "reason", "python_only", "native_files")
-    return LocalPatch(f.str("package"), f.str("file"), f.str("sha256"), f.str("reason"), f.bool("python_only"),
-                      f.strs("native_files"))
+    return LocalPatch(package=f.str("package"), file=f.str("file"), sha256=f.str("sha256"), reason=f.str("reason"), python_only=f.bool("python_only"),
+                      native_files=f.strs("native_files"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SmokeModel:
     name: str
     path: str | None = None  # a model directory on the serving host
@@ -246,7 +246,7 @@ class SmokeModel:
         return _omit_none({"name": self.name, "path": self.path, "make": self.make, "config": self.config})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Unavailable:
     """A package the stack pins on a named index that could not be had where the lock was made."""
 
@@ -267,7 +267,7 @@ class Unavailable:
         if not accepted.strip():
             raise f.error("accepted_because", "empty (expected the stack's `if_unavailable`: why an image without "
                                               "this package is acceptable; without one the package must be locked)")
-        return cls(f.str("package"), f.str("version"), f.str("index"), f.str("why"), accepted)
+        return cls(package=f.str("package"), version=f.str("version"), index=f.str("index"), why=f.str("why"), accepted_because=accepted)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -286,7 +286,7 @@ class UndatedIndex:
         return cls(index=f.str("index"), why=f.str("why"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Lock:
     lock_version: int
     stack: StackRef
@@ -355,16 +355,16 @@ class Lock:
 
         def package(p: Fields) -> LockedPackage:
             p.only("version", "requirement", "commit")
-            return LockedPackage(p.str("version"), p.str("requirement"), p.str_or_none("commit"))
+            return LockedPackage(version=p.str("version"), requirement=p.str("requirement"), commit=p.str_or_none("commit"))
 
         def excluded(e: Fields) -> Excluded:
             e.only("name", "reason")
-            return Excluded(e.str("name"), e.str("reason"))
+            return Excluded(name=e.str("name"), reason=e.str("reason"))
 
         platforms = f.obj("platforms")
         return cls(
             lock_version=f.int("lock_version"),
-            stack=StackRef(stack.str("name"), stack.str("file"), stack.str("sha256")),
+            stack=StackRef(name=stack.str("name"), file=stack.str("file"), sha256=stack.str("sha256")),
             python=f.str("python"),
             resolved_at=f.str_or_none("resolved_at"),
             source_date_epoch=f.int("source_date_epoch"),
@@ -374,8 +374,8 @@ class Lock:
             packages=f.entries("packages", package),
             platforms={name: platforms.items(name, _wheel) for name in platforms.data},
             pull_requests=f.items("pull_requests", LockedPR.from_json),
-            smoke_model=SmokeModel(model.str("name"), model.str_or_none("path", None), model.json("make", None),
-                                   model.json("config", None)),
+            smoke_model=SmokeModel(name=model.str("name"), path=model.str_or_none("path", None), make=model.json("make", None),
+                                   config=model.json("config", None)),
             local_patches=f.items("local_patches", _local_patch, ()),
             fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
             links=f.entries("links", _link, {}),

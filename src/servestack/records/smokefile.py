@@ -16,7 +16,7 @@ PASS, FAIL, NOT_RUN = "pass", "fail", "not_run"
 STATUSES = (PASS, FAIL, NOT_RUN)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Check:
     """One smoke check: pass, fail or not run, with the reason."""
     probe: str
@@ -38,7 +38,7 @@ class Check:
         time_s = f.json("time_s")
         if time_s is not None:
             time_s = f.number("time_s")
-        return cls(f.str("probe"), f.str("name"), status, f.str("detail"), time_s)
+        return cls(probe=f.str("probe"), name=f.str("name"), status=status, detail=f.str("detail"), time_s=time_s)
 
 
 def _count(checks: tuple[Check, ...]) -> dict[str, int]:
@@ -48,7 +48,7 @@ def _count(checks: tuple[Check, ...]) -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SmokeRecord:
     stack: str
     image: str  # REPO@sha256:<hex>, the digest smoke tested
@@ -82,8 +82,8 @@ class SmokeRecord:
     def from_json(cls, f: Fields) -> "SmokeRecord":
         f.only("stack", "image", "platform", "lock_sha256", "status", "counts", "wall_s", "metrics", "checks")
         f.obj("metrics")
-        record = cls(f.str("stack"), f.str("image"), f.str("platform"), f.str("lock_sha256"), f.number("wall_s"),
-                     dict(f.json("metrics")), f.items("checks", Check.from_json))
+        record = cls(stack=f.str("stack"), image=f.str("image"), platform=f.str("platform"), lock_sha256=f.str("lock_sha256"), wall_s=f.number("wall_s"),
+                     metrics=dict(f.json("metrics")), checks=f.items("checks", Check.from_json))
         if f.str("status") != record.status:
             raise f.error("status", f"expected {record.status!r} (what the checks say), found {f.str('status')!r}")
         written = f.obj("counts")

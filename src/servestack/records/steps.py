@@ -17,7 +17,7 @@ from servestack.records.imageref import ImageRef
 # --------------------------------------------------------------------------- build.json
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildInput:
     """A verified wheel the image installs (or a metadata-only alias standing for one)."""
     name: str
@@ -44,20 +44,20 @@ class BuildInput:
     def from_json(cls, f: Fields) -> "BuildInput":
         f.only("name", "version", "filename", "sha256", "path", "declared", "replaced_by", "alias_of", "license",
                "license_text", "vendored")
-        return cls(f.str("name"), f.str("version"), f.str("filename"), f.str("sha256"), f.str("path"),
-                   f.bool("declared"), f.str_or_none("replaced_by"), f.str_or_none("alias_of", None),
-                   f.str_or_none("license", None), f.str_or_none("license_text", None),
-                   f.strs("vendored", ()))
+        return cls(name=f.str("name"), version=f.str("version"), filename=f.str("filename"), sha256=f.str("sha256"), path=f.str("path"),
+                   declared=f.bool("declared"), replaced_by=f.str_or_none("replaced_by"), alias_of=f.str_or_none("alias_of", None),
+                   license=f.str_or_none("license", None), license_text=f.str_or_none("license_text", None),
+                   vendored=f.strs("vendored", ()))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WheelFile:
     filename: str
     sha256: str
     version: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuiltOverlay:
     """A package's wheel with its PRs and local patches applied (overlay.OverlayResult, as recorded)."""
     package: str
@@ -85,19 +85,19 @@ class BuiltOverlay:
             p.str("name"), p.str("patch_sha256")
             return dict(p.data)
 
-        return cls(f.str("package"), f.str("path"), WheelFile(wheel.str("filename"), wheel.str("sha256"), wheel.str("version")),
-                   WheelFile(base.str("filename"), base.str("sha256")), f.str("label"), f.items("prs", pr),
-                   f.str_map("files", values_may_be_null=True))
+        return cls(package=f.str("package"), path=f.str("path"), wheel=WheelFile(filename=wheel.str("filename"), sha256=wheel.str("sha256"), version=wheel.str("version")),
+                   base=WheelFile(filename=base.str("filename"), sha256=base.str("sha256")), label=f.str("label"), prs=f.items("prs", pr),
+                   files=f.str_map("files", values_may_be_null=True))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuiltModel:
     name: str
     path: str
     files: dict[str, str]  # file name -> sha256
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BuildRecord:
     stack: str
     platform: str
@@ -126,11 +126,11 @@ class BuildRecord:
         model = f.obj_or_none("model")
         if model:
             model.only("name", "path", "files")
-        return cls(f.str("stack"), f.str("platform"), f.str("lock_sha256"), f.int("source_date_epoch"),
-                   f.items("inputs", BuildInput.from_json), f.items("overlays", BuiltOverlay.from_json),
-                   f.strs("unverified_prs"),
-                   BuiltModel(model.str("name"), model.str("path"), model.str_map("files")) if model else None,
-                   f.str("input_hash"))
+        return cls(stack=f.str("stack"), platform=f.str("platform"), lock_sha256=f.str("lock_sha256"), source_date_epoch=f.int("source_date_epoch"),
+                   inputs=f.items("inputs", BuildInput.from_json), overlays=f.items("overlays", BuiltOverlay.from_json),
+                   unverified_prs=f.strs("unverified_prs"),
+                   model=BuiltModel(name=model.str("name"), path=model.str("path"), files=model.str_map("files")) if model else None,
+                   input_hash=f.str("input_hash"))
 
 
 def read_build(path: Path, remedy: str = "", shown: Path | str | None = None) -> BuildRecord:
@@ -152,14 +152,14 @@ def _reference(f: Fields, key: str) -> str:
     return value
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageLayer:
     digest: str
     size: int
     title: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ExpectedCheck:
     """Whether the build reproduced pins/<stack>.image.json: reproduced, different, stale or none."""
     file: str
@@ -167,7 +167,7 @@ class ExpectedCheck:
     digest: str | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ImageRecord:
     reference: str  # REPO@sha256:<hex>: past the build, images are referenced by digest only
     stack: str
@@ -230,7 +230,7 @@ class ImageRecord:
 
         def layer(item: Fields) -> ImageLayer:
             item.only("digest", "size", "title")
-            return ImageLayer(item.str("digest"), item.int("size"), item.str("title"))
+            return ImageLayer(digest=item.str("digest"), size=item.int("size"), title=item.str("title"))
 
         reference = _reference(f, "reference")  # first: a tag is the mistake worth naming
         expected = f.obj_or_none("expected")
@@ -247,7 +247,7 @@ class ImageRecord:
             seconds=f.number("seconds"), layers_built=f.int("layers_built"), layers_pushed=f.int("layers_pushed"),
             bytes_pushed=f.int("bytes_pushed"), bytes_tarred=f.int_or_none("bytes_tarred", None),
             trees={k: trees.number(k) for k in trees.data} if trees else None,
-            expected=ExpectedCheck(expected.str("file"), expected.str("status"), expected.str_or_none("digest"))
+            expected=ExpectedCheck(file=expected.str("file"), status=expected.str("status"), digest=expected.str_or_none("digest"))
             if expected else None,
             compiled_by=f.str_or_none("compiled_by"), manifest_size=f.int_or_none("manifest_size", None),
             index=f.str_or_none("index", None),

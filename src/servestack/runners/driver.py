@@ -32,14 +32,14 @@ from servestack.util.interrupts import Terminated, held, signals_unwind
 log = logging.getLogger("servestack.runners")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
     max_attempts: int = 3
     retry_on: frozenset[JobState] = RETRYABLE
     backoff_s: float = 0.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Attempt:
     job_id: str
     points: tuple[str, ...]
@@ -50,7 +50,7 @@ class Attempt:
     placement: dict = field(default_factory=dict)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class JobOutcome:
     spec: JobSpec
     attempts: list[Attempt] = field(default_factory=list)
@@ -91,7 +91,7 @@ def _record_path(runner: Runner, handle: JobHandle) -> Path:
     return handle.spec.jobs_dir / LIVE_DIR / f"{runner.name}-{handle.job_id}.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecordedJob:
     """A job some process had live when it last looked (see `_record_live`)."""
 
@@ -110,8 +110,8 @@ def recorded_jobs(root: Path) -> list[RecordedJob]:
         try:
             data = json.loads(path.read_text())
             started = data.get("pid_started")
-            found.append(RecordedJob(path, str(data["runner"]), str(data["job_id"]), str(data.get("name", "")),
-                                     int(data.get("pid", 0)), int(started) if started is not None else None))
+            found.append(RecordedJob(path=path, runner=str(data["runner"]), job_id=str(data["job_id"]), name=str(data.get("name", "")),
+                                     pid=int(data.get("pid", 0)), pid_started=int(started) if started is not None else None))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("%s: unreadable live-job record (%s); skipped", path, exc)
     return found
@@ -154,7 +154,7 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
     cancelled = []
     for job in recorded_jobs(root):  # what the owners did not get to
         runner = runner_for(job.runner)
-        runner.cancel(JobHandle(job.runner, job.job_id, JobSpec(job.name, (), job.path.parent, ())))
+        runner.cancel(JobHandle(runner=job.runner, job_id=job.job_id, spec=JobSpec(name=job.name, points=(), out_dir=job.path.parent, command=())))
         job.path.unlink(missing_ok=True)
         cancelled.append(job.job_id)
         log.warning("cancelled %s job %s (%s)", job.runner, job.job_id, job.name)
@@ -174,7 +174,7 @@ def _cancel_for(signalled: KeyboardInterrupt, runner: Runner, handle: JobHandle)
 def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
             timeout_s: float | None = None) -> JobOutcome:
     """Run `spec` until its points are on disk, or it ends in a non-retryable state, or attempts run out."""
-    outcome = JobOutcome(spec)
+    outcome = JobOutcome(spec=spec)
     remaining = spec.remaining()
     if not remaining:
         outcome.skipped = True
@@ -214,8 +214,8 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                         log.warning("%s: could not collect job %s after the interruption: %s",
                                     spec.name, handle.job_id, exc)
             where = getattr(runner, "placement", None)
-            outcome.attempts.append(Attempt(handle.job_id, remaining, state.value, round(time.monotonic() - t0, 2),
-                                            where(handle) if where else {}))
+            outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value, seconds=round(time.monotonic() - t0, 2),
+                                            placement=where(handle) if where else {}))
             remaining = spec.remaining()
             outcome.final_state = state.value
             log.info("%s: job %s ended %s; %d point(s) remaining", spec.name, handle.job_id, state.value,

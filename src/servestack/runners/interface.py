@@ -72,14 +72,14 @@ class JobState(str, enum.Enum):
 RETRYABLE = frozenset({JobState.PREEMPTED, JobState.NODE_FAIL, JobState.TIMEOUT, JobState.CANCELLED})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Mount:
     host: Path
     container: str
     read_only: bool = True
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     name: str  # e.g. "throughput-dev-agg"
     points: tuple[str, ...]
@@ -115,7 +115,7 @@ class JobSpec:
         return [a.replace("{points}", joined) for a in self.command]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class JobHandle:
     runner: str
     job_id: str

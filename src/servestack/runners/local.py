@@ -54,7 +54,7 @@ class LocalRunner(PollingWait):
         )
         self._deadline[container.id] = time.monotonic() + job.time_limit_s
         log.info("started container %s (%s) for %s", container.short_id, job.image, job.name)
-        return JobHandle(self.name, container.id, job, output_dir=job.out_dir)
+        return JobHandle(runner=self.name, job_id=container.id, spec=job, output_dir=job.out_dir)
 
     def _container(self, handle: JobHandle):
         import docker.errors

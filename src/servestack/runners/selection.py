@@ -26,7 +26,7 @@ from servestack.runners.slurm import SlurmConfig, SlurmRunner, SlurmSettings
 from servestack.runners.srtctl import SrtctlRunner, SrtctlSettings
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunnerKind:
     make: Callable[[Any], Runner]  # the pipeline -> a runner
     # The runner's own section of the pipeline file, `runner.<name>` (None: it has none).
@@ -90,9 +90,9 @@ def _srtctl(pipeline: Any) -> Runner:
 
 
 RUNNERS: dict[str, RunnerKind] = {
-    "local": RunnerKind(_local),  # docker on this host
-    "slurm": RunnerKind(_slurm, settings=SlurmSettings, allocates_nodes=True),  # sbatch, the image by docker or pyxis
-    "srtctl": RunnerKind(_srtctl, settings=SrtctlSettings, submits_recipes=True, allocates_nodes=True,  # srt-slurm's `srtctl apply`
+    "local": RunnerKind(make=_local),  # docker on this host
+    "slurm": RunnerKind(make=_slurm, settings=SlurmSettings, allocates_nodes=True),  # sbatch, the image by docker or pyxis
+    "srtctl": RunnerKind(make=_srtctl, settings=SrtctlSettings, submits_recipes=True, allocates_nodes=True,  # srt-slurm's `srtctl apply`
                          shapes=("aggregated", "disaggregated")),  # srt-slurm starts etcd, NATS, Dynamo
 }
 

@@ -18,6 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from servestack.cluster.enroot import ENROOT_MIN_VERSION, parse_enroot_version
 from servestack.errors import ServestackError
 from servestack.records.imageref import ImageRef
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
@@ -49,17 +50,7 @@ def format_time_limit(seconds: int) -> str:
 
 
 # pyxis 0.2x needs enroot >= 3.4 (`enroot import` of OCI images by digest, `enroot digest`).
-ENROOT_MIN_VERSION = (3, 4, 0)
 CONTAINER_MODES = ("auto", "docker", "pyxis")
-
-
-def parse_enroot_version(text: str) -> tuple[int, ...]:
-    """`enroot version` prints e.g. "4.1.2"."""
-    words = text.strip().split()
-    parts = words[0].split(".") if words else []
-    if not parts or not all(p.isdigit() for p in parts):
-        raise ServestackError(f"cannot read an enroot version from {text!r}")
-    return tuple(int(p) for p in parts)
 
 
 def choose_container(wanted: str, *, srun_help: str, enroot_version: str | None, docker: bool) -> str:
@@ -223,7 +214,7 @@ class SlurmRunner(PollingWait):
         job_id = out.splitlines()[-1].split(";")[0].strip() if out else ""
         if not job_id.isdigit():
             raise ServestackError(f"sbatch --parsable printed {out!r}, expected a job id")
-        return JobHandle(self.name, job_id, job, output_dir=job.jobs_dir)
+        return JobHandle(runner=self.name, job_id=job_id, spec=job, output_dir=job.jobs_dir)
 
     def state(self, handle: JobHandle) -> JobState:
         st = slurm_state(handle.job_id, env=self.cfg.env)

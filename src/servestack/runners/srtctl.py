@@ -42,6 +42,7 @@ from servestack.runners import srtlogs
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
 from servestack.runners.preflight import SCRIPT_NAME, NodePreflight
 from servestack.runners.slurm import pull_reference, scancel, slurm_state
+from servestack.runners.srtlogs import find_srt_results
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_text
 from servestack.util.proc import run
 from servestack.util.yamlfile import RelativePath, relative_to_base
@@ -124,8 +125,6 @@ def parse_apply_output(stdout: str) -> list[dict[str, Any]]:
 def results_in(output_dir: Path) -> dict[str, Path]:
     """srt-slurm's result files under `<output_dir>/logs`, by point name: the concurrency for
     sa-bench, `repeat-<i>` for gsm8k_run<i+1>.json."""
-    from servestack.stages.results import find_srt_results  # not at import: the stages import the runners
-
     logs = output_dir / "logs"
     found: dict[str, Path] = {str(c): path for c, (path, _g) in find_srt_results(logs).items()}
     for path in sorted((logs / "accuracy").glob("gsm8k_run*.json")) if logs.is_dir() else []:
@@ -193,7 +192,7 @@ class SrtctlRunner(PollingWait):
         job_id = str(rec["slurm_job_id"])
         output_dir = Path(rec.get("output_dir") or base / job_id)
         log.info("srtctl submitted %s as Slurm job %s (outputs in %s)", bound_file.name, job_id, output_dir)
-        return JobHandle(self.name, job_id, job, output_dir=output_dir)
+        return JobHandle(runner=self.name, job_id=job_id, spec=job, output_dir=output_dir)
 
     def state(self, handle: JobHandle) -> JobState:
         st = slurm_state(handle.job_id, env=self.env)

@@ -18,6 +18,8 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from servestack.util.workerlogs import kv_transfers
+
 _PROCESS_LOG = re.compile(r"^(?P<node>[A-Za-z0-9.-]+)_(?P<role>frontend_\d+|(?:prefill|decode|agg)_w\d+)\.out$")
 _SWEEP_NODE = re.compile(r"\b(Infra|Head) node: (\S+)")
 _STARTING = re.compile(r"Starting (?P<mode>\w+) worker (?P<index>\d+) on (?P<node>\S+)")
@@ -57,8 +59,6 @@ def placement(output_dir: Path) -> dict[str, Any]:
     """{"nodes": {role: node}, "advertised": [{role, node, variable, value, problem?}], and for a
     disaggregated job "kv_transfers": {"successful", "failed", "from": [prefill nodes], "to": [decode
     nodes]}}; {} when srt-slurm left no logs."""
-    from servestack.smoke.endpoints import kv_transfers
-
     logs = output_dir / "logs"
     nodes: dict[str, str] = {}
     workers: list[tuple[str, str, dict[str, str]]] = []  # (role, node, environment)
@@ -118,3 +118,16 @@ def address_problems(where: dict[str, Any]) -> list[str]:
     """One line per advertised address the job's other nodes would not reach."""
     return [f"{a['role']} on {a['node']}: {a['variable']}={a['value']}: {a['problem']}"
             for a in where.get("advertised", []) if a.get("problem")]
+
+
+SRT_RESULT_RE = re.compile(r"results_concurrency_(\d+)_gpus_(\d+)(?:_ctx_(\d+)_gen_(\d+))?\.json$")
+
+
+def find_srt_results(log_dir: Path) -> dict[int, tuple[Path, int]]:
+    """srt-slurm sa-bench results under a job's log dir: {concurrency: (file, total gpus)}."""
+    found: dict[int, tuple[Path, int]] = {}
+    for path in sorted(Path(log_dir).glob("**/sa-bench_*/results_concurrency_*.json")):
+        m = SRT_RESULT_RE.search(path.name)
+        if m:
+            found[int(m.group(1))] = (path, int(m.group(2)))
+    return found

@@ -32,7 +32,7 @@ NETNS_PREFIX = "servestack-"
 _FIRST_NODE_HOST = 11  # node1 is .11, node2 .12, ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Node:
     name: str  # host name and Slurm NodeName
     address: str
@@ -47,7 +47,7 @@ class Node:
 
     @classmethod
     def numbered(cls, index: int) -> Node:
-        return cls(f"node{index}", str(NETWORK.network_address + _FIRST_NODE_HOST + index - 1))
+        return cls(name=f"node{index}", address=str(NETWORK.network_address + _FIRST_NODE_HOST + index - 1))
 
 
 def nodes(count: int) -> list[Node]:

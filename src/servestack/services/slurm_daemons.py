@@ -113,8 +113,8 @@ def ensure_slurm(timeout: float = 60.0, nodes: int = 1) -> dict[str, str]:
     conf = d / "slurm.conf"
     slurmd = require("slurmd")
     node = _node_name()
-    return _ensure(Layout(d, _slurm_conf(node, _node_hardware()), {"SLURM_CONF": str(conf)},
-                           [(node, d / "slurmd.pid", [slurmd, "-D", "-f", str(conf)])]), timeout)
+    return _ensure(Layout(directory=d, conf_text=_slurm_conf(node, _node_hardware()), env={"SLURM_CONF": str(conf)},
+                           slurmds=[(node, d / "slurmd.pid", [slurmd, "-D", "-f", str(conf)])]), timeout)
 
 
 def _ensure(layout: Layout, timeout: float) -> dict[str, str]:

@@ -52,7 +52,7 @@ def tail_conf(d: Path) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Layout:
     """One cluster of ours: its directory and config, its slurmds and how each is started."""
 

@@ -107,7 +107,7 @@ def layout(count: int, hardware: str) -> Layout:
         binds = [(local / "enroot" / shared.name, shared) for shared in _shared_enroot_paths()]
         argv = netns.node_argv(node, [slurmd, "-D", "-f", str(conf)], binds, _hosts())
         slurmds.append((node.name, local / "slurmd.pid", argv))
-    return Layout(d, _conf(cluster, hardware), {"SLURM_CONF": str(conf)}, slurmds,
+    return Layout(directory=d, conf_text=_conf(cluster, hardware), env={"SLURM_CONF": str(conf)}, slurmds=slurmds,
                    prepare_cluster=prepare_cluster, prepare_node=prepare_node, stop_nodes=_remove_namespaces)
 
 

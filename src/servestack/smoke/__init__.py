@@ -104,8 +104,8 @@ def run_smoke(
     checks: list[Check] = []
     metrics: dict[str, Any] = {}
     if recorded and recorded.lock_sha256 != lock_sha256:
-        checks.append(Check("static", "image-json-lock", FAIL,
-                            f"build/{stack}/image.json says the image was built from lock {recorded.lock_sha256}, "
+        checks.append(Check(probe="static", name="image-json-lock", status=FAIL,
+                            detail=f"build/{stack}/image.json says the image was built from lock {recorded.lock_sha256}, "
                             f"but pins/{stack}.lock is now {lock_sha256}: rebuild the image"))
     with signals_unwind():
         client = services.docker_client()
@@ -122,7 +122,7 @@ def run_smoke(
                 echo(f"smoke {stack}: pulled ({metrics['pull_s']:.0f} s)")
         except ServestackError as e:
             pulled = False
-            checks.append(Check("static", "pull", FAIL, str(e)))
+            checks.append(Check(probe="static", name="pull", status=FAIL, detail=str(e)))
             checks += _not_run_serving("the image could not be pulled") + _not_run_disagg("the image could not be pulled")
         if pulled:
             if echo:
@@ -162,8 +162,8 @@ def run_smoke(
         checks += _required_serving(checks)
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
-    record = SmokeRecord(stack, reference, platform, lock_sha256, wall, metrics, tuple(checks))
-    result = SmokeResult(record, out_dir / "smoke.json", out_dir / "smoke-junit.xml")
+    record = SmokeRecord(stack=stack, image=reference, platform=platform, lock_sha256=lock_sha256, wall_s=wall, metrics=metrics, checks=tuple(checks))
+    result = SmokeResult(record=record, smoke_json=out_dir / "smoke.json", junit_xml=out_dir / "smoke-junit.xml")
     write_smoke(result.smoke_json, record)
     atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))
     if echo:
@@ -178,7 +178,7 @@ def _required_serving(checks: list[Check]) -> list[Check]:
     if not skipped:
         return []
     reasons = sorted({c.detail.splitlines()[0] if c.detail else "no reason given" for c in skipped})
-    return [Check("serving", "required", FAIL, f"{len(skipped)} serving checks did not run "
+    return [Check(probe="serving", name="required", status=FAIL, detail=f"{len(skipped)} serving checks did not run "
                   f"({', '.join(f'{c.probe}/{c.name}' for c in skipped[:6])}{' ...' if len(skipped) > 6 else ''}): "
                   + " | ".join(reasons[:3]))]
 

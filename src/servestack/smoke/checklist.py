@@ -183,7 +183,7 @@ def gpu_stack_checks(lock: Lock) -> dict[str, Any]:
             "kernel_shapes": {"models": models}}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ServePlan:
     command: list[str] | None  # None: cannot run here
     reason: str = ""  # why not, when command is None
@@ -206,31 +206,31 @@ def serve_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> ServeP
     model = lock.smoke_model
     name = _served_name(lock)
     if _engine(lock) is None:
-        return ServePlan(None, "the stack locks no serving engine (vllm) to start", name)
+        return ServePlan(command=None, reason="the stack locks no serving engine (vllm) to start", model=name)
     host = host_docker_platform()
     if platform != host:
         return ServePlan(
-            None,
-            f"the image is {platform} and this host is {host}: vLLM's server is not started under qemu-user "
+            command=None,
+            reason=f"the image is {platform} and this host is {host}: vLLM's server is not started under qemu-user "
             "emulation (start-up would take hours and would not exercise the target's kernels); run smoke on a "
             f"{platform} host",
-            name,
+            model=name,
         )
     if model.make is not None and not _cuda_engine(lock):
-        return ServePlan(serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock),
+        return ServePlan(command=serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock),
                          gdn_layers=gdn_layers(lock), environment=_added(lock, VLLM_CPU_ENV))
     gpus = gpus or no_gpu("GPUs were not looked for")
     if not gpus.count:
-        return ServePlan(None, f"serving {name} needs NVIDIA GPUs and {gpus.evidence}", name)
+        return ServePlan(command=None, reason=f"serving {name} needs NVIDIA GPUs and {gpus.evidence}", model=name)
     if model.make is not None:
-        return ServePlan(serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock),
+        return ServePlan(command=serve_command(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock),
                          environment=_added(lock, gpu_environment()), gpus=1, shm_size=GPU_SHM_SIZE,
                          container=gpu_container_kwargs(gpus, "server"))
     path = model.path
     if not path or not Path(path).exists():
-        return ServePlan(None, f"{gpus.count} GPU(s) found, but the smoke model path {path!r} does not exist on this host", name)
+        return ServePlan(command=None, reason=f"{gpus.count} GPU(s) found, but the smoke model path {path!r} does not exist on this host", model=name)
     return ServePlan(
-        serve_command(lock, {"tensor-parallel-size": gpus.count}),
+        command=serve_command(lock, {"tensor-parallel-size": gpus.count}),
         model=name,
         environment=dict(SERVE_ENV),
         volumes={path: {"bind": path, "mode": "ro"}},
@@ -312,7 +312,7 @@ DISAGG_ENV = {
 PREFILL_CPUS = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Role:
     """One process of the disaggregated shape, in its own container."""
 
@@ -323,7 +323,7 @@ class Role:
     container: dict[str, Any] = field(default_factory=dict)  # docker SDK arguments beyond the probe's (GPUs)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DisaggPlan:
     roles: tuple[Role, ...]  # frontend first: the workers join its network namespace
     reason: str = ""  # why not, when there are no roles
@@ -345,17 +345,17 @@ def _disagg_roles(lock: Lock, gpus: GpuHost | None = None) -> tuple[Role, ...]:
     serve = _serve_flags(lock)
     engine = {k: v for k, v in serve.items() if k not in ("host", "port")}
     base = _added(lock, gpu_environment(DISAGG_ENV) if gpus else {**VLLM_CPU_ENV, **DISAGG_ENV})
-    frontend = Role("frontend", tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
+    frontend = Role(name="frontend", command=tuple(module_argv(VENV_PYTHON, DYNAMO_FRONTEND_MODULE, {
         # Inside the containers' own network namespace; the host publishes it on 127.0.0.1 only.
         "http-host": "0.0.0.0", "http-port": SERVER_PORT,
-    })), base)
+    })), environment=base)
     workers = []
     # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
     for index, mode in enumerate(("prefill", "decode")):
         cpus = None if gpus else engine_cpus(mode)
-        workers.append(Role(mode, tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
+        workers.append(Role(name=mode, command=tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": GPU_KV_TRANSFER_CONFIG if gpus else KV_TRANSFER_CONFIG,
-        })), {**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
+        })), environment={**base, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(20097 + index), "DYN_SYSTEM_PORT": str(18091 + index),
               **({"VLLM_CPU_OMP_THREADS_BIND": cpus} if cpus else {})}, cpus=cpus,
             container=gpu_container_kwargs(gpus, mode) if gpus else {}))
     return (frontend, *workers)
@@ -376,20 +376,20 @@ def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> Disag
     locked = {normalize(w.name) for w in lock.wheels(platform)}
     missing = [d for d in ("ai-dynamo", "nixl") if d not in locked]
     if _engine(lock) is None or missing:
-        return DisaggPlan((), f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve", name)
+        return DisaggPlan(roles=(), reason=f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve", model=name)
     host = host_docker_platform()
     if platform != host:
-        return DisaggPlan((), f"the image is {platform} and this host is {host}: not started under emulation", name)
+        return DisaggPlan(roles=(), reason=f"the image is {platform} and this host is {host}: not started under emulation", model=name)
     if lock.smoke_model.make is None:
-        return DisaggPlan((), "the disaggregated shape is served with a made smoke model; this stack's smoke model "
-                              "is a checkpoint on the cluster (its recipes run the shape there)", name)
+        return DisaggPlan(roles=(), reason="the disaggregated shape is served with a made smoke model; this stack's smoke model "
+                              "is a checkpoint on the cluster (its recipes run the shape there)", model=name)
     made = {"model": name, "oracle_vocab": oracle_vocab(lock), "gdn_layers": gdn_layers(lock)}
     if not _cuda_engine(lock):
-        return DisaggPlan(_disagg_roles(lock), **made)
+        return DisaggPlan(roles=_disagg_roles(lock), **made)
     gpus = gpus or no_gpu("GPUs were not looked for")
     if not gpus.count:
-        return DisaggPlan((), f"the disaggregated shape of {name} runs on NVIDIA GPUs and {gpus.evidence}", name)
-    return DisaggPlan(_disagg_roles(lock, gpus), shm_size=GPU_SHM_SIZE, gpus=min(gpus.count, 2),
+        return DisaggPlan(roles=(), reason=f"the disaggregated shape of {name} runs on NVIDIA GPUs and {gpus.evidence}", model=name)
+    return DisaggPlan(roles=_disagg_roles(lock, gpus), shm_size=GPU_SHM_SIZE, gpus=min(gpus.count, 2),
                       placement=placement(gpus), **made)
 
 

@@ -19,9 +19,10 @@ from servestack.smoke import gpulogs
 from servestack.smoke.checklist import FRONTEND_REQUEST_TIMEOUT_S
 from servestack.smoke.containers import log_errors, log_message
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS
+from servestack.util.workerlogs import kv_transfers
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Target:
     """What the checks talk to; `metrics` collects what they measure for smoke.json."""
 
@@ -171,20 +172,6 @@ def check_vllm_metrics(t: Target) -> tuple[str, str]:
                  if line.startswith("vllm:generation_tokens_total")]
     extra = f"; vllm:generation_tokens_total {sum(generated):.0f}" if generated else ""
     return PASS, f"{len(families)} vllm: metric families{extra}"
-
-
-# vLLM's NixlConnector stats, logged by the worker that pulled the KV blocks once per interval.
-_KV_LINE = re.compile(r"KV Transfer metrics: (.*)$", re.M)
-
-
-def kv_transfers(log: str) -> dict[str, int]:
-    """Successful and failed NIXL transfers in a worker's log (summed over its stats intervals)."""
-    totals = {"successful": 0, "failed": 0}
-    for fields in _KV_LINE.findall(log):
-        values = dict(re.findall(r"([A-Za-z][\w ()/]*?)=([\d.]+)", fields))
-        totals["successful"] += int(float(values.get("Num successful transfers", 0)))
-        totals["failed"] += int(float(values.get("Num failed transfers", 0)))
-    return totals
 
 
 # vLLM 0.31's NixlConnector logs every failed handshake or transfer as one line (then the traceback

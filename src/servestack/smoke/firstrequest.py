@@ -24,7 +24,7 @@ from servestack.smoke.endpoints import decode_failure_reason, nixl_failures, pos
 FIRST_REQUEST = {"prompt": "Warm up:", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FailedAttempt:
     attempt: int  # 1-based
     at_s: float  # when it was sent, seconds since the probe started
@@ -41,7 +41,7 @@ class FailedAttempt:
         return f"#{self.attempt} at {self.at_s:.0f} s ({self.took_s:.1f} s): {self.outcome}{decode}"
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FirstRequest:
     """The `ready` condition of the disaggregated probe, called once a second until it holds or the
     deadline passes (serving._await_ready): False until `registered` holds, then one completion
@@ -75,8 +75,8 @@ class FirstRequest:
             self.served_s = round(time.monotonic() - self.started, 2)
             return True
         self.failed.append(FailedAttempt(
-            len(self.failed) + 1, round(sent - self.started, 1), round(time.monotonic() - sent, 1), outcome,
-            tuple(nixl_failures(self.decode_log()[logged_before:]))))
+            attempt=len(self.failed) + 1, at_s=round(sent - self.started, 1), took_s=round(time.monotonic() - sent, 1), outcome=outcome,
+            decode=tuple(nixl_failures(self.decode_log()[logged_before:]))))
         return False
 
     @property

@@ -17,18 +17,15 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from servestack.cluster import ClusterToolsMissing, vendor_archive
+from servestack.cluster.vendored import ClusterToolsMissing, vendor_archive
+from servestack.resources import script
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 
 HOOK = "conf/hooks/98-nvidia.sh"
 LIBRARY = "src/common.sh"
 
-RECORDER = """#!/bin/sh
-printf '%s\\n' "$@" > "$SERVESTACK_RECORD"
-"""
-MOUNT_RECORDER = """#!/bin/sh
-cat >> "$SERVESTACK_MOUNTS"
-"""
+RECORDER = script("record-nvidia-container-cli.sh")
+MOUNT_RECORDER = script("record-enroot-mount.sh")
 
 
 def _extract(archive: Path, into: Path) -> tuple[Path, Path]:
@@ -71,17 +68,17 @@ def check_nvidia_hook(image_env: list[str], gpu_node: dict, archive: Path | None
         archive = archive or vendor_archive("enroot")
     except ClusterToolsMissing as e:
         # enroot's hook is vendored source, not part of a clone: without it nothing can be said either way.
-        return Check("static", "gpu-node:nvidia-hook", NOT_RUN, f"enroot's nvidia hook is not on this machine: {e}")
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=NOT_RUN, detail=f"enroot's nvidia hook is not on this machine: {e}")
     try:
         code, called, stderr = run_hook(image_env, archive)
     except (ClusterToolsMissing, OSError, subprocess.SubprocessError) as e:
-        return Check("static", "gpu-node:nvidia-hook", FAIL, f"cannot run enroot's nvidia hook: {e}")
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL, detail=f"cannot run enroot's nvidia hook: {e}")
     nvidia = sorted(v for v in image_env if v.startswith("NVIDIA_"))
     if code != 0:
-        return Check("static", "gpu-node:nvidia-hook", FAIL, f"enroot's {HOOK} exited with {code}: {stderr.strip()[-500:]}")
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL, detail=f"enroot's {HOOK} exited with {code}: {stderr.strip()[-500:]}")
     if called is None:
-        return Check("static", "gpu-node:nvidia-hook", FAIL,
-                     f"enroot's {HOOK} injected nothing (NVIDIA_VISIBLE_DEVICES unset or void): the container would "
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL,
+                     detail=f"enroot's {HOOK} injected nothing (NVIDIA_VISIBLE_DEVICES unset or void): the container would "
                      f"see no GPU. The image's NVIDIA_* environment: {nvidia or 'none'}")
     wanted = [f"--{c}" for c in gpu_node.get("capabilities", [])]
     if gpu_node.get("require_cuda"):
@@ -92,7 +89,7 @@ def check_nvidia_hook(image_env: list[str], gpu_node: dict, archive: Path | None
         missing.append("configure --device=<devices>")
     shown = shlex.join(["nvidia-container-cli", *called])
     if missing:
-        return Check("static", "gpu-node:nvidia-hook", FAIL,
-                     f"enroot's nvidia hook asks `{shown}`, without {', '.join(missing)}; the image's NVIDIA_* environment: "
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL,
+                     detail=f"enroot's nvidia hook asks `{shown}`, without {', '.join(missing)}; the image's NVIDIA_* environment: "
                      f"{nvidia or 'none'}")
-    return Check("static", "gpu-node:nvidia-hook", PASS, f"enroot's nvidia hook asks `{shown}`")
+    return Check(probe="static", name="gpu-node:nvidia-hook", status=PASS, detail=f"enroot's nvidia hook asks `{shown}`")

@@ -36,16 +36,16 @@ DISAGG_CHECKS = ("ready", *(name for name, _ in DISAGGREGATED_CHECKS))
 
 
 def _not_run_serving(reason: str) -> list[Check]:
-    return [Check("serving", name, NOT_RUN, reason) for name in SERVING_CHECKS]
+    return [Check(probe="serving", name=name, status=NOT_RUN, detail=reason) for name in SERVING_CHECKS]
 
 
 def _not_run_disagg(reason: str) -> list[Check]:
-    return [Check("disagg", name, NOT_RUN, reason) for name in DISAGG_CHECKS]
+    return [Check(probe="disagg", name=name, status=NOT_RUN, detail=reason) for name in DISAGG_CHECKS]
 
 
 def _failed_to_start(probe: str, names: tuple[str, ...], problem: str, skipped: str, elapsed: float | None = None) -> list[Check]:
     """`ready` failed with the problem; every later check is not run, saying why."""
-    return [Check(probe, "ready", FAIL, problem, elapsed)] + [Check(probe, n, NOT_RUN, skipped) for n in names[1:]]
+    return [Check(probe=probe, name="ready", status=FAIL, detail=problem, time_s=elapsed)] + [Check(probe=probe, name=n, status=NOT_RUN, detail=skipped) for n in names[1:]]
 
 
 def _http():
@@ -64,7 +64,7 @@ def _run_checks(probe: str, table: tuple[ServingCheck, ...], target: Target) -> 
             status, detail = fn(target)
         except Exception as e:  # noqa: BLE001 - a broken endpoint is a failed check
             status, detail = FAIL, f"{type(e).__name__}: {e}"
-        checks.append(Check(probe, name, status, detail, round(time.monotonic() - start, 3)))
+        checks.append(Check(probe=probe, name=name, status=status, detail=detail, time_s=round(time.monotonic() - start, 3)))
     return checks
 
 
@@ -146,10 +146,10 @@ def run_serving_probe(
                                     round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
-        target = Target(_published(container, port), plan.model, http, request_timeout, metrics,
+        target = Target(base=_published(container, port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics,
                         logs={"server": _log_reader(container)}, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers,
                         gpus=plan.gpus)
-        return [Check("serving", "ready", PASS, f"GET /health 200 after {ready_s:.1f} s", round(ready_s, 3)),
+        return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s", time_s=round(ready_s, 3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
         http.close()
@@ -232,8 +232,8 @@ def run_disagg_probe(
         metrics["containers"] = {role: c.name for role, c in containers.items()}
         log.info("disaggregated serving probe: %s (deadline %.0f s)", ", ".join(metrics["containers"].values()), ready_timeout)
         frontend = containers[plan.roles[0].name]
-        first = FirstRequest(_both_workers_registered(containers, plan.model), plan.model,
-                             _log_reader(containers["decode"]), request_timeout, start, ready_timeout)
+        first = FirstRequest(registered=_both_workers_registered(containers, plan.model), model=plan.model,
+                             decode_log=_log_reader(containers["decode"]), timeout=request_timeout, started=start, deadline_s=ready_timeout)
         problem = _await_ready(http, containers, lambda: _published(frontend, plan.port), first, start, ready_timeout,
                                "both workers registered and the frontend served a first completion")
         metrics["first_request"] = first.to_json()
@@ -244,13 +244,13 @@ def run_disagg_probe(
         metrics["time_to_ready_s"] = round(ready_s, 2)
         metrics["discovery_pinned"] = leases.pin()
         logs = {role: _log_reader(c) for role, c in containers.items()}
-        target = Target(_published(frontend, plan.port), plan.model, http, request_timeout, metrics, logs=logs,
+        target = Target(base=_published(frontend, plan.port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics, logs=logs,
                         decode_log_at_ready=len(logs["decode"]()), oracle_vocab=plan.oracle_vocab, baseline=baseline,
                         gdn_layers=plan.gdn_layers, gpus=plan.gpus)
         if plan.placement:
             metrics["placement"] = plan.placement
-        return [Check("disagg", "ready", PASS, f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
-                      round(ready_s, 3)),
+        return [Check(probe="disagg", name="ready", status=PASS, detail=f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
+                      time_s=round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:
         metrics["lease_refresh_longest_gap_s"] = leases.stop()

@@ -82,27 +82,27 @@ def run_static_probe(
             try:
                 status = container.wait(timeout=2 * timeout + 300)  # two isolated sections + the scans
             except requests.exceptions.RequestException:
-                return [Check("static", "probe", FAIL, f"the static probe did not finish within {timeout:.0f} s\n{_log_tail(container)}",
-                              time.monotonic() - start)]
+                return [Check(probe="static", name="probe", status=FAIL, detail=f"the static probe did not finish within {timeout:.0f} s\n{_log_tail(container)}",
+                              time_s=time.monotonic() - start)]
             out = container.logs(stdout=True, stderr=False).decode(errors="replace")
             code = status.get("StatusCode")
             try:
                 report = json.loads(out.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 err = container.logs(stdout=False, stderr=True, tail=30).decode(errors="replace")
-                return [Check("static", "probe", FAIL, f"the static probe exited with {code} and printed no report:\n{err}",
-                              time.monotonic() - start)]
+                return [Check(probe="static", name="probe", status=FAIL, detail=f"the static probe exited with {code} and printed no report:\n{err}",
+                              time_s=time.monotonic() - start)]
         except docker.errors.APIError as e:
-            return [Check("static", "probe", FAIL, f"cannot run the static probe in {reference}: {e.explanation or e}",
-                          time.monotonic() - start)]
+            return [Check(probe="static", name="probe", status=FAIL, detail=f"cannot run the static probe in {reference}: {e.explanation or e}",
+                          time_s=time.monotonic() - start)]
         finally:
             if container is not None:
                 _remove(container)
     elapsed = time.monotonic() - start
     checks = [
-        Check("static", "probe", PASS,
-              f"ran in {elapsed:.1f} s with {report.get('executable')} (Python {report.get('python')}, {report.get('machine')})",
-              elapsed)
+        Check(probe="static", name="probe", status=PASS,
+              detail=f"ran in {elapsed:.1f} s with {report.get('executable')} (Python {report.get('python')}, {report.get('machine')})",
+              time_s=elapsed)
     ]
-    checks += [Check("static", c["name"], c["status"], c.get("detail", "")) for c in report.get("checks", [])]
+    checks += [Check(probe="static", name=c["name"], status=c["status"], detail=c.get("detail", "")) for c in report.get("checks", [])]
     return checks

@@ -9,7 +9,7 @@ from servestack.clients import agreement
 from servestack.records.smokefile import FAIL, NOT_RUN, PASS, Check, SmokeRecord
 
 
-@dataclass
+@dataclass(kw_only=True)
 class SmokeResult:
     """A smoke run: its record (what smoke.json holds; read the run's checks and metrics there) and
     where it was written."""

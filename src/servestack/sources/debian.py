@@ -30,7 +30,7 @@ INDEX = "debian"
 KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Release:
     suite: str
     date: int
@@ -117,7 +117,7 @@ def parse_release(text: str, suite: str, sha256: str, what: str) -> Release:
     for line in section.group(1).splitlines():
         digest, size, name = line.split()
         files[name] = (digest, int(size))
-    return Release(suite, int(parsedate_to_datetime(date.group(1)).timestamp()), sha256, files)
+    return Release(suite=suite, date=int(parsedate_to_datetime(date.group(1)).timestamp()), sha256=sha256, files=files)
 
 
 def release(suite: str) -> Release:

@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 HUNK_HEADER = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class FileDiff:
     """One file's section of a unified git diff."""
 
@@ -78,13 +78,13 @@ def parse_diff(diff_text: str) -> list[FileDiff]:
         if line.startswith("diff --git "):
             m = re.match(r'^diff --git (?:"?a/)(.+?)"? (?:"?b/)(.+?)"?$', line.rstrip("\n"))
             a, b = (m[1], m[2]) if m else (None, None)
-            cur = FileDiff(a, b, [line])
+            cur = FileDiff(old_path=a, new_path=b, header=[line])
             files.append(cur)
         elif line.startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ") and (
             cur is None or cur.hunks or not cur.header[0].startswith("diff --git ")
         ):
             # plain `diff -u` section without a git header
-            cur = FileDiff(_strip_prefix(line[4:]), _strip_prefix(lines[i + 1][4:]), [line, lines[i + 1]])
+            cur = FileDiff(old_path=_strip_prefix(line[4:]), new_path=_strip_prefix(lines[i + 1][4:]), header=[line, lines[i + 1]])
             files.append(cur)
             i += 2
             continue

@@ -17,7 +17,7 @@ class PullRequestNotFound(ServestackError):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PullRequestInfo:
     repo: str
     number: int

@@ -29,7 +29,7 @@ from servestack.errors import InputError
 DEFAULT_INDEX = "pypi"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class IndexLocation:
     name: str
     url: str | None  # None: uv's own default index (only for `pypi`)
@@ -100,20 +100,20 @@ def _from_uv(name: str) -> IndexLocation | None:
     for entry in (os.environ.get("UV_INDEX") or "").split():
         key, sep, url = entry.partition("=")
         if sep and key == name:
-            return IndexLocation(name, url, _is_flat(url), "UV_INDEX")
+            return IndexLocation(name=name, url=url, flat=_is_flat(url), source="UV_INDEX")
     if name == DEFAULT_INDEX:
         for var in ("UV_DEFAULT_INDEX", "UV_INDEX_URL"):
             if os.environ.get(var):
-                return IndexLocation(name, os.environ[var], False, var)
+                return IndexLocation(name=name, url=os.environ[var], flat=False, source=var)
     for path in _uv_config_files():
         config = _uv_config(path)
         for table in config.get("index") or []:
             if table.get("name") == name or (name == DEFAULT_INDEX and table.get("default")):
                 url = str(table.get("url", ""))
                 flat = table.get("format") == "flat" or _is_flat(url)
-                return IndexLocation(name, url, flat, f"{path} [[index]]")
+                return IndexLocation(name=name, url=url, flat=flat, source=f"{path} [[index]]")
         if name == DEFAULT_INDEX and config.get("index-url"):
-            return IndexLocation(name, config["index-url"], False, f"{path} index-url")
+            return IndexLocation(name=name, url=config["index-url"], flat=False, source=f"{path} index-url")
     return None
 
 
@@ -121,15 +121,15 @@ def locate(name: str, defaults: dict[str, str | None], *, where: str = "") -> In
     """Where index `name` is; `defaults` are the stack's `indexes` (name -> default url or None)."""
     if os.environ.get(env_name(name)):
         url = os.environ[env_name(name)]
-        return IndexLocation(name, url, _is_flat(url), env_name(name))
+        return IndexLocation(name=name, url=url, flat=_is_flat(url), source=env_name(name))
     found = _from_uv(name)
     if found:
         return found
     default = defaults.get(name)
     if default:
-        return IndexLocation(name, default, _is_flat(default), "the stack's default")
+        return IndexLocation(name=name, url=default, flat=_is_flat(default), source="the stack's default")
     if name == DEFAULT_INDEX:
-        return IndexLocation(name, None, False, "uv's default")
+        return IndexLocation(name=name, url=None, flat=False, source="uv's default")
     raise InputError(
         where or "(stack)", f"indexes[{name}]",
         f"index {name!r} has no location here: set {env_name(name)} to its simple URL or a directory of its "

@@ -31,7 +31,7 @@ GLIBC = (2, 36)
 ARCH = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class FoundWheel(lockfile.LockedWheel):
     """A wheel as an index offered it: the lock's entry (records.lockfile owns its fields and their
     JSON) plus what locking needs and the lock never keeps."""
@@ -89,13 +89,19 @@ def _unsatisfiable_sentence(output: str) -> str | None:
     return f"these packages cannot be installed together: {sentence}"
 
 
+def pylock_text(versions: dict[str, str], python: str) -> str:
+    """A pylock.toml that uv reads as preferences when it is the output file it overwrites."""
+    lines = ['lock-version = "1.0"', 'created-by = "servestack"', f'requires-python = ">={python}"', ""]
+    for name, version in sorted(versions.items()):
+        lines += ["[[packages]]", f'name = "{name}"', f'version = "{version}"', ""]
+    return "\n".join(lines)
+
+
 def resolve(stack: Stack, stack_file: Path, platform: str, *, preferences: dict[str, str] | None = None,
             dated: bool = True) -> list[FoundWheel]:
     """Resolve the stack's packages for one platform into exactly one wheel per package, keeping the
     PREFERENCES' versions (name -> version) where the closure allows; `dated`: whether the default
     index serves upload times, without which uv's date cutoff would drop every one of its files."""
-    from servestack.lock.preferences import pylock_text
-
     with tempfile.TemporaryDirectory(prefix="servestack-lock-") as tmp:
         work = Path(tmp)
         if preferences:  # uv reads the output file it is about to overwrite as its preferences

@@ -26,13 +26,13 @@ def _judged(comparison: compare.Comparison, result: StageResult, gate_baseline: 
         where = f"c={ch.concurrency}"
         msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
         measured = 0.0 if ch.change is None else ch.change
-        result.verdict.checks.append(Check("regression", ch.recipe, where, measured, -comparison.policy.threshold,
-                                           msg is None))
+        result.verdict.checks.append(Check(gate="regression", recipe=ch.recipe, point=where, measured=measured, required=-comparison.policy.threshold,
+                                           passed=msg is None))
         if msg is not None:
-            result.verdict.failures.append(Failure(ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
-                                                   ch.recipe, where, msg, measured, -comparison.policy.threshold))
+            result.verdict.failures.append(Failure(gate=ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
+                                                   recipe=ch.recipe, point=where, message=msg, measured=measured, required=-comparison.policy.threshold))
     if not comparison.gated():
-        result.verdict.failures.append(Failure("regression", "-", None, f"nothing to hold to {gate_baseline}: "
+        result.verdict.failures.append(Failure(gate="regression", recipe="-", point=None, message=f"nothing to hold to {gate_baseline}: "
                                                + ("; ".join(comparison.not_compared) or "no point in common")))
 
 

@@ -185,7 +185,7 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
     for msg in problems:
         from servestack.stages.gates import Failure
 
-        verdict.failures.append(Failure("unreadable", "-", None, msg))
+        verdict.failures.append(Failure(gate="unreadable", recipe="-", point=None, message=msg))
     verdict.failures += placement_failures(result.jobs)
     result.verdict = verdict
     return result

@@ -15,7 +15,7 @@ from servestack.clients.agreement import describe_failures
 from servestack.stages.results import AccuracyRun, Check, Failure, ThroughputPoint, Verdict
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GateConfig:
     accuracy_threshold: float | None = None
     # {recipe: {concurrency: tokens/s per GPU}}
@@ -31,25 +31,25 @@ def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:
     for p in points:
         where = _where(p)
         if p.completed != p.requested:
-            out.append(Failure("completed", p.recipe, where,
-                               f"completed {p.completed} of {p.requested} requests", p.completed, p.requested))
+            out.append(Failure(gate="completed", recipe=p.recipe, point=where,
+                               message=f"completed {p.completed} of {p.requested} requests", measured=p.completed, required=p.requested))
         if p.failed != 0:
-            out.append(Failure("failed", p.recipe, where, f"{p.failed} failed requests", p.failed, 0))
+            out.append(Failure(gate="failed", recipe=p.recipe, point=where, message=f"{p.failed} failed requests", measured=p.failed, required=0))
         if p.output_tokens <= 0:
-            out.append(Failure("output_tokens", p.recipe, where, "no output tokens", p.output_tokens, 1))
+            out.append(Failure(gate="output_tokens", recipe=p.recipe, point=where, message="no output tokens", measured=p.output_tokens, required=1))
 
 
 def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[int]], gate: GateConfig,
                         stage: str = "throughput", repeats: int = 1) -> Verdict:
     """`expected`: {recipe: [concurrency, ...]} that should each have `repeats` points."""
-    v = Verdict(stage)
+    v = Verdict(stage=stage)
     have = {(p.recipe, p.concurrency, p.repeat) for p in points}
     for recipe, concs in expected.items():
         for c in concs:
             for k in range(repeats):
                 if (recipe, c, k) not in have:
-                    v.failures.append(Failure("missing", recipe, f"c={c}" + (f" repeat {k}" if k else ""),
-                                              "no result for this point"))
+                    v.failures.append(Failure(gate="missing", recipe=recipe, point=f"c={c}" + (f" repeat {k}" if k else ""),
+                                              message="no result for this point"))
     _structural(points, v.failures)
     for p in points:
         base = gate.baselines.get(p.recipe, {}).get(p.concurrency)
@@ -57,19 +57,19 @@ def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[
             continue
         floor = base * (1.0 - gate.tolerance)
         ok = p.tokens_per_s_per_gpu >= floor
-        v.checks.append(Check("throughput", p.recipe, _where(p), p.tokens_per_s_per_gpu, floor, ok))
+        v.checks.append(Check(gate="throughput", recipe=p.recipe, point=_where(p), measured=p.tokens_per_s_per_gpu, required=floor, passed=ok))
         if not ok:
             v.failures.append(Failure(
-                "throughput", p.recipe, _where(p),
-                f"{p.tokens_per_s_per_gpu:.1f} tok/s/GPU < {floor:.1f} "
-                f"(baseline {base:.1f} - {gate.tolerance:.0%})", p.tokens_per_s_per_gpu, floor))
+                gate="throughput", recipe=p.recipe, point=_where(p),
+                message=f"{p.tokens_per_s_per_gpu:.1f} tok/s/GPU < {floor:.1f} "
+                f"(baseline {base:.1f} - {gate.tolerance:.0%})", measured=p.tokens_per_s_per_gpu, required=floor))
     return v
 
 
 def evaluate_accuracy(runs: list[AccuracyRun], expected: dict[str, int], gate: GateConfig,
                       stage: str = "accuracy") -> Verdict:
     """`expected`: {recipe: number of repeats}."""
-    v = Verdict(stage)
+    v = Verdict(stage=stage)
     by_recipe: dict[str, list[AccuracyRun]] = {}
     for r in runs:
         by_recipe.setdefault(r.recipe, []).append(r)
@@ -77,25 +77,25 @@ def evaluate_accuracy(runs: list[AccuracyRun], expected: dict[str, int], gate: G
         got = {r.repeat for r in by_recipe.get(recipe, [])}
         for i in range(repeats):
             if i not in got:
-                v.failures.append(Failure("missing", recipe, f"repeat {i}", "no result for this repeat"))
+                v.failures.append(Failure(gate="missing", recipe=recipe, point=f"repeat {i}", message="no result for this repeat"))
     for recipe, rs in by_recipe.items():
         for r in rs:
             if r.n <= 0:
-                v.failures.append(Failure("completed", recipe, f"repeat {r.repeat}", "no questions asked", r.n, 1))
+                v.failures.append(Failure(gate="completed", recipe=recipe, point=f"repeat {r.repeat}", message="no questions asked", measured=r.n, required=1))
             elif r.errors >= r.n:
-                v.failures.append(Failure("errors", recipe, f"repeat {r.repeat}",
-                                          f"all {r.n} requests failed", r.errors, 0))
+                v.failures.append(Failure(gate="errors", recipe=recipe, point=f"repeat {r.repeat}",
+                                          message=f"all {r.n} requests failed", measured=r.errors, required=0))
         if gate.accuracy_threshold is None:
             continue
         mean = sum(r.accuracy for r in rs) / len(rs)
         ok = mean >= gate.accuracy_threshold
-        v.checks.append(Check("accuracy", recipe, None, mean, gate.accuracy_threshold, ok))
+        v.checks.append(Check(gate="accuracy", recipe=recipe, point=None, measured=mean, required=gate.accuracy_threshold, passed=ok))
         if not ok:
             v.failures.append(Failure(
-                "accuracy", recipe, None,
-                f"GSM8K strict accuracy {mean:.4f} (mean of {len(rs)} repeat(s): "
+                gate="accuracy", recipe=recipe, point=None,
+                message=f"GSM8K strict accuracy {mean:.4f} (mean of {len(rs)} repeat(s): "
                 f"{', '.join(f'{r.accuracy:.4f}' for r in sorted(rs, key=lambda r: r.repeat))}) "
-                f"< threshold {gate.accuracy_threshold:.4f}", mean, gate.accuracy_threshold))
+                f"< threshold {gate.accuracy_threshold:.4f}", measured=mean, required=gate.accuracy_threshold))
     return v
 
 
@@ -103,18 +103,18 @@ def evaluate_agreement(comparisons: list[dict], reference: str, recipes: list[st
                        stage: str = "accuracy") -> Verdict:
     """Every recipe answered, and each one held to `reference` agrees on every prompt; a failure
     names the prompts that did not, and why."""
-    v = Verdict(stage)
+    v = Verdict(stage=stage)
     for recipe in recipes:
         if recipe not in answered:
-            v.failures.append(Failure("missing", recipe, "answers", "no oracle answers from this recipe"
+            v.failures.append(Failure(gate="missing", recipe=recipe, point="answers", message="no oracle answers from this recipe"
                                       + (" (the reference: nothing can be compared)" if recipe == reference else "")))
     for c in comparisons:
         agreed = c["prompts"] - len(c["failed"])
-        v.checks.append(Check("agreement", c["recipe"], f"vs {reference}", agreed, c["prompts"], c["passed"]))
+        v.checks.append(Check(gate="agreement", recipe=c["recipe"], point=f"vs {reference}", measured=agreed, required=c["prompts"], passed=c["passed"]))
         if not c["passed"]:
-            v.failures.append(Failure("agreement", c["recipe"], f"vs {reference}",
-                                      f"{len(c['failed'])} of {c['prompts']} prompts disagree with {reference}: "
-                                      + describe_failures(c), agreed, c["prompts"]))
+            v.failures.append(Failure(gate="agreement", recipe=c["recipe"], point=f"vs {reference}",
+                                      message=f"{len(c['failed'])} of {c['prompts']} prompts disagree with {reference}: "
+                                      + describe_failures(c), measured=agreed, required=c["prompts"]))
     return v
 
 
@@ -129,15 +129,15 @@ def placement_failures(jobs: list[dict]) -> list[Failure]:
         for attempt in job.get("attempts", []):
             where = attempt.get("placement") or {}
             for problem in address_problems(where):
-                out.append(Failure("addresses", job["recipe"], f"job {attempt['job_id']}", problem))
+                out.append(Failure(gate="addresses", recipe=job["recipe"], point=f"job {attempt['job_id']}", message=problem))
             kv = where.get("kv_transfers")
             if kv and kv["failed"]:
-                out.append(Failure("kv_transfers", job["recipe"], f"job {attempt['job_id']}",
-                                   f"{kv['failed']} failed NIXL transfers {','.join(kv['from'])} -> {','.join(kv['to'])}",
-                                   kv["failed"], 0))
+                out.append(Failure(gate="kv_transfers", recipe=job["recipe"], point=f"job {attempt['job_id']}",
+                                   message=f"{kv['failed']} failed NIXL transfers {','.join(kv['from'])} -> {','.join(kv['to'])}",
+                                   measured=kv["failed"], required=0))
             if kv is not None and attempt["state"] == "COMPLETED" and not kv["successful"]:
-                out.append(Failure("kv_transfers", job["recipe"], f"job {attempt['job_id']}",
-                                   "the decode workers counted no KV transfer from prefill", 0, 1))
+                out.append(Failure(gate="kv_transfers", recipe=job["recipe"], point=f"job {attempt['job_id']}",
+                                   message="the decode workers counted no KV transfer from prefill", measured=0, required=1))
     return out
 
 

@@ -54,7 +54,7 @@ def _model_mount(pipeline: Pipeline, recipe: RecipeView) -> tuple[str, list[Moun
     if host is not None:
         if not host.is_dir():
             raise InputError(pipeline.file, "model_dir", f"{host} is not a directory")
-        return MODEL, [Mount(host, MODEL)]
+        return MODEL, [Mount(host=host, container=MODEL)]
     if not recipe.model_path:
         raise InputError(recipe.file, "model.path", "required (or set model_dir in the pipeline)")
     return recipe.model_path, []
@@ -80,7 +80,7 @@ def _server(pipeline: Pipeline, recipe: RecipeView, model: str) -> dict:
             "startup_timeout": pipeline.server.startup_timeout}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Planned:
     key: str  # the recipe as the pipeline names it (recipes/<stack>/<key>.yaml): results, gates, baselines
     recipe: RecipeView
@@ -120,7 +120,7 @@ def _preflight(project: Project, pipeline: Pipeline, recipe: RecipeView, skip: b
         return None
     res = recipe.raw.get("resources") or {}
     nodes = int(res.get("prefill_nodes") or 0) + int(res.get("decode_nodes") or 0) or int(res.get("agg_nodes") or 1)
-    return NodePreflight(int(min_driver), int(res.get("gpus_per_node") or 0), nodes, skipped=skip)
+    return NodePreflight(min_driver=int(min_driver), gpus_per_node=int(res.get("gpus_per_node") or 0), nodes=nodes, skipped=skip)
 
 
 def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str,
@@ -174,12 +174,12 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                     gpus=recipe.accelerators if stage.gpus is None else gpus, recipe_file=recipe.file, recipe_name=name,
                     extra=extra, preflight=preflight,
                 )
-                planned.append(_Planned(name, recipe, spec, mine, gpus, kind))
+                planned.append(_Planned(key=name, recipe=recipe, spec=spec, points=mine, gpus=gpus, runner_kind=kind))
             continue
         model, mounts = _model_mount(pipeline, recipe)
         pycache = pycache_dir(project, pipeline.stack, image_ref)
-        mounts = [*mounts, Mount(CLIENTS_DIR, CONTAINER_DIR), Mount(out_dir, RESULTS, read_only=False),
-                  Mount(pycache, PYCACHE, read_only=False)]
+        mounts = [*mounts, Mount(host=CLIENTS_DIR, container=CONTAINER_DIR), Mount(host=out_dir, container=RESULTS, read_only=False),
+                  Mount(host=pycache, container=PYCACHE, read_only=False)]
         if stage.name == "throughput":
             isl = stage.input_len or int(recipe.benchmark.get("isl") or 128)
             osl = stage.output_len or int(recipe.benchmark.get("osl") or 32)
@@ -209,7 +209,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             }
         else:
             data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
-            mounts.append(Mount(data, DATA))
+            mounts.append(Mount(host=data, container=DATA))
             g = stage.gsm8k
             point = {
                 "argv": [python, f"{CONTAINER_DIR}/gsm8k.py", "--base-url", base_url,
@@ -230,7 +230,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             gpus=recipe.accelerators if stage.gpus is None else gpus,
             recipe_file=recipe.file, recipe_name=name, preflight=preflight,
         )
-        planned.append(_Planned(name, recipe, spec, points, gpus, kind, job))
+        planned.append(_Planned(key=name, recipe=recipe, spec=spec, points=points, gpus=gpus, runner_kind=kind, job=job))
     return planned
 
 

@@ -20,16 +20,16 @@ accuracy_flexible; srt-slurm's gsm8k_eval.py writes {accuracy, num_questions, in
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servestack.clients import agreement
 from servestack.errors import InputError
+from servestack.runners.srtlogs import SRT_RESULT_RE
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ThroughputPoint:
     recipe: str
     concurrency: int
@@ -59,7 +59,7 @@ class ThroughputPoint:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AccuracyRun:
     recipe: str
     repeat: int
@@ -75,7 +75,7 @@ class AccuracyRun:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Failure:
     """A gate that did not hold, by how much."""
     gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
@@ -89,7 +89,7 @@ class Failure:
         return asdict(self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Check:
     """One gate applied to one measurement."""
     gate: str
@@ -103,7 +103,7 @@ class Check:
         return asdict(self)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Verdict:
     stage: str
     failures: list[Failure] = field(default_factory=list)
@@ -119,7 +119,7 @@ class Verdict:
                 "checks": [c.to_dict() for c in self.checks]}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class StageResult:
     """What one stage measured and how it was judged; `results.json` is its `to_dict()`."""
 
@@ -265,19 +265,6 @@ def parse_vllm_result(source: Path | dict[str, Any], *, recipe: str, gpus: int,
     )
 
 
-SRT_RESULT_RE = re.compile(r"results_concurrency_(\d+)_gpus_(\d+)(?:_ctx_(\d+)_gen_(\d+))?\.json$")
-
-
-def find_srt_results(log_dir: Path) -> dict[int, tuple[Path, int]]:
-    """srt-slurm sa-bench results under a job's log dir: {concurrency: (file, total gpus)}."""
-    found: dict[int, tuple[Path, int]] = {}
-    for path in sorted(Path(log_dir).glob("**/sa-bench_*/results_concurrency_*.json")):
-        m = SRT_RESULT_RE.search(path.name)
-        if m:
-            found[int(m.group(1))] = (path, int(m.group(2)))
-    return found
-
-
 def parse_srt_result(path: Path, *, recipe: str) -> ThroughputPoint:
     """One srt-slurm sa-bench result file; the GPU count comes from its file name."""
     m = SRT_RESULT_RE.search(Path(path).name)
@@ -337,6 +324,6 @@ def compare_answers(answers: dict[str, dict[str, Any]], reference: str) -> tuple
                                                  for side in (reference, recipe)}})
         errors = sum(1 for row in result["rows"] if row["verdict"] == "error")
         agreed = result["prompts"] - len(result["failed"])
-        runs.append(AccuracyRun(recipe, 0, agreed / result["prompts"], result["prompts"], errors=errors,
+        runs.append(AccuracyRun(recipe=recipe, repeat=0, accuracy=agreed / result["prompts"], n=result["prompts"], errors=errors,
                                 seconds=answers[recipe].get("seconds"), source=f"agreement with {reference}"))
     return comparisons, runs

@@ -30,7 +30,7 @@ def raise_for(signum: int) -> None:
     raise Terminated(f"signal {signum}") if signum == signal.SIGTERM else KeyboardInterrupt
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Unwinding:
     """The one set of handlers installed by the outermost `signals_unwind`."""
 

@@ -25,7 +25,7 @@ def state_home() -> Path:
     return Path(os.environ.get("SERVESTACK_STATE", Path.home() / ".local" / "state" / "servestack"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Project:
     root: Path
 
@@ -34,8 +34,8 @@ class Project:
         here = (start or Path.cwd()).resolve()
         for candidate in (here, *here.parents):
             if (candidate / "pins").is_dir():
-                return cls(candidate)
-        return cls(here)
+                return cls(root=candidate)
+        return cls(root=here)
 
     @property
     def pins(self) -> Path:

@@ -31,7 +31,7 @@ M = TypeVar("M", bound=BaseModel)
 PathKey = tuple[str | int, ...]
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Node:
     value: Any  # dict[str, Node] | list[Node] | scalar
     line: int  # 1-based
@@ -89,16 +89,16 @@ def _convert(node: yaml.Node, file: Path | str) -> Node:
                 merged.discard(key)
                 del out[key]
             if key in out:
-                raise InputError(Location(file, kline, kcol), key, "duplicate key")
+                raise InputError(Location(file=file, line=kline, column=kcol), key, "duplicate key")
             child = _convert(vnode, file)
             child.key_line, child.key_column = kline, kcol
             child.key = typed
             out[key] = child
-        return Node(out, line, col, tag=node.tag)
+        return Node(value=out, line=line, column=col, tag=node.tag)
     if isinstance(node, yaml.SequenceNode):
-        return Node([_convert(n, file) for n in node.value], line, col, tag=node.tag)
+        return Node(value=[_convert(n, file) for n in node.value], line=line, column=col, tag=node.tag)
     value = _Constructor().construct_object(node, deep=True)
-    return Node(value, line, col, tag=node.tag)
+    return Node(value=value, line=line, column=col, tag=node.tag)
 
 
 def _compose(text: str, file: Path | str) -> Node | None:
@@ -106,7 +106,7 @@ def _compose(text: str, file: Path | str) -> Node | None:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
-        loc = Location(file, mark.line + 1, mark.column + 1) if mark else Location(file)
+        loc = Location(file=file, line=mark.line + 1, column=mark.column + 1) if mark else Location(file=file)
         raise InputError(loc, "", f"not valid YAML: {e.problem or e}") from None
     except yaml.YAMLError as e:
         raise InputError(file, "", f"not valid YAML: {e}") from None
@@ -117,11 +117,11 @@ def parse(text: str, file: Path | str) -> Node:
     """Parse one YAML document into positioned nodes; errors name the file and position."""
     root = _compose(text, str(file))
     if root is None:
-        raise InputError(Location(str(file), 1, 1), "", "empty YAML document")
+        raise InputError(Location(file=str(file), line=1, column=1), "", "empty YAML document")
     return root
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Document:
     file: Path
     data: Any
@@ -132,8 +132,8 @@ class Document:
         for end in range(len(path), -1, -1):
             mark = self.marks.get(tuple(path[:end]))
             if mark:
-                return Location(self.file, *mark)
-        return Location(self.file)
+                return Location(file=self.file, line=mark[0], column=mark[1])
+        return Location(file=self.file)
 
     def error(self, path: PathKey, problem: str) -> InputError:
         return InputError(self.location(path), dotted(path), problem)
@@ -161,7 +161,7 @@ def load(file: Path) -> Document:
     marks: dict[PathKey, tuple[int, int]] = {(): (1, 1)}
     if root is not None:
         _marks(root, (), marks)
-    return Document(file, root.plain() if root is not None else None, marks)
+    return Document(file=file, data=root.plain() if root is not None else None, marks=marks)
 
 
 def load_nodes(file: Path | str) -> Node:

@@ -17,7 +17,6 @@ import base64
 import csv
 import hashlib
 import io
-import json
 import os
 import re
 import stat
@@ -46,14 +45,14 @@ class WheelError(ServestackError):
     """A wheel that cannot be read or written."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RecordEntry:
     path: str
     hash: str  # "sha256=<urlsafe b64>" or "" (RECORD itself)
     size: int | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WheelInfo:
     path: Path
     name: str  # distribution name as spelled in the dist-info directory (escaped: `_` for `-`)
@@ -148,7 +147,7 @@ def _parse_record(text: str) -> tuple[RecordEntry, ...]:
         if not row:
             continue
         path, h, size = (row + ["", ""])[:3]
-        entries.append(RecordEntry(path, h, int(size) if size else None))
+        entries.append(RecordEntry(path=path, hash=h, size=int(size) if size else None))
     return tuple(entries)
 
 
@@ -242,7 +241,7 @@ def read_member(wheel: Path, member: str) -> bytes | None:
             return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class WheelFacts:
     """What a wheel says about itself beyond its name and version, for an SBOM."""
     license: str | None  # an SPDX expression, when the metadata gives one
@@ -281,8 +280,8 @@ def wheel_facts(wheel: Path) -> WheelFacts:
         except ExpressionError:  # free text ("Copyright (c) 2005-2025, NumPy Developers.")
             parsed = None
         if parsed is not None and not licensing.unknown_license_keys(parsed):
-            return WheelFacts(parsed.render(), said, tuple(sorted(set(vendored))))
-    return WheelFacts(None, said, tuple(sorted(set(vendored))))
+            return WheelFacts(license=parsed.render(), license_text=said, vendored=tuple(sorted(set(vendored))))
+    return WheelFacts(license=None, license_text=said, vendored=tuple(sorted(set(vendored))))
 
 
 # ---------------------------------------------------------------- relabelling and writing
@@ -401,81 +400,3 @@ def pack_wheel(root: Path, out_dir: Path, *, epoch: int, tag: str | None = None,
         Path(tmp).unlink(missing_ok=True)
         raise
     return out_dir / filename
-
-
-# ---------------------------------------------------------------- the commit a wheel was built from
-
-_HEX = r"[0-9a-f]{7,40}"
-
-
-def _scm_version_commit(text: str) -> str | None:
-    """A setuptools-scm `_version.py`: `__commit_id__ = 'g1a2b3c4'`, or `g<hex>` in the
-    version / version tuple (`0.6.4.dev12+g1a2b3c4.d20240101`, `(0, 6, 4, 'dev12', 'g1a2b3c4.d2024')`)."""
-    m = re.search(r"^(?:__commit_id__|commit_id)\s*(?::[^=]*)?=\s*['\"]g?(" + _HEX + r")['\"]", text, re.M)
-    if m:
-        return m[1]
-    m = re.search(r"['\"+.]g(" + _HEX + r")(?=['\".])", text)
-    return m[1] if m else None
-
-
-def _assigned_hex(*names: str) -> Callable[[str], str | None]:
-    """A module assigning a commit: `__commit__ = "<sha>"`, `git_version = '<sha>'`, ..."""
-    pattern = re.compile(
-        r"^(?:" + "|".join(re.escape(n) for n in names) + r")\s*(?::[^=]*)?=\s*['\"]g?(" + _HEX + r")['\"]", re.M
-    )
-
-    def parse(text: str) -> str | None:
-        m = pattern.search(text)
-        return m[1] if m else None
-
-    return parse
-
-
-# Where known packages record the commit they were built from: (path in the wheel, parser).
-# Keys are escaped distribution names. Extend here for new packages.
-COMMIT_SOURCES: dict[str, list[tuple[str, Callable[[str], str | None]]]] = {
-    "vllm": [
-        ("vllm/_version.py", _scm_version_commit),  # setuptools-scm
-        ("vllm/commit_id.py", _assigned_hex("__commit__")),  # vLLM <= 0.5
-    ],
-    "flashinfer_python": [("flashinfer/_build_meta.py", _assigned_hex("__git_commit__", "__git_version__"))],
-    "torch": [("torch/version.py", _assigned_hex("git_version"))],
-}
-
-# Tried for every package, after its own entries; `{pkg}` is each top-level package of the wheel.
-GENERIC_COMMIT_SOURCES: list[tuple[str, Callable[[str], str | None]]] = [
-    ("{pkg}/_version.py", _scm_version_commit),
-    ("{pkg}/version.py", _scm_version_commit),
-    ("{pkg}/_version.py", _assigned_hex("__commit__", "__git_version__", "git_version", "commit")),
-    ("{pkg}/version.py", _assigned_hex("__commit__", "__git_version__", "git_version", "commit")),
-]
-
-
-def _direct_url_commit(text: str) -> str | None:
-    try:
-        commit = json.loads(text).get("vcs_info", {}).get("commit_id")
-    except (ValueError, AttributeError):
-        return None
-    return commit.lower() if isinstance(commit, str) and re.fullmatch(_HEX, commit.lower()) else None
-
-
-def read_wheel_commit(wheel: Path) -> str | None:
-    """The commit (hex, possibly abbreviated) the wheel records it was built from, or None.
-
-    Looks at the package's own entry in COMMIT_SOURCES, then the generic `_version.py` /
-    `version.py` of each top-level package, then `*.dist-info/direct_url.json`, then a
-    `+g<hex>` local label in the version itself."""
-    info = read_wheel(wheel)
-    with zipfile.ZipFile(wheel) as zf:
-        names = set(zf.namelist())
-        tops = sorted({n.split("/", 1)[0] for n in names if "/" in n and not n.split("/", 1)[0].endswith((".dist-info", ".data"))})
-        sources = list(COMMIT_SOURCES.get(escape_name(info.name), []))
-        sources += [(p.format(pkg=top), parse) for p, parse in GENERIC_COMMIT_SOURCES if "{pkg}" in p for top in tops]
-        sources.append((f"{info.dist_info}/direct_url.json", _direct_url_commit))
-        for member, parse in sources:
-            if member in names:
-                commit = parse(zf.read(member).decode("utf-8", "replace"))
-                if commit:
-                    return commit.lower()
-    m = re.search(r"\+(?:.*\.)?g(" + _HEX + r")(?:\.|$)", info.version)
-    return m[1] if m else None

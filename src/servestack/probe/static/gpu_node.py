@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import importlib
 import os
 import re
 import shutil

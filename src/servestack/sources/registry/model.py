@@ -28,7 +28,7 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Reference:
     registry: str
     repository: str
@@ -48,13 +48,13 @@ class Reference:
         repository, _, tag = path.partition(":")
         if not re.fullmatch(r"[a-z0-9]+(?:[._/-][a-z0-9]+)*", repository):
             raise ValueError(f"{text!r}: {repository!r} is not a valid repository name")
-        return cls(registry, repository, tag or (None if digest else "latest"), digest or None)
+        return cls(registry=registry, repository=repository, tag=tag or (None if digest else "latest"), digest=digest or None)
 
     def with_digest(self, digest: str) -> str:
         return f"{self.registry}/{self.repository}@{digest}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Descriptor:
     media_type: str
     digest: str
@@ -72,8 +72,8 @@ class Descriptor:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Descriptor:
-        return cls(d["mediaType"], d["digest"], int(d["size"]), d.get("artifactType"),
-                   tuple(sorted((d.get("annotations") or {}).items())))
+        return cls(media_type=d["mediaType"], digest=d["digest"], size=int(d["size"]), artifact_type=d.get("artifactType"),
+                   annotations=tuple(sorted((d.get("annotations") or {}).items())))
 
     @property
     def annotation(self) -> dict[str, str]:

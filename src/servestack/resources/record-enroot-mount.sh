@@ -1,0 +1,2 @@
+#!/bin/sh
+cat >> "$SERVESTACK_MOUNTS"
