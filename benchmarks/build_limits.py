@@ -77,8 +77,8 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
 
 def debian_base_timings(project: Project, stack: str, work: Path) -> dict:
     """Resolving, fetching and assembling the stack's Debian base, each timed on its own, per platform."""
-    from servestack.debian import closure as resolve
     from servestack.debian import tarball
+    from servestack.lock import debian_base
 
     base = load_lock(project, stack).base
     platforms = sorted(base.resolved)
@@ -86,9 +86,9 @@ def debian_base_timings(project: Project, stack: str, work: Path) -> dict:
     os.environ["SERVESTACK_CACHE"] = str(cache)
     timings: dict = {}
     for run in ("cold", "warm"):  # cold: the Packages indexes downloaded; warm: from the cache, parsed again
-        resolve._INDEXES.clear()
+        debian_base._INDEXES.clear()
         started = time.monotonic()
-        resolve.resolve_suite(base.suite, list(base.packages), platforms)
+        debian_base.resolve_suite(base.suite, list(base.packages), platforms)
         timings[f"resolve_{run}_s"] = round(time.monotonic() - started, 2)
     for platform in platforms:
         debs = base.debs(platform)

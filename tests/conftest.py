@@ -15,7 +15,8 @@ from fixtures.servers import package_index, push_image, serve_directory  # noqa:
 from fixtures.tinypkg import build_tinypkg  # noqa: E402
 
 from servestack import cluster, services  # noqa: E402
-from servestack.cluster import srtctl_tool, vendored
+from servestack.cluster import srtctl_tool
+from servestack.errors import ClusterToolsMissing
 from servestack.services import daemons  # noqa: E402
 
 # The services a fast test may not use: each starts (or relies on) a system daemon.
@@ -149,7 +150,7 @@ def cluster_node(slurm_env) -> cluster.Cluster:
     """The login node's tools (srtctl, pyxis, enroot) on the local Slurm, or a skip saying what is missing."""
     try:
         return cluster.ensure_cluster(ROOT)
-    except vendored.ClusterToolsMissing as e:
+    except ClusterToolsMissing as e:
         pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
@@ -167,7 +168,7 @@ def srtctl_cluster() -> cluster.Cluster:
     squeue and scancel need to see those jobs."""
     try:
         return cluster.ensure_cluster(ROOT, nodes=srtctl_nodes())
-    except vendored.ClusterToolsMissing as e:
+    except ClusterToolsMissing as e:
         pytest.skip(f"the GB200-shaped chain cannot be built here: {e}")
 
 
@@ -176,7 +177,7 @@ def srtctl() -> srtctl_tool.Srtctl:
     """srtctl installed from the vendored srt-slurm snapshot, or a skip saying what is missing."""
     try:
         return srtctl_tool.ensure_srtctl(ROOT)
-    except vendored.ClusterToolsMissing as e:
+    except ClusterToolsMissing as e:
         pytest.skip(str(e))
 
 

@@ -4,6 +4,7 @@ effects done on the host."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import subprocess
 import tarfile
@@ -98,6 +99,117 @@ def test_a_versioned_dependency_needs_a_version_that_satisfies_it_and_says_which
         resolve.resolve(index, ["app"], "suite")
     with pytest.raises(ServestackError, match=r"suite has no package nope \(base.debian.packages\)"):
         resolve.resolve(index, ["nope"], "suite")
+
+
+ARCHIVE_PACKAGES = """\
+Package: base-files
+Version: 12.4+deb12u1
+Architecture: amd64
+Essential: yes
+Priority: required
+Pre-Depends: awk
+Size: 70000
+Filename: pool/main/b/base-files/base-files_12.4+deb12u1_amd64.deb
+SHA256: 1111111111111111111111111111111111111111111111111111111111111111
+Description: Debian base system miscellaneous files
+ This package contains the basic filesystem hierarchy of a Debian system,
+ and several important miscellaneous files.
+
+Package: mawk
+Version: 1.3.4.20200120-3.1
+Architecture: amd64
+Priority: required
+Provides: awk
+Size: 120000
+Filename: pool/main/m/mawk/mawk_1.3.4.20200120-3.1_amd64.deb
+SHA256: 2222222222222222222222222222222222222222222222222222222222222222
+
+Package: python3
+Version: 3.11.2-1
+Architecture: amd64
+Depends: python3.11 (>= 3.11.2-1~)
+Size: 26000
+Filename: pool/main/p/python3-defaults/python3_3.11.2-1_amd64.deb
+SHA256: 3333333333333333333333333333333333333333333333333333333333333333
+
+Package: python3.11
+Version: 3.11.2-6
+Architecture: amd64
+Size: 570000
+Filename: pool/main/p/python3.11/python3.11_3.11.2-6_amd64.deb
+SHA256: 4444444444444444444444444444444444444444444444444444444444444444
+
+Package: python3.11
+Version: 3.11.2-6+deb12u1
+Architecture: amd64
+Size: 571000
+Filename: pool/main/p/python3.11/python3.11_3.11.2-6+deb12u1_amd64.deb
+SHA256: 5555555555555555555555555555555555555555555555555555555555555555
+"""
+
+
+def test_a_packages_index_given_as_text_resolves_to_the_locked_debs_with_no_archive():
+    # The text as an archive serves it: a Description's continuation lines, a name listed at two versions.
+    index = resolve.parse_index(ARCHIVE_PACKAGES, "Debian bookworm amd64 Packages")
+    debs = resolve.resolve(index, ["python3"], f"Debian bookworm {resolve.architecture('linux/amd64')}")
+    assert [(d.name, d.version) for d in debs] == [("base-files", "12.4+deb12u1"), ("mawk", "1.3.4.20200120-3.1"),
+                                                   ("python3", "3.11.2-1"), ("python3.11", "3.11.2-6+deb12u1")]
+    assert debs[3].sha256 == "5" * 64 and debs[3].size == 571000
+    assert debs[3].filename == "pool/main/p/python3.11/python3.11_3.11.2-6+deb12u1_amd64.deb"
+    with pytest.raises(ServestackError, match=r"platform linux/riscv64: a Debian base is resolved for linux/amd64, "
+                                              r"linux/arm64"):
+        resolve.architecture("linux/riscv64")
+
+
+# The modules whose names mean a download: reaching one from the resolver would put I/O back in it.
+NETWORK = ("servestack.sources", "requests", "urllib", "urllib3", "http", "socket")
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _module_files(name: str) -> list[Path]:
+    """The file of `name` (or of the servestack module it names a member of: `a.b.func` -> a/b.py), after
+    the package `__init__`s above it, which importing it runs first; [] for what is not ours."""
+    parts = name.split(".")
+    while parts and parts[0] == "servestack":
+        base = SRC.joinpath(*parts)
+        for found in (base.with_suffix(".py"), base / "__init__.py"):
+            if found.is_file():
+                above = [SRC / package / "__init__.py" for package in reversed(found.relative_to(SRC).parents[:-1])]
+                return [p for p in above if p != found] + [found]
+        parts.pop()
+    return []
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import in the file, a function body's included; `from a import b` as `a.b`."""
+    package = path.relative_to(SRC).parent.parts
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = ".".join([*package[:len(package) - node.level + 1], *filter(None, [node.module])]) \
+                if node.level else node.module
+            found += [(node.lineno, f"{module}.{a.name}") for a in node.names]
+    return found
+
+
+def test_the_resolver_imports_nothing_that_downloads_however_deep():
+    start = SRC / "servestack" / "debian" / "closure.py"
+    chains, queue, reached = {start: [start]}, [start], []
+    while queue:
+        path = queue.pop(0)
+        where = " -> ".join(str(p.relative_to(SRC)) for p in chains[path])
+        for line, name in _imports(path):
+            if any(name == bad or name.startswith(bad + ".") for bad in NETWORK):
+                reached.append(f"{where}:{line} imports {name}")
+                continue  # the first import that downloads is the one to name, not what it imports in turn
+            for found in _module_files(name):
+                if found not in chains:
+                    chains[found] = chains[path] + [found]
+                    queue.append(found)
+    assert SRC / "servestack" / "debian" / "debfile.py" in chains  # the walk does follow the resolver's imports
+    assert not reached, "debian/closure must be handed texts, not fetch them:\n" + "\n".join(reached)
 
 
 # --------------------------------------------------------------------------- unpacking

@@ -25,12 +25,11 @@ import pytest
 from fixtures.servers import serve_directory
 
 from servestack import services
-from servestack.debian import closure as resolve
 from servestack.debian import tarball as base_tarball
-from servestack.debian.closure import resolve_suite
-from servestack.lock import load_lock
+from servestack.errors import IntegrityError
+from servestack.lock import debian_base, load_lock
+from servestack.lock.debian_base import resolve_suite
 from servestack.sources import cache, debian
-from servestack.sources.cache import IntegrityError
 from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
@@ -212,7 +211,7 @@ def test_a_base_locked_before_its_archive_moved_on_builds_the_same_bytes_from_a_
 
 
 def test_a_packages_index_other_than_the_signed_release_names_is_refused(dev_cpu, live_release, tmp_path, monkeypatch):
-    monkeypatch.setattr(resolve, "_INDEXES", {})  # indexes parsed earlier in this process, by Release
+    monkeypatch.setattr(debian_base, "_INDEXES", {})  # indexes parsed earlier in this process, by Release
     index = bytearray(lzma.decompress(live_release["packages_xz"].read_bytes()))
     index[index.index(b"Package: ") + len(b"Package: ")] ^= 0x20  # one package renamed
     with mirror(tmp_path, monkeypatch, dev_cpu, live_release, packages_xz=lzma.compress(bytes(index))), \

@@ -11,14 +11,15 @@ import pytest
 import yaml
 
 from servestack.cluster import srtctl_tool, vendored
-from servestack.util.proc import CommandError, run
+from servestack.errors import ClusterToolsMissing, CommandError
+from servestack.util.proc import run
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_vendor_dir_is_configuration_only(tmp_path, monkeypatch):
     monkeypatch.delenv(vendored.VENDOR_ENV, raising=False)
-    with pytest.raises(vendored.ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):
+    with pytest.raises(ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):
         vendored.vendor_dir()
     monkeypatch.setenv(vendored.VENDOR_ENV, str(tmp_path / "elsewhere"))
     assert vendored.vendor_dir() == tmp_path / "elsewhere"
@@ -26,11 +27,11 @@ def test_vendor_dir_is_configuration_only(tmp_path, monkeypatch):
 
 def test_a_missing_snapshot_names_the_directory_and_the_variable(tmp_path, monkeypatch):
     monkeypatch.setenv(vendored.VENDOR_ENV, str(tmp_path))
-    with pytest.raises(vendored.ClusterToolsMissing, match=f"no srt-slurm-<commit>.tar.gz in {tmp_path}.*SERVESTACK_VENDOR"):
+    with pytest.raises(ClusterToolsMissing, match=f"no srt-slurm-<commit>.tar.gz in {tmp_path}.*SERVESTACK_VENDOR"):
         vendored.vendor_archive("srt-slurm")
     (tmp_path / "srt-slurm-aaaa.tar.gz").write_bytes(b"")
     (tmp_path / "srt-slurm-bbbb.tar.gz").write_bytes(b"")
-    with pytest.raises(vendored.ClusterToolsMissing, match="2 srt-slurm"):
+    with pytest.raises(ClusterToolsMissing, match="2 srt-slurm"):
         vendored.vendor_archive("srt-slurm")
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from servestack.records.imageref import ImageRef, ImageRefError
+from servestack.errors import ImageRefError
+from servestack.records.imageref import ImageRef
 
 HEX = "ab" * 32
 

@@ -15,13 +15,12 @@ from test_evidence import PR1_EVIDENCE, stack_with, unreachable
 
 from servestack import inputs as build
 from servestack import lock
-from servestack.errors import InputError
+from servestack.errors import InputError, IntegrityError
 from servestack.lock import check as lockcheck
 from servestack.lock import drift, relock
 from servestack.lock.preferences import Upgrade
 from servestack.records.lockfile import LockedPR, LockedWheel, OverlayPatch
 from servestack.sources import cache, indexes
-from servestack.sources.cache import IntegrityError
 
 
 @pytest.fixture(autouse=True)

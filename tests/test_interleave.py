@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from servestack.clients import CLIENTS_DIR
 from servestack.stages import interleave
 
@@ -202,9 +204,9 @@ def test_a_throughput_gate_alongside_its_baseline_image_fails_with_the_regressio
         tmp_path: Path, monkeypatch):
     """`gate: {baseline: REF@sha256:..., alongside: true}`: the stage is one session of the baseline
     image and the image under test; a regression at c=4 fails it, with the regression's exit code."""
+    from servestack.errors import StageFailed
     from servestack.runners import selection as registry
-    from servestack.stages import run_stage
-    from servestack.stages.execute import StageFailed
+    from servestack.stages import raise_for_verdict, run_stage
 
     project = _project(tmp_path)
     held = project.pipelines / "held.yaml"
@@ -214,7 +216,9 @@ def test_a_throughput_gate_alongside_its_baseline_image_fails_with_the_regressio
     monkeypatch.setattr(registry, "make_runner", lambda pipeline, kind=None: servers)
     result = run_stage(project, "held", "throughput", IMAGE, run_id="r1")
     assert [(f.gate, f.point) for f in result.verdict.failures] == [("regression", "c=4")]
-    assert StageFailed(result).exit_code == 4
+    with pytest.raises(StageFailed) as failed:
+        raise_for_verdict(result)
+    assert failed.value.exit_code == 4
     where = project.artifacts("dev-cpu") / "comparisons" / f"{OTHER[-64:][:12]}.r1-vs-{IMAGE[-64:][:12]}.r1"
     assert result.comparison == str(where / "comparison.md")
     assert "measured alongside (interleaved)" in (where / "comparison.md").read_text()

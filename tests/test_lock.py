@@ -297,6 +297,43 @@ def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_ref
     assert project.lock_file("tiny").read_bytes() == before
 
 
+def test_the_debian_leg_fetches_the_release_and_each_index_once_then_resolves_from_their_text(monkeypatch):
+    """Down once (the signed Release, each architecture's Packages), back once (the pure resolver); a second
+    lock from the same Release parses no index again."""
+    from servestack.debian import closure
+    from servestack.lock import debian_base
+    from servestack.sources import debian
+
+    release = debian.Release(suite="bookworm", date=1_700_000_000, sha256="ab" * 32, files={})
+    calls: list[str] = []
+
+    def packages(given: debian.Release, arch: str) -> str:
+        assert given is release
+        calls.append(f"packages {arch}")
+        return "".join(f"Package: {name}\nVersion: 1\nArchitecture: {arch}\nSize: 1\nSHA256: {sha * 64}\n"
+                       f"Filename: pool/main/{name}_{arch}.deb\n{more}\n"
+                       for name, sha, more in (("bash", "1", "Essential: yes\nDepends: libc6\n"), ("libc6", "2", ""),
+                                               ("python3", "3", "Depends: libc6\n"), ("curl", "4", "")))
+
+    real_resolve = closure.resolve
+    monkeypatch.setattr(debian_base, "_INDEXES", {})
+    monkeypatch.setattr(debian, "release", lambda suite: calls.append(f"release {suite}") or release)
+    monkeypatch.setattr(debian, "packages", packages)
+    monkeypatch.setattr(closure, "resolve", lambda stanzas, wanted, what: calls.append(f"resolve {what}")
+                        or real_resolve(stanzas, wanted, what))
+    entry = debian_base.resolve_suite("bookworm", ["python3"], ["linux/amd64", "linux/arm64"])
+    assert calls == ["release bookworm", "packages amd64", "packages arm64",
+                     "resolve Debian bookworm amd64", "resolve Debian bookworm arm64"]
+    assert entry["debian"]["release_date"] == 1_700_000_000 and entry["debian"]["release_sha256"] == "ab" * 32
+    assert entry["debian"]["index"] == "debian" and entry["debian"]["packages"] == ["python3"]
+    assert {p: [d["name"] for d in debs] for p, debs in entry["debian"]["resolved"].items()} == {
+        "linux/amd64": ["bash", "libc6", "python3"], "linux/arm64": ["bash", "libc6", "python3"]}
+    assert entry["debian"]["resolved"]["linux/arm64"][1]["filename"] == "pool/main/libc6_arm64.deb"
+    calls.clear()
+    assert debian_base.resolve_suite("bookworm", ["python3"], ["linux/amd64", "linux/arm64"]) == entry
+    assert calls == ["release bookworm", "resolve Debian bookworm amd64", "resolve Debian bookworm arm64"]
+
+
 def test_a_stack_resolved_as_of_the_future_is_refused_naming_the_file_and_field(tmp_path, world):
     """A date not yet come lets in whatever is uploaded until then: the same stack would relock to other wheels."""
     (tmp_path / "pins").mkdir()

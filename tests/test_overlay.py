@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from fixtures.tinypkg import TinyPkg, build_tinypkg  # noqa: E402
 
-from servestack.errors import InputError  # noqa: E402
-from servestack.inputs.overlay import Overlay, OverlayError, PatchDoesNotApply, apply_overlays, overlay_set_digest  # noqa: E402
+from servestack.errors import InputError, OverlayError, PatchDoesNotApply  # noqa: E402
+from servestack.inputs.overlay import Overlay, apply_overlays, overlay_set_digest  # noqa: E402
 from servestack.sources.diffs import diff_native_files, is_python_only, map_path, parse_diff, touched_files  # noqa: E402
 from servestack.util.fsutil import sha256_bytes, sha256_file  # noqa: E402
 from servestack.wheels import read_wheel, verify_record  # noqa: E402

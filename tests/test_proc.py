@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from servestack.util.proc import CommandError, output_bytes
+from servestack.errors import CommandError
+from servestack.util.proc import output_bytes
 
 WRITE = "import sys; sys.stderr.write('noise'); sys.stdout.buffer.write(sys.stdin.buffer.read()[::-1] + bytes([0, 255]))"
 

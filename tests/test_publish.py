@@ -14,9 +14,8 @@ from fixtures.records import committed_lock, write_smoke_record
 from fixtures.tls_registry import tar_layer
 
 from servestack import publish
-from servestack.errors import InputError, ServestackError
+from servestack.errors import ImageRefError, InputError, ServestackError, SignatureError
 from servestack.publish import signing
-from servestack.records.imageref import ImageRefError
 from servestack.records.smokefile import Check
 from servestack.sources.registry import OCI_MANIFEST, Descriptor
 from servestack.util.project import Project
@@ -46,7 +45,7 @@ def test_a_signed_statement_verifies_with_its_key_only(keys, tmp_path):
     envelope = _envelope(keys)
     assert signing.verify_envelope(envelope, signing.load_public_key(keys[1]), "t")["predicate"] == {"x": 1}
     other = signing.keygen(tmp_path / "other.key")[1]
-    with pytest.raises(signing.SignatureError, match="no signature verifies"):
+    with pytest.raises(SignatureError, match="no signature verifies"):
         signing.verify_envelope(envelope, signing.load_public_key(other), "t")
 
 
@@ -57,7 +56,7 @@ def test_cosign_style_empty_key_ids_verify_and_a_changed_payload_does_not(keys):
     payload = json.loads(base64.b64decode(envelope["payload"]))
     payload["predicate"]["x"] = 2
     envelope["payload"] = base64.b64encode(json.dumps(payload).encode()).decode()
-    with pytest.raises(signing.SignatureError, match="no signature verifies"):
+    with pytest.raises(SignatureError, match="no signature verifies"):
         signing.verify_envelope(json.dumps(envelope).encode(), signing.load_public_key(keys[1]), "t")
 
 

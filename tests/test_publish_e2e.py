@@ -21,8 +21,8 @@ from fixtures.records import write_build_record, write_image_record, write_smoke
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
 from servestack import publish
-from servestack.cluster import srtctl_tool, vendored
-from servestack.errors import ServestackError
+from servestack.cluster import srtctl_tool
+from servestack.errors import ClusterToolsMissing, ServestackError
 from servestack.publish import sbom, signing
 from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
@@ -115,7 +115,7 @@ def _srtctl_accepts(recipes: list[Path]) -> None:
     """The real srtctl (from the vendored srt-slurm) plans each pulled recipe: `srtctl dry-run -f`."""
     try:
         srtctl = srtctl_tool.ensure_srtctl(REPO_ROOT)
-    except vendored.ClusterToolsMissing as missing:
+    except ClusterToolsMissing as missing:
         warnings.warn(f"srtctl dry-run not checked: {missing}", stacklevel=2)
         return
     from concurrent.futures import ThreadPoolExecutor

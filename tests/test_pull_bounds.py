@@ -7,13 +7,13 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from servestack.errors import InputError
+from servestack.errors import InputError, Overflow, PublishError
 from servestack.publish.binding import check_bindings
-from servestack.publish.bundle import BundleFile, PublishError, titles_problem
+from servestack.publish.bundle import BundleFile, titles_problem
 from servestack.publish.candidates import deduplicated
 from servestack.publish.signedtime import MAX_CLOCK_SKEW, not_before, parse_rfc3339, published_instant
 from servestack.sources.registry import Descriptor
-from servestack.sources.registry.limits import Overflow, declared_problem, read_bounded
+from servestack.sources.registry.limits import declared_problem, read_bounded
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
 IMAGE = "servestack/dev-cpu@sha256:" + "a" * 64

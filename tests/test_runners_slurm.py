@@ -18,8 +18,7 @@ import pytest
 from fixtures.children import stopped_on_exit
 
 from servestack.clients import CLIENTS_DIR
-from servestack.cluster import vendored
-from servestack.errors import ServestackError
+from servestack.errors import ClusterToolsMissing, ServestackError
 from servestack.runners.driver import RetryPolicy, run_job
 from servestack.runners.interface import JobSpec, JobState, Mount
 from servestack.runners.preflight import NodePreflight
@@ -182,7 +181,7 @@ def test_preflight_finds_pyxis_and_enroot_on_the_gb200_shaped_node():
 
     try:
         node = cluster.ensure_cluster(Path(__file__).resolve().parents[1])
-    except vendored.ClusterToolsMissing as e:
+    except ClusterToolsMissing as e:
         pytest.skip(str(e))
     assert node.enroot.version >= ENROOT_MIN_VERSION
     assert preflight(SlurmConfig(env=node.env)) == "pyxis"  # srun has --container-image, enroot is recent

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servestack.cluster import vendored
-from servestack.errors import InputErrors, ServestackError
+from servestack.errors import ClusterToolsMissing, InputErrors, ServestackError
 from servestack.runners.interface import JobHandle, JobSpec
 from servestack.runners.slurm import pull_reference
 from servestack.runners.srtctl import GSM8K_IN_CONTAINER, SrtctlRunner, bind_recipe, parse_apply_output, results_in
@@ -101,7 +100,7 @@ def node():
 
     try:
         return cluster.ensure_cluster(ROOT)
-    except vendored.ClusterToolsMissing as e:
+    except ClusterToolsMissing as e:
         pytest.skip(str(e))
 
 

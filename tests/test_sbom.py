@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from fixtures.records import build_record, committed_lock
 
+from servestack.errors import PublishError
 from servestack.publish import sbom
-from servestack.publish.bundle import PublishError
 from servestack.records.imageref import ImageRef
 from servestack.records.lockfile import LocalPatch
 from servestack.wheels import wheel_facts

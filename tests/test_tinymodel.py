@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from servestack.errors import ServestackError
+from servestack.errors import InputError
 from servestack.inputs.tinymodel import VLLM_CPU_ENV, TinyModelSpec, make_model, vllm_server_argv
 from servestack.inputs.tinytokenizer import CORPUS, SPECIAL_TOKENS, tokenizer_vocab
 from servestack.inputs.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
@@ -198,20 +198,43 @@ def test_transformers_loads_every_tensor_under_its_name(tmp_path: Path) -> None:
 
 
 def test_spec_rejects_what_cannot_serve() -> None:
-    with pytest.raises(ServestackError):
+    with pytest.raises(InputError):
         TinyModelSpec(head_dim=16)
-    with pytest.raises(ServestackError):
+    with pytest.raises(InputError):
         TinyModelSpec(architecture="LlamaForCausalLM")
-    with pytest.raises(ServestackError, match="not a hybrid"):
+    with pytest.raises(InputError, match="not a hybrid"):
         TinyModelSpec(layers=3, full_attention_interval=4)  # no full attention layer
-    with pytest.raises(ServestackError, match="not a hybrid"):
+    with pytest.raises(InputError, match="not a hybrid"):
         TinyModelSpec(full_attention_interval=1)  # no Gated DeltaNet layer
-    with pytest.raises(ServestackError, match="num_experts_per_tok"):
+    with pytest.raises(InputError, match="num_experts_per_tok"):
         TinyModelSpec(num_experts=2, num_experts_per_tok=3)
-    with pytest.raises(ServestackError):
+    with pytest.raises(InputError):
         TinyModelSpec(dtype="float16")
-    with pytest.raises(ServestackError):
+    with pytest.raises(InputError):
         TinyModelSpec.from_dict({"name": "x", "layer": 2})
+
+
+def test_a_spec_the_stack_file_gets_wrong_is_named_at_its_line_with_what_was_expected(tmp_path: Path) -> None:
+    """The build makes the model from the stack file's `smoke_model.make`: a value no servable model
+    has is an input error at that file, line and field, saying what it should be."""
+    stack = tmp_path / "tiny.yaml"
+    stack.write_text("name: tiny\nsmoke_model:\n  name: servestack/tiny\n  make:\n    seed: 0\n    head_dim: 16\n")
+    with pytest.raises(InputError) as bad:
+        TinyModelSpec.from_dict({"name": "tiny", "seed": 0, "head_dim": 16}, stack_file=stack)
+    assert str(bad.value) == (f"{stack}:6:5: smoke_model.make.head_dim: expected one of the head sizes vLLM's CPU "
+                              "backend takes (32, 64, 80, 96, 112, 128, 192, 256), not 16")
+    assert bad.value.exit_code == InputError.exit_code
+
+    # A field the file does not write is named at the mapping that would hold it.
+    with pytest.raises(InputError, match=rf"^{stack}:4:3: smoke_model.make.num_experts_per_tok: expected at most "
+                                         r"num_experts \(2\), not 3$"):
+        TinyModelSpec.from_dict({"name": "tiny", "num_experts": 2, "num_experts_per_tok": 3}, stack_file=stack)
+    with pytest.raises(InputError, match=rf"^{stack}:4:3: smoke_model.make.layer: unknown field; did you mean `layers`\?"):
+        TinyModelSpec.from_dict({"name": "tiny", "layer": 2}, stack_file=stack)
+
+    # Made in code, a spec names the file such fields are written in.
+    with pytest.raises(InputError, match=r"^pins/<stack>.yaml: smoke_model.make.dtype: expected one of .*, not 'float16'$"):
+        TinyModelSpec(dtype="float16")
 
 
 def test_merges_fill_the_vocab() -> None:

@@ -12,6 +12,7 @@ import pytest
 from test_image import make_project
 
 from servestack import inputs as build
+from servestack.errors import IntegrityError
 from servestack.inputs import overlay, tinymodel
 from servestack.sources import cache
 from servestack.util import verified
@@ -56,7 +57,7 @@ def test_a_same_size_rewrite_is_read_again_and_stops_the_fetch(tmp_path, reads):
     assert cache.fetch("", digest, target.name, root=tmp_path) == target
     assert reads["n"] == 1
     target.write_bytes(b"B" * 4096)  # same size, new content, new mtime
-    with pytest.raises(cache.IntegrityError, match=r"pkg-1\.0-py3-none-any\.whl: cached file .* has sha256"):
+    with pytest.raises(IntegrityError, match=r"pkg-1\.0-py3-none-any\.whl: cached file .* has sha256"):
         cache.fetch("", digest, target.name, root=tmp_path)
     assert reads["n"] == 2
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,47 @@ def test_a_key_written_beside_a_merge_overrides_the_merged_one(tmp_path: Path):
     with pytest.raises(InputError) as info:
         yamlfile.load(f)
     assert (info.value.location.line, info.value.field) == (6, "a")
+
+
+# ---------------------------------------------------------------- one base, one "exactly one of"
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "servestack"
+
+
+def test_every_user_file_model_stands_on_the_one_base():
+    """Only `yamlfile.UserModel` derives from pydantic's BaseModel: every user file (stack, pipeline and
+    its runners' sections, image plan) then refuses an unknown key and is frozen once read, alike."""
+    direct = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef) and any(getattr(b, "id", getattr(b, "attr", "")) == "BaseModel"
+                                                      for b in node.bases):
+                direct.append(f"{path.relative_to(PACKAGE)}:{node.name}")
+    assert direct == ["util/yamlfile.py:UserModel"]
+
+
+def test_exactly_one_is_said_the_same_way_in_every_user_file(tmp_path: Path):
+    from servestack.errors import InputErrors
+    from servestack.records.stack import load_stack
+    from servestack.stages.pipeline import load_pipeline
+
+    stack = tmp_path / "s.yaml"
+    stack.write_text("name: s\nplatforms: [linux/amd64]\npython: '3.11'\nbase: {}\n"
+                     "packages: [{name: a, version: '1'}]\nsmoke_model: {name: m, make: {seed: 0}}\n")
+    pipeline = tmp_path / "p.yaml"
+    pipeline.write_text("stack: s\nstages: {accuracy: {recipes: [a], gate: {}}}\n")
+    said = []
+    for load, file in ((load_stack, stack), (lambda f: load_pipeline(f, tmp_path), pipeline)):
+        with pytest.raises(InputErrors) as info:
+            load(file)
+        said += [e.problem for e in info.value.errors]
+    assert said == ["give exactly one of `image` (a registry reference) or `debian` (a base built here)",
+                    "give exactly one of `threshold` (GSM8K) or `agreement_with` (the oracle's reference recipe)"]
+
+
+def test_no_module_words_its_own_exactly_one_check():
+    """The sentence lives in `yamlfile.exactly_one`; a validator names only the choices."""
+    worded = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in PACKAGE.rglob("*.py") if path.name != "yamlfile.py"
+              for node in ast.walk(ast.parse(path.read_text(), str(path)))
+              if isinstance(node, ast.Constant) and isinstance(node.value, str) and "exactly one of" in node.value]
+    assert worded == []

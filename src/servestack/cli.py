@@ -11,8 +11,8 @@ from pathlib import Path
 from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
 from servestack.commands import image_arg as _image_arg
 from servestack.commands import say as _say
-from servestack.errors import ServestackError
-from servestack.util.interrupts import Terminated, exit_code, signals_unwind
+from servestack.errors import ServestackError, Terminated
+from servestack.util.interrupts import exit_code, signals_unwind
 from servestack.util.project import DEFAULT_STACK, Project
 
 # --------------------------------------------------------------------------- lock
@@ -202,9 +202,9 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
              f"overhead {wall - client:.1f} s")
     failed = [r for r in results if not r.passed]
     if failed:
-        from servestack.stages import StageFailed
+        from servestack.stages import stage_failed
 
-        return StageFailed(failed[0]).exit_code  # a baseline gate's verdict has its own code
+        raise stage_failed(failed[0])  # main exits with its code: a baseline gate's verdict has its own
     return 0 if results else 1
 
 

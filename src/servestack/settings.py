@@ -96,7 +96,7 @@ def value(name: str) -> str:
 @contextmanager
 def overriding(name: str, new: str) -> Iterator[None]:
     """NAME set to NEW for this process and the children it starts, restored (or unset) after."""
-    setting(name)
+    setting(name)  # an override of a variable nobody reads would silently do nothing
     previous = os.environ.get(name)
     os.environ[name] = new
     try:

@@ -6,8 +6,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from servestack.cluster.vendored import ClusterToolsMissing, built, cache_key, install_command, unpack, vendor_archive
-from servestack.errors import ServestackError
+from servestack.cluster.vendored import built, cache_key, install_command, unpack, vendor_archive
+from servestack.errors import ClusterToolsMissing, ServestackError
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import run
 from servestack.util.project import state_home

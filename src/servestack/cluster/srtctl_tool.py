@@ -9,10 +9,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servestack import resources
+from servestack import resources, settings
 from servestack.cluster.vendored import (
     PYTHON312_ENV,
-    ClusterToolsMissing,
     built,
     cache_key,
     executable,
@@ -20,6 +19,7 @@ from servestack.cluster.vendored import (
     unpack,
     vendor_archive,
 )
+from servestack.errors import ClusterToolsMissing
 from servestack.recipes.srtslurm import SRT_SLURM
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import run
@@ -32,8 +32,9 @@ def find_python312() -> Path:
     uv manages, that really runs (a pyenv shim for an inactive version does not).
     """
     candidates: list[str] = []
-    if os.environ.get(PYTHON312_ENV):
-        candidates.append(os.environ[PYTHON312_ENV])
+    configured = settings.value(PYTHON312_ENV)
+    if configured:
+        candidates.append(configured)
     for d in os.environ.get("PATH", "").split(os.pathsep):
         candidates.append(os.path.join(d, "python3.12"))
     pyenv_root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))

@@ -9,7 +9,8 @@ import stat
 import tarfile
 from pathlib import Path
 
-from servestack.errors import ServestackError
+from servestack import settings
+from servestack.errors import ClusterToolsMissing
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.project import state_home
 
@@ -19,13 +20,11 @@ PYTHON312_ENV = "SERVESTACK_PYTHON312"
 _STEPS_VERSION = "1"
 
 
-class ClusterToolsMissing(ServestackError):
-    """A vendored source (or a tool the chain needs) is not on this machine."""
 
 
 def vendor_dir() -> Path:
     """$SERVESTACK_VENDOR: the directory holding the vendored enroot, pyxis and srt-slurm snapshots."""
-    configured = os.environ.get(VENDOR_ENV)
+    configured = settings.value(VENDOR_ENV)
     if not configured:
         raise ClusterToolsMissing(f"{VENDOR_ENV} is not set (the directory holding the vendored enroot, pyxis "
                                   "and srt-slurm snapshots)")

@@ -4,6 +4,10 @@ depend on, chosen from one suite's Packages index as apt would for a fresh insta
 A suite holds one version of each package per architecture, so resolving is choosing among a
 dependency's alternatives: one already chosen satisfies it; else the first alternative a real
 package satisfies; else the package that provides it with the highest Priority (then by name): mawk, not gawk, for awk.
+
+Nothing here reads a file or the network: `lock/` fetches the signed Release and the Packages
+indexes through `sources/debian` and hands their text here, so what a base resolves to depends on
+those texts alone and is tested from literal ones.
 """
 
 from __future__ import annotations
@@ -11,7 +15,6 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
 from debian.debian_support import version_compare
 
@@ -129,28 +132,8 @@ def resolve(stanzas: dict[str, Stanza], requested: list[str], what: str) -> list
 ARCH = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
 
 
-_INDEXES: dict[tuple[str, str], dict[str, Stanza]] = {}  # (Release sha256, arch) -> parsed Packages
-
-
-def _suite_index(release, arch: str) -> dict[str, Stanza]:
-    from servestack.sources import debian
-
-    key = (release.sha256, arch)
-    if key not in _INDEXES:
-        _INDEXES[key] = parse_index(debian.packages(release, arch), f"Debian {release.suite} {arch} Packages")
-    return _INDEXES[key]
-
-
-def resolve_suite(suite: str, packages: list[str], platforms: list[str]) -> dict[str, Any]:
-    """The lock's `base.debian`: the suite's signed Release as it is now, and the packages per platform."""
-    from servestack.sources import debian
-
-    release = debian.release(suite)
-    resolved = {}
-    for platform in platforms:
-        if platform not in ARCH:
-            raise ServestackError(f"platform {platform}: a Debian base is resolved for {', '.join(ARCH)}")
-        stanzas = _suite_index(release, ARCH[platform])
-        resolved[platform] = [d.to_json() for d in resolve(stanzas, packages, f"Debian {suite} {ARCH[platform]}")]
-    return {"debian": {"suite": suite, "packages": sorted(packages), "release_date": release.date,
-                       "release_sha256": release.sha256, "index": debian.INDEX, "resolved": resolved}}
+def architecture(platform: str) -> str:
+    """The Debian architecture whose Packages index a platform's base is resolved from."""
+    if platform not in ARCH:
+        raise ServestackError(f"platform {platform}: a Debian base is resolved for {', '.join(ARCH)}")
+    return ARCH[platform]

@@ -20,8 +20,8 @@ from servestack.image.build import build_image, image_input_hash, image_record, 
 from servestack.image.expected import UPDATE_COMMAND, check_expected, expected_file, write_expected
 from servestack.image.index import push_index, record_index
 from servestack.image.layer_plan import Layer, link_entries, own_layers, plan
-from servestack.image.uploads import EarlyLayers, PushStopped, Uploads
+from servestack.image.uploads import EarlyLayers, Uploads
 
-__all__ = ["UPDATE_COMMAND", "EarlyLayers", "Layer", "PushStopped", "Uploads", "build_image", "check_expected",
+__all__ = ["UPDATE_COMMAND", "EarlyLayers", "Layer", "Uploads", "build_image", "check_expected",
            "debian_base", "expected_file", "image_input_hash", "image_record", "interpreter_version", "link_entries",
            "load_image", "own_layers", "plan", "push_index", "record_index", "write_expected"]

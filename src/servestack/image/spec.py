@@ -8,18 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from servestack.util import yamlfile
+from servestack.util.yamlfile import UserModel
 
 SOURCES = ("base", "venv", "packages", "model", "top")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+class LayerSource(UserModel):
+    model_config = ConfigDict(populate_by_name=True)  # the file's `from:` may also be written `source:`
 
-
-class LayerSource(_Model):
     source: Literal["base", "venv", "packages", "model", "top"] = Field(alias="from")
     own_layer_above: int | None = Field(default=None, gt=0)
     shared_layers: int | None = Field(default=None, gt=0, le=64)
@@ -34,7 +33,7 @@ class LayerSource(_Model):
         return self
 
 
-class ImagePlan(_Model):
+class ImagePlan(UserModel):
     layers: list[LayerSource]
     max_layer_bytes: int = Field(gt=0)
     environment: dict[str, str] = {}

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from servestack.errors import ServestackError
+from servestack.errors import CommandError, ServestackError
 from servestack.image.bytecode import BytecodePool, Job, Module
 from servestack.image.layers import Entry, load_entries, save_entries
 from servestack.util import proc
@@ -135,7 +135,7 @@ def interpreters(python: str, path: str) -> list[Compiler]:
         try:
             # Standard output alone: a warning on stderr must not become the path or the version.
             executable, version = proc.output_bytes([candidate, "-S", "-c", PROBE], timeout=60).decode().split("\n")[:2]
-        except (proc.CommandError, OSError, subprocess.TimeoutExpired, ValueError) as error:
+        except (CommandError, OSError, subprocess.TimeoutExpired, ValueError) as error:
             log.info("%s is left out as a bytecode compiler: it did not say its version (%s)", candidate, error)
             continue
         if version.rsplit(".", 1)[0] != python:

@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servestack.errors import ServestackError
+from servestack.errors import PushStopped
 from servestack.image import layers
 from servestack.image.base_image import Base, base_key, send_base_blob
 from servestack.image.layer_plan import Layer, own_layers
@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from servestack.image.spec import ImagePlan
 
 log = logging.getLogger("servestack.image")
-
-
-class PushStopped(ServestackError):
-    """A push given up because the build is stopping (an interrupt, a failure, or a blob no longer used)."""
 
 
 class Uploads:

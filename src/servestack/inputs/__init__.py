@@ -205,7 +205,8 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     model: BuiltModel | None = None
     smoke = document.smoke_model
     if smoke.make:
-        spec = tinymodel.TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make})
+        spec = tinymodel.TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make},
+                                                 stack_file=project.stack_file(stack))
         model = _model(smoke.name, spec, out, makers, rehash)
 
     inputs = [

@@ -23,27 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servestack import wheels
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, OverlayError, PatchDoesNotApply
 from servestack.sources.diffs import HUNK_HEADER, FileDiff, diff_native_files, map_path, parse_diff
 from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from servestack.util.proc import run
 
 # ---------------------------------------------------------------- overlays
-
-
-class OverlayError(ServestackError):
-    """A PR that cannot be overlaid onto a wheel."""
-
-
-class PatchDoesNotApply(OverlayError):
-    def __init__(self, pr: str, file: str, hunk: str | None, detail: str):
-        self.pr, self.file, self.hunk, self.detail = pr, file, hunk, detail
-        where = f"{file}, hunk `{hunk}`" if hunk else file
-        super().__init__(
-            f"{pr}: patch does not apply to the wheel at {where}: {detail.strip()}\n"
-            "The wheel's files differ from the PR's base there; rebase the PR's diff onto the "
-            "wheel's commit or drop the overlay."
-        )
 
 
 def overlay_name(repo: str, number: int | None, patch: Path | str) -> str:
@@ -325,6 +310,6 @@ def write_record(result: OverlayResult, path: Path) -> None:
 
 
 __all__ = [
-    "AppliedPR", "Overlay", "OverlayError", "OverlayResult", "PatchDoesNotApply",
+    "AppliedPR", "Overlay", "OverlayResult",
     "apply_overlays", "overlay_set_digest", "verify_patches", "write_record",
 ]

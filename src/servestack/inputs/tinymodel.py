@@ -21,13 +21,16 @@ and every Python >= 3.11, with nothing but the standard library:
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from servestack.errors import ServestackError
+from servestack.errors import InputError, Location
 from servestack.inputs.tinytokenizer import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS, tokenizer_config, tokenizer_json
 from servestack.inputs.tinyweights import DTYPES, safetensors_bytes
+from servestack.util import yamlfile
 from servestack.util.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
 from servestack.util.vllm_command import server_argv
 
@@ -43,6 +46,10 @@ from servestack.util.vllm_command import server_argv
 ARCHITECTURE = "Qwen3_5MoeForCausalLM"
 # Head sizes vLLM's CPU attention backend accepts (16 is refused).
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 192, 256)
+# Where a spec's fields are written: a stack file's `smoke_model.make` (records/stack.py's SmokeModel),
+# whose `name` gives the spec's. A spec made in code, not from a file, is named by the file's pattern.
+STACK_FIELD = "smoke_model.make"
+STACK_FILE = "pins/<stack>.yaml"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,28 +83,42 @@ class TinyModelSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.architecture != ARCHITECTURE:
-            raise ServestackError(f"tiny model: architecture {self.architecture!r} unsupported (only {ARCHITECTURE}, "
-                                  "the production checkpoint's)")
-        if self.dtype not in DTYPES:
-            raise ServestackError(f"tiny model: dtype {self.dtype!r} not one of {sorted(DTYPES)}")
+        problem = self._problem()
+        if problem:
+            field, expected = problem
+            raise InputError(STACK_FILE, f"{STACK_FIELD}.{field}", expected)
+
+    def _problem(self) -> tuple[str, str] | None:
+        """(field, what was expected instead) for the first field this spec cannot make a servable model with."""
         for f in fields(self):
-            if f.type == "int" and (not isinstance(getattr(self, f.name), int) or getattr(self, f.name) < (0 if f.name == "seed" else 1)):
-                raise ServestackError(f"tiny model: {f.name} must be a {'non-negative' if f.name == 'seed' else 'positive'} "
-                                      f"integer, not {getattr(self, f.name)!r}")
+            value, least = getattr(self, f.name), 0 if f.name == "seed" else 1
+            if f.type == "int" and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                return f.name, f"expected a {'non-negative' if least == 0 else 'positive'} integer, not {value!r}"
+        if self.architecture != ARCHITECTURE:
+            return "architecture", (f"expected {ARCHITECTURE} (the production checkpoint's), not "
+                                    f"{self.architecture!r}")
+        if self.dtype not in DTYPES:
+            return "dtype", f"expected one of {', '.join(sorted(DTYPES))}, not {self.dtype!r}"
         if self.head_dim not in CPU_HEAD_SIZES:
-            raise ServestackError(f"tiny model: head_dim {self.head_dim} not one vLLM's CPU backend takes {CPU_HEAD_SIZES}")
+            return "head_dim", (f"expected one of the head sizes vLLM's CPU backend takes "
+                                f"({', '.join(map(str, CPU_HEAD_SIZES))}), not {self.head_dim}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ServestackError("tiny model: num_attention_heads must be a multiple of num_key_value_heads")
+            return "num_attention_heads", (f"expected a multiple of num_key_value_heads ({self.num_key_value_heads}), "
+                                           f"not {self.num_attention_heads}")
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ServestackError("tiny model: linear_num_value_heads must be a multiple of linear_num_key_heads")
+            return "linear_num_value_heads", (f"expected a multiple of linear_num_key_heads "
+                                              f"({self.linear_num_key_heads}), not {self.linear_num_value_heads}")
         if self.num_experts_per_tok > self.num_experts:
-            raise ServestackError("tiny model: num_experts_per_tok must not exceed num_experts")
-        if not any(t == "full_attention" for t in self.layer_types) or all(t == "full_attention" for t in self.layer_types):
-            raise ServestackError(f"tiny model: {self.layers} layers with full_attention_interval {self.full_attention_interval} "
-                                  "is not a hybrid (it needs both Gated DeltaNet and full attention layers)")
+            return "num_experts_per_tok", (f"expected at most num_experts ({self.num_experts}), "
+                                           f"not {self.num_experts_per_tok}")
+        if "full_attention" not in self.layer_types or set(self.layer_types) == {"full_attention"}:
+            return "full_attention_interval", (
+                f"{self.layers} layers with full_attention_interval {self.full_attention_interval} is not a hybrid: "
+                "expected both Gated DeltaNet and full attention layers (an interval from 2 to the number of layers)")
         if self.vocab_size < 256 + len(SPECIAL_TOKENS):
-            raise ServestackError(f"tiny model: vocab_size must be at least {256 + len(SPECIAL_TOKENS)}")
+            return "vocab_size", (f"expected at least {256 + len(SPECIAL_TOKENS)} (the bytes and the special tokens), "
+                                  f"not {self.vocab_size}")
+        return None
 
     @property
     def layer_types(self) -> list[str]:
@@ -109,12 +130,21 @@ class TinyModelSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TinyModelSpec:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
+    def from_dict(cls, data: Mapping[str, Any], *, stack_file: Path | None = None) -> TinyModelSpec:
+        """The spec of `name` and the fields of a stack file's `smoke_model.make`. A problem is an
+        InputError at the field's line in STACK_FILE when it is given, else named by the pattern."""
+        where = _locator(stack_file)
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(known))
         if unknown:
-            raise ServestackError(f"tiny model: unknown spec field(s) {unknown}")
-        return cls(**data)
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            hint = f"did you mean `{close[0]}`? " if close else ""
+            field = f"{STACK_FIELD}.{unknown[0]}"
+            raise InputError(where(field), field, f"unknown field; {hint}expected one of: {', '.join(sorted(known))}")
+        try:
+            return cls(**data)
+        except InputError as e:
+            raise InputError(where(e.field), e.field, e.problem) from None
 
     @property
     def ordinary_tokens(self) -> int:
@@ -126,6 +156,17 @@ class TinyModelSpec:
         """The special tokens take the last ids, like Qwen's."""
         return {tok: self.ordinary_tokens + i for i, tok in enumerate(SPECIAL_TOKENS)}
 
+
+def _locator(stack_file: Path | None) -> Callable[[str], Location]:
+    """Where a dotted field of the stack file is: read only once there is a problem to name."""
+    def where(field: str) -> Location:
+        if stack_file is None:
+            return Location(file=STACK_FILE)
+        try:
+            return yamlfile.load(stack_file).location(tuple(field.split(".")))
+        except InputError:  # the file is gone or broken since the lock was checked: name it all the same
+            return Location(file=stack_file)
+    return where
 
 
 # ---------------------------------------------------------------- config

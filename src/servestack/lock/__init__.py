@@ -56,7 +56,7 @@ def _resolve_base(stack: Stack, previous: Lock | None, refresh: bool) -> dict[st
     """The base's lock entry. A Debian base is kept from the previous lock while the stack asks for the same
     suite, packages and platforms: like the wheels under `resolved_at`, it moves only on `--upgrade`, so a
     relock is byte-identical (and needs no archive) however the suite has moved since."""
-    from servestack.debian.closure import resolve_suite
+    from servestack.lock.debian_base import resolve_suite
     from servestack.records.lockfile import DebianBase
     from servestack.sources import registry
 
@@ -171,7 +171,7 @@ def _resolve_prs(
 ) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
     """Classify every PR: included (by evidence in the pinned wheel and/or ancestry), overlay, or
     unverified (no evidence, no reachable history); returns entries, package commits, patches to write."""
-    from servestack.sources.github import PullRequestNotFound
+    from servestack.errors import PullRequestNotFound
 
     entries: list[dict[str, Any]] = []
     commits: dict[str, str | None] = {}

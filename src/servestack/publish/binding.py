@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import yaml
 
-from servestack.publish.bundle import BundleFile, PublishError
+from servestack.errors import PublishError
+from servestack.publish.bundle import BundleFile
 from servestack.records.imageref import ImageRef
 
 RECIPES = "recipes/"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, PublishError
 from servestack.records.imageref import ImageRef
 from servestack.records.lockfile import Lock
 from servestack.records.smokefile import SmokeRecord, read_smoke
@@ -29,10 +29,6 @@ SBOM_TITLE = "sbom.spdx.json"  # the SBOM's place in the bundle (publish/sbom.py
 MEDIA_TYPES = {".json": "application/json", ".lock": "application/json", ".yaml": "application/yaml",
                ".md": "text/markdown", ".png": "image/png", ".svg": "image/svg+xml", ".xml": "application/xml"}
 RUN_FILES = ("results.json", "report.md")  # plus every plot
-
-
-class PublishError(ServestackError):
-    """A publication that cannot be made, found or trusted; the message says which part and why."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from servestack.errors import ServestackError
+from servestack.errors import PublishError, RegistryError, ServestackError
 from servestack.publish import sbom, signing
 from servestack.publish.binding import check_bindings
 from servestack.publish.bundle import (
@@ -22,14 +22,12 @@ from servestack.publish.bundle import (
     PUBLICATION_TYPE,
     TITLE,
     BundleFile,
-    PublishError,
     titles_problem,
 )
 from servestack.publish.provenance import signed_identity
 from servestack.publish.push import image_client, image_subject
 from servestack.publish.signedtime import published_instant, utc_text
 from servestack.records.imageref import ImageRef
-from servestack.sources import registry
 from servestack.sources.registry import Client, Descriptor
 from servestack.sources.registry.limits import (
     BUNDLE_FILE_LIMIT,
@@ -202,7 +200,7 @@ def _bundle_files(client: Client, image: ImageRef, bundle_digest: str, bundle: d
                                f"says sha256:{subjects.get(title, '(not signed)')}")
         try:
             data = client.get_blob(layer["digest"], size=layer["size"])
-        except registry.RegistryError as exc:
+        except RegistryError as exc:
             raise PublishError(f"bundle file {title}: {exc}") from None
         files.append(BundleFile(title=title, data=data))
     return files

@@ -44,7 +44,7 @@ from cryptography.hazmat.primitives import serialization
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature
 
-from servestack.errors import ServestackError
+from servestack.errors import ServestackError, SignatureError
 from servestack.publish import signing
 from servestack.publish.bundle import CREATED, referrer_manifest
 from servestack.publish.provenance import signed_identity
@@ -207,7 +207,7 @@ def _signed_envelope(data: bytes, signer: CryptoSigner, what: str) -> bool:
     try:
         signing.verify_envelope(data, signer.public_key, what)
         return True
-    except signing.SignatureError:
+    except SignatureError:
         return False
 
 

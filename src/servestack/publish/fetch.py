@@ -11,9 +11,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, PublishError, ServestackError
 from servestack.publish import sbom
-from servestack.publish.bundle import PublishError
 from servestack.publish.candidates import Publication, fetch_publication, published_at, referrer_manifest
 from servestack.publish.layerfiles import files_in_layer_file
 from servestack.publish.push import image_client, image_subject

@@ -10,7 +10,7 @@ import tarfile
 from pathlib import Path
 from typing import BinaryIO
 
-from servestack.publish.bundle import PublishError
+from servestack.errors import PublishError
 
 
 def decompressed(stream: BinaryIO, media_type: str) -> BinaryIO:

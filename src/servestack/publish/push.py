@@ -11,14 +11,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, PublishError, ServestackError
 from servestack.publish import cosign, sbom, signing
 from servestack.publish.bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
     CREATED,
     PUBLICATION_TYPE,
-    PublishError,
     Records,
     attestation_manifest,
     bundle_files,

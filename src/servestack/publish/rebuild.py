@@ -4,7 +4,6 @@ fresh derived caches and its own registry, and compare digests."""
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import tempfile
 import time
@@ -12,7 +11,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from servestack.publish.bundle import PublishError
+from servestack import settings
+from servestack.errors import PublishError
 from servestack.publish.fetch import fetch_publication
 from servestack.records.imageref import ImageRef
 from servestack.util import proc
@@ -32,15 +32,8 @@ def _derived_caches_fresh(cache: Path) -> Iterator[None]:
     for name in FETCHED_CACHES:
         if (cache_home() / name).exists():
             (cache / name).symlink_to(cache_home() / name)
-    previous = os.environ.get("SERVESTACK_CACHE")
-    os.environ["SERVESTACK_CACHE"] = str(cache)
-    try:
+    with settings.overriding("SERVESTACK_CACHE", str(cache)):
         yield
-    finally:
-        if previous is None:
-            os.environ.pop("SERVESTACK_CACHE", None)
-        else:
-            os.environ["SERVESTACK_CACHE"] = previous
 
 
 def verify_rebuild(project: Project, reference: str, *, key: Path,

@@ -27,7 +27,8 @@ from typing import Any
 
 from packageurl import PackageURL
 
-from servestack.publish.bundle import SBOM_TITLE, SPDX_JSON, PublishError
+from servestack.errors import PublishError
+from servestack.publish.bundle import SBOM_TITLE, SPDX_JSON
 from servestack.publish.layerfiles import files_in_layer_file
 from servestack.records.imageref import ImageRef
 from servestack.records.lockfile import Lock

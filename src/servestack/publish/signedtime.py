@@ -21,8 +21,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from servestack.errors import InputError
-from servestack.publish.bundle import PublishError
+from servestack.errors import InputError, PublishError
 
 MAX_CLOCK_SKEW = timedelta(minutes=5)  # how far a signer's clock may run ahead of the verifier's
 _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")

@@ -23,7 +23,8 @@ from securesystemslib.dsse import Envelope
 from securesystemslib.exceptions import UnverifiedSignatureError
 from securesystemslib.signer import CryptoSigner, Signature, SSlibKey
 
-from servestack.errors import InputError, ServestackError
+from servestack import settings
+from servestack.errors import InputError, SignatureError
 from servestack.util.fsutil import atomic_write_bytes
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -31,12 +32,8 @@ PAYLOAD_TYPE = "application/vnd.in-toto+json"
 SCHEME = "ecdsa-sha2-nistp256"
 
 
-class SignatureError(ServestackError):
-    """An envelope that does not verify with the given key, or is not what it claims to be."""
-
-
 def _password() -> bytes | None:
-    value = os.environ.get("SERVESTACK_KEY_PASSWORD")
+    value = settings.value("SERVESTACK_KEY_PASSWORD")
     return value.encode() if value else None
 
 

@@ -10,17 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from servestack.errors import InputError
+from servestack.errors import ImageRefError
 
 _DIGEST_REFERENCE = re.compile(r"^(?P<name>[a-z0-9][a-z0-9._/:-]*[a-z0-9])@sha256:(?P<hex>[0-9a-f]{64})$")
 EXPECTED = "repo@sha256:<64 lowercase hex>"
-
-
-class ImageRefError(InputError):
-    """An image reference that is not a digest reference; the message says why."""
-
-    def __init__(self, problem: str):
-        super().__init__("image reference", "", problem)
 
 
 def split_registry(name: str) -> tuple[str | None, str]:

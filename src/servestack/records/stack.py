@@ -11,20 +11,17 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from servestack.util import yamlfile
+from servestack.util.yamlfile import UserModel, exactly_one
 from servestack.wheels import normalize
 
 SHA1 = r"^[0-9a-f]{40}$"
 PLATFORMS = ("linux/amd64", "linux/arm64")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Evidence(_Model):
+class Evidence(UserModel):
     """A fact a PR's merge introduced, checked in the package's files (see probe/static/evidence.py's
     `evidence_problem`, which both `lock` and the static probe use). Exactly one kind:
 
@@ -43,11 +40,9 @@ class Evidence(_Model):
 
     @model_validator(mode="after")
     def _one_kind(self) -> "Evidence":
-        kinds = [k for k in ("file", "attribute", "flag", "env") if getattr(self, k) is not None]
-        if len(kinds) != 1:
-            raise ValueError("give exactly one of `file` (with `contains` or `pattern`), `attribute`, `flag` or `env`")
-        if self.file is not None and (self.contains is None) == (self.pattern is None):
-            raise ValueError("`file` needs exactly one of `contains` (a string) or `pattern` (a regular expression)")
+        exactly_one(self, {"file": "with `contains` or `pattern`", "attribute": "", "flag": "", "env": ""})
+        if self.file is not None:
+            exactly_one(self, {"contains": "a string", "pattern": "a regular expression"}, lead="`file` needs")
         if self.file is None and (self.contains is not None or self.pattern is not None):
             raise ValueError("`contains` and `pattern` go with `file`")
         if self.pattern is not None:
@@ -61,7 +56,7 @@ class Evidence(_Model):
         return self.model_dump(exclude_none=True)
 
 
-class PullRequest(_Model):
+class PullRequest(UserModel):
     """An upstream PR the package must contain, as shipped or as an overlay."""
 
     repo: Annotated[str, Field(pattern=r"^[\w.-]+/[\w.-]+$")]
@@ -76,7 +71,7 @@ class PullRequest(_Model):
         return f"{self.repo}#{self.number}"
 
 
-class LocalPatch(_Model):
+class LocalPatch(UserModel):
     """A Python-only change of our own onto the pinned wheel (a diff in `pins/patches/`, in the
     wheel's own paths), for what no upstream PR fixes yet; the reason is part of the record."""
 
@@ -84,12 +79,12 @@ class LocalPatch(_Model):
     reason: Annotated[str, Field(min_length=10)]
 
 
-class GitSource(_Model):
+class GitSource(UserModel):
     url: str
     commit: Annotated[str, Field(pattern=SHA1)]
 
 
-class Package(_Model):
+class Package(UserModel):
     name: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
     version: str | None = None
     extras: list[str] = []
@@ -104,8 +99,7 @@ class Package(_Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> "Package":
-        if (self.version is None) == (self.git is None):
-            raise ValueError("give exactly one of `version` (from a package index) or `git` (url + commit)")
+        exactly_one(self, {"version": "from a package index", "git": "url + commit"})
         if self.if_unavailable is not None and (self.index in (None, "pypi") or self.version is None):
             raise ValueError("`if_unavailable` is for a `version` pinned on a named index other than pypi (`index`)")
         return self
@@ -118,7 +112,7 @@ class Package(_Model):
         return f"{self.name}{extras}=={self.version}"
 
 
-class Index(_Model):
+class Index(UserModel):
     """A package index, by name. Where it is, is configuration (servestack.sources.indexes.locate): the
     environment or uv's configuration, else `url`, a default location (a PEP 503 simple URL)."""
 
@@ -126,32 +120,31 @@ class Index(_Model):
     url: str | None = None
 
 
-class Exclusion(_Model):
+class Exclusion(UserModel):
     """A dependency left out of the image on purpose; the reason is part of the record."""
 
     name: str
     reason: Annotated[str, Field(min_length=10)]
 
 
-class DebianBase(_Model):
+class DebianBase(UserModel):
     """A base the project assembles itself from locked Debian packages (servestack.debian), for when no base image can be pulled."""
 
     suite: Literal["bookworm", "trixie"]
     packages: list[str]
 
 
-class BaseImage(_Model):
+class BaseImage(UserModel):
     image: str | None = None
     debian: DebianBase | None = None
 
     @model_validator(mode="after")
     def _one_kind(self) -> "BaseImage":
-        if (self.image is None) == (self.debian is None):
-            raise ValueError("give exactly one of `image` (a registry reference) or `debian` (a base built here)")
+        exactly_one(self, {"image": "a registry reference", "debian": "a base built here"})
         return self
 
 
-class ModelShapes(_Model):
+class ModelShapes(UserModel):
     """The shapes a checkpoint's config.json gives its kernels: what the static probe asks each GPU
     kernel vLLM would pick to accept, for a model the image does not carry (a path on the GPU host)."""
 
@@ -165,7 +158,7 @@ class ModelShapes(_Model):
     source: Annotated[str, Field(min_length=10)]  # where the values were read
 
 
-class SmokeModel(_Model):
+class SmokeModel(UserModel):
     """The model the smoke stage serves: made offline by the build (`make`), or a path on the GPU host.
     A GPU stack may give both: smoke serves the made model (on CPU or GPU, as its engine runs), and
     `path` with `config` stays the production checkpoint the static probe checks kernels against."""
@@ -182,7 +175,7 @@ class SmokeModel(_Model):
         return self
 
 
-class GdnPrefill(_Model):
+class GdnPrefill(UserModel):
     """Which GDN prefill backend vLLM's own resolver must choose on the target device."""
 
     device_capability: Annotated[str, Field(pattern=r"^\d+\.\d+$")]
@@ -190,7 +183,7 @@ class GdnPrefill(_Model):
     backend: Literal["flashinfer", "triton", "cutedsl"]
 
 
-class FastPath(_Model):
+class FastPath(UserModel):
     """What the image must have for the stack's fast path; the static probe proves each inside the image."""
 
     torch_cuda_major: Annotated[int | None, Field(gt=0)] = None  # minimum major of torch.version.cuda
@@ -202,14 +195,14 @@ class FastPath(_Model):
     gdn_prefill: GdnPrefill | None = None
 
 
-class Link(_Model):
+class Link(UserModel):
     """A symlink the image's top layer adds: its path (the key) points at the one installed file `target` matches."""
 
     target: Annotated[str, Field(pattern=r"^[^/].*$")]  # a glob under site-packages, matching exactly one file
     reason: Annotated[str, Field(min_length=10)]
 
 
-class GpuNode(_Model):
+class GpuNode(UserModel):
     """What a GPU node's runtime needs from the image; the static probe's gpu-node section proves each."""
 
     # What enroot's nvidia hook must ask nvidia-container-cli for, given the image's environment.
@@ -223,7 +216,7 @@ class GpuNode(_Model):
     kernels: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]] = []
 
 
-class Stack(_Model):
+class Stack(UserModel):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
     platforms: Annotated[list[Literal["linux/amd64", "linux/arm64"]], Field(min_length=1)]
     python: Annotated[str, Field(pattern=r"^3\.\d+$")]

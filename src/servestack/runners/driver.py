@@ -5,7 +5,7 @@
   it, is resubmitted for its remaining points, up to `RetryPolicy.max_attempts` submissions in all.
 - SIGINT/SIGTERM while a job is live (`interrupts.signals_unwind`, the project's one handling of
   them): the unwinding cancels the job (scancel for Slurm) before the process exits
-  (KeyboardInterrupt for SIGINT, interrupts.Terminated for SIGTERM), and a second signal within
+  (KeyboardInterrupt for SIGINT, errors.Terminated for SIGTERM), and a second signal within
   UNWIND_GRACE_S does not cut that cancel short. A signal that arrives while a job is being
   submitted waits until its id is known (`interrupts.held`), so no job is left behind.
 - Whatever a job finished is collected even when it was interrupted, so a rerun skips it.
@@ -25,9 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servestack.errors import Terminated
 from servestack.runners.interface import RETRYABLE, JobHandle, JobSpec, JobState, Runner
 from servestack.util.fsutil import atomic_write_json
-from servestack.util.interrupts import Terminated, held, signals_unwind
+from servestack.util.interrupts import held, signals_unwind
 
 log = logging.getLogger("servestack.runners")
 

@@ -11,7 +11,6 @@ import the runners) and returns a ready runner.
 
 from __future__ import annotations
 
-import os
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from servestack import settings
 from servestack.runners.interface import Runner
 from servestack.runners.local import LocalRunner
 from servestack.runners.slurm import SlurmConfig, SlurmRunner, SlurmSettings
@@ -82,7 +82,7 @@ def _srtctl(pipeline: Any) -> Runner:
     executable, env, registry_map = list(pipeline.runner.srtctl.executable), None, {}
     if pipeline.runner.slurm.local_cluster:
         env, registry_map, executable = _this_machine(pipeline, pipeline.runner.srtctl.local_cluster_nodes)
-    override = os.environ.get(SRTCTL_ENV, "").strip()
+    override = settings.value(SRTCTL_ENV).strip()
     if override:
         executable = shlex.split(override)
     return SrtctlRunner(executable=executable, output_base=pipeline.runner.srtctl.output_dir, env=env,

@@ -16,16 +16,15 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from servestack.cluster.enroot import ENROOT_MIN_VERSION, parse_enroot_version
-from servestack.errors import ServestackError
+from servestack.errors import CommandError, ServestackError
 from servestack.records.imageref import ImageRef
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait, check_recipe_before_submit
 from servestack.runners.preflight import MARKER, SCRIPT_NAME
 from servestack.runners.preflight import SCRIPT as PREFLIGHT_SCRIPT
 from servestack.util.fsutil import atomic_write_text
-from servestack.util.proc import CommandError, run
+from servestack.util.proc import run
+from servestack.util.yamlfile import UserModel
 
 log = logging.getLogger("servestack.runners.slurm")
 
@@ -89,10 +88,8 @@ def preflight(cfg: "SlurmConfig") -> str:
                             docker=shutil.which(cfg.docker, path=path) is not None)
 
 
-class SlurmSettings(BaseModel):
+class SlurmSettings(UserModel):
     """The pipeline file's `runner.slurm` (also read by the srtctl runner: `local_cluster`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     partition: str | None = None
     account: str | None = None

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo
+from pydantic import BeforeValidator, Field, ValidationInfo
 
 from servestack.clients import agreement
 from servestack.errors import ServestackError
@@ -45,7 +45,7 @@ from servestack.runners.slurm import pull_reference, scancel, slurm_state
 from servestack.runners.srtlogs import find_srt_results
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_text
 from servestack.util.proc import run
-from servestack.util.yamlfile import RelativePath, relative_to_base
+from servestack.util.yamlfile import RelativePath, UserModel, relative_to_base
 
 log = logging.getLogger("servestack.runners.srtctl")
 
@@ -64,10 +64,8 @@ def _command(value: Any, info: ValidationInfo) -> tuple[str, ...]:
     return tuple(str(relative_to_base(w, info)) if w.startswith(("./", "../")) else w for w in words)
 
 
-class SrtctlSettings(BaseModel):
+class SrtctlSettings(UserModel):
     """The pipeline file's `runner.srtctl`."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     executable: Annotated[tuple[str, ...], BeforeValidator(_command)] = ("srtctl",)
     output_dir: RelativePath | None = None  # srtctl's -o (default: next to each job's results)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from servestack.errors import ServestackError
+from servestack.errors import CommandError, ServestackError
 from servestack.services.daemons import BOOTSTRAP_HINT, exclusive, require
-from servestack.util.proc import CommandError, run
+from servestack.util.proc import run
 
 BINFMT_DIR = Path("/proc/sys/fs/binfmt_misc")
 

@@ -395,7 +395,11 @@ def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> Disag
 
 def _made_model(lock: Lock) -> TinyModelSpec | None:
     make = lock.smoke_model.make
-    return None if make is None else TinyModelSpec.from_dict({"name": lock.smoke_model.name.rsplit("/", 1)[-1], **make})
+    if make is None:
+        return None
+    # The lock's copy of the stack file's fields: a problem is named where it was written.
+    return TinyModelSpec.from_dict({"name": lock.smoke_model.name.rsplit("/", 1)[-1], **make},
+                                   stack_file=Path(lock.stack.file))
 
 
 def oracle_vocab(lock: Lock) -> int | None:

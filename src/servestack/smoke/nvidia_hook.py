@@ -17,7 +17,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from servestack.cluster.vendored import ClusterToolsMissing, vendor_archive
+from servestack.cluster.vendored import vendor_archive
+from servestack.errors import ClusterToolsMissing
 from servestack.resources import script
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 

@@ -8,14 +8,10 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from servestack.errors import ServestackError
+from servestack.errors import IntegrityError, ServestackError
 from servestack.util import verified
 from servestack.util.fsutil import sha256_file
 from servestack.util.project import cache_home
-
-
-class IntegrityError(ServestackError):
-    pass
 
 
 def blob_path(sha256: str, filename: str, root: Path | None = None) -> Path:

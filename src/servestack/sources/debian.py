@@ -11,7 +11,6 @@ else this machine's apt sources.
 from __future__ import annotations
 
 import lzma
-import os
 import re
 import subprocess
 import tempfile
@@ -20,14 +19,14 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from servestack.errors import ServestackError
+from servestack import settings
+from servestack.errors import IntegrityError, ServestackError
 from servestack.sources import cache
-from servestack.sources.cache import IntegrityError
 from servestack.util.fsutil import sha256_bytes
 
 SOURCES = (Path("/etc/apt/sources.list.d"), Path("/etc/apt/sources.list"))
 INDEX = "debian"
-KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+KEYRING = Path(settings.default("SERVESTACK_DEBIAN_KEYRING"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +39,7 @@ class Release:
 
 def archive() -> str:
     """Where the Debian archive is: SERVESTACK_INDEX_DEBIAN, else the archive this machine's apt uses."""
-    configured = os.environ.get("SERVESTACK_INDEX_DEBIAN", "").strip()
+    configured = settings.value("SERVESTACK_INDEX_DEBIAN").strip()
     if configured:
         return configured.rstrip("/") if urlparse(configured).scheme else Path(configured).resolve().as_uri()
     return _apt_mirror()
@@ -65,7 +64,7 @@ def _apt_mirror() -> str:
 
 def keyring() -> Path:
     """Debian's archive keys (debian-archive-keyring), or SERVESTACK_DEBIAN_KEYRING."""
-    path = Path(os.environ.get("SERVESTACK_DEBIAN_KEYRING") or KEYRING)
+    path = Path(settings.value("SERVESTACK_DEBIAN_KEYRING") or KEYRING)  # set but empty: Debian's own keys
     if not path.is_file():
         raise ServestackError(f"{path}: no Debian archive keyring; install debian-archive-keyring "
                               "or set SERVESTACK_DEBIAN_KEYRING")

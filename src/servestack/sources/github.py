@@ -7,14 +7,11 @@ from dataclasses import dataclass
 
 import requests
 
-from servestack.errors import ServestackError
+from servestack import settings
+from servestack.errors import PullRequestNotFound, ServestackError
 from servestack.sources import http
 
-DEFAULT_API = "https://api.github.com"
-
-
-class PullRequestNotFound(ServestackError):
-    pass
+DEFAULT_API = settings.default("SERVESTACK_GITHUB_API")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,7 +29,7 @@ class PullRequestInfo:
 
 class GitHub:
     def __init__(self, api: str | None = None, token: str | None = None, retries: int = 4):
-        self.api = (api or os.environ.get("SERVESTACK_GITHUB_API") or DEFAULT_API).rstrip("/")
+        self.api = (api or settings.value("SERVESTACK_GITHUB_API") or DEFAULT_API).rstrip("/")
         self._session = http.session(retries=retries)
         self._session.headers["Accept"] = "application/vnd.github+json"
         self._session.headers["X-GitHub-Api-Version"] = "2022-11-28"

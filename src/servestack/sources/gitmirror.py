@@ -18,8 +18,9 @@ import os
 import re
 from pathlib import Path
 
-from servestack.errors import NetworkError, ServestackError
-from servestack.sources.github import PullRequestInfo, PullRequestNotFound
+from servestack import settings
+from servestack.errors import NetworkError, PullRequestNotFound, ServestackError
+from servestack.sources.github import PullRequestInfo
 from servestack.util import proc
 from servestack.util.project import cache_home
 
@@ -29,7 +30,7 @@ _GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_CONFIG_NOSYSTEM": "1"}
 
 def mirror_location(repo: str, configured: dict[str, str]) -> str | None:
     """The mirror of `repo` ("owner/name"), from the environment first, then the stack."""
-    template = os.environ.get(ENV)
+    template = settings.value(ENV)
     if template:
         return template.replace("{repo}", repo)
     return configured.get(repo)

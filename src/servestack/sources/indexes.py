@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from servestack import settings
 from servestack.errors import InputError
 
 DEFAULT_INDEX = "pypi"
@@ -70,7 +71,7 @@ class IndexLocation:
 
 
 def env_name(index: str) -> str:
-    return "SERVESTACK_INDEX_" + index.upper().replace("-", "_")
+    return settings.index_variable(index)
 
 
 def _is_flat(url: str) -> bool:
@@ -119,8 +120,8 @@ def _from_uv(name: str) -> IndexLocation | None:
 
 def locate(name: str, defaults: dict[str, str | None], *, where: str = "") -> IndexLocation:
     """Where index `name` is; `defaults` are the stack's `indexes` (name -> default url or None)."""
-    if os.environ.get(env_name(name)):
-        url = os.environ[env_name(name)]
+    url = settings.value(env_name(name))
+    if url:
         return IndexLocation(name=name, url=url, flat=_is_flat(url), source=env_name(name))
     found = _from_uv(name)
     if found:

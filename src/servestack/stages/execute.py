@@ -17,7 +17,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, StageFailed
 from servestack.records.imageref import ImageRef
 from servestack.runners.driver import run_job
 from servestack.runners.interface import Runner
@@ -56,20 +56,6 @@ from servestack.util.progress import phase
 from servestack.util.project import Project
 
 log = logging.getLogger("servestack.stages")
-
-
-class StageFailed(ServestackError):
-    """The stage ran but its gates failed; `.result` holds the numbers and the verdict. When the only
-    failures are a baseline gate's verdicts, the exit code is that verdict's (errors.py)."""
-
-    def __init__(self, result: StageResult):
-        from servestack.errors import verdict_exit_code
-
-        self.result = result
-        gates = {f.gate for f in result.verdict.failures}
-        if gates and gates <= {"regression", "undecided"}:
-            self.exit_code = verdict_exit_code("regression" if "regression" in gates else "undecided")
-        super().__init__(format_verdict(result.verdict))
 
 
 def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
@@ -298,11 +284,17 @@ def _finish_timing(timing: dict, wall: float) -> None:
     timing["overhead_fraction"] = round((wall - inside) / wall, 4) if wall > 0 else None
 
 
+def stage_failed(result: StageResult) -> StageFailed:
+    """The error a failed stage ends the command with: its verdict, and a baseline verdict's exit code."""
+    return StageFailed(format_verdict(result.verdict), failed_gates={f.gate for f in result.verdict.failures},
+                       result=result)
+
+
 def raise_for_verdict(result: StageResult) -> StageResult:
     if not result.passed:
-        raise StageFailed(result)
+        raise stage_failed(result)
     return result
 
 
-__all__ = ["StageFailed", "Verdict", "plan_stage", "raise_for_verdict", "run_id_for", "run_pipeline",
-           "run_stage", "write_job_files"]
+__all__ = ["Verdict", "plan_stage", "raise_for_verdict", "run_id_for", "run_pipeline", "run_stage", "stage_failed",
+           "write_job_files"]

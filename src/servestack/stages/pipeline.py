@@ -42,23 +42,16 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    create_model,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, create_model, model_validator
 
 from servestack.clients import agreement
+from servestack.errors import FieldProblem
 from servestack.runners.driver import RetryPolicy
 from servestack.runners.interface import RETRYABLE, JobState
 from servestack.runners.selection import RUNNERS, starting
 from servestack.stages.gates import GateConfig
 from servestack.util import yamlfile
+from servestack.util.yamlfile import UserModel, exactly_one
 
 
 def parse_duration(value: Any) -> int:
@@ -107,11 +100,7 @@ Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
 Name = Annotated[str, Field(min_length=1)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class RunnerSettings(_Model):
+class RunnerSettings(UserModel):
     """`runner:`; `pipeline_model()` adds `kind` as the registry's names and one section per runner
     that has settings."""
 
@@ -119,7 +108,7 @@ class RunnerSettings(_Model):
     python: str = "python3"
 
 
-class RetrySettings(_Model):
+class RetrySettings(UserModel):
     max_attempts: Positive = RetryPolicy.max_attempts
     retry_on: frozenset[Annotated[JobState, BeforeValidator(_retry_state)]] = RETRYABLE
     poll_seconds: Annotated[float, Field(ge=0.1, le=3600)] = 5.0
@@ -128,13 +117,13 @@ class RetrySettings(_Model):
         return RetryPolicy(max_attempts=self.max_attempts, retry_on=self.retry_on)
 
 
-class ServerSettings(_Model):
+class ServerSettings(UserModel):
     port: Positive = 8000
     startup_timeout: Seconds = 900
     extra_flags: dict[str, Any] = {}  # over the recipe's server flags
 
 
-class Gsm8kSettings(_Model):
+class Gsm8kSettings(UserModel):
     num_questions: Positive = 50
     shots: Annotated[int, Field(ge=0)] = 5
     repeats: Positive = 1
@@ -142,7 +131,7 @@ class Gsm8kSettings(_Model):
     max_tokens: Positive = 256
 
 
-class AccuracyGate(_Model):
+class AccuracyGate(UserModel):
     """GSM8K: `threshold`, the minimum mean strict accuracy. Or the oracle for a model without trained
     weights (clients/agreement.py): `agreement_with`, the recipe whose greedy answers every other
     recipe of the stage must give (same tokens up to a near tie, log-probs within the bound)."""
@@ -152,15 +141,14 @@ class AccuracyGate(_Model):
 
     @model_validator(mode="after")
     def _one_gate(self) -> "AccuracyGate":
-        if (self.threshold is None) == (self.agreement_with is None):
-            raise ValueError("expected exactly one of threshold (GSM8K) or agreement_with (the oracle's reference recipe)")
+        exactly_one(self, {"threshold": "GSM8K", "agreement_with": "the oracle's reference recipe"})
         return self
 
     def config(self) -> GateConfig:
         return GateConfig(accuracy_threshold=self.threshold)
 
 
-class ThroughputGate(_Model):
+class ThroughputGate(UserModel):
     tolerance: Fraction = 0.0
     baselines: dict[str, dict[Positive, Annotated[float, Field(ge=0.0)]]] = {}  # {recipe: {concurrency: tok/s/GPU}}
     # Held to another image's results (compare.py): a run id of this stack, a run directory, a
@@ -181,8 +169,8 @@ class ThroughputGate(_Model):
     @model_validator(mode="after")
     def _alongside_needs_an_image(self) -> "ThroughputGate":
         if self.alongside and "@sha256:" not in (self.baseline or ""):
-            raise yamlfile.FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
-                                        "baseline: REGISTRY/REPO@sha256:<64 hex>")
+            raise FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
+                               "baseline: REGISTRY/REPO@sha256:<64 hex>")
         return self
 
     def config(self) -> GateConfig:
@@ -195,7 +183,7 @@ class ThroughputGate(_Model):
                       max_rounds=max(self.max_rounds, self.min_rounds), undecided_fails=self.undecided_fails)
 
 
-class _Stage(_Model):
+class _Stage(UserModel):
     name: ClassVar[str]
     recipes: Annotated[tuple[Name, ...], Field(min_length=1)]
     time_limit: Seconds = 3600
@@ -211,8 +199,8 @@ class AccuracyStage(_Stage):
     def _reference_is_run(self) -> "AccuracyStage":
         ref = self.gate.agreement_with
         if ref is not None and (ref not in self.recipes or len(self.recipes) < 2):
-            raise yamlfile.FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
-                                        f"({', '.join(self.recipes)}), beside at least one other to hold to it")
+            raise FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
+                               f"({', '.join(self.recipes)}), beside at least one other to hold to it")
         return self
 
     @property
@@ -247,15 +235,15 @@ class ThroughputStage(_Stage):
     def _baselines_for_own_recipes(self) -> "ThroughputStage":
         for recipe in self.gate.baselines:
             if recipe not in self.recipes:
-                raise yamlfile.FieldProblem(("gate", "baselines", recipe), "baseline for a recipe this stage "
-                                            f"does not run ({', '.join(self.recipes)})")
+                raise FieldProblem(("gate", "baselines", recipe), "baseline for a recipe this stage "
+                                   f"does not run ({', '.join(self.recipes)})")
         return self
 
 
 Stage = Union[AccuracyStage, ThroughputStage]
 
 
-class Stages(_Model):
+class Stages(UserModel):
     accuracy: AccuracyStage | None = None
     throughput: ThroughputStage | None = None
 
@@ -273,7 +261,7 @@ class Stages(_Model):
 STAGES = tuple(Stages.model_fields)  # the order stages run in
 
 
-class Pipeline(_Model):
+class Pipeline(UserModel):
     stack: Name  # pins/<stack>.yaml
     description: str | None = None
     runner: RunnerSettings = RunnerSettings()

@@ -11,15 +11,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from servestack.errors import Terminated
+
 # Once a signal has started the unwinding (removing containers, cancelling jobs), the next one would
 # abort that cleanup halfway, and one always comes: nox sends SIGTERM 0.5 s after the terminal's
 # Ctrl-C, a GitHub runner 7.5 s after its SIGINT. Signals this soon after the first are absorbed; a
 # later one still ends the process (a cleanup that hangs), and nox's or the runner's kill is the backstop.
 UNWIND_GRACE_S = 10.0
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like KeyboardInterrupt so the same cleanup runs."""
 
 
 def exit_code(interrupt: KeyboardInterrupt) -> int:

@@ -10,20 +10,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from servestack.errors import ServestackError
+from servestack.errors import CommandError
 
 log = logging.getLogger("servestack.util.proc")
 
 _SECRET_ENV_MARKERS = ("TOKEN", "PASSWORD", "SECRET")
-
-
-class CommandError(ServestackError):
-    def __init__(self, argv: Sequence[str], returncode: int, output: str):
-        self.argv = list(argv)
-        self.returncode = returncode
-        self.output = output
-        tail = "\n".join(output.strip().splitlines()[-20:])
-        super().__init__(f"`{shlex.join(self.argv)}` exited with {returncode}" + (f":\n{tail}" if tail else ""))
 
 
 # Callers catch a command's timeout by this name, so none of them needs subprocess.

@@ -9,13 +9,14 @@ byte count (smoke's probes, a stage's runs): a start line and a done line with t
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TextIO
+
+from servestack import settings
 
 
 def _gb(n: float) -> str:
@@ -39,7 +40,8 @@ class Progress:
         self.step = ""
         self.stream = stream or sys.stderr
         self.live = self.stream.isatty() if live is None else live
-        self.interval = interval if interval is not None else (0.5 if self.live else float(os.environ.get("SERVESTACK_PROGRESS_SECONDS", "15")))
+        self.interval = interval if interval is not None else (
+            0.5 if self.live else float(settings.value("SERVESTACK_PROGRESS_SECONDS")))
         self.started = self.pacing_from = time.monotonic()
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -8,21 +8,22 @@ to a content-addressed cache shared between checkouts.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from servestack import settings
 
 DEFAULT_STACK = "dev-cpu"
 
 
 def cache_home() -> Path:
-    return Path(os.environ.get("SERVESTACK_CACHE", Path.home() / ".cache" / "servestack"))
+    return Path(settings.value("SERVESTACK_CACHE"))
 
 
 def state_home() -> Path:
     """Where embedded services (dockerd, registry, Slurm) keep their state and logs."""
-    return Path(os.environ.get("SERVESTACK_STATE", Path.home() / ".local" / "state" / "servestack"))
+    return Path(settings.value("SERVESTACK_STATE"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,9 @@ The one YAML reader of the project. Two views of the same parse:
     load_model(file, Model) -> Model   that validation, every problem at its line and column with
                                     "did you mean" for a misspelled key (stacks, the image plan, pipelines).
 
+Every user file's model derives from `UserModel`, and says "give exactly one of" through `exactly_one`,
+so the files refuse the same mistakes in the same words.
+
 A duplicate mapping key is an error (pyyaml would keep the last one silently); anchors and merge
 keys (`<<: *base`) are resolved; invalid YAML is an InputError at its position.
 """
@@ -17,14 +20,15 @@ from __future__ import annotations
 
 import copy
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ValidationError, ValidationInfo
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
 
-from servestack.errors import InputError, InputErrors, Location
+from servestack.errors import FieldProblem, InputError, InputErrors, Location
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -180,15 +184,6 @@ def dotted(path: PathKey) -> str:
     return out
 
 
-class FieldProblem(ValueError):
-    """A validator's complaint about a value below the one it validates (e.g. a model validator
-    that checks one key of a mapping field): the error names PATH, relative to the validated value."""
-
-    def __init__(self, path: PathKey, problem: str):
-        self.path = tuple(path)
-        super().__init__(problem)
-
-
 def relative_to_base(value: Path | str, info: ValidationInfo) -> Path:
     """A path as the document writes it, made absolute against the `base` directory that
     `load_model` was given (unchanged when there is none)."""
@@ -198,6 +193,24 @@ def relative_to_base(value: Path | str, info: ValidationInfo) -> Path:
 
 # A path in a document, relative to the `base` given to load_model (e.g. the project root).
 RelativePath = Annotated[Path, AfterValidator(relative_to_base)]
+
+
+class UserModel(BaseModel):
+    """The base of every model of a user file (the stack file, a pipeline and its runners' sections,
+    the image plan): a key the model does not know is refused, so a misspelling is named with a
+    "did you mean" instead of being ignored; and a file once read is a value nothing changes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def exactly_one(model: BaseModel, choices: Mapping[str, str], *, lead: str = "give") -> None:
+    """For a model validator: unless exactly one of CHOICES (field -> what it is, or "") is set, the
+    ValueError every user file gives for it, `give exactly one of `a` (what it is) or `b``. LEAD
+    begins the sentence for a choice that only some values need (`` `file` needs ``)."""
+    given = [name for name in choices if getattr(model, name) is not None]
+    if len(given) != 1:
+        named = [f"`{name}`" + (f" ({what})" if what else "") for name, what in choices.items()]
+        raise ValueError(f"{lead} exactly one of {', '.join(named[:-1])} or {named[-1]}")
 
 
 def load_model(file: Path, model: type[M], expected: str, *, base: Path | None = None) -> M:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from servestack.errors import InputError, ServestackError
+from servestack.errors import InputError, WheelError
 
 # 1980-01-01T00:00:00Z, the earliest time a zip entry can hold; and the latest (2107-12-31).
 ZIP_EPOCH_MIN = 315532800
@@ -39,10 +39,6 @@ _WHEEL_FILENAME = re.compile(
 )
 _LOCAL_LABEL = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$", re.IGNORECASE)
 _SIGNATURES = ("RECORD.jws", "RECORD.p7s")
-
-
-class WheelError(ServestackError):
-    """A wheel that cannot be read or written."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -32,7 +32,7 @@ from servestack.sources.registry.calls import (
     put_manifest,
     resolve_digest,
 )
-from servestack.sources.registry.client import Client, RegistryError
+from servestack.sources.registry.client import Client
 from servestack.sources.registry.model import (
     DIGEST,
     EMPTY_JSON,
@@ -48,7 +48,7 @@ from servestack.sources.registry.trust import auth_files, basic_credentials, ca_
 
 __all__ = [
     "DIGEST", "EMPTY_JSON", "MANIFEST_TYPES", "OCI_EMPTY", "OCI_INDEX", "OCI_MANIFEST", "Client", "Descriptor",
-    "Reference", "RegistryError", "auth_files", "basic_credentials", "blob_exists", "ca_file", "certs_d",
+    "Reference", "auth_files", "basic_credentials", "blob_exists", "ca_file", "certs_d",
     "download_blob", "get_blob", "get_manifest", "mount_blob", "push_blob", "push_bytes", "put_manifest",
     "resolve_digest", "sha256_digest",
 ]

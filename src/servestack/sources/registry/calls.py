@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from servestack.errors import ServestackError
-from servestack.sources.registry.client import Client, RegistryError
+from servestack.errors import RegistryError, ServestackError
+from servestack.sources.registry.client import Client
 from servestack.sources.registry.model import Reference, sha256_digest
 
 

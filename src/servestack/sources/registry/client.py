@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from servestack.errors import NetworkError, ServestackError
+from servestack.errors import NetworkError, Overflow, RegistryError
 from servestack.sources import http
 from servestack.sources.registry.limits import (
     BLOB_LIMIT,
@@ -30,7 +30,6 @@ from servestack.sources.registry.limits import (
     LAYER_LIMIT,
     MANIFEST_LIMIT,
     Body,
-    Overflow,
     content_length,
     read_bounded,
 )
@@ -56,10 +55,6 @@ class _Counting:
 
 
 _SCHEMES: dict[tuple[str, str], str] = {}  # (loopback registry, CA) -> the scheme it answered on
-
-
-class RegistryError(ServestackError):
-    """The registry answered, but not what the operation needs (404, 400, a digest mismatch)."""
 
 
 class _Retry(Exception):

@@ -14,6 +14,8 @@ import hashlib
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from servestack.errors import Overflow
+
 MiB = 1 << 20
 MANIFEST_LIMIT = 4 * MiB  # a manifest, and the referrers index (API answer or fallback tag)
 ENVELOPE_LIMIT = 4 * MiB  # a DSSE envelope: one subject line per bundle file, base64
@@ -23,14 +25,6 @@ BUNDLE_TOTAL_LIMIT = 256 * MiB  # all of one publication's files, which pull hol
 BLOB_LIMIT = 64 * MiB  # any other small blob read into memory
 LAYER_LIMIT = 64 * 1024 * MiB  # an image layer streamed to disk (never into memory)
 CHUNK = 1 * MiB
-
-
-class Overflow(Exception):
-    """The body went past its limit; the client turns this into a RegistryError naming what it read."""
-
-    def __init__(self, read: int, limit: int):
-        super().__init__(f"more than {limit} bytes (stopped after {read})")
-        self.read, self.limit = read, limit
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from servestack import settings
+
 
 def auth_files() -> list[Path]:
     files = []
@@ -32,7 +34,7 @@ def basic_credentials(registry: str) -> str | None:
 
 
 def certs_d() -> Path:
-    return Path(os.environ.get("SERVESTACK_CERTS_D", "/etc/docker/certs.d"))
+    return Path(settings.value("SERVESTACK_CERTS_D"))
 
 
 def ca_file(registry: str) -> Path | None:
