@@ -418,3 +418,14 @@ def test_leaving_on_an_interrupt_stops_a_push_under_way_instead_of_finishing_it(
         assert left.wait(timeout=30), "leaving Uploads waited for the push to finish"
     finally:
         fake.release.set()
+
+
+def test_the_committed_index_digests_are_the_index_over_the_committed_platform_digests():
+    """An image index is a function of its platforms' manifests: what pins/<stack>.image.json names as
+    the index is what `image` would push over the digests beside it."""
+    for expected in sorted((ROOT / "pins").glob("*.image.json")):
+        doc = json.loads(expected.read_text())
+        if doc["index"] is None:
+            continue
+        manifests = {p: (entry["digest"], entry["size"]) for p, entry in doc["platforms"].items()}
+        assert oci.index(manifests).digest == doc["index"], expected.name

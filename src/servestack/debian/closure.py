@@ -20,6 +20,7 @@ from debian.debian_support import version_compare
 
 from servestack.debian.debfile import parse_fields
 from servestack.errors import ServestackError
+from servestack.platforms import PLATFORMS
 from servestack.records.lockfile import LockedDeb as Deb
 
 # The root file system is merged-/usr by construction (rootfs.MERGED), which is the fact this package
@@ -129,7 +130,7 @@ def resolve(stanzas: dict[str, Stanza], requested: list[str], what: str) -> list
     return [chosen[name].deb for name in sorted(chosen)]
 
 
-ARCH = {"linux/amd64": "amd64", "linux/arm64": "arm64"}
+ARCH = {p.name: p.debian for p in PLATFORMS.values()}
 
 
 def architecture(platform: str) -> str:

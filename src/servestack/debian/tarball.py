@@ -18,6 +18,7 @@ from servestack.debian import dpkgdb, scripts
 from servestack.debian.closure import ARCH
 from servestack.debian.rootfs import Root, merged_usr, read_packages, unpack, write_tar
 from servestack.errors import ServestackError
+from servestack.platforms import PLATFORMS
 from servestack.records.lockfile import DebianBase, LockedDeb
 from servestack.sources import cache
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
@@ -71,7 +72,7 @@ def tarball(base: DebianBase, platform: str) -> Path:
     return out
 
 
-MACHINES = {"amd64": 62, "arm64": 183}  # Debian architecture -> ELF e_machine
+MACHINES = {p.debian: p.elf_machine for p in PLATFORMS.values()}  # Debian architecture -> ELF e_machine
 
 
 def assemble(paths: list[Path], arch: str, epoch: int, out: Path) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from servestack.errors import ServestackError
 from servestack.image import layers, oci
+from servestack.platforms import PLATFORMS
 from servestack.records.lockfile import DebianBase, ImageBase, Lock
 from servestack.sources import registry
 from servestack.util.progress import Progress
@@ -51,7 +52,7 @@ def _image_base(base: ImageBase, platform: str, address: str) -> Base:
         raise ServestackError(f"base image {base.reference}@{base.digest}: not in its registry")
     manifest = json.loads(found[0])
     if "manifests" in manifest:  # an index: take this platform's manifest
-        arch = oci.PLATFORMS[platform][0]
+        arch = PLATFORMS[platform].oci_architecture
         digest = next((m["digest"] for m in manifest["manifests"] if (m.get("platform") or {}).get("architecture") == arch), None)
         if digest is None:
             raise ServestackError(f"base image {base.reference}: no manifest for {platform}")

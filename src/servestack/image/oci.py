@@ -18,13 +18,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from servestack.platforms import PLATFORMS
+
 MANIFEST_TYPE = "application/vnd.docker.distribution.manifest.v2+json"
 # The Docker manifest list, the index type that goes with Docker schema 2 manifests (enroot, docker
 # and containerd pick their platform's entry from it).
 INDEX_TYPE = "application/vnd.docker.distribution.manifest.list.v2+json"
 CONFIG_TYPE = "application/vnd.docker.container.image.v1+json"
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
-PLATFORMS = {"linux/amd64": ("amd64", None), "linux/arm64": ("arm64", "v8")}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,7 +65,7 @@ def created(epoch: int) -> str:
 def config(platform: str, layers: list[LayerRef], env: dict[str, str], labels: dict[str, str], epoch: int,
            base_config: dict[str, Any] | None = None) -> Document:
     """The image config: the base image's settings (if any) under ours, one history entry per layer."""
-    arch, variant = PLATFORMS[platform]
+    arch, variant = PLATFORMS[platform].oci_architecture, PLATFORMS[platform].oci_variant
     inherited = dict((base_config or {}).get("config") or {})
     base_env = dict(item.split("=", 1) for item in inherited.get("Env") or [])
     inherited.update({
@@ -99,7 +100,7 @@ def index(manifests: dict[str, tuple[str, int]]) -> Document:
     so that its digest is a function of the manifests alone."""
     entries = []
     for platform, (digest, size) in sorted(manifests.items()):
-        arch, variant = PLATFORMS[platform]
+        arch, variant = PLATFORMS[platform].oci_architecture, PLATFORMS[platform].oci_variant
         entry_platform = {"architecture": arch, "os": "linux", **({"variant": variant} if variant else {})}
         entries.append({"mediaType": MANIFEST_TYPE, "digest": digest, "size": size, "platform": entry_platform})
     return Document(data=_serialize({"schemaVersion": 2, "mediaType": INDEX_TYPE, "manifests": entries}), media_type=INDEX_TYPE)

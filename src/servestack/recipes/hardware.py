@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from servestack.platforms import PLATFORMS
 from servestack.recipes.structure import Checker, is_int
 from servestack.util.yamlfile import Node
 
@@ -50,7 +51,8 @@ GPUS = {g.name: g for g in (
         source="servestack's dev-cpu deployments: vLLM's CPU build (GDN on CPU is bfloat16 only)"),
 )}
 
-_ARCH_WORDS = {"linux/arm64": ("arm64", "aarch64"), "linux/amd64": ("amd64", "x86_64", "x86-64")}
+# How a cluster's own words name a node's CPU: Debian's, uname's, and uname's with a dash (x86-64).
+_ARCH_WORDS = {p.name: (p.debian, p.machine, p.machine.replace("_", "-")) for p in PLATFORMS.values()}
 
 
 def _value(node: Node | None) -> str:

@@ -13,12 +13,13 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from servestack import platforms
 from servestack.util import yamlfile
 from servestack.util.yamlfile import UserModel, exactly_one
 from servestack.wheels import normalize
 
 SHA1 = r"^[0-9a-f]{40}$"
-PLATFORMS = ("linux/amd64", "linux/arm64")
+PLATFORMS = tuple(platforms.PLATFORMS)
 
 
 class Evidence(UserModel):
@@ -218,7 +219,7 @@ class GpuNode(UserModel):
 
 class Stack(UserModel):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
-    platforms: Annotated[list[Literal["linux/amd64", "linux/arm64"]], Field(min_length=1)]
+    platforms: Annotated[list[Literal[PLATFORMS]], Field(min_length=1)]
     python: Annotated[str, Field(pattern=r"^3\.\d+$")]
     # Dependencies resolve as of this moment (uv's --exclude-newer): a relock months later gives
     # the same files. `lock --upgrade` moves it.

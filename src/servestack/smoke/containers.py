@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import platform as host_platform
 import re
 import uuid
 
+from servestack import platforms
 from servestack.errors import ServestackError
 from servestack.records.imageref import ImageRef
 
@@ -15,10 +15,7 @@ log = logging.getLogger("servestack.smoke")
 
 
 def host_docker_platform() -> str:
-    machine = host_platform.machine().lower()
-    return {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}.get(
-        machine, f"linux/{machine}"
-    )
+    return platforms.host_platform()
 
 
 def ensure_image(client, reference: str, platform: str) -> None:
