@@ -23,7 +23,7 @@ from servestack.errors import InputError, ServestackError
 from servestack.util.fsutil import atomic_write_json, atomic_write_text
 from servestack.util.project import Project
 
-SCHEMA = "servestack.lock.drift/1"
+SCHEMA = "servestack.drift/1"
 
 
 @dataclass(kw_only=True)

@@ -42,7 +42,7 @@ def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
         "org.opencontainers.image.description": f"servestack stack {record.stack} built from its lock",
         "org.opencontainers.image.created": oci.created(record.source_date_epoch),
         "org.opencontainers.image.licenses": "Apache-2.0",
-        "io.servestack.records.stack": record.stack,
+        "io.servestack.stack": record.stack,
         "io.servestack.lock.sha256": record.lock_sha256,
         "io.servestack.prs": ",".join(prs),
     }
