@@ -311,8 +311,8 @@ def test_interrupted_smoke_removes_its_container(fake_stack, client, sigs: str, 
         from pathlib import Path
         from servestack import smoke
         from servestack.util.project import Project
-        plan = smoke.ServePlan(["sh", "-c", "sleep 600"], model="none")
-        smoke.run_smoke(Project(Path({str(fake_stack['project'].root)!r})), {STACK!r}, image={fake_stack['reference']!r},
+        plan = smoke.ServePlan(command=["sh", "-c", "sleep 600"], model="none")
+        smoke.run_smoke(Project(root=Path({str(fake_stack['project'].root)!r})), {STACK!r}, image={fake_stack['reference']!r},
                         ready_timeout=300, serve_plan_override=plan)
     """)
     # Its output goes to a file: a pipe nobody reads until the end could fill up and block it.
