@@ -16,6 +16,11 @@ its own build helper, libcuda left out). A GPU stack adds three more: every unde
 the serving libraries against the libraries the image carries (elfclosure.py), every module-level
 import of the serving entry points (import_closure.py), and, in a child, each GDN prefill and
 attention kernel vLLM would pick on SM90 and SM100 against the models' shapes (kernel_shapes.py).
+Its gpu_node section (gpu_node.py) reads the image as a GPU node's runtime will, and does on the CPU
+what FlashInfer does at engine start: a module compiled *and linked* by FlashInfer's own JIT, the
+driver stub it links against kept off the loader's path (flashinfer_jit.py), and each prebuilt
+module found where FlashInfer looks, with a cubin per target GPU (read from its .nv_fatbin,
+fatbin.py), loading with JIT compilation off (prebuilt.py).
 What they share is in report.py.
 
 stdout carries exactly one JSON document: {"probe": "static", "python", "machine", "checks": [...]}
@@ -41,6 +46,8 @@ The config (JSON, written by servestack.smoke):
     native_closure                  null, or {"libraries": {package: [globs under site-packages]}}
     import_closure                  null, or the entry modules whose module-level imports must resolve
     kernel_shapes                   null, or {"models": [{"name", "source", "config"}]} (plus model_dir's config.json)
+    gpu_node                        null, or the lock's gpu_node (cuda_arch, kernels, prebuilt: {"modules", "archs"}, ...)
+    platform                        this image's platform: which of gpu_node.prebuilt.archs its modules must carry
 
 Imports and the engine's argument parser run in child processes (a crash or a hang there is a
 failed check, not a lost report).

@@ -209,11 +209,13 @@ def check_cuda_release(config: dict) -> dict:
 
 
 def section_gpu_node(config: dict) -> list[dict]:
+    from .flashinfer_jit import check_cuda_stub, check_jit_link
     from .gpu_caches import check_caches
     from .gpu_kernels import check_flashinfer_path, check_kernels
+    from .prebuilt import check_prebuilt
 
     checks = [check_verbs_providers(config), check_nixl_capi(config), check_caches(config)]
     if (config.get("gpu_node") or {}).get("cuda_arch"):
-        checks += [check_cuda_release(config), check_cuda_compiler(config)]
-    checks += [check_flashinfer_path(config), check_kernels(config)]
+        checks += [check_cuda_release(config), check_cuda_compiler(config), check_cuda_stub(config), check_jit_link(config)]
+    checks += [check_flashinfer_path(config), check_kernels(config), *check_prebuilt(config)]
     return checks

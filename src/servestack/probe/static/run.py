@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
@@ -16,6 +15,7 @@ from .elfclosure import check_native_closure
 from .engine import section_engine
 from .evidence import check_prs
 from .fast_path import check_fast_path_files, section_fast_path, section_loads
+from .flashinfer_jit import arch_word
 from .gpu_node import section_gpu_node
 from .import_closure import check_import_closure
 from .imports import check_entry_points, section_imports
@@ -43,8 +43,7 @@ def section_environment(section: str, config: dict) -> dict[str, str]:
     if section == "gpu_node" and arch:
         # FlashInfer takes its target from the GPUs at import, and refuses to make a JIT spec with
         # none; told the node's architecture (sm_100a -> "10.0a"), it answers as on the node.
-        major, minor, suffix = re.fullmatch(r"sm_(\d+)(\d)([a-z]?)", arch).groups()
-        return {"FLASHINFER_CUDA_ARCH_LIST": f"{major}.{minor}{suffix}"}
+        return {"FLASHINFER_CUDA_ARCH_LIST": arch_word(arch)}
     return {}
 
 
