@@ -241,9 +241,11 @@ class SmokeModel:
     path: str | None = None  # a model directory on the serving host
     make: dict[str, Any] | None = None  # a tiny model the build makes (tinymodel.TinyModelSpec fields)
     config: dict[str, Any] | None = None  # a `path` model's kernel shapes, recorded from its checkpoint
+    ready_timeout_s: float | None = None  # how long smoke gives each serving shape (None: smoke's default)
 
     def to_json(self) -> dict[str, Any]:
-        return _omit_none({"name": self.name, "path": self.path, "make": self.make, "config": self.config})
+        return _omit_none({"name": self.name, "path": self.path, "make": self.make, "config": self.config,
+                           "ready_timeout_s": self.ready_timeout_s})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -349,7 +351,7 @@ class Lock:
         stack = f.obj("stack")
         stack.only("name", "file", "sha256")
         model = f.obj("smoke_model")
-        model.only("name", "path", "make", "config")
+        model.only("name", "path", "make", "config", "ready_timeout_s")
         if model.has("make"):
             model.obj("make")  # an object (its fields are the tiny model's spec)
 
@@ -375,7 +377,7 @@ class Lock:
             platforms={name: platforms.items(name, _wheel) for name in platforms.data},
             pull_requests=f.items("pull_requests", LockedPR.from_json),
             smoke_model=SmokeModel(name=model.str("name"), path=model.str_or_none("path", None), make=model.json("make", None),
-                                   config=model.json("config", None)),
+                                   config=model.json("config", None), ready_timeout_s=model.number("ready_timeout_s", None)),
             local_patches=f.items("local_patches", _local_patch, ()),
             fast_path=f.obj("fast_path").data if f.has("fast_path") else None,
             links=f.entries("links", _link, {}),

@@ -168,6 +168,8 @@ class SmokeModel(UserModel):
     make: dict[str, int | str] | None = None
     path: str | None = None
     config: ModelShapes | None = None  # a `path` model's shapes, recorded from its checkpoint
+    # Seconds smoke gives each serving shape to serve, cold (unset: smoke.serving.DEFAULT_READY_TIMEOUT).
+    ready_timeout_s: Annotated[float | None, Field(gt=0)] = None
 
     @model_validator(mode="after")
     def _an_origin(self) -> "SmokeModel":

@@ -20,8 +20,9 @@ Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
    container is removed on every exit path (failure, Ctrl-C, SIGTERM). Where it cannot run (no GPU
    for a GPU model, a foreign platform), every serving check is `not_run` with the reason.
 3. disagg: the production shape from the same image: Dynamo's frontend, a prefill and a decode
-   worker (vLLM's NixlConnector, KV on CPU), everything on loopback; completions and chat through
-   the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved;
+   worker (vLLM's NixlConnector, KV on CPU), everything on loopback; ready when the frontend lists
+   both workers and has routed a first completion through both (its /health and /metrics, never its
+   log, which production's DYN_LOG=error keeps quiet); completions and chat through the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved;
    each engine on CPUs of its own, and a failure naming it if a worker left Dynamo's discovery.
 
 Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
@@ -73,7 +74,7 @@ def run_smoke(
     image: str | None = None,
     serve: bool = True,
     *,
-    ready_timeout: float = DEFAULT_READY_TIMEOUT,
+    ready_timeout: float | None = None,
     static_timeout: float = DEFAULT_STATIC_TIMEOUT,
     serve_plan_override: ServePlan | None = None,
     disagg_override: DisaggPlan | None = None,
@@ -85,6 +86,8 @@ def run_smoke(
     Raises ServestackError for unusable input (a tag instead of a digest, no image.json, no lock);
     probe failures are in the result (`result.exit_code` is non-zero when any check failed).
     `require_serving` (the GPU canary): a serving or disaggregated check that could not run fails.
+    `ready_timeout`: seconds each serving shape may take to serve; unset, the stack's
+    `smoke_model.ready_timeout_s`, else DEFAULT_READY_TIMEOUT.
     """
     started = time.monotonic()
     recorded: ImageRecord | None = None
@@ -94,6 +97,7 @@ def run_smoke(
     reference = str(ImageRef.parse(image))
     lock = load_lock(project, stack)
     lock_sha256 = sha256_file(project.lock_file(stack))
+    ready_timeout = ready_timeout or lock.smoke_model.ready_timeout_s or DEFAULT_READY_TIMEOUT
     platforms = sorted(lock.platforms)
     # An image for several platforms is smoked as this host's, where the lock has it: natively.
     host = host_docker_platform()
@@ -102,7 +106,7 @@ def run_smoke(
         raise ServestackError(f"{project.lock_file(stack)}: locks no wheels for the image's platform {platform}")
 
     checks: list[Check] = []
-    metrics: dict[str, Any] = {}
+    metrics: dict[str, Any] = {"ready_timeout_s": ready_timeout}
     if recorded and recorded.lock_sha256 != lock_sha256:
         checks.append(Check(probe="static", name="image-json-lock", status=FAIL,
                             detail=f"build/{stack}/image.json says the image was built from lock {recorded.lock_sha256}, "

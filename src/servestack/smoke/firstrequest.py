@@ -1,5 +1,7 @@
 """When the disaggregated shape is ready: both workers registered with the frontend AND a first
 small completion served through it (prefill, KV over NIXL, decode), retried until the deadline.
+What "registered" and "through both workers" mean is read from the frontend's own API
+(readiness.py), never from a log.
 
 Why a served request and not only registration: the decode worker's first request for a prefill
 worker starts vLLM 0.31's NIXL handshake with that worker's side channel, whose reply it waits for
@@ -53,6 +55,8 @@ class FirstRequest:
     timeout: float  # for one request
     started: float  # time.monotonic() when the probe started
     deadline_s: float  # since `started`: no request outlives it
+    # After a served completion: None when it went through both workers, else why not (readiness.py).
+    routed: Callable[[Any, str], str | None] | None = None
     failed: list[FailedAttempt] = field(default_factory=list)
     registered_s: float | None = None
     served_s: float | None = None
@@ -71,6 +75,11 @@ class FirstRequest:
             outcome = post_completion(http, base, self.model, FIRST_REQUEST, timeout, shown=200)[1]
         except Exception as e:  # noqa: BLE001 - a refused, reset or timed-out request is a failed attempt
             outcome = f"{type(e).__name__}: {str(e)[:200]}"
+        if outcome is None and self.routed is not None:
+            try:
+                outcome = self.routed(http, base)
+            except Exception as e:  # noqa: BLE001 - metrics that cannot be read prove nothing
+                outcome = f"served, but the frontend's /metrics could not be read: {type(e).__name__}: {str(e)[:200]}"
         if outcome is None:
             self.served_s = round(time.monotonic() - self.started, 2)
             return True
@@ -86,8 +95,9 @@ class FirstRequest:
     def passed(self) -> str:
         """The `ready` detail once a completion was served."""
         retried = f"; {len(self.failed)} failed before it: {self.history()}" if self.failed else ""
+        through = " through the prefill and the decode worker (the frontend's metrics name both)" if self.routed else ""
         return (f"both workers registered after {self.registered_s:.1f} s; a first completion through the "
-                f"frontend was served after {self.served_s:.1f} s, on attempt {self.attempts}{retried}")
+                f"frontend was served{through} after {self.served_s:.1f} s, on attempt {self.attempts}{retried}")
 
     def never(self, problem: str) -> str:
         """The `ready` detail when the deadline passed or a container exited first."""

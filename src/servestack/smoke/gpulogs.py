@@ -15,6 +15,23 @@ The formats are vLLM's own (the lines in tests/test_smoke_gpu.py are written aft
   %.2f seconds";
 - NIXL: the connector's stats line, "KV Transfer metrics: Num successful transfers=..., Avg xfer
   time (ms)=..., ..., Avg MB per transfer=..., ..., Num failed transfers=...", once per interval.
+
+What an engine's start-up went on (`startup`), each part as the engine logs it:
+- weights: `gpu_model_runner.py` (and the V2 runner's `model_runner.py`) "Model loading took %s GiB
+  memory and %.6f seconds"; the CPU build logs only the loader's "Loading weights took %.2f seconds";
+- torch.compile: `compilation/monitor.py` "torch.compile took %.2f s in total", else the
+  "(compilation: %.2f s)" of the init engine line;
+- FlashInfer JIT: `flashinfer/jit/core.py` "Building JIT module %s; this can take several minutes on
+  first use." (only when the module is not on disk) and `jit/cute_dsl_core.py` "Compiling CuTe-DSL
+  kernel %s", in FlashInfer's own format ("2026-12-05 10:00:41,123 - INFO - core.py:564 -
+  flashinfer.jit: ..."). Neither logs its end: a compile is taken to last until the next line that
+  carries a time (vLLM's "MM-DD HH:MM:SS", FlashInfer's or Dynamo's date and time), an upper bound
+  (to the second) since the engine waits on it;
+- CUDA graphs: "Graph capturing finished in %.0f secs";
+- KV capacity: `v1/core/kv_cache_utils.py` "%s KV cache size: %s tokens, Maximum concurrency for
+  %s tokens per request: %.2fx" (GPU, or CPU for the CPU build).
+The rest of the time to ready is what none of them names: starting Python and the engine's
+processes, importing, profiling, allocating the KV cache, registering with Dynamo.
 """
 
 from __future__ import annotations
@@ -32,6 +49,15 @@ _CAPTURE_DONE = re.compile(r"Graph capturing finished in (?P<secs>\d+) secs?, to
 # vLLM 0.31 on an H200 wrote "took 42.54 s (compilation: 3.51 s)"; earlier releases "took 11.52 seconds".
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took (?P<secs>[\d.]+) s(?:econds)?\b")
 _KV_STATS = re.compile(r"KV Transfer metrics: (?P<fields>.*)$")
+_KV_CAPACITY = re.compile(r"\b[A-Z]+ KV cache size: (?P<tokens>\d[\d,]*) tokens")
+_MODEL_LOADING = re.compile(r"Model loading took [\d.]+ GiB memory and (?P<secs>[\d.]+) seconds")
+_WEIGHTS_LOADING = re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds")
+_TORCH_COMPILE = re.compile(r"torch\.compile took (?P<secs>[\d.]+) s in total")
+_INIT_COMPILATION = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [\d.]+ s \(compilation: (?P<secs>[\d.]+) s")
+_JIT_BUILD = re.compile(r"Building JIT module (?P<module>[^;\s]+)|Compiling CuTe-DSL kernel (?P<kernel>\S+)")
+# A line's time: FlashInfer's and Dynamo's date and time, or vLLM's "INFO 12-05 10:00:20" (no year).
+_STAMP = re.compile(r"\b\d{4}-(?P<mon>\d\d)-(?P<day>\d\d)[T ](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d+))?"
+                    r"|\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<vmon>\d\d)-(?P<vday>\d\d) (?P<vh>\d\d):(?P<vm>\d\d):(?P<vs>\d\d)\b")
 _KV_FIELD = re.compile(r"([A-Za-z][\w ()/]*?)=([\d.]+)")
 
 
@@ -144,3 +170,101 @@ def missing(engine: EngineLog) -> list[str]:
     if not engine.cuda_graphs.captured:
         gaps.append("no CUDA-graph capture (an eager engine, or one that never finished capturing)")
     return gaps
+
+
+def kv_cache_tokens(log: str) -> int | None:
+    """The engine's KV cache capacity in tokens, as it logged it."""
+    m = _KV_CAPACITY.search(log)
+    return int(m["tokens"].replace(",", "")) if m else None
+
+
+def _stamp(line: str) -> float | None:
+    """Seconds since the start of the year (every month taken as 31 days: only differences are used)."""
+    m = _STAMP.search(line)
+    if not m:
+        return None
+    if m["mon"]:
+        mon, day, h, mi, sec, frac = m["mon"], m["day"], m["h"], m["m"], m["s"], m["frac"] or "0"
+    else:
+        mon, day, h, mi, sec, frac = m["vmon"], m["vday"], m["vh"], m["vm"], m["vs"], "0"
+    return ((int(mon) * 31 + int(day)) * 24 + int(h)) * 3600 + int(mi) * 60 + int(sec) + float(f"0.{frac}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JitBuild:
+    """A FlashInfer module or CuTe DSL kernel compiled while the engine waited."""
+
+    name: str
+    kind: str  # "flashinfer" (a JIT module: nvcc and the linker) or "cute-dsl"
+    seconds: float | None  # until the log's next timed line; None: nothing timed came after it
+
+
+def jit_builds(log: str) -> tuple[JitBuild, ...]:
+    lines = _lines(log)
+    builds = []
+    for index, line in enumerate(lines):
+        m = _JIT_BUILD.search(line)
+        if not m:
+            continue
+        began = _stamp(line)
+        ended = next((t for later in lines[index + 1:] if (t := _stamp(later)) is not None), None)
+        seconds = round(ended - began, 3) if began is not None and ended is not None and ended >= began else None
+        builds.append(JitBuild(name=m["module"] or m["kernel"], kind="flashinfer" if m["module"] else "cute-dsl",
+                               seconds=seconds))
+    return tuple(builds)
+
+
+def _sum(pattern: re.Pattern[str], log: str) -> float | None:
+    found = [float(m["secs"]) for m in pattern.finditer(log)]
+    return round(sum(found), 3) if found else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Startup:
+    """An engine's time to ready (smoke measured it) and what its log says that time went on."""
+
+    ready_s: float | None  # from its container's start to serving: /health, or listed by Dynamo's frontend
+    weights_s: float | None
+    torch_compile_s: float | None
+    jit: tuple[JitBuild, ...]
+    cuda_graphs_s: float | None
+    init_engine_s: float | None  # vLLM's own total of profiling, KV cache, compiling, capturing, warming up
+    kv_cache_tokens: int | None
+
+    @property
+    def jit_s(self) -> float:
+        return round(sum(b.seconds or 0.0 for b in self.jit), 3)
+
+    @property
+    def rest_s(self) -> float | None:
+        if self.ready_s is None:
+            return None
+        named = (self.weights_s or 0.0) + (self.torch_compile_s or 0.0) + self.jit_s + (self.cuda_graphs_s or 0.0)
+        return round(max(0.0, self.ready_s - named), 3)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ready_s": self.ready_s, "weights_s": self.weights_s, "torch_compile_s": self.torch_compile_s,
+                "jit_s": self.jit_s, "jit": [asdict(b) for b in self.jit], "cuda_graphs_s": self.cuda_graphs_s,
+                "rest_s": self.rest_s, "init_engine_s": self.init_engine_s, "kv_cache_tokens": self.kv_cache_tokens}
+
+    def describe(self) -> str:
+        def part(label: str, value: float | None) -> str:
+            return f"{label} {value:.1f} s" if value is not None else f"{label} -"
+
+        built = f" ({', '.join(b.name for b in self.jit)})" if self.jit else ""
+        ready = f"ready in {self.ready_s:.1f} s" if self.ready_s is not None else "time to ready unknown"
+        kv = f"; KV cache {self.kv_cache_tokens:,} tokens" if self.kv_cache_tokens is not None else ""
+        return (f"{ready}: {part('weights', self.weights_s)}, {part('torch.compile', self.torch_compile_s)}, "
+                f"FlashInfer/CuTe DSL compiles {self.jit_s:.1f} s{built}, {part('CUDA graphs', self.cuda_graphs_s)}, "
+                f"{part('rest', self.rest_s)}{kv}")
+
+
+def startup(log: str, ready_s: float | None) -> Startup:
+    """`log`: the engine's log up to ready (later compiles are serving's, not start-up's)."""
+    graphs = cuda_graphs(log)
+    init = _INIT_ENGINE.search(log)
+    return Startup(ready_s=round(ready_s, 2) if ready_s is not None else None,
+                   weights_s=_sum(_MODEL_LOADING, log) if _MODEL_LOADING.search(log) else _sum(_WEIGHTS_LOADING, log),
+                   torch_compile_s=_sum(_TORCH_COMPILE, log) if _TORCH_COMPILE.search(log) else _sum(_INIT_COMPILATION, log),
+                   jit=jit_builds(log), cuda_graphs_s=float(graphs.seconds) if graphs.seconds is not None else None,
+                   init_engine_s=float(init["secs"]) if init else None, kv_cache_tokens=kv_cache_tokens(log))

@@ -23,11 +23,16 @@ GPU_ENGINE_FLAGS: dict[str, Any] = {
     **QWEN35_FLAGS,
 }
 
-# vLLM sizes its KV cache as a fraction of the whole GPU and refuses to start when less than that
-# is free. A 10 MB model needs almost none of it, and two engines may share one GPU: each takes a
-# third, so both fit beside whatever else the GPU holds, and the aggregated server (alone, before
-# them) takes no more, so every shape profiles the same cache.
+# vLLM sizes its KV cache from what it measures free after a profiling run, unless told the bytes
+# (`--kv-cache-memory-bytes`: vLLM 0.31 then skips the measurement, gpu_worker.py
+# determine_available_memory). Two engines started together on one GPU measured each other: once the
+# decode engine counted the prefill engine's allocation as its own and kept 0.7 GiB (0.34 M tokens;
+# 11 M in another run). So every engine, aggregated or not, gets the same KV cache, in bytes: 4 GiB
+# is about 2 M tokens of the made model, 8 times what the oracle's concurrency 32 at 4,096 tokens
+# needs. The memory share stays: vLLM still refuses to start unless that fraction of the GPU is free
+# (v1/worker/utils.py request_memory), and a third each fits both engines beside whatever else the GPU holds.
 GPU_MEMORY_SHARE = 0.3
+GPU_KV_CACHE_BYTES = 4 * 2**30
 
 # The production connector (the recipes' kv-transfer-config) with the KV buffers on the GPU: NIXL
 # registers the engines' GPU memory and moves KV blocks and GDN state between them directly.
@@ -43,7 +48,7 @@ GPU_SHM_SIZE = "8g"
 
 
 def gpu_engine_flags() -> dict[str, Any]:
-    return {**GPU_ENGINE_FLAGS, "gpu-memory-utilization": GPU_MEMORY_SHARE}
+    return {**GPU_ENGINE_FLAGS, "gpu-memory-utilization": GPU_MEMORY_SHARE, "kv-cache-memory-bytes": GPU_KV_CACHE_BYTES}
 
 
 def gpu_environment(disagg_env: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,4 +62,5 @@ def placement(host: GpuHost) -> str:
     """Where the two engines of the disaggregated shape run, in words for the plan and the record."""
     if host.count > 1:
         return f"prefill on GPU {host.devices[0]}, decode on GPU {host.devices[1]} ({host.via})"
-    return f"prefill and decode share GPU {host.devices[0]} ({host.via}), {GPU_MEMORY_SHARE:.0%} of its memory each"
+    return (f"prefill and decode share GPU {host.devices[0]} ({host.via}), a {GPU_KV_CACHE_BYTES / 2**30:g} GiB KV cache "
+            f"each (vLLM refuses to start unless {GPU_MEMORY_SHARE:.0%} of its memory is free)")

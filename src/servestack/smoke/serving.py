@@ -6,7 +6,11 @@
   plane (Dynamo's request and event planes, vLLM's NIXL side channel, UCX) stays on that
   namespace's loopback; only the frontend's HTTP port is published, on the host's 127.0.0.1.
   Discovery is a directory the three share (no etcd, no NATS); the probe holds its entries'
-  entries while the containers run (discovery.py).
+  entries while the containers run (discovery.py). Ready is what the frontend's own API says: both
+  workers listed, and a first completion routed through both (readiness.py, firstrequest.py).
+
+Each engine's time to ready, what its log says that time went on, and its KV capacity go to the
+record as `engines` (engines.py).
 
 Every container is removed on every exit path.
 """
@@ -24,12 +28,19 @@ from servestack.smoke.checklist import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, S
 from servestack.smoke.containers import _container_name, _log_excerpt, _remove_named
 from servestack.smoke.discovery import DiscoveryLeases, all_running
 from servestack.smoke.endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, ServingCheck, Target
+from servestack.smoke.engines import record_engines
 from servestack.smoke.firstrequest import FirstRequest
+from servestack.smoke.readiness import DynamoWorkers
+from servestack.smoke.readiness import model_listed as _model_listed  # noqa: F401 - ../shared/gpu-host/phase.py imports it here
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 
 log = logging.getLogger("servestack.smoke")
 
-DEFAULT_READY_TIMEOUT = 300.0
+# How long each shape may take to serve, when the stack's `smoke_model.ready_timeout_s` does not say.
+# A cold start of the production image's smoke model on an H100 took 234 s (120 s of them FlashInfer
+# compiling its sampler at engine start), a warm one 80 s; the disaggregated shape on 2 shared CPU
+# cores about 100 s. 600 s is 2.5 times the coldest measured.
+DEFAULT_READY_TIMEOUT = 600.0
 
 SERVING_CHECKS = ("ready", *(name for name, _ in AGGREGATED_CHECKS))
 DISAGG_CHECKS = ("ready", *(name for name, _ in DISAGGREGATED_CHECKS))
@@ -146,9 +157,11 @@ def run_serving_probe(
                                     round(time.monotonic() - start, 3)), metrics
         ready_s = time.monotonic() - start
         metrics["time_to_ready_s"] = round(ready_s, 2)
+        logs = {"server": _log_reader(container)}
         target = Target(base=_published(container, port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics,
-                        logs={"server": _log_reader(container)}, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers,
-                        gpus=plan.gpus)
+                        logs=logs, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers, gpus=plan.gpus,
+                        ready_s={"server": round(ready_s, 2)}, logged_at_ready={"server": len(logs["server"]())})
+        record_engines(target)
         return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s", time_s=round(ready_s, 3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
@@ -156,26 +169,6 @@ def run_serving_probe(
         _remove_named(client, name)
         if container is not None:
             metrics["serving_s"] = round(time.monotonic() - start, 2)
-
-
-def _model_listed(model: str) -> Callable[[Any, str], bool]:
-    def listed(http, base: str) -> bool:
-        r = http.get(base + "/v1/models", timeout=5)
-        return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
-
-    return listed
-
-
-def _both_workers_registered(containers: dict[str, Any], model: str) -> Callable[[Any, str], bool]:
-    """The frontend lists the model (the decode worker registered) and has activated its prefill
-    router (the prefill worker registered): before that, requests would be served aggregated."""
-    listed = _model_listed(model)
-
-    def ready(http, base: str) -> bool:
-        return listed(http, base) and "prefill router" in _log_reader(containers["frontend"])().lower()
-
-    return ready
-
 
 
 def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
@@ -232,11 +225,14 @@ def run_disagg_probe(
         metrics["containers"] = {role: c.name for role, c in containers.items()}
         log.info("disaggregated serving probe: %s (deadline %.0f s)", ", ".join(metrics["containers"].values()), ready_timeout)
         frontend = containers[plan.roles[0].name]
-        first = FirstRequest(registered=_both_workers_registered(containers, plan.model), model=plan.model,
+        # Ready is what the frontend's own API says (readiness.py), whatever DYN_LOG keeps out of its log.
+        workers = DynamoWorkers(model=plan.model, started=start)
+        first = FirstRequest(registered=workers, routed=workers.routed, model=plan.model,
                              decode_log=_log_reader(containers["decode"]), timeout=request_timeout, started=start, deadline_s=ready_timeout)
         problem = _await_ready(http, containers, lambda: _published(frontend, plan.port), first, start, ready_timeout,
-                               "both workers registered and the frontend served a first completion")
+                               "both workers listed by the frontend, and a first completion served through both")
         metrics["first_request"] = first.to_json()
+        metrics["workers"] = workers.to_json()
         if problem:
             return _failed_to_start("disagg", DISAGG_CHECKS, first.never(problem), "the disaggregated shape never served",
                                     round(time.monotonic() - start, 3)), metrics
@@ -244,9 +240,12 @@ def run_disagg_probe(
         metrics["time_to_ready_s"] = round(ready_s, 2)
         metrics["discovery_pinned"] = leases.pin()
         logs = {role: _log_reader(c) for role, c in containers.items()}
+        at_ready = {role: len(read()) for role, read in logs.items() if role != "frontend"}
         target = Target(base=_published(frontend, plan.port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics, logs=logs,
-                        decode_log_at_ready=len(logs["decode"]()), oracle_vocab=plan.oracle_vocab, baseline=baseline,
-                        gdn_layers=plan.gdn_layers, gpus=plan.gpus)
+                        decode_log_at_ready=at_ready["decode"], oracle_vocab=plan.oracle_vocab, baseline=baseline,
+                        gdn_layers=plan.gdn_layers, gpus=plan.gpus, ready_s=dict(workers.registered_s), logged_at_ready=at_ready,
+                        workers=workers)
+        record_engines(target)
         if plan.placement:
             metrics["placement"] = plan.placement
         return [Check(probe="disagg", name="ready", status=PASS, detail=f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
