@@ -127,3 +127,12 @@ def test_the_discovery_check_reads_the_frontend_whatever_the_logs_say() -> None:
     dropped = Target(base="http://f", model=MODEL, http=Frontend([ONLY_PREFILL]), timeout=1.0, logs=quiet_logs, workers=workers)
     status, detail = check_discovery(dropped)
     assert status == "fail" and f"the frontend no longer lists the decode worker ({DECODE_ID})" in detail and "prefill worker" not in detail
+
+
+def test_dev_cpus_smoke_runs_with_productions_dynamo_log_level() -> None:
+    """CPU CI serves the disaggregated shape with the log level production's image sets, so a
+    readiness that needs a Dynamo INFO line cannot pass there and fail on the cluster."""
+    from fixtures.records import committed_lock
+
+    production = committed_lock("qwen35-gb200").environment["DYN_LOG"]
+    assert committed_lock("dev-cpu").environment["DYN_LOG"] == production == "error"
