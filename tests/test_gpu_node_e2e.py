@@ -2,8 +2,9 @@
 naming what is missing, on the same image with that one piece taken out.
 
 A piece that is a file is taken out of a fixture image (the built image with the file removed,
-committed); a piece that is the image's environment is taken out with `env -u` in front of the
-check, as an image whose config lacks it would start. Each check runs inside the image, as the
+committed, or with a command run: a link made, a prebuilt module's cubin for one architecture
+relabelled in its .nv_fatbin); a piece that is the image's environment is taken out with `env -u`
+in front of the check, as an image whose config lacks it would start. Each check runs inside the image, as the
 smoke's static probe runs it: the probe package mounted read-only, the root read-only, no home,
 a tmpfs on /tmp, no network. The image is this machine's platform's (conftest's production_image:
 linux/amd64 in CI, natively), built from the lock once per session.
@@ -158,3 +159,99 @@ def test_the_kernel_list_passes_only_where_the_lock_accepts_the_missing_prebuilt
     assert "gen_sampling_module" in listed["detail"] and "fused_moe_trtllm_sm100" in listed["detail"]
     unaccepted = run_check(gb200, "gpu_kernels:check_kernels", config={**gb200["config"], "unavailable": []})
     assert unaccepted["status"] == "fail" and "flashinfer-cubin and flashinfer-jit-cache not installed" in unaccepted["detail"]
+
+
+# --------------------------------------------------------------------------- what FlashInfer compiles, links and loads
+
+CUDA_HOME = f"{SITE}/nvidia/cu13"
+
+
+def derived(gb200, *argv: str) -> str:
+    """A fixture image: the built image after ARGV ran in it (as root, writable), committed."""
+    client = gb200["client"]
+    container = client.containers.run(gb200["reference"], list(argv), detach=True, platform=gb200["platform"],
+                                      network_disabled=True)
+    try:
+        assert container.wait(timeout=300)["StatusCode"] == 0, container.logs(tail=20).decode(errors="replace")
+        image = container.commit(repository="servestack-test/gpu-node-fixture")
+    finally:
+        container.remove(force=True)
+    gb200["derived"].append(image.id)
+    return image.id
+
+
+def without_arch(gb200, path: str, arch: str) -> str:
+    """A fixture image whose shared object PATH carries no ARCH cubin: each such entry of its .nv_fatbin
+    relabelled sm_80 (its header's arch and suffix flag), the rest of the file as built."""
+    import io
+    import tarfile
+
+    from servestack.probe.static.fatbin import FLAG_ARCH_SPECIFIC, FLAG_FAMILY, elf_section_range, parse_fatbin
+
+    client = gb200["client"]
+    container = client.containers.create(gb200["reference"], ["true"], platform=gb200["platform"])
+    try:
+        stream, _ = container.get_archive(path)
+        with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+            member = tar.getmembers()[0]
+            data = bytearray(tar.extractfile(member).read())
+        offset, size = elf_section_range(bytes(data), ".nv_fatbin")
+        entries = [e for e in parse_fatbin(bytes(data[offset:offset + size])) if e.kind == "elf" and e.arch == arch]
+        assert entries, f"{path} has no {arch} cubin to take out"
+        for entry in entries:
+            at = offset + entry.offset
+            data[at + 28:at + 32] = (80).to_bytes(4, "little")
+            flags = int.from_bytes(data[at + 40:at + 48], "little") & ~(FLAG_ARCH_SPECIFIC | FLAG_FAMILY)
+            data[at + 40:at + 48] = flags.to_bytes(8, "little")
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w") as tar:
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(bytes(data)))
+        assert container.put_archive(os.path.dirname(path), out.getvalue())
+        image = container.commit(repository="servestack-test/gpu-node-fixture")
+    finally:
+        container.remove(force=True)
+    gb200["derived"].append(image.id)
+    return image.id
+
+
+def test_flashinfer_s_own_jit_compiles_and_links_a_module_and_the_wheels_bare_layout_fails_with_the_linker_s_message(gb200):
+    assert run_check(gb200, "flashinfer_jit:check_cuda_stub")["status"] == "pass"
+    linked = run_check(gb200, "flashinfer_jit:check_jit_link")
+    assert linked["status"] == "pass" and "needs libcudart.so.13 and libcuda.so.1" in linked["detail"], linked["detail"]
+    # The CUDA 13 wheels as installed: lib/ with libcudart.so.13 only (today's image before issue 49).
+    bare = without_files(gb200, f"{CUDA_HOME}/lib64", f"{CUDA_HOME}/lib/libcudart.so")
+    failed = run_check(gb200, "flashinfer_jit:check_jit_link", image=bare)
+    assert failed["status"] == "fail" and "cannot find -lcudart" in failed["detail"], failed["detail"]
+    assert "cannot find -lcuda" in failed["detail"]
+    no_stub = run_check(gb200, "flashinfer_jit:check_cuda_stub", image=bare)
+    assert no_stub["status"] == "fail" and "no lib64/stubs/libcuda.so" in no_stub["detail"]
+
+
+def test_a_libcuda_on_the_loader_s_path_fails_the_stub_check(gb200):
+    shadow = f"/usr/lib/{gb200['multiarch']}/libcuda.so.1"
+    on_path = derived(gb200, "ln", "-s", f"{CUDA_HOME}/lib/stubs/libcuda.so", shadow)
+    found = run_check(gb200, "flashinfer_jit:check_cuda_stub", image=on_path)
+    assert found["status"] == "fail" and shadow in found["detail"] and "CUDA_ERROR_STUB_LIBRARY" in found["detail"]
+    stubs = run_check(gb200, "flashinfer_jit:check_cuda_stub", set_env={"LD_LIBRARY_PATH": f"{CUDA_HOME}/lib64/stubs"})
+    assert stubs["status"] == "fail" and "the stubs directory itself" in stubs["detail"]
+
+
+def test_every_prebuilt_module_is_what_flashinfer_loads_with_a_cubin_per_target_and_one_missing_fails_naming_it(gb200):
+    prebuilt = gb200["config"]["gpu_node"].get("prebuilt")
+    assert prebuilt, "the lock's gpu_node names no prebuilt modules (issue 49: the sampler is built into the image)"
+    checks = run_check(gb200, "prebuilt:check_prebuilt")
+    assert len(checks) == len(prebuilt["modules"]) and all(c["status"] == "pass" for c in checks), checks
+    assert "gpu-node:prebuilt:sampling" in {c["name"] for c in checks}
+    first = prebuilt["archs"][gb200["platform"]][0]
+    arch = "sm_" + first.replace(".", "")
+    sampling = f"{SITE}/flashinfer/data/aot/sampling/sampling.so"
+    missing = run_check(gb200, "prebuilt:check_prebuilt", image=without_arch(gb200, sampling, arch))
+    by_name = {c["name"]: c for c in missing}
+    failed = by_name["gpu-node:prebuilt:sampling"]
+    assert failed["status"] == "fail" and f"no {arch} cubin for {gb200['platform']}" in failed["detail"], failed["detail"]
+    assert "flashinfer.jit.sampling:gen_sampling_module" in failed["detail"]
+    # Without the file, FlashInfer would compile the module at start: the check says so, it does not fall back.
+    gone = run_check(gb200, "prebuilt:check_prebuilt", image=without_files(gb200, sampling))
+    failed = {c["name"]: c for c in gone}["gpu-node:prebuilt:sampling"]
+    assert failed["status"] == "fail" and "spec.is_aot is false" in failed["detail"], failed["detail"]

@@ -3,7 +3,8 @@
 In CI that is the linux/amd64 image (the x86 twin of GB200's arm64 one): its static probe asks each
 kernel vLLM would pick on SM90 and SM100 about the GPU-shaped smoke model's shapes and the
 checkpoint's, reads the native-library and import closures, builds a cubin with the image's own
-nvcc, and checks that compiler against the CUDA runtime beside it. Without a GPU the serving
+nvcc, and checks that compiler against the CUDA runtime beside it; FlashInfer's own JIT compiles
+and links a module, and the sampler FlashInfer would compile at start is prebuilt for SM90 and SM100. Without a GPU the serving
 probes are `not run`, never passed. The lent H200 served this image's files (the record is in
 benchmarks/results/h200-canary.md).
 """
@@ -44,7 +45,8 @@ def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_
     for name in ("static/kernels:gdn-prefill:SM90:tiny-qwen35", "static/kernels:gdn-prefill:SM100:tiny-qwen35",
                  "static/kernels:gdn-prefill:SM90:Qwen3.5-397B-A17B-NVFP4",
                  "static/kernels:attention:SM90:Qwen3.5-397B-A17B-NVFP4",
-                 "static/gpu-node:cuda-release", "static/gpu-node:cuda-compiler", "static/gpu-node:nixl-capi"):
+                 "static/gpu-node:cuda-release", "static/gpu-node:cuda-compiler", "static/gpu-node:nixl-capi",
+                 "static/gpu-node:cuda-stub", "static/gpu-node:jit-link", "static/gpu-node:prebuilt:sampling"):
         assert checks[name].status == "pass", (name, checks[name].detail)
     serving = [c for c in result.record.checks if c.probe in ("serving", "disagg")]
     assert serving and all(c.status == "not_run" for c in serving)

@@ -131,7 +131,8 @@ def check_prebuilt(config: dict, load: Callable[[list[str], float], tuple[dict[s
                 arch_problems, carried = architecture_problems(path, wanted_archs)
             except (OSError, ValueError) as e:
                 arch_problems = [f"its .nv_fatbin cannot be read: {e}"]
-            problems += [f"{p} for {target}" for p in arch_problems]
+            if arch_problems:
+                problems.append(f"{', '.join(arch_problems)} for {target} (it carries {', '.join(carried) or 'none'})")
             loadable.append(entry)
         results[entry] = (name, problems, path, carried)
     loads, how = load(loadable, float(config.get("section_timeout") or 1800) / 2) if loadable else ({}, "")
