@@ -92,6 +92,18 @@ def test_the_cpu_builds_start_up_and_kv_capacity_are_read_too() -> None:
     assert gpulogs.kv_cache_tokens("no cache yet") is None
 
 
+def test_tensor_parallel_ranks_each_logging_their_start_up_count_once() -> None:
+    """A checkpoint served over two GPUs: both ranks load, compile and ask FlashInfer for the same
+    module at the same time; start-up took the longest of each, not their sum."""
+    rank = ("(Worker_TP{r} pid=3{r}) INFO 12-05 09:40:22 [gpu_model_runner.py:5355] Model loading took 98.1 GiB memory and {w} seconds\n"
+            "(Worker_TP{r} pid=3{r}) INFO 12-05 09:40:41 [monitor.py:52] torch.compile took {c} s in total\n")
+    jit = ("(Worker_TP0 pid=30) 2026-12-05 09:40:47,000 - INFO - core.py:564 - flashinfer.jit: Building JIT module sampling; this can take several minutes on first use.\n"
+           "(Worker_TP1 pid=31) 2026-12-05 09:40:47,500 - INFO - core.py:564 - flashinfer.jit: Building JIT module sampling; this can take several minutes on first use.\n"
+           "(EngineCore pid=20) INFO 12-05 09:42:47 [core.py:381] init engine (profile, create kv cache, warmup model) took 140.00 s (compilation: 20.00 s)\n")
+    both = gpulogs.startup(rank.format(r=0, w=61.5, c=19.0) + rank.format(r=1, w=60.0, c=20.0) + jit, 300.0)
+    assert (both.weights_s, both.torch_compile_s, both.jit_s, len(both.jit)) == (61.5, 20.0, 120.0, 2)
+
+
 def test_a_compile_with_nothing_timed_after_it_has_no_duration() -> None:
     [build] = gpulogs.jit_builds(SERVING_LOG.splitlines()[0])
     assert (build.name, build.kind, build.seconds) == ("gdn_prefill_sm90_d128", "cute-dsl", None)

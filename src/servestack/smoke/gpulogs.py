@@ -24,9 +24,9 @@ What an engine's start-up went on (`startup`), each part as the engine logs it:
 - FlashInfer JIT: `flashinfer/jit/core.py` "Building JIT module %s; this can take several minutes on
   first use." (only when the module is not on disk) and `jit/cute_dsl_core.py` "Compiling CuTe-DSL
   kernel %s", in FlashInfer's own format ("2026-12-05 10:00:41,123 - INFO - core.py:564 -
-  flashinfer.jit: ..."). Neither logs its end: a compile is taken to last until the next line that
-  carries a time (vLLM's "MM-DD HH:MM:SS", FlashInfer's or Dynamo's date and time), an upper bound
-  (to the second) since the engine waits on it;
+  flashinfer.jit: ..."). Neither logs its end: a compile is taken to last until the next line of
+  its process that carries a time (vLLM's "MM-DD HH:MM:SS", FlashInfer's or Dynamo's date and time),
+  an upper bound (to the second) since the engine waits on it (jit_builds says which line);
 - CUDA graphs: "Graph capturing finished in %.0f secs";
 - KV capacity: `v1/core/kv_cache_utils.py` "%s KV cache size: %s tokens, Maximum concurrency for
   %s tokens per request: %.2fx" (GPU, or CPU for the CPU build).
@@ -55,6 +55,7 @@ _WEIGHTS_LOADING = re.compile(r"Loading weights took (?P<secs>[\d.]+) seconds")
 _TORCH_COMPILE = re.compile(r"torch\.compile took (?P<secs>[\d.]+) s in total")
 _INIT_COMPILATION = re.compile(r"init engine \(profile, create kv cache, warmup model\) took [\d.]+ s \(compilation: (?P<secs>[\d.]+) s")
 _JIT_BUILD = re.compile(r"Building JIT module (?P<module>[^;\s]+)|Compiling CuTe-DSL kernel (?P<kernel>\S+)")
+_PROCESS = re.compile(r"^\((?P<process>[^)]*pid=\d+)\) ")
 # A line's time: FlashInfer's and Dynamo's date and time, or vLLM's "INFO 12-05 10:00:20" (no year).
 _STAMP = re.compile(r"\b\d{4}-(?P<mon>\d\d)-(?P<day>\d\d)[T ](?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)(?:[.,](?P<frac>\d+))?"
                     r"|\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<vmon>\d\d)-(?P<vday>\d\d) (?P<vh>\d\d):(?P<vm>\d\d):(?P<vs>\d\d)\b")
@@ -199,24 +200,38 @@ class JitBuild:
     seconds: float | None  # until the log's next timed line; None: nothing timed came after it
 
 
+def _process(line: str) -> str | None:
+    """The process vLLM's multiprocessing prefixes a line with ("EngineCore pid=212"), if any."""
+    m = _PROCESS.match(line)
+    return m["process"] if m else None
+
+
 def jit_builds(log: str) -> tuple[JitBuild, ...]:
+    """Each compile's start, and its end: the next timed line of the process that logged it (of any
+    process where its line has no process prefix), else the next timed line that starts no compile
+    (another rank asking for the same module does not end this one)."""
     lines = _lines(log)
     builds = []
     for index, line in enumerate(lines):
         m = _JIT_BUILD.search(line)
         if not m:
             continue
-        began = _stamp(line)
-        ended = next((t for later in lines[index + 1:] if (t := _stamp(later)) is not None), None)
+        began, process = _stamp(line), _process(line)
+        later = [(text, t) for text in lines[index + 1:] if (t := _stamp(text)) is not None]
+        ended = next((t for text, t in later if process is None or _process(text) == process), None)
+        if ended is None:
+            ended = next((t for text, t in later if not _JIT_BUILD.search(text)), None)
         seconds = round(ended - began, 3) if began is not None and ended is not None and ended >= began else None
         builds.append(JitBuild(name=m["module"] or m["kernel"], kind="flashinfer" if m["module"] else "cute-dsl",
                                seconds=seconds))
     return tuple(builds)
 
 
-def _sum(pattern: re.Pattern[str], log: str) -> float | None:
+def _longest(pattern: re.Pattern[str], log: str) -> float | None:
+    """The longest of the times the pattern's lines give: tensor-parallel ranks each log theirs, at
+    the same time (the smoke model's engine has one rank)."""
     found = [float(m["secs"]) for m in pattern.finditer(log)]
-    return round(sum(found), 3) if found else None
+    return round(max(found), 3) if found else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -233,7 +248,12 @@ class Startup:
 
     @property
     def jit_s(self) -> float:
-        return round(sum(b.seconds or 0.0 for b in self.jit), 3)
+        """One after another; a module several ranks asked for at once (FlashInfer builds it once,
+        behind a file lock) counts once, its longest."""
+        longest: dict[str, float] = {}
+        for b in self.jit:
+            longest[b.name] = max(longest.get(b.name, 0.0), b.seconds or 0.0)
+        return round(sum(longest.values()), 3)
 
     @property
     def rest_s(self) -> float | None:
@@ -264,7 +284,7 @@ def startup(log: str, ready_s: float | None) -> Startup:
     graphs = cuda_graphs(log)
     init = _INIT_ENGINE.search(log)
     return Startup(ready_s=round(ready_s, 2) if ready_s is not None else None,
-                   weights_s=_sum(_MODEL_LOADING, log) if _MODEL_LOADING.search(log) else _sum(_WEIGHTS_LOADING, log),
-                   torch_compile_s=_sum(_TORCH_COMPILE, log) if _TORCH_COMPILE.search(log) else _sum(_INIT_COMPILATION, log),
+                   weights_s=_longest(_MODEL_LOADING, log) if _MODEL_LOADING.search(log) else _longest(_WEIGHTS_LOADING, log),
+                   torch_compile_s=_longest(_TORCH_COMPILE, log) if _TORCH_COMPILE.search(log) else _longest(_INIT_COMPILATION, log),
                    jit=jit_builds(log), cuda_graphs_s=float(graphs.seconds) if graphs.seconds is not None else None,
                    init_engine_s=float(init["secs"]) if init else None, kv_cache_tokens=kv_cache_tokens(log))
