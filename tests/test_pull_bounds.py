@@ -3,6 +3,7 @@ binding, titles, and the bounded read, without a registry."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -42,6 +43,20 @@ def test_a_time_past_the_clock_and_its_skew_is_refused_and_one_within_is_taken()
     assert published_instant(_statement(within.isoformat()), NOW) == within
     with pytest.raises(PublishError, match="is in the future"):
         published_instant(_statement("2030-01-01T00:00:00Z"), NOW)
+
+
+@pytest.mark.parametrize("text", ["9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+23:59"])
+def test_a_time_whose_utc_instant_is_out_of_range_is_refused_with_the_value_never_a_crash(text):
+    with pytest.raises(PublishError, match=rf"finishedOn {re.escape(text)} is out of range"):
+        published_instant(_statement(text), NOW)
+    with pytest.raises(InputError, match=rf"--not-before.*'{re.escape(text)}' is out of range"):
+        not_before(text)
+
+
+@pytest.mark.parametrize("text", ["2026-12-01T12:00:00+24:00", "2026-12-01T12:00:00+99:99", "2026-12-01T12:00:00-05:60"])
+def test_an_offset_past_23_59_is_not_a_time(text):
+    with pytest.raises(PublishError, match="is not an RFC 3339 time"):
+        published_instant(_statement(text), NOW)
 
 
 def test_not_before_takes_a_time_or_a_date_and_refuses_anything_else():

@@ -27,15 +27,23 @@ MAX_CLOCK_SKEW = timedelta(minutes=5)  # how far a signer's clock may run ahead 
 _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
 
 
+class OutOfRange(ValueError):
+    """An RFC 3339 time whose instant in UTC falls outside years 1 to 9999 (what Python can hold)."""
+
+
 def parse_rfc3339(text: str) -> datetime | None:
     """TEXT as a UTC instant, or None when it is not an RFC 3339 date-time (fractions past
-    microseconds are dropped: ordering finer than that means nothing across machines)."""
+    microseconds are dropped: ordering finer than that means nothing across machines). OutOfRange
+    when it is one but its UTC instant is before year 1 or after 9999 (9999-12-31T23:59:59-01:00);
+    an offset is at most 23:59, as RFC 3339's grammar allows two digits of hours."""
     if not isinstance(text, str) or len(text) > 40:
         return None
     m = _RFC3339.fullmatch(text)
     if m is None:
         return None
     year, month, day, hour, minute, second, fraction, zone = m.groups()
+    if zone not in ("Z", "z") and (int(zone[1:3]) > 23 or int(zone[4:6]) > 59):
+        return None
     offset = timedelta(0) if zone in ("Z", "z") else (
         (1 if zone[0] == "+" else -1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
     try:
@@ -43,7 +51,10 @@ def parse_rfc3339(text: str) -> datetime | None:
                          int((fraction or ".0")[1:7].ljust(6, "0")), tzinfo=timezone(offset))
     except ValueError:
         return None
-    return local.astimezone(timezone.utc)
+    try:
+        return local.astimezone(timezone.utc)
+    except OverflowError:
+        raise OutOfRange(f"{text} is outside years 1 to 9999 in UTC") from None
 
 
 def signed_time_text(statement: dict[str, Any]) -> str:
@@ -55,7 +66,10 @@ def signed_time_text(statement: dict[str, Any]) -> str:
 def published_instant(statement: dict[str, Any], now: datetime) -> datetime:
     """The statement's signed time as a UTC instant; PublishError when it is malformed or in the future."""
     text = signed_time_text(statement)
-    instant = parse_rfc3339(text)
+    try:
+        instant = parse_rfc3339(text)
+    except OutOfRange:
+        raise PublishError(f"finishedOn {text} is out of range: its UTC instant is outside years 1 to 9999") from None
     if instant is None:
         raise PublishError(f"finishedOn {str(text)[:60]!r} is not an RFC 3339 time")
     if instant > now + MAX_CLOCK_SKEW:
@@ -68,7 +82,11 @@ def not_before(text: str | None) -> datetime | None:
     """`--not-before`: an RFC 3339 time, or a date (midnight UTC)."""
     if text is None:
         return None
-    instant = parse_rfc3339(text) or parse_rfc3339(f"{text}T00:00:00Z")
+    try:
+        instant = parse_rfc3339(text) or parse_rfc3339(f"{text}T00:00:00Z")
+    except OutOfRange:
+        raise InputError("--not-before", "", f"{text[:60]!r} is out of range: its UTC instant is outside years 1 to "
+                                             "9999") from None
     if instant is None:
         raise InputError("--not-before", "", f"{text[:60]!r} is not an RFC 3339 time (2026-12-01T09:30:00Z) or a date")
     return instant
