@@ -153,15 +153,16 @@ def test_a_generator_that_is_gone_and_a_platform_without_architectures_fail(tmp_
 
 # --------------------------------------------------------------------------- the stub and the link
 
-def make_stub(path: Path, soname: str) -> None:
+def make_stub(path: Path, soname: str, answer: int = 34) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     source = path.parent / "stub.c"
-    source.write_text("int cuInit(unsigned int flags) { return 34; }\n")
+    source.write_text("".join(f"int {name}(void) {{ return {answer}; }}\n"
+                              for name in ("cuInit", "cuDriverGetVersion", "cuDeviceGetCount")))
     subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{soname}", "-o", str(path), str(source)], check=True)
 
 
 @HAS_CC
-def test_the_stub_links_as_the_driver_and_stays_off_the_loader_s_path(tmp_path, monkeypatch):
+def test_the_stub_links_as_the_driver_answers_every_call_with_an_error_and_stays_off_the_loader_s_path(tmp_path, monkeypatch):
     home = tmp_path / "cu13"
     (home / "lib").mkdir(parents=True)
     (home / "lib64").symlink_to("lib")
@@ -170,8 +171,13 @@ def test_the_stub_links_as_the_driver_and_stays_off_the_loader_s_path(tmp_path, 
     make_stub(home / "lib" / "stubs" / "libcuda.so", "libcuda.so")
     wrong = check_cuda_stub({}, directories=lambda h: [])
     assert wrong["status"] == "fail" and "SONAME 'libcuda.so', not libcuda.so.1" in wrong["detail"]
+    make_stub(home / "lib" / "stubs" / "libcuda.so", "libcuda.so.1", answer=0)
+    success = check_cuda_stub({}, directories=lambda h: [])
+    assert success["status"] == "fail" and "cuDeviceGetCount, cuDriverGetVersion, cuInit with 0 (CUDA_SUCCESS)" in \
+        success["detail"]
     make_stub(home / "lib" / "stubs" / "libcuda.so", "libcuda.so.1")
-    assert check_cuda_stub({}, directories=lambda h: [str(home / "lib")])["status"] == "pass"
+    passed = check_cuda_stub({}, directories=lambda h: [str(home / "lib")])
+    assert passed["status"] == "pass" and "cuInit 34" in passed["detail"], passed["detail"]
     (tmp_path / "system").mkdir()
     os.symlink(home / "lib" / "stubs" / "libcuda.so", tmp_path / "system" / "libcuda.so.1")
     shadow = check_cuda_stub({}, directories=lambda h: [str(tmp_path / "system")])

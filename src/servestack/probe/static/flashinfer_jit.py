@@ -51,6 +51,7 @@ extern "C" int servestack_launch(float *x, int n) {
 '''
 STUB = os.path.join("lib64", "stubs", "libcuda.so")
 DRIVER_SONAME = "libcuda.so.1"
+STUB_LIBRARY_ERROR = 34  # CUDA_ERROR_STUB_LIBRARY: what NVIDIA's stub answers to every call
 # Where the linker says what it could not do: ld's "cannot find -lcudart", an undefined reference.
 LINKER_LINE = re.compile(r"(cannot find|undefined reference|ld returned|ld: |error:)")
 
@@ -88,20 +89,19 @@ def run_child(function: Callable, args: list, env: dict[str, str], timeout: floa
         os.unlink(out)
 
 
-def stub_directory(home: str, into: str) -> str | None:
-    """A directory holding libcuda.so.1 -> the image's stub, for a child's LD_LIBRARY_PATH (None without a stub)."""
+def stub_path(home: str) -> str | None:
     stub = os.path.join(home, STUB)
-    if not os.path.isfile(stub):
-        return None
-    os.symlink(os.path.realpath(stub), os.path.join(into, DRIVER_SONAME))
-    return into
+    return os.path.realpath(stub) if home and os.path.isfile(stub) else None
 
 
-def child_environment(stubs: str | None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    if stubs:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (stubs, os.environ.get("LD_LIBRARY_PATH", "")) if p)
-    return env
+def stand_in_for_the_driver(stub: str | None) -> None:
+    """In a child, once its imports are done: the stub loaded by path, so that what needs libcuda.so.1 finds it by
+    SONAME, as it finds the node's driver. Never on LD_LIBRARY_PATH: the imports probe the driver (the CUTLASS DSL
+    asks cuDriverGetVersion), and on a CPU they must find none, as every other section finds none."""
+    if stub:
+        import ctypes
+
+        ctypes.CDLL(stub)
 
 
 def build_link_probe(source: str) -> dict:
@@ -120,12 +120,13 @@ def build_link_probe(source: str) -> dict:
             "library": str(spec.jit_library_path), "workspace": str(env.FLASHINFER_WORKSPACE_DIR)}
 
 
-def load_after_torch(paths: list[str]) -> dict:
+def load_after_torch(paths: list[str], stub: str | None) -> dict:
     """In the child: import torch (it loads the CUDA runtime, as in the serving process), then dlopen each path now."""
     import ctypes
 
     import torch  # noqa: F401 - its libraries are what the modules resolve against
 
+    stand_in_for_the_driver(stub)
     problems = {}
     for path in paths:
         try:
@@ -164,8 +165,8 @@ def check_jit_link(config: dict) -> dict:
         source = os.path.join(tmp, f"{MODULE_NAME}.cu")
         with open(source, "w", encoding="utf-8") as f:
             f.write(LINK_SOURCE)
-        env = child_environment(None, FLASHINFER_WORKSPACE_BASE=os.path.join(tmp, "workspace"),
-                                FLASHINFER_CUDA_ARCH_LIST=arch)
+        env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": os.path.join(tmp, "workspace"),
+               "FLASHINFER_CUDA_ARCH_LIST": arch}
         built, said = run_child(build_link_probe, [source], env, timeout)
         if built is None:
             return check(name, FAIL, f"FlashInfer's JIT could not be driven in a child interpreter ({said})")
@@ -181,9 +182,9 @@ def check_jit_link(config: dict) -> dict:
         needs, problem = _runtime_and_driver(library)
         if problem:
             return check(name, FAIL, f"{how} linked, but not against the CUDA runtime and the driver: {problem}")
-        stubs = stub_directory(home, tmp)
-        loaded, said = run_child(load_after_torch, [[library]], child_environment(stubs), timeout)
-        driver = "with the stub as libcuda.so.1" if stubs else "with no stub to stand in for the driver"
+        stub = stub_path(home)
+        loaded, said = run_child(load_after_torch, [[library], stub], dict(os.environ), timeout)
+        driver = "with the stub as libcuda.so.1" if stub else "with no stub to stand in for the driver"
         if loaded is None or loaded["problems"]:
             why = said if loaded is None else "; ".join(loaded["problems"].values())
             return check(name, FAIL, f"{how} built {library}, which does not load after torch {driver}: {why}")
@@ -212,6 +213,15 @@ def loader_directories(home: str) -> list[str]:
     return list(dict.fromkeys(os.path.normpath(d) for d in dirs))
 
 
+def stub_answers(stub: str) -> dict:
+    """In a child: what the stub answers to the driver calls a process makes first (0 is CUDA_SUCCESS)."""
+    import ctypes
+
+    lib, version, count = ctypes.CDLL(stub), ctypes.c_int(0), ctypes.c_int(0)
+    return {"cuInit": lib.cuInit(0), "cuDriverGetVersion": lib.cuDriverGetVersion(ctypes.byref(version)),
+            "cuDeviceGetCount": lib.cuDeviceGetCount(ctypes.byref(count))}
+
+
 def check_cuda_stub(config: dict, directories: Callable[[str], list[str]] = loader_directories) -> dict:
     name = "gpu-node:cuda-stub"
     home = os.environ.get("CUDA_HOME", "")
@@ -226,6 +236,15 @@ def check_cuda_stub(config: dict, directories: Callable[[str], list[str]] = load
     if soname != DRIVER_SONAME:
         return check(name, FAIL, f"{stub} has SONAME {soname!r}, not {DRIVER_SONAME}: what links against it would "
                      f"ask the loader for {soname!r}, which no node's driver provides")
+    answers, said = run_child(stub_answers, [os.path.realpath(stub)], dict(os.environ), 120)
+    if answers is None:
+        return check(name, FAIL, f"{stub} cannot be loaded and called in a child interpreter: {said}")
+    succeeded = sorted(call for call, code in answers.items() if code == 0)
+    if succeeded:
+        return check(name, FAIL, f"{stub} answers {', '.join(succeeded)} with 0 (CUDA_SUCCESS): a process that loaded "
+                     "it would take it for a driver (the CUTLASS DSL then reads a driver of CUDA 0.0 and refuses to "
+                     f"import). A stub answers every call with an error, as NVIDIA's does ({STUB_LIBRARY_ERROR}, "
+                     "CUDA_ERROR_STUB_LIBRARY)")
     stub_dir = os.path.realpath(os.path.dirname(stub))
     found = []
     for directory in directories(home):
@@ -236,5 +255,7 @@ def check_cuda_stub(config: dict, directories: Callable[[str], list[str]] = load
         return check(name, FAIL, f"on the runtime loader's path: {', '.join(found[:6])}. The image must carry no "
                      "libcuda there: the node's driver brings libcuda.so.1, and a stub found first fails every CUDA "
                      "call (CUDA_ERROR_STUB_LIBRARY)")
-    return check(name, PASS, f"{stub} (SONAME {DRIVER_SONAME}) is there for linking, and no libcuda is on the loader's "
-                 f"path (LD_LIBRARY_PATH, ld.so.cache, ld.so.conf, the default directories, {home}/lib)")
+    codes = ", ".join(f"{call} {code}" for call, code in sorted(answers.items()))
+    return check(name, PASS, f"{stub} (SONAME {DRIVER_SONAME}; it answers {codes}) is there for linking, and no "
+                 "libcuda is on the loader's path (LD_LIBRARY_PATH, ld.so.cache, ld.so.conf, the default directories, "
+                 f"{home}/lib)")

@@ -21,7 +21,7 @@ import tempfile
 from collections.abc import Callable
 
 from .fatbin import cubin_problem, fatbin_entries, sm_of
-from .flashinfer_jit import child_environment, run_child, stub_directory
+from .flashinfer_jit import run_child, stand_in_for_the_driver, stub_path
 from .report import FAIL, PASS, check, site_packages
 
 MACHINES = {"x86_64": "linux/amd64", "amd64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
@@ -73,15 +73,20 @@ def resolve(entry: str, site: str) -> tuple[str, list[str], str]:
     return name, problems, wanted
 
 
-def load_prebuilt(entries: list[str]) -> dict:
+def load_prebuilt(entries: list[str], stub: str | None) -> dict:
     """In the child: each module through spec.build_and_load() with JIT compilation disabled."""
     import torch  # noqa: F401 - first, as in the serving process: its libraries are what the modules resolve against
 
-    found = {}
+    found, specs = {}, {}
     for entry in entries:
         module, _, function = entry.partition(":")
         try:
-            spec = getattr(importlib.import_module(module), function)()
+            specs[entry] = getattr(importlib.import_module(module), function)()
+        except Exception as e:  # noqa: BLE001 - the generator's own failure is the finding
+            found[entry] = {"ok": False, "why": f"{type(e).__name__}: {e}"}
+    stand_in_for_the_driver(stub)
+    for entry, spec in specs.items():
+        try:
             spec.load(spec.aot_path)  # its own error, where FlashInfer's try_load would only log a warning
             loaded = spec.build_and_load()
             found[entry] = {"ok": True, "type": type(loaded).__name__}
@@ -95,11 +100,11 @@ def load_prebuilt(entries: list[str]) -> dict:
 def load_in_child(entries: list[str], timeout: float) -> tuple[dict[str, dict], str]:
     """Each module loaded in a fresh interpreter as the serving process loads it: ({entry: {"ok", "why"}}, how)."""
     home = os.environ.get("CUDA_HOME", "")
+    stub = stub_path(home)
     with tempfile.TemporaryDirectory(prefix="probe-prebuilt-") as tmp:
-        stubs = stub_directory(home, tmp)
-        env = child_environment(stubs, FLASHINFER_DISABLE_JIT="1", FLASHINFER_WORKSPACE_BASE=os.path.join(tmp, "workspace"))
-        answer, said = run_child(load_prebuilt, [entries], env, timeout)
-    how = ("after torch " + ("with the stub as libcuda.so.1" if stubs else f"with no stub (no {home}/lib64/stubs/libcuda.so)")
+        env = {**os.environ, "FLASHINFER_DISABLE_JIT": "1", "FLASHINFER_WORKSPACE_BASE": os.path.join(tmp, "workspace")}
+        answer, said = run_child(load_prebuilt, [entries, stub], env, timeout)
+    how = ("after torch " + ("with the stub as libcuda.so.1" if stub else f"with no stub (no {home}/lib64/stubs/libcuda.so)")
            + " through spec.build_and_load() with FLASHINFER_DISABLE_JIT=1")
     if answer is None:
         return {entry: {"ok": False, "why": f"the loading interpreter failed ({said})"} for entry in entries}, how
