@@ -37,6 +37,26 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
                                         "(default: the reference's own; the registry host never matters)")
     p.add_argument("--not-before", metavar="TIME", help="refuse publications signed before TIME (RFC 3339): no rollback")
+    _timeout_arg(p)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 1e6:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds above 0, got {text!r}")
+    return value
+
+
+def _timeout_arg(p: argparse.ArgumentParser) -> None:
+    from servestack.sources.registry import transfer
+
+    p.add_argument("--timeout", type=_seconds, default=transfer.DEFAULT_TIMEOUT, metavar="SECONDS",
+                   help=f"give up on the registries after SECONDS in all (default {transfer.DEFAULT_TIMEOUT:g}); a "
+                        f"response that stops for {transfer.STALL_SECONDS:g} s or falls under "
+                        f"{transfer.MIN_RATE // 1024} KiB/s is a stall, named")
 
 
 @command("pull", "verify an image's signed bundle and write its recipes, lock and results", _pull_args)
@@ -44,7 +64,7 @@ def _pull(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
     publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
-                 not_before_time=args.not_before)
+                 not_before_time=args.not_before, timeout=args.timeout)
     return 0
 
 
@@ -53,13 +73,15 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key", type=Path, required=True, help="the publisher's public key (PEM)")
     p.add_argument("--rebuild", action="store_true", required=True,
                    help="rebuild from the bundle's lock and commit in a scratch worktree and compare digests")
+    _timeout_arg(p)
 
 
 @command("verify", "rebuild a published image from its signed lock and commit; same digest?", _verify_args)
 def _verify(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
-    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, echo=_say)["same"] else 1
+    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, timeout=args.timeout,
+                                       echo=_say)["same"] else 1
 
 
 def _keygen_args(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,7 @@ from servestack.publish.layerfiles import files_in_layer_file
 from servestack.publish.push import image_client, image_subject
 from servestack.publish.signedtime import not_before
 from servestack.records.imageref import ImageRef
-from servestack.sources.registry import OCI_INDEX
+from servestack.sources.registry import OCI_INDEX, transfer
 from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.project import Project
@@ -115,9 +115,10 @@ def _check_recipes(staging: Path) -> list[str]:
 
 def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
          repository: str | None = None, not_before_time: str | None = None,
-         echo: Callable[[str], None] | None = print) -> Path:
+         timeout: float = transfer.DEFAULT_TIMEOUT, echo: Callable[[str], None] | None = print) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any
-    error). NOT_BEFORE_TIME (RFC 3339) refuses every publication signed as made before it: a rollback floor."""
+    error). NOT_BEFORE_TIME (RFC 3339) refuses every publication signed as made before it: a rollback floor.
+    Everything read from registries is done within TIMEOUT seconds (sources/registry/transfer.py)."""
     started = time.monotonic()
     image = ImageRef.parse(reference)
     out = (out or _default_out(image)).absolute()
@@ -127,9 +128,10 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     floor = not_before(not_before_time)
-    publication = fetch_publication(reference, key, bundle, repository, floor=floor)
-    checked = check_image_agrees(publication)
-    sbom_checked, unsigned_sboms = check_sbom(publication)
+    with transfer.deadline(timeout):
+        publication = fetch_publication(reference, key, bundle, repository, floor=floor)
+        checked = check_image_agrees(publication)
+        sbom_checked, unsigned_sboms = check_sbom(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:
         for f in publication.files:

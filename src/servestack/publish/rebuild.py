@@ -15,6 +15,7 @@ from servestack import settings
 from servestack.errors import PublishError
 from servestack.publish.fetch import fetch_publication
 from servestack.records.imageref import ImageRef
+from servestack.sources.registry import transfer
 from servestack.util import proc
 from servestack.util.project import Project, cache_home
 
@@ -36,15 +37,17 @@ def _derived_caches_fresh(cache: Path) -> Iterator[None]:
         yield
 
 
-def verify_rebuild(project: Project, reference: str, *, key: Path,
+def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: float = transfer.DEFAULT_TIMEOUT,
                    echo: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?"""
+    """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?
+    The publication is read from the registry within TIMEOUT seconds; the rebuild has no deadline."""
     from servestack import image as image_step
     from servestack import inputs as build
     from servestack import services
 
     started = time.monotonic()
-    publication = fetch_publication(reference, key)
+    with transfer.deadline(timeout):
+        publication = fetch_publication(reference, key)
     stack = publication.stack
     commit = publication.repository.get("commit")
     if not commit:

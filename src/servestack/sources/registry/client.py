@@ -24,9 +24,9 @@ import requests
 
 from servestack.errors import NetworkError, Overflow, RegistryError
 from servestack.sources import http
+from servestack.sources.registry import transfer
 from servestack.sources.registry.limits import (
     BLOB_LIMIT,
-    CHUNK,
     LAYER_LIMIT,
     MANIFEST_LIMIT,
     Body,
@@ -96,9 +96,13 @@ class Client:
             self._scheme = _SCHEMES.get(key) or "https"
             if loopback(self.registry) and key not in _SCHEMES:
                 try:
-                    self.session.get(f"https://{self.registry}/v2/", timeout=5)
+                    self.session.get(f"https://{self.registry}/v2/", timeout=transfer.timeout(5))
                     _SCHEMES[key] = "https"
-                except requests.exceptions.SSLError:
+                except requests.exceptions.SSLError as exc:
+                    if "CERTIFICATE_VERIFY_FAILED" in str(exc):  # it speaks TLS, with a certificate we cannot check
+                        raise RegistryError(f"registry {self.registry} serves TLS with a certificate this machine does "
+                                            f"not trust ({_short(exc)[-120:]}); put its CA in "
+                                            f"{certs_d() / self.registry / 'ca.crt'}") from None
                     self._scheme = _SCHEMES[key] = "http"  # a plain-HTTP loopback registry, as Docker allows
                 except requests.RequestException:
                     pass  # unreachable: keep https, the operation's retries will report it
@@ -135,14 +139,22 @@ class Client:
             headers = dict(kwargs.pop("headers", None) or {})
             if self._authorization:
                 headers["Authorization"] = self._authorization
+            transfer.check(f"{method} {path[:120]}")
             try:
-                response = self.session.request(method, self._url(path), headers=headers, timeout=self.timeout,
+                response = self.session.request(method, self._url(path), headers=headers,
+                                                timeout=transfer.timeout(self.timeout),
                                                 allow_redirects=method in ("GET", "HEAD"), **kwargs)
             except requests.exceptions.SSLError as exc:
                 raise RegistryError(f"registry {self.registry}: TLS verification failed ({_short(exc)}); put its CA "
                                     f"in {certs_d() / self.registry / 'ca.crt'}") from None
             except requests.RequestException as exc:
+                if transfer.is_stall(exc):
+                    raise transfer.Stalled(f"{method} {self._url(path)}: no answer within {transfer.STALL_SECONDS:g} s "
+                                           f"({type(exc).__name__})") from None
                 raise _Retry(f"{type(exc).__name__}: {_short(exc)}") from None
+            if response.status_code == 400 and self._scheme == "http" and "HTTPS" in response.text[:300]:
+                raise RegistryError(f"registry {self.registry} speaks TLS only, and this machine has no CA for it: put "
+                                    f"its CA in {certs_d() / self.registry / 'ca.crt'}")
             kwargs["headers"] = {k: v for k, v in headers.items() if k != "Authorization"}
             if response.status_code == 401 and "WWW-Authenticate" in response.headers and not self._authorization:
                 self._authenticate(response.headers["WWW-Authenticate"])
@@ -158,14 +170,17 @@ class Client:
         delay = self.backoff
         for attempt in range(self.retries + 1):
             try:
-                return operation()
-            except _Retry as retry:
-                if attempt == self.retries:
-                    raise NetworkError(f"{what}: could not reach registry {self.registry} after {attempt + 1} "
-                                       f"attempts (last: {retry.reason})") from None
-                log.info("%s: %s; retrying in %.1f s", what, retry.reason, delay)
-                time.sleep(delay)
-                delay *= 2
+                try:
+                    return operation()
+                except _Retry as retry:
+                    if attempt == self.retries:
+                        raise NetworkError(f"{what}: could not reach registry {self.registry} after {attempt + 1} "
+                                           f"attempts (last: {retry.reason})") from None
+                    log.info("%s: %s; retrying in %.1f s", what, retry.reason, delay)
+                    transfer.pause(delay, what)
+                    delay *= 2
+            except transfer.Stalled as stalled:
+                raise NetworkError(f"{what}: registry {self.registry} stalled: {stalled}") from None
         raise AssertionError("unreachable")
 
     # ----------------------------------------------------------------- blobs
@@ -201,7 +216,7 @@ class Client:
         if declared is not None and declared > limit:
             raise RegistryError(f"{where}: the registry announces {declared} bytes, more than the {limit} read for it")
         try:
-            return read_bounded(response.iter_content(CHUNK), limit)
+            return read_bounded(transfer.chunks(response, f"GET {response.url}"), limit)
         except Overflow as exc:
             raise RegistryError(f"{where}: the registry sent {exc}; not read further") from None
         except requests.RequestException as exc:
@@ -269,7 +284,7 @@ class Client:
                 try:
                     with open(tmp, "wb") as out:
                         try:
-                            for chunk in response.iter_content(CHUNK):
+                            for chunk in transfer.chunks(response, f"GET {response.url}"):
                                 written += len(chunk)
                                 if written > limit:
                                     raise RegistryError(f"{self.registry}/{self.repository}: blob {digest}: the "
