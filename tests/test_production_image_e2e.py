@@ -28,10 +28,13 @@ def _unpacked_only_while_needed(production_image):
 
     from servestack import services
 
-    try:
-        services.docker_client().images.remove(production_image["reference"], force=True)
-    except docker.errors.ImageNotFound:
-        pass
+    prebuilt = production_image["record"].prebuilt or {}
+    for reference in (production_image["reference"], prebuilt.get("built_in")):
+        try:
+            if reference:
+                services.docker_client().images.remove(reference, force=True)
+        except docker.errors.ImageNotFound:
+            pass
 
 
 def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_natively(production_image):

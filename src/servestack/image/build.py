@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from servestack import inputs as build_step
 from servestack import services
 from servestack.errors import ServestackError
-from servestack.image import layers, oci, prune
+from servestack.image import layers, oci, prebuilt, prune
 from servestack.image.base_image import Base, base_layers, debian_base, interpreter_version
 from servestack.image.expected import check_expected
 from servestack.image.layer_plan import Layer, plan
@@ -140,6 +140,19 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                                started)
 
 
+def _push_manifest(address: str, repository: str, tag: str, platform: str, refs: list[oci.LayerRef],
+                   environment: dict[str, str], labels: dict[str, str], epoch: int, base_config: dict[str, Any] | None) -> str:
+    """The config and manifest over REFS, pushed under TAG; the manifest's digest."""
+    config_doc = oci.config(platform, refs, environment, labels, epoch, base_config)
+    if not registry.blob_exists(address, repository, config_doc.digest):
+        registry.push_bytes(address, repository, config_doc.digest, config_doc.data)
+    manifest_doc = oci.manifest(config_doc, refs)
+    served = registry.put_manifest(address, repository, tag, manifest_doc.data, manifest_doc.media_type)
+    if served != manifest_doc.digest:
+        raise ServestackError(f"registry {address} stored the manifest as {served}, expected {manifest_doc.digest}")
+    return served
+
+
 def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Lock, spec: ImagePlan, address: str,
                     repository: str, cache_tag: str, compiled_by: str, uploads: Uploads, started: float) -> ImageRecord:
     """The trees, the layers (the large packages' written and pushed while the other trees are made), the
@@ -154,12 +167,12 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     try:
         with phase(title, f"{len(wheels)} wheels installed into per-wheel trees, bytecode compiled module by module on all cores; "
                           "the large packages' layers written and pushed as their trees are ready"):
-            made = install_all(list((path, sha) for sha, path in wheels.items()), python,
-                               interpreter_version(lock, platform), on_tree=early.offer)
+            trees_made = install_all(list((path, sha) for sha, path in wheels.items()), python,
+                                     interpreter_version(lock, platform), on_tree=early.offer)
     finally:
         written_early = early.finish()
     bytecode_cpu, trees_seconds = children_cpu_seconds() - children, time.monotonic() - trees_started
-    trees = dict(zip(wheels, made))
+    trees = dict(zip(wheels, trees_made))
     work = out / "generated"
     planned = plan(record, lock, trees, spec, work)
     too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]
@@ -170,28 +183,35 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     base, refs, stats = _write_layers(stack, planned, epoch, lock, platform, address, uploads, written_early)
     all_refs = base.layers + refs
     environment = {**spec.environment, **lock.environment}
-    config_doc = oci.config(platform, all_refs, environment, _labels(record, lock), epoch, base.config)
-    if not registry.blob_exists(address, repository, config_doc.digest):
-        registry.push_bytes(address, repository, config_doc.digest, config_doc.data)
-    manifest_doc = oci.manifest(config_doc, all_refs)
-    served = registry.put_manifest(address, repository, cache_tag, manifest_doc.data, manifest_doc.media_type)
-    if served != manifest_doc.digest:
-        raise ServestackError(f"registry {address} stored the manifest as {served}, expected {manifest_doc.digest}")
-    made_trees = [t for t in made if t.made]
+    labels = _labels(record, lock)
+    wanted = prebuilt.targets(lock, platform)
+    made = None
+    if wanted:
+        below = _push_manifest(address, repository, f"below-{cache_tag}", platform, all_refs, environment, labels, epoch, base.config)
+        made = prebuilt.prebuild(f"{address}/{repository}@{below}", platform, *wanted, title)
+        members = layers.with_parents(made.entries)
+        blob = layers.write_layer(members, epoch, layers.layer_key(members, epoch), lambda n: None, lambda n: None)
+        all_refs.append(oci.LayerRef(name="prebuilt", digest=blob.digest, diff_id=blob.diff_id, size=blob.size))
+        uploads.send(blob.digest, blob.path, blob.size)
+        uploads.wait([blob.digest])
+    served = _push_manifest(address, repository, cache_tag, platform, all_refs, environment, labels, epoch, base.config)
+    manifest_doc = oci.manifest(oci.config(platform, all_refs, environment, labels, epoch, base.config), all_refs)
+    made_trees = [t for t in trees_made if t.made]
     result = image_record(
         f"{address}/{repository}@{served}", platform, json.loads(manifest_doc.data), [r.name for r in all_refs], record,
         compiled_by, skipped=False, seconds=round(time.monotonic() - started, 2), **stats,
-        trees={"made": len(made_trees), "cached": len(made) - len(made_trees), "seconds": round(trees_seconds, 1),
+        trees={"made": len(made_trees), "cached": len(trees_made) - len(made_trees), "seconds": round(trees_seconds, 1),
                "install_seconds": round(sum(t.install_seconds for t in made_trees), 1),
                "bytecode_seconds": round(sum(t.bytecode_seconds for t in made_trees), 1),
                "install_cpu_seconds": round(sum(t.install_cpu_seconds for t in made_trees), 1),
                "bytecode_cpu_seconds": round(bytecode_cpu, 1),
-               "bytecode_bytes": sum(e.size for t in made for e in t.entries if e.path.endswith(".pyc"))},
+               "bytecode_bytes": sum(e.size for t in trees_made for e in t.entries if e.path.endswith(".pyc"))},
+        prebuilt=made.record if made else None,
         expected=check_expected(project, stack, platform, served, record.lock_sha256),
         manifest_size=len(manifest_doc.data),
     )
     write_image(out / "image.json", result)
-    _prune_caches(title, stack, [t.path for t in made], [r.digest for r in all_refs])
+    _prune_caches(title, stack, [t.path for t in trees_made], [r.digest for r in all_refs])
     print(f"{title}: {result.reference} ({result.total_size / 1e9:.2f} GB in {len(all_refs)} layers; "
           f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
           f"{result.seconds:.1f} s)", flush=True)

@@ -132,7 +132,8 @@ def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePla
     top.append(_generated(work, "stack.json", stack_json.encode(), "opt/servestack/stack.json"))
     by_source = {"venv": [Layer(name="venv", entries=tuple(_venv_entries(work, python)))], "packages": package_layers,
                  "model": model, "top": [Layer(name="top", entries=tuple(sorted(top, key=lambda e: e.path)))]}
-    return [layer for source in spec.layers if source.source != "base" for layer in by_source[source.source]]
+    # The prebuilt layer is compiled inside the image of these layers (build.py, prebuilt.py).
+    return [layer for source in spec.layers if source.source not in ("base", "prebuilt") for layer in by_source[source.source]]
 
 
 def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:

@@ -13,13 +13,13 @@ from pydantic import ConfigDict, Field, model_validator
 from servestack.util import yamlfile
 from servestack.util.yamlfile import UserModel
 
-SOURCES = ("base", "venv", "packages", "model", "top")
+SOURCES = ("base", "venv", "packages", "model", "top", "prebuilt")
 
 
 class LayerSource(UserModel):
     model_config = ConfigDict(populate_by_name=True)  # the file's `from:` may also be written `source:`
 
-    source: Literal["base", "venv", "packages", "model", "top"] = Field(alias="from")
+    source: Literal["base", "venv", "packages", "model", "top", "prebuilt"] = Field(alias="from")
     own_layer_above: int | None = Field(default=None, gt=0)
     shared_layers: int | None = Field(default=None, gt=0, le=64)
 
@@ -43,8 +43,9 @@ class ImagePlan(UserModel):
         names = [layer.source for layer in self.layers]
         if sorted(names) != sorted(SOURCES):
             raise ValueError(f"list each of {', '.join(SOURCES)} exactly once (got {', '.join(names)})")
-        if names[0] != "base" or names[-1] != "top":
-            raise ValueError("the first layer is `from: base` and the last `from: top`")
+        if names[0] != "base" or names[-2:] != ["top", "prebuilt"]:
+            raise ValueError("the first layer is `from: base`, and the last two `from: top`, then `from: prebuilt` "
+                             "(compiled inside the image made of every layer below it)")
         return self
 
     def source(self, name: str) -> LayerSource:

@@ -46,7 +46,8 @@ IMAGE_MAKERS = ("inputs/__init__.py", "inputs/overlay.py", "inputs/tinymodel.py"
                 "inputs/tinytokenizer.py", "sources/diffs.py", "wheels/__init__.py", "wheels/zipread.py",
                 "records/lockfile.py", "records/steps.py",
                 *(f"image/{m}.py" for m in ("build", "layer_plan", "base_image", "uploads", "spec", "layers", "oci", "trees",
-                                            "bytecode")),
+                                            "bytecode", "prebuilt")),
+                "probe/prebuild.py",
                 *(f"debian/{m}.py" for m in ASSEMBLY))
 
 

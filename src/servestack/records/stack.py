@@ -205,6 +205,14 @@ class Link(UserModel):
     reason: Annotated[str, Field(min_length=10)]
 
 
+class Prebuilt(UserModel):
+    """FlashInfer modules compiled into the image at build time (image/prebuilt.py), so that no engine
+    compiles them at start: each platform's target GPUs, as FLASHINFER_CUDA_ARCH_LIST words."""
+
+    modules: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]], Field(min_length=1)]
+    archs: dict[Literal[PLATFORMS], Annotated[list[Annotated[str, Field(pattern=r"^\d+\.\d+[af]?$")]], Field(min_length=1)]]
+
+
 class GpuNode(UserModel):
     """What a GPU node's runtime needs from the image; the static probe's gpu-node section proves each."""
 
@@ -217,6 +225,7 @@ class GpuNode(UserModel):
     cuda_arch: Annotated[str | None, Field(pattern=r"^sm_\d+a?$")] = None  # the in-image nvcc builds a cubin for it
     # FlashInfer JIT modules the recipes reach ("module:generator"): the probe says which are prebuilt.
     kernels: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]] = []
+    prebuilt: Prebuilt | None = None
 
 
 class Stack(UserModel):
@@ -255,6 +264,15 @@ class Stack(UserModel):
                     f"package {package.name!r} names index {package.index!r}, "
                     f"but `indexes` defines {sorted(known) or 'none'}"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _prebuilt_for_every_platform(self) -> "Stack":
+        prebuilt = self.gpu_node.prebuilt if self.gpu_node else None
+        missing = [p for p in self.platforms if prebuilt and p not in prebuilt.archs]
+        if missing:
+            raise ValueError(f"gpu_node.prebuilt.archs names no target GPUs for {', '.join(missing)}; "
+                             f"expected an entry for each of the stack's platforms ({', '.join(self.platforms)})")
         return self
 
     def package(self, name: str) -> Package | None:

@@ -190,6 +190,8 @@ class ImageRecord:
     compiled_by: str | None = None
     manifest_size: int | None = None  # the manifest's bytes, for the image index's entry
     index: str | None = None  # the image index over every platform, when the registry holds them all
+    # What the prebuilt layer holds and what compiling it cost (image/prebuilt.py); None: nothing prebuilt.
+    prebuilt: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
@@ -217,6 +219,8 @@ class ImageRecord:
             document["manifest_size"] = self.manifest_size
         if self.index is not None:
             document["index"] = self.index
+        if self.prebuilt is not None:
+            document["prebuilt"] = self.prebuilt
         if self.expected is not None:
             document["expected"] = {"file": self.expected.file, "status": self.expected.status,
                                     "digest": self.expected.digest}
@@ -226,7 +230,7 @@ class ImageRecord:
     def from_json(cls, f: Fields) -> "ImageRecord":
         f.only("reference", "stack", "platforms", "lock_sha256", "input_hash", "total_size", "layers", "layer_names",
                "skipped", "seconds", "layers_built", "layers_pushed", "bytes_pushed", "bytes_tarred", "trees", "expected",
-               "compiled_by", "manifest_size", "index")
+               "compiled_by", "manifest_size", "index", "prebuilt")
 
         def layer(item: Fields) -> ImageLayer:
             item.only("digest", "size", "title")
@@ -251,6 +255,7 @@ class ImageRecord:
             if expected else None,
             compiled_by=f.str_or_none("compiled_by"), manifest_size=f.int_or_none("manifest_size", None),
             index=f.str_or_none("index", None),
+            prebuilt=f.obj("prebuilt").data if f.has("prebuilt") else None,
         )
 
 

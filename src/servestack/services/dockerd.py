@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from servestack.errors import ServestackError
@@ -10,6 +11,8 @@ from servestack.services.daemons import exclusive, log_tail, require, spawn_deta
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import TimeoutExpired, run
 from servestack.util.project import state_home
+
+log = logging.getLogger("servestack.services")
 
 SNAPSHOTTER_DRIVER = "io.containerd.snapshotter.v1"
 DOCKER_DAEMON_JSON = Path("/etc/docker/daemon.json")
@@ -88,3 +91,29 @@ def docker_client(timeout: int = 900):
 
     ensure_dockerd()
     return docker.from_env(timeout=timeout)
+
+
+def ensure_image(client, reference: str, platform: str) -> None:
+    """The image is local (pulled by digest from its registry when it is not)."""
+    import docker.errors
+
+    try:
+        client.images.get(reference)
+        return
+    except docker.errors.ImageNotFound:
+        pass
+    from servestack.records.imageref import ImageRef
+    from servestack.services.oci_registry import DEFAULT_REGISTRY, ensure_registry
+
+    if ImageRef.parse(reference).registry == DEFAULT_REGISTRY:
+        ensure_registry()
+    log.info("pulling %s (%s)", reference, platform)
+    repo, digest = reference.split("@", 1)
+    try:
+        # The low-level pull: ImageCollection.pull() ends with images.get(), which the containerd
+        # image store answers "No such image" for a foreign-platform image it has just pulled.
+        for event in client.api.pull(repo, tag=digest, platform=platform, stream=True, decode=True):
+            if "error" in event:
+                raise ServestackError(f"cannot pull {reference} for {platform}: {event['error']}")
+    except docker.errors.APIError as e:
+        raise ServestackError(f"cannot pull {reference} for {platform}: {e.explanation or e}") from None

@@ -9,38 +9,13 @@ import uuid
 
 from servestack import platforms
 from servestack.errors import ServestackError
-from servestack.records.imageref import ImageRef
+from servestack.services.dockerd import ensure_image
 
 log = logging.getLogger("servestack.smoke")
 
 
 def host_docker_platform() -> str:
     return platforms.host_platform()
-
-
-def ensure_image(client, reference: str, platform: str) -> None:
-    """The image is local (pulled by digest from its registry when it is not)."""
-    import docker.errors
-
-    try:
-        client.images.get(reference)
-        return
-    except docker.errors.ImageNotFound:
-        pass
-    from servestack import services
-
-    if ImageRef.parse(reference).registry == services.DEFAULT_REGISTRY:
-        services.ensure_registry()
-    log.info("pulling %s (%s)", reference, platform)
-    repo, digest = reference.split("@", 1)
-    try:
-        # The low-level pull: ImageCollection.pull() ends with images.get(), which the containerd
-        # image store answers "No such image" for a foreign-platform image it has just pulled.
-        for event in client.api.pull(repo, tag=digest, platform=platform, stream=True, decode=True):
-            if "error" in event:
-                raise ServestackError(f"cannot pull {reference} for {platform}: {event['error']}")
-    except docker.errors.APIError as e:
-        raise ServestackError(f"cannot pull {reference} for {platform}: {e.explanation or e}") from None
 
 
 def _remove(container) -> None:

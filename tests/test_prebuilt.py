@@ -1,0 +1,78 @@
+"""The prebuilt layer: the stack names, per platform, the GPUs its modules are compiled for; a stack that
+forgets a platform is refused before anything is built, and the compile is cached by what it depends on."""
+
+from pathlib import Path
+
+import pytest
+
+from servestack.errors import InputErrors, ServestackError
+from servestack.image import prebuilt
+from servestack.lock import load_lock
+from servestack.records.stack import load_stack
+from servestack.util.project import Project
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STACK = """\
+name: tiny
+platforms: [linux/amd64, linux/arm64]
+python: "3.11"
+base:
+  image: 127.0.0.1:5000/base:1
+packages:
+  - name: tinyserve
+    version: 1.0.0
+gpu_node:
+  capabilities: [compute]
+  prebuilt:
+    modules: [flashinfer.jit.sampling:gen_sampling_module]
+    archs:
+      linux/amd64: ["9.0a", "10.0a"]
+smoke_model:
+  name: tiny
+  make: {seed: 0}
+"""
+
+
+def test_a_platform_without_target_gpus_is_refused_naming_the_field_and_the_platform(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(STACK)
+    with pytest.raises(InputErrors) as info:
+        load_stack(path)
+    (message,) = [str(e) for e in info.value.errors]
+    assert "gpu_node.prebuilt.archs names no target GPUs for linux/arm64" in message
+    assert str(path) in message
+
+
+def test_an_arch_that_is_not_a_cuda_arch_list_word_is_refused(tmp_path):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(STACK.replace('linux/amd64: ["9.0a", "10.0a"]', 'linux/amd64: ["sm_90a"]\n      linux/arm64: ["10.0a"]'))
+    with pytest.raises(InputErrors) as info:
+        load_stack(path)
+    assert any("prebuilt.archs" in str(e) and "sm_90a" in str(e) for e in info.value.errors)
+
+
+def test_the_production_stack_prebuilds_the_sampler_for_hopper_and_blackwell_on_x86_and_blackwell_on_grace():
+    lock = load_lock(Project(root=ROOT), "qwen35-gb200")
+    assert prebuilt.targets(lock, "linux/amd64") == ("9.0a 10.0a", ["flashinfer.jit.sampling:gen_sampling_module"])
+    assert prebuilt.targets(lock, "linux/arm64") == ("10.0a", ["flashinfer.jit.sampling:gen_sampling_module"])
+
+
+def test_the_cpu_stack_prebuilds_nothing():
+    assert prebuilt.targets(load_lock(Project(root=ROOT), "dev-cpu"), "linux/amd64") is None
+
+
+def test_a_lock_without_the_platform_s_targets_is_refused_by_the_build():
+    lock = load_lock(Project(root=ROOT), "qwen35-gb200")
+    gpu_node = {**lock.gpu_node, "prebuilt": {**lock.gpu_node["prebuilt"], "archs": {"linux/amd64": ["9.0a"]}}}
+    broken = type(lock)(**{**lock.__dict__, "gpu_node": gpu_node})
+    with pytest.raises(ServestackError, match="gpu_node.prebuilt.archs has no entry for linux/arm64"):
+        prebuilt.targets(broken, "linux/arm64")
+
+
+def test_the_compile_is_keyed_by_the_image_below_the_targets_the_modules_and_the_script():
+    base = prebuilt.cache_key("sha256:" + "a" * 64, "9.0a 10.0a", ["m:g"])
+    assert base == prebuilt.cache_key("sha256:" + "a" * 64, "9.0a 10.0a", ["m:g"])
+    assert len({base, prebuilt.cache_key("sha256:" + "b" * 64, "9.0a 10.0a", ["m:g"]),
+                prebuilt.cache_key("sha256:" + "a" * 64, "10.0a", ["m:g"]),
+                prebuilt.cache_key("sha256:" + "a" * 64, "9.0a 10.0a", ["m:h"])}) == 4
