@@ -216,3 +216,17 @@ def test_the_ready_deadline_is_a_stack_setting_carried_by_the_lock() -> None:
     again = Lock.from_json(Fields(json.loads(json.dumps(document)), "x.lock"))
     assert again.smoke_model.ready_timeout_s == 900.0
     assert smoke.serving.DEFAULT_READY_TIMEOUT >= 2 * 234  # the coldest start measured, with room
+
+
+def test_a_flashinfer_module_compiled_before_ready_fails_the_gpu_check_naming_it() -> None:
+    # A complete engine log (kernels chosen, CUDA graphs) that still built the sampler at start.
+    chosen = ("(EngineCore pid=212) INFO 12-05 09:40:20 [qwen_gdn_linear_attn.py:180] Using FlashInfer GDN prefill kernel\n"
+              "(EngineCore pid=212) INFO 12-05 09:40:20 [cuda.py:360] Using AttentionBackendEnum.FLASH_ATTN backend.\n")
+    cold = chosen + COLD_GPU_LOG
+    t = _target(1, {"server": cold}, ready_s={"server": 234.0}, logged_at_ready={"server": len(cold)})
+    status, detail = check_gpu_path(t)
+    assert status == "fail"
+    assert "server compiled FlashInfer's sampling at start" in detail, detail
+    warm = chosen + WARM_GPU_LOG
+    t = _target(1, {"server": warm}, ready_s={"server": 12.0}, logged_at_ready={"server": len(warm)})
+    assert "at start" not in check_gpu_path(t)[1]

@@ -58,4 +58,11 @@ def check_gpu_path(t: Target) -> tuple[str, str]:
     gaps = {role: gpulogs.missing(e) for role, e in engines.items() if gpulogs.missing(e)}
     if gaps:
         return FAIL, "; ".join(f"{role} logged {', '.join(g)}" for role, g in gaps.items()) + f" ({shown})"
+    # A FlashInfer module built before ready is one the image's prebuilt layer should have held: every
+    # engine start pays for it (minutes), and on a fresh image its link once failed.
+    at_start = {role: [b.name for b in s.jit if b.kind == "flashinfer"] for role, s in starts.items()}
+    at_start = {role: names for role, names in at_start.items() if names}
+    if at_start:
+        return FAIL, ("; ".join(f"{role} compiled FlashInfer's {', '.join(names)} at start" for role, names in at_start.items())
+                      + f", which the image's prebuilt layer does not hold for this GPU ({shown})")
     return PASS, shown
