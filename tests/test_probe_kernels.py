@@ -157,6 +157,22 @@ def test_an_optional_plugin_or_another_python_s_extension_that_cannot_load_is_na
 
 
 @HAS_CC
+def test_a_flashinfer_module_resolves_tvm_ffi_s_symbols_in_what_import_tvm_ffi_loaded(tmp_path):
+    site = tmp_path / "site"
+    (site / "tvm_ffi" / "lib").mkdir(parents=True)
+    (site / "flashinfer" / "data" / "aot" / "sampling").mkdir(parents=True)
+    module = build(site / "flashinfer" / "data" / "aot" / "sampling" / "sampling.so",
+                   "int TVMFFIErrorSetRaised(void *e); int go(void) { return TVMFFIErrorSetRaised(0); }\n",
+                   "-Wl,--allow-shlib-undefined")
+    config = {"site_packages": str(site), "native_closure": {"libraries": {"flashinfer": ["flashinfer/**/*.so"]}}}
+    (result,) = check_native_closure(config)
+    assert result["status"] == "fail" and "TVMFFIErrorSetRaised" in result["detail"], result
+    build(site / "tvm_ffi" / "lib" / "libtvm_ffi.so", "int TVMFFIErrorSetRaised(void *e) { return 0; }\n")
+    (result,) = check_native_closure(config)
+    assert result["status"] == "pass" and module.exists(), result
+
+
+@HAS_CC
 def test_the_driver_s_libcuda_is_exempt_and_said_so(tmp_path):
     driver = tmp_path / "driver"
     driver.mkdir()

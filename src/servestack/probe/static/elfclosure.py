@@ -225,6 +225,10 @@ def _guess_provider(symbol: str, providers: list[Elf]) -> str:
 
 
 PRELOADED = ["torch/lib/*.so*", "nvidia/*/lib/*.so*"]
+# What a package's own import loads into the global scope before any of its libraries: FlashInfer's
+# modules (prebuilt or JIT) come in through tvm_ffi.load_module, after `import tvm_ffi` loaded
+# libtvm_ffi.so with RTLD_GLOBAL, so their TVMFFI* symbols resolve there and no DT_NEEDED names it.
+IMPORTED_FIRST = {"flashinfer": ["tvm_ffi/lib/libtvm_ffi.so"]}
 
 
 def libraries(site: str, patterns: list[str]) -> list[str]:
@@ -289,8 +293,9 @@ def check_native_closure(config: dict, env: dict[str, str] | None = None, root: 
             continue
         by_library: dict[str, list[Missing]] = {}
         host: set[str] = set()
+        imported = tuple(libraries(site, IMPORTED_FIRST.get(package, [])))
         for path in files:
-            found, left = closure.missing(path, loaded=first + tuple(files))
+            found, left = closure.missing(path, loaded=first + imported + tuple(files))
             if found:
                 by_library[path] = found
             host.update(left)
