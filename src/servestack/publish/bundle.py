@@ -169,10 +169,13 @@ def publication_manifest(files: list[BundleFile], subject: Descriptor, created: 
     return referrer_manifest(PUBLICATION_TYPE, [f.descriptor() for f in files], subject, {CREATED: created})
 
 
-def attestation_manifest(envelope: bytes, subject: Descriptor, bundle_digest: str, created: str) -> bytes:
+def attestation_manifest(envelope: bytes, subject: Descriptor, bundle_digest: str, created: str,
+                         listing: dict[str, str] | None = None) -> bytes:
+    """LISTING: the annotations that let pull check the signature from the referrers listing (listing.py)."""
     layer = {"mediaType": DSSE_MEDIA_TYPE, "digest": sha256_digest(envelope), "size": len(envelope),
              "annotations": {TITLE: "publication.intoto.json"}}
-    return referrer_manifest(ATTESTATION_TYPE, [layer], subject, {CREATED: created, BUNDLE_ANNOTATION: bundle_digest})
+    return referrer_manifest(ATTESTATION_TYPE, [layer], subject,
+                             {CREATED: created, BUNDLE_ANNOTATION: bundle_digest, **(listing or {})})
 
 
 def sbom_manifest(sbom: bytes, subject: Descriptor, created: str) -> bytes:

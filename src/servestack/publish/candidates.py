@@ -8,6 +8,7 @@ Everything read is bounded (sources/registry/limits.py), so a hostile registry c
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -24,7 +25,8 @@ from servestack.publish.bundle import (
     BundleFile,
     titles_problem,
 )
-from servestack.publish.provenance import signed_identity
+from servestack.publish.listing import is_listed, listing_checker
+from servestack.publish.provenance import PROVENANCE_V1, signed_identity
 from servestack.publish.push import image_client, image_subject
 from servestack.publish.signedtime import published_instant, utc_text
 from servestack.records.imageref import ImageRef
@@ -38,7 +40,6 @@ from servestack.sources.registry.limits import (
 )
 from servestack.util.fsutil import sha256_bytes
 
-MAX_CANDIDATES = 64  # attestations verified per pull; more than a legitimate image gathers in years of runs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,12 +80,19 @@ def deduplicated(referrers: list[Descriptor]) -> list[Descriptor]:
 
 
 def fetch_publication(reference: str, key: Path, bundle: str | None = None, repository: str | None = None,
-                      *, floor: datetime | None = None, now: datetime | None = None) -> Publication:
+                      *, floor: datetime | None = None, now: datetime | None = None,
+                      usable: Callable[[Publication], object] | None = None) -> Publication:
     """Find the image's publications, verify each and take the newest valid one, or the one naming
     BUNDLE; none older than FLOOR (`--not-before`). A candidate that fails is skipped and named in
     `skipped`; only when none verifies does this fail. The signature names the image's repository
     path and digest; REPOSITORY says which path it names when that differs (a copy in another
-    repository)."""
+    repository). USABLE raises PublishError for a signed publication that cannot be used (its lock is
+    not the image's): it is skipped and the next newest taken.
+
+    Which candidates are fetched is decided by what the key signed, never by their number or order:
+    every listing signature is checked (listing.py), and only envelopes the key signed for this image
+    are fetched, once each. Attestations without one (made before listings were signed) are examined
+    one by one, within the deadline, only when no signed listing gives a usable publication."""
     image = ImageRef.parse(reference)
     public_key = signing.load_public_key(key)
     client = image_client(image)
@@ -97,73 +105,126 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None, repo
     bundles = {r.digest for r in referrers if r.artifact_type == PUBLICATION_TYPE}
     if not attestations:
         raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
-    skipped: list[str] = []
-    if bundle:  # the annotation is unsigned: it only narrows the search, the statement must still name BUNDLE
-        named = [r for r in attestations if r.annotation.get(BUNDLE_ANNOTATION) == bundle]
-        others = len(attestations) - len(named)
-        attestations = named
-        skipped += [f"{others} attestation(s) annotated with other bundles"] if others else []
-    if len(attestations) > MAX_CANDIDATES:
-        skipped.append(f"{len(attestations) - MAX_CANDIDATES} more attestation(s) not examined: at most "
-                       f"{MAX_CANDIDATES} are verified per pull; name the publication with --bundle")
-        attestations = attestations[:MAX_CANDIDATES]
     now = now or datetime.now(timezone.utc)
-    valid = []
-    for descriptor in attestations:
-        try:
-            candidate = _verified(client, image, descriptor, public_key, where, repository, now)
-        except (ServestackError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            skipped.append(f"attestation {descriptor.digest}: {str(exc)[:500]}")
-            continue
-        if floor is not None and candidate.published < floor:
-            skipped.append(f"attestation {descriptor.digest}: verifies, published {published_at(candidate)}, "
-                           f"before --not-before {utc_text(floor)}")
-            continue
-        valid.append(candidate)
-    if bundle:
-        skipped += [f"attestation {v.attestation_digest}: names bundle {v.bundle_digest}, not {bundle}" for v in valid
-                    if v.bundle_digest != bundle]
-        valid = [v for v in valid if v.bundle_digest == bundle]
-    if not valid:
+    check = listing_checker(public_key, image.digest)
+    signed: dict[str, Descriptor] = {}  # envelope digest -> the first attestation listing it
+    junk = 0
+    for r in attestations:
+        envelope = check(r.annotation) if is_listed(r.annotation) else None
+        if envelope is not None:
+            signed.setdefault(envelope, r)
+        elif is_listed(r.annotation):
+            junk += 1
+    legacy = [r for r in attestations if not is_listed(r.annotation)]
+    skipped: list[str] = [f"{junk} attestation(s) whose listing this key did not sign for {image.digest} (another "
+                          f"key's, another image's, or junk): not fetched"] if junk else []
+    candidates = [_candidate(lambda e=e, r=r: _from_envelope(client, image, r.digest, e, public_key, where,
+                                                              repository, now), r.digest, floor)
+                  for e, r in signed.items()]
+    chosen = _choose(candidates, bundle, usable, skipped)
+    if chosen is None and legacy:
+        if bundle:  # the annotation is unsigned: it only orders the search, the statement must still name BUNDLE
+            legacy.sort(key=lambda r: r.annotation.get(BUNDLE_ANNOTATION) != bundle)
+        candidates += [_candidate(lambda r=r: _verified(client, image, r, public_key, where, repository, now),
+                                  r.digest, floor) for r in legacy]
+        chosen = _choose(candidates, bundle, usable, skipped)
+    elif legacy:
+        skipped.append(f"{len(legacy)} attestation(s) without a signed listing (made before listings were signed, or "
+                       f"junk): not examined, a newer signed one was taken")
+    if chosen is None:
         raise PublishError(f"{image}: no publication signed by {key} verifies"
                            + (f" and names bundle {bundle}" if bundle else "")
                            + (f" and is not older than {utc_text(floor)}" if floor else "") + ":\n  "
-                           + "\n  ".join(skipped))
+                           + "\n  ".join(skipped[:MAX_REASONS])
+                           + (f"\n  ... and {len(skipped) - MAX_REASONS} more" if len(skipped) > MAX_REASONS else ""))
+    valid = [c for c in candidates if isinstance(c, Publication)]
     signed_sboms = frozenset(f.digest for v in valid for f in v.files if f.title == sbom.SBOM_TITLE)
-    valid.sort(key=lambda v: (v.published, v.attestation_digest), reverse=True)
-    chosen, *older = valid
-    skipped += [f"attestation {v.attestation_digest}: verifies, published {published_at(v)}, older than "
-                f"the one taken" for v in older]
     return replace(chosen, skipped=tuple(skipped), signed_sboms=signed_sboms, listed=tuple(referrers))
+
+
+MAX_REASONS = 20  # reasons a failed pull prints; the count says how many more
+
+
+def _candidate(verify: Callable[[], Publication], digest: str, floor: datetime | None) -> Publication | str:
+    """The verified publication, or why attestation DIGEST is skipped."""
+    try:
+        candidate = verify()
+    except (ServestackError, KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        return f"attestation {digest}: {str(exc)[:500]}"
+    if floor is not None and candidate.published < floor:
+        return (f"attestation {digest}: verifies, published {published_at(candidate)}, before --not-before "
+                f"{utc_text(floor)}")
+    return candidate
+
+
+def _choose(candidates: list[Publication | str], bundle: str | None, usable: Callable[[Publication], object] | None,
+            skipped: list[str]) -> Publication | None:
+    """The newest usable publication (naming BUNDLE when given); every other candidate's reason goes to SKIPPED."""
+    reasons = [c for c in candidates if isinstance(c, str) and c not in skipped]
+    valid = [c for c in candidates if isinstance(c, Publication)]
+    if bundle:
+        reasons += [f"attestation {v.attestation_digest}: names bundle {v.bundle_digest}, not {bundle}" for v in valid
+                    if v.bundle_digest != bundle]
+        valid = [v for v in valid if v.bundle_digest == bundle]
+    valid.sort(key=lambda v: (v.published, v.attestation_digest), reverse=True)
+    chosen = None
+    for v in valid:
+        if chosen is not None:
+            reasons.append(f"attestation {v.attestation_digest}: verifies, published {published_at(v)}, older than "
+                           f"the one taken")
+            continue
+        try:
+            if usable is not None:
+                usable(v)
+            chosen = v
+        except PublishError as exc:
+            reasons.append(f"WARNING: attestation {v.attestation_digest}: signed with this key, published "
+                           f"{published_at(v)}, but unusable: {str(exc)[:400]}")
+    skipped += [r for r in reasons if r not in skipped]
+    return chosen
+
+
+def _from_envelope(client: Client, image: ImageRef, attestation: str, envelope_digest: str, public_key,
+                   where: str, repository: str | None, now: datetime) -> Publication:
+    envelope = client.get_blob(envelope_digest, limit=ENVELOPE_LIMIT)
+    return _publication(client, image, attestation, envelope, public_key, where, repository, now)
 
 
 def _verified(client: Client, image: ImageRef, descriptor: Descriptor, public_key, where: str,
               repository: str | None, now: datetime) -> Publication:
-    attestation = descriptor.digest
-    manifest = referrer_manifest(client, descriptor, image, f"attestation {attestation}")
+    """A candidate without a signed listing: its manifest, then its envelope."""
+    manifest = referrer_manifest(client, descriptor, image, f"attestation {descriptor.digest}")
     envelope_layer = manifest["layers"][0]
     problem = declared_problem(envelope_layer.get("size"), ENVELOPE_LIMIT, "its envelope")
     if problem:
         raise PublishError(problem)
     envelope = client.get_blob(envelope_layer["digest"], size=envelope_layer["size"])
+    return _publication(client, image, descriptor.digest, envelope, public_key, where, repository, now)
+
+
+def _publication(client: Client, image: ImageRef, attestation: str, envelope: bytes, public_key, where: str,
+                 repository: str | None, now: datetime) -> Publication:
     statement = signing.verify_envelope(envelope, public_key, f"attestation {attestation}")
+    if statement.get("predicateType") != PROVENANCE_V1:
+        raise PublishError(f"signed for another purpose: predicate type {str(statement.get('predicateType'))[:100]!r}, "
+                           f"not {PROVENANCE_V1}")
     subjects = {s["name"]: s["digest"]["sha256"] for s in statement.get("subject", [])}
     identity = signed_identity(image, repository)
     names = {identity, str(image)}  # publications before the identity left the host out signed the full name
     if not any(subjects.get(n) == image.hex for n in names):
         signed_for = [n for n in subjects if "@sha256:" in n]
-        raise PublishError(f"signed for {', '.join(signed_for) or 'another image'}, not {identity}"
+        raise PublishError(f"signed for {', '.join(signed_for)[:300] or 'another image'}, not {identity}"
                            + ("" if repository else " (a copy in another repository: say which one the signature "
                                                     "names, --repository)"))
     published = published_instant(statement, now)
-    bundle_digest = manifest.get("annotations", {}).get(BUNDLE_ANNOTATION, "")
-    if subjects.get("publication") != bundle_digest.split(":")[-1]:
-        raise PublishError(f"names bundle {bundle_digest[:80]}, which its statement does not sign")
-    bundle_bytes = client.get_manifest(bundle_digest) if bundle_digest else None
+    if not isinstance(subjects.get("publication"), str):
+        raise PublishError("its statement signs no bundle")
+    bundle_digest = f"sha256:{subjects['publication']}"
+    bundle_bytes = client.get_manifest(bundle_digest)
     if bundle_bytes is None:
         raise PublishError(f"the signed bundle {bundle_digest} is missing from {client.registry}")
     files = _bundle_files(client, image, bundle_digest, json.loads(bundle_bytes[0]), subjects)
-    signed_files = set(subjects) - names - {"publication"}
+    signed_files = {n for n in subjects if "@sha256:" not in n} - names - {"publication"}
     if signed_files != {f.title for f in files}:
         missing = sorted(signed_files - {f.title for f in files})
         raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)[:500]}")

@@ -9,53 +9,73 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from servestack.errors import InputError, PublishError, ServestackError
 from servestack.publish import sbom
 from servestack.publish.candidates import Publication, fetch_publication, published_at, referrer_manifest
+from servestack.publish.bundle import sbom_manifest
 from servestack.publish.layerfiles import files_in_layer_file
 from servestack.publish.push import image_client, image_subject
 from servestack.publish.signedtime import not_before
 from servestack.records.imageref import ImageRef
-from servestack.sources.registry import OCI_INDEX, transfer
+from servestack.sources.registry import OCI_INDEX, sha256_digest, transfer
 from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.project import Project
 
 __all__ = ["STACK_JSON", "Publication", "check_image_agrees", "check_sbom", "fetch_publication", "pull"]
 MAX_SKIPPED_SHOWN = 20  # lines of skipped candidates printed; publication.json's caller can ask for the rest
+MAX_WARNINGS_SHOWN = 5  # lines of unsigned SBOM referrers printed; the rest are counted
+MAX_SBOMS_EXAMINED = 20  # other SPDX referrers fetched to say why they are unsigned; more are only counted
 
 STACK_JSON = "opt/servestack/stack.json"
 
 
-def check_image_agrees(publication: Publication) -> list[str]:
-    """The image's labels and its own stack.json (top layer) against the bundle's lock; returns what was checked."""
-    image = publication.image
-    stack = publication.stack
-    lock = publication.file(f"pins/{stack}.lock")
-    lock_sha256 = sha256_bytes(lock.data)
+@dataclass(frozen=True, kw_only=True)
+class ImageLock:
+    """What the image itself says its lock is: its label, and its own /opt/servestack/stack.json."""
+    label: str | None
+    stack_json: dict[str, Any] | None
+
+
+def image_lock(image: ImageRef) -> ImageLock:
+    """The image's lock label (config) and stack.json (top layer), read once per pull."""
     client = image_client(image)
     _, manifest_bytes = image_subject(client, image)
     manifest = json.loads(manifest_bytes)
     if manifest.get("mediaType") == OCI_INDEX or "manifests" in manifest:
-        raise PublishError(f"{image} is a multi-platform index; publish and pull a platform's manifest digest")
+        raise PublishError(f"{image} is a multi-platform index; its platform's manifest carries the lock")
     problem = declared_problem(manifest["config"].get("size"), CONFIG_LIMIT, f"{image}: its config")
     if problem:
         raise PublishError(problem)
     config = json.loads(client.get_blob(manifest["config"]["digest"], size=manifest["config"]["size"]))
     labels = (config.get("config") or {}).get("Labels") or {}
-    label = labels.get("io.servestack.lock.sha256")
-    if label != lock_sha256:
-        raise PublishError(f"{image}: label io.servestack.lock.sha256 is {label}, the bundle's lock is {lock_sha256}")
     top = manifest["layers"][-1]
     with tempfile.TemporaryDirectory(prefix="servestack-pull-") as scratch:  # a layer goes to disk, not memory
         layer = Path(scratch) / "top"
         client.download_blob(top["digest"], layer, size=top.get("size"))
         stack_json = files_in_layer_file(layer, top["mediaType"], {STACK_JSON}).get(STACK_JSON)
-    if stack_json is None:
+    return ImageLock(label=labels.get("io.servestack.lock.sha256"),
+                     stack_json=json.loads(stack_json) if stack_json is not None else None)
+
+
+def check_image_agrees(publication: Publication, image: ImageRef | None = None,
+                       facts: ImageLock | None = None) -> list[str]:
+    """The image's labels and its own stack.json (top layer) against the bundle's lock; returns what was
+    checked. IMAGE: the platform's manifest when the publication is of an index; FACTS: read already."""
+    image = image or publication.image
+    lock = publication.file(f"pins/{publication.stack}.lock")
+    lock_sha256 = sha256_bytes(lock.data)
+    facts = facts or image_lock(image)
+    if facts.label != lock_sha256:
+        raise PublishError(f"{image}: label io.servestack.lock.sha256 is {facts.label}, the bundle's lock is "
+                           f"{lock_sha256}")
+    if facts.stack_json is None:
         raise PublishError(f"{image}: its top layer has no /{STACK_JSON}")
-    own = json.loads(stack_json)
+    own = facts.stack_json
     if own.get("lock_sha256") != lock_sha256 or own.get("lock") != json.loads(lock.data):
         raise PublishError(f"{image}: /{STACK_JSON} records lock {own.get('lock_sha256')}, the bundle's lock is "
                            f"{lock_sha256}")
@@ -75,9 +95,16 @@ def check_sbom(publication: Publication) -> tuple[list[str], list[str]]:
     image = publication.image
     value = sbom.read_sbom(signed.data, image, f"bundle file {sbom.SBOM_TITLE}")
     client = image_client(image)
-    plain = [r for r in publication.listed if r.artifact_type == sbom.SPDX_JSON]
+    subject, _ = image_subject(client, image)
+    created = signed_time_created(publication.statement)
+    expected = sha256_digest(sbom_manifest(signed.data, subject, created)) if created else None
+    plain = sorted((r for r in publication.listed if r.artifact_type == sbom.SPDX_JSON),
+                   key=lambda r: r.digest != expected)  # publish's own referrer first: one fetch, usually
     holding, unsigned, why = [], [], {}
-    for r in plain:
+    for n, r in enumerate(plain):
+        if n > MAX_SBOMS_EXAMINED:  # junk is counted, never fetched one by one
+            unsigned.append(r.digest)
+            continue
         try:
             manifest = referrer_manifest(client, r, image, f"{sbom.SPDX_JSON} referrer {r.digest}")
         except (ServestackError, ValueError, TypeError, AttributeError) as exc:
@@ -96,8 +123,17 @@ def check_sbom(publication: Publication) -> tuple[list[str], list[str]]:
                f"{sbom.SPDX_JSON} referrer {holding[0][:19]} holds the signed bytes"]
     checked += [f"WARNING: {sbom.SPDX_JSON} referrer {digest} holds an SBOM no publication verified with this key "
                 f"signs (another tool's, or forged): a scanner may read it instead{why.get(digest, '')}"
-                for digest in unsigned]
+                for digest in unsigned[:MAX_WARNINGS_SHOWN]]
+    if len(unsigned) > MAX_WARNINGS_SHOWN:
+        checked.append(f"WARNING: ... and {len(unsigned) - MAX_WARNINGS_SHOWN} more {sbom.SPDX_JSON} referrers no "
+                       f"publication signs ({len(unsigned)} in all: publication.json's unsigned_sboms)")
     return checked, unsigned
+
+
+def signed_time_created(statement: dict[str, Any]) -> str | None:
+    """The lock's time the statement records (startedOn): what publish stamped the SBOM referrer with."""
+    value = ((statement.get("predicate") or {}).get("runDetails") or {}).get("metadata", {}).get("startedOn")
+    return value if isinstance(value, str) else None
 
 
 def _default_out(image: ImageRef) -> Path:
@@ -129,8 +165,14 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     floor = not_before(not_before_time)
     with transfer.deadline(timeout):
-        publication = fetch_publication(reference, key, bundle, repository, floor=floor)
-        checked = check_image_agrees(publication)
+        facts: list[ImageLock] = []
+
+        def usable(candidate: Publication) -> None:  # a stale lock is skipped, the next newest taken
+            facts[:] = facts or [image_lock(candidate.image)]
+            check_image_agrees(candidate, facts=facts[0])
+
+        publication = fetch_publication(reference, key, bundle, repository, floor=floor, usable=usable)
+        checked = check_image_agrees(publication, facts=facts[0])
         sbom_checked, unsigned_sboms = check_sbom(publication)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
     try:

@@ -17,6 +17,7 @@ from servestack.publish.bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
     CREATED,
+    BundleFile,
     PUBLICATION_TYPE,
     Records,
     attestation_manifest,
@@ -26,6 +27,7 @@ from servestack.publish.bundle import (
     publication_manifest,
     sbom_manifest,
 )
+from servestack.publish.listing import is_listed, listing_annotations
 from servestack.publish.provenance import PROVENANCE_V1, Source, provenance, signed_identity
 from servestack.records.imageref import ImageRef
 from servestack.records.lockfile import read_lock
@@ -93,10 +95,12 @@ def _copy_manifest(src: Client, dst: Client, digest: str, scratch: Path) -> tupl
 
 def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
                     signer: signing.CryptoSigner) -> tuple[bytes, bytes] | None:
-    """(attestation manifest, envelope) of a publication of this bundle this key signed, if any."""
+    """(attestation manifest, envelope) of a publication of this bundle this key signed, if any (one made
+    before the listing was signed is made again, with it)."""
     referrers, _ = client.referrers(image.digest)
     for r in referrers:
-        if r.artifact_type != ATTESTATION_TYPE or r.annotation.get(BUNDLE_ANNOTATION) != bundle_digest:
+        if r.artifact_type != ATTESTATION_TYPE or r.annotation.get(BUNDLE_ANNOTATION) != bundle_digest \
+                or not is_listed(r.annotation):
             continue
         try:
             found = client.get_manifest(r.digest)
@@ -122,6 +126,26 @@ def _ensure(client: Client, blobs: list[bytes], manifests: list[tuple[bytes, str
         if not client.has_manifest(digest):
             client.put_manifest(digest, data, OCI_MANIFEST)
             repaired.append(f"{what} manifest {digest}")
+
+
+def check_records_belong(client: Client, image: ImageRef, manifest: dict[str, Any], records: Records,
+                         files: list[BundleFile]) -> None:
+    """The records are this image's: the lock is the one its label names, and every run result names its
+    digest. A publication of another lock would be signed and then refused by every pull."""
+    config = json.loads(client.get_blob(manifest["config"]["digest"], size=manifest["config"].get("size")))
+    label = ((config.get("config") or {}).get("Labels") or {}).get("io.servestack.lock.sha256")
+    lock_sha256 = sha256_digest(records.lock.read_bytes()).split(":")[1]
+    if label != lock_sha256:
+        raise PublishError(f"{records.lock}: lock {lock_sha256[:16]}, but {image} was built from lock {str(label)[:16]} "
+                           f"(its label io.servestack.lock.sha256): publish the records of this image")
+    for f in files:
+        if f.title.startswith("runs/") and f.title.endswith("/results.json"):
+            try:
+                named = json.loads(f.data).get("image")
+            except (ValueError, AttributeError):
+                raise PublishError(f"{records.shown}/{f.title}: not a JSON object of results") from None
+            if named is not None and str(named).rsplit("@", 1)[-1] != image.digest:
+                raise PublishError(f"{records.shown}/{f.title}: results of {str(named)[:200]}, not of {image}")
 
 
 def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, document: bytes, created: str) -> str:
@@ -160,6 +184,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     document = sbom.spdx_document(stack, target, build, lock, base, created)
     with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
         files = bundle_files(project, stack, target, run_id, Path(scratch), records, document)
+    check_records_belong(client, target, json.loads(image_manifest), records, files)
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
     # First, so no publication is indexed whose SBOM pull would not find.
@@ -171,8 +196,10 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
                                                      run_id, created, published), signer)
-        attestation = attestation_manifest(envelope, subject, bundle_digest, created)
+        attestation = attestation_manifest(envelope, subject, bundle_digest, created,
+                                           listing_annotations(signer, target.digest, sha256_digest(envelope)))
     attestation_digest = sha256_digest(attestation)
+    listed = tuple(sorted(json.loads(attestation)["annotations"].items()))
     # Blobs, then manifests (the registry checks their blobs exist), then the referrers index:
     # whatever fails halfway, nothing is indexed that points at something missing; and a re-run
     # finds what a failure or a deletion left missing and puts it back.
@@ -183,8 +210,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     how = client.add_referrer(target.digest, Descriptor(media_type=OCI_MANIFEST, digest=bundle_digest, size=len(manifest),
                                                        artifact_type=PUBLICATION_TYPE, annotations=((CREATED, created),)), headers)
     client.add_referrer(target.digest, Descriptor(media_type=OCI_MANIFEST, digest=attestation_digest, size=len(attestation),
-                                                 artifact_type=ATTESTATION_TYPE, annotations=((BUNDLE_ANNOTATION, bundle_digest),
-                                                                    (CREATED, created))), headers)
+                                                 artifact_type=ATTESTATION_TYPE, annotations=listed), headers)
     # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
     sbom_envelope = signing.sign_statement(signing.statement(
         [signing.Subject(name=signed_identity(target), sha256=target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
