@@ -212,13 +212,14 @@ sys.exit(os.waitstatus_to_exitcode(status))
 """
 
 
-def pull_measured(reference: str, key: Path, out: Path, project: Path, give_up_s: float = 90) -> Measured:
+def pull_measured(reference: str, key: Path, out: Path, project: Path, give_up_s: float = 90,
+                  extra: tuple[str, ...] = ()) -> Measured:
     """`servestack pull` in a child process: its exit code, wall time and peak RSS (its own, by wait4)."""
     log, peak = out.with_suffix(".log"), out.with_suffix(".peak")
     started = time.monotonic()
     with log.open("w") as sink:
         child = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak), sys.executable, "-m", "servestack",
-                                  "--project", str(project), "pull", reference, "--key", str(key), "--out", str(out)],
+                                  "--project", str(project), "pull", reference, "--key", str(key), "--out", str(out), *extra],
                                  stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         child.wait(timeout=give_up_s)
