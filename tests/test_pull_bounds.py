@@ -101,3 +101,9 @@ def test_a_body_stops_at_its_limit_and_a_declared_size_has_a_ceiling():
     assert declared_problem(2 << 30, 4 << 20, "its envelope") == (
         "its envelope declares 2147483648 bytes, over the 4194304-byte ceiling for its kind")
     assert "not a byte count" in declared_problem("12", 100, "a file")
+
+
+@pytest.mark.parametrize("title", ["publication.json", "publication.json/x"])
+def test_a_title_where_pull_writes_its_own_record_is_refused_by_name(title):
+    assert titles_problem(["pins/dev-cpu.lock", title]) == (
+        f"file title {title!r} is where pull writes its own record; a bundle cannot hold it")

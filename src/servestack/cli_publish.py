@@ -37,6 +37,8 @@ def _pull_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repository", help="the repository path the signature names, for a copy in another repository "
                                         "(default: the reference's own; the registry host never matters)")
     p.add_argument("--not-before", metavar="TIME", help="refuse publications signed before TIME (RFC 3339): no rollback")
+    p.add_argument("--platform", help="for an image index: the platform whose manifest is checked (default: this "
+                                      "machine's)")
     _timeout_arg(p)
 
 
@@ -64,7 +66,7 @@ def _pull(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
     publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
-                 not_before_time=args.not_before, timeout=args.timeout)
+                 not_before_time=args.not_before, platform=args.platform, timeout=args.timeout)
     return 0
 
 

@@ -51,6 +51,7 @@ class BundleFile:
                 "annotations": {TITLE: self.title}}
 
 
+RESERVED = ("publication.json",)  # what pull writes beside the bundle's files
 MAX_TITLE = 1024  # characters in a file title; a path component may have at most 255, as on Linux
 
 
@@ -63,6 +64,8 @@ def title_problem(title: object) -> str | None:
         return f"file title {title!r} is not a plain relative path"
     if any(ch == "\\" or ord(ch) < 32 for ch in title):
         return f"file title {title!r} holds a control character or a backslash"
+    if title.split("/")[0] in RESERVED:
+        return f"file title {title!r} is where pull writes its own record; a bundle cannot hold it"
     return None
 
 

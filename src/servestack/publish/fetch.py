@@ -14,16 +14,19 @@ from pathlib import Path
 from typing import Any
 
 from servestack.errors import InputError, PublishError, ServestackError
+from servestack.platforms import choose
 from servestack.publish import sbom
-from servestack.publish.candidates import Publication, fetch_publication, published_at, referrer_manifest
 from servestack.publish.bundle import sbom_manifest
+from servestack.publish.candidates import Publication, fetch_publication, published_at, referrer_manifest
 from servestack.publish.layerfiles import files_in_layer_file
-from servestack.publish.push import image_client, image_subject
+from servestack.publish.provenance import signed_identity
+from servestack.publish.push import image_client, image_subject, index_platforms, platform_sbom_title
 from servestack.publish.signedtime import not_before
 from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_INDEX, sha256_digest, transfer
 from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
+from servestack.util.interrupts import held
 from servestack.util.project import Project
 
 __all__ = ["STACK_JSON", "Publication", "check_image_agrees", "check_sbom", "fetch_publication", "pull"]
@@ -150,11 +153,13 @@ def _check_recipes(staging: Path) -> list[str]:
 
 
 def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
-         repository: str | None = None, not_before_time: str | None = None,
+         repository: str | None = None, not_before_time: str | None = None, platform: str | None = None,
          timeout: float = transfer.DEFAULT_TIMEOUT, echo: Callable[[str], None] | None = print) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any
     error). NOT_BEFORE_TIME (RFC 3339) refuses every publication signed as made before it: a rollback floor.
-    Everything read from registries is done within TIMEOUT seconds (sources/registry/transfer.py)."""
+    An image index: PLATFORM's manifest (default: this machine's) must be named by the index's signed
+    statement and carry a publication of its own with the same lock. Everything read from registries is
+    done within TIMEOUT seconds (sources/registry/transfer.py)."""
     started = time.monotonic()
     image = ImageRef.parse(reference)
     out = (out or _default_out(image)).absolute()
@@ -165,34 +170,49 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         raise InputError(out, "--out", "exists and is not an empty directory; pull writes a fresh one")
     floor = not_before(not_before_time)
     with transfer.deadline(timeout):
+        _, top = image_subject(image_client(image), image)
+        entries = index_platforms(json.loads(top)) if "manifests" in json.loads(top) else {}
+        if platform and not entries:
+            raise InputError("--platform", "", f"{image} is one platform's manifest, not an image index")
+        name = choose(tuple(entries), platform, f"image index {image}") if entries else None
+        runs = ImageRef.parse(f"{image.name}@{entries[name]}") if name else image
         facts: list[ImageLock] = []
 
         def usable(candidate: Publication) -> None:  # a stale lock is skipped, the next newest taken
-            facts[:] = facts or [image_lock(candidate.image)]
-            check_image_agrees(candidate, facts=facts[0])
+            if name and _subjects(candidate).get(signed_identity(runs, repository)) != runs.hex:
+                raise PublishError(f"its statement does not name {name}'s manifest {runs.digest}")
+            facts[:] = facts or [image_lock(runs)]
+            check_image_agrees(candidate, image=runs, facts=facts[0])
 
         publication = fetch_publication(reference, key, bundle, repository, floor=floor, usable=usable)
-        checked = check_image_agrees(publication, facts=facts[0])
-        sbom_checked, unsigned_sboms = check_sbom(publication)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
-    try:
-        for f in publication.files:
-            target = staging / f.title
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(f.data)
-        warnings = _check_recipes(staging)
-        (staging / "publication.json").write_text(canonical_json({
-            "image": str(image), "bundle": publication.bundle_digest, "attestation": publication.attestation_digest,
-            "key_sha256": sha256_file(key), "statement": publication.statement, "unsigned_sboms": unsigned_sboms,
-            "published": published_at(publication), "skipped": list(publication.skipped),
-        }))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if out.exists():
-            out.rmdir()
-        os.replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        checked = check_image_agrees(publication, image=runs, facts=facts[0])
+        own = _platform_publication(publication, runs, name, key, repository) if name else publication
+        sbom_checked, unsigned_sboms = check_sbom(own)
+    if own is not publication:
+        checked.append(f"{name}: {runs.digest} is signed on its own (attestation {own.attestation_digest[:19]}), "
+                       f"the same lock; its SBOM is the bundle's {platform_sbom_title(name)}")
+    with held():  # a signal here is raised once OUT is whole, or its staging is gone
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent if out.parent.exists() else None))
+        try:
+            for f in publication.files:
+                target = staging / f.title
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(f.data)
+            warnings = _check_recipes(staging)
+            (staging / "publication.json").write_text(canonical_json({
+                "image": str(image), "bundle": publication.bundle_digest, "attestation": publication.attestation_digest,
+                "key_sha256": sha256_file(key), "statement": publication.statement, "unsigned_sboms": unsigned_sboms,
+                "published": published_at(publication), "skipped": list(publication.skipped),
+                **({"platform": {"name": name, "image": str(runs), "bundle": own.bundle_digest,
+                                 "attestation": own.attestation_digest}} if name else {}),
+            }))
+            out.parent.mkdir(parents=True, exist_ok=True)
+            if out.exists():
+                out.rmdir()
+            os.replace(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
     if echo:
         echo(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
              f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
@@ -209,3 +229,27 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
              f"({time.monotonic() - started:.1f} s)"
              + "".join(f"\n  warning     {w}" for w in warnings))
     return out
+
+
+def _subjects(publication: Publication) -> dict[str, str]:
+    return {s["name"]: s["digest"]["sha256"] for s in publication.statement.get("subject", [])}
+
+
+def _platform_publication(index: Publication, runs: ImageRef, name: str, key: Path,
+                          repository: str | None) -> Publication:
+    """The platform manifest's own newest publication of the index publication's lock, whose SBOM is the
+    one the index's bundle holds for it."""
+    lock_title = f"pins/{index.stack}.lock"
+    lock = index.file(lock_title).data
+
+    def same_lock(candidate: Publication) -> None:
+        if not any(f.title == lock_title and f.data == lock for f in candidate.files):
+            raise PublishError(f"its lock is not the index publication's ({lock_title})")
+
+    own = fetch_publication(str(runs), key, None, repository, usable=same_lock)
+    title = platform_sbom_title(name)
+    held_sbom = next((f.data for f in index.files if f.title == title), None)
+    signed_sbom = next((f.data for f in own.files if f.title == sbom.SBOM_TITLE), None)
+    if held_sbom != signed_sbom:
+        raise PublishError(f"{runs}: its own publication's {sbom.SBOM_TITLE} is not the index bundle's {title}")
+    return own

@@ -43,13 +43,15 @@ def signed_identity(image: ImageRef, repository: str | None = None) -> str:
 
 
 def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[BundleFile], source: Source,
-               run_id: str | None, created: str, published: str) -> dict[str, Any]:
+               run_id: str | None, created: str, published: str, platforms: tuple[ImageRef, ...] = ()) -> dict[str, Any]:
     """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance.
     `created` is the lock's time (the bundle's, so equal inputs give an equal bundle); `published`
-    when this publication was made (finishedOn: pull takes the newest of an image's publications)."""
+    when this publication was made (finishedOn: pull takes the newest of an image's publications).
+    PLATFORMS: for an image index, each platform's manifest, named as the image is."""
     lock = next(f for f in files if f.title == f"pins/{stack}.lock")
     subjects = [signing.Subject(name=signed_identity(image), sha256=image.hex),
                 signing.Subject(name="publication", sha256=bundle_digest.split(":")[1])]
+    subjects += [signing.Subject(name=signed_identity(p), sha256=p.hex) for p in platforms]
     subjects += [signing.Subject(name=f.title, sha256=f.digest.split(":")[1]) for f in files]
     dependencies: list[dict[str, Any]] = [{"name": f"pins/{stack}.lock", "digest": {"sha256": lock.digest.split(":")[1]}}]
     if source.commit:

@@ -129,9 +129,10 @@ def _ensure(client: Client, blobs: list[bytes], manifests: list[tuple[bytes, str
 
 
 def check_records_belong(client: Client, image: ImageRef, manifest: dict[str, Any], records: Records,
-                         files: list[BundleFile]) -> None:
+                         files: list[BundleFile], also: frozenset[str] = frozenset()) -> None:
     """The records are this image's: the lock is the one its label names, and every run result names its
-    digest. A publication of another lock would be signed and then refused by every pull."""
+    digest (or one of ALSO: the index and its other platforms). A publication of another lock would be
+    signed and then refused by every pull."""
     config = json.loads(client.get_blob(manifest["config"]["digest"], size=manifest["config"].get("size")))
     label = ((config.get("config") or {}).get("Labels") or {}).get("io.servestack.lock.sha256")
     lock_sha256 = sha256_digest(records.lock.read_bytes()).split(":")[1]
@@ -144,7 +145,7 @@ def check_records_belong(client: Client, image: ImageRef, manifest: dict[str, An
                 named = json.loads(f.data).get("image")
             except (ValueError, AttributeError):
                 raise PublishError(f"{records.shown}/{f.title}: not a JSON object of results") from None
-            if named is not None and str(named).rsplit("@", 1)[-1] != image.digest:
+            if named is not None and str(named).rsplit("@", 1)[-1] not in {image.digest, *also}:
                 raise PublishError(f"{records.shown}/{f.title}: results of {str(named)[:200]}, not of {image}")
 
 
@@ -161,41 +162,20 @@ def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, docum
     return digest
 
 
-def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
-            run_id: str | None = None, records_dir: Path | None = None,
-            echo: Callable[[str], None] | None = print) -> dict[str, Any]:
-    """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
-
-    The image is IMAGE, or the one build/<stack>/image.json records. Its lock and step records come
-    from this checkout, or from RECORDS_DIR, a directory `pull` wrote for the same digest (a cluster
-    adding its run's results to an image it did not build)."""
-    started = time.monotonic()
-    records = Records.pulled(records_dir, stack) if records_dir else Records.of_project(project, stack)
-    source_image = ImageRef.parse(image or records.image().reference)
-    check_smoke(records, source_image)
-    signer = signing.load_signer(key)  # a bad key fails before anything is pushed
-    target = copy_image(source_image, to) if to else source_image
-    lock = read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first")
-    created = created_timestamp(lock)
-    client = image_client(target)
-    subject, image_manifest = image_subject(client, target)
-    build = read_build(records.steps / "build.json", "run the session that makes it first", f"{records.shown}/build.json")
-    base = sbom.base_system(client, json.loads(image_manifest), records.image())
-    document = sbom.spdx_document(stack, target, build, lock, base, created)
-    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
-        files = bundle_files(project, stack, target, run_id, Path(scratch), records, document)
-    check_records_belong(client, target, json.loads(image_manifest), records, files)
+def _sign_and_push(client: Client, target: ImageRef, subject: Descriptor, files: list[BundleFile], stack: str,
+                   signer: signing.CryptoSigner, project: Project, run_id: str | None, created: str,
+                   attestations: list[tuple[bytes, str]], platforms: tuple[ImageRef, ...] = ()) -> dict[str, Any]:
+    """The bundle of FILES and its signed statement as referrers of TARGET, and cosign's layouts; a
+    re-run adds nothing for the same files and repairs what is missing."""
     manifest = publication_manifest(files, subject, created)
     bundle_digest = sha256_digest(manifest)
-    # First, so no publication is indexed whose SBOM pull would not find.
-    sbom_digest = _push_plain_sbom(client, target, subject, document, created)
     already = _signed_already(client, target, bundle_digest, signer)
     if already is not None:  # the same files, signed by this key: re-signing would add a second publication
         attestation, envelope = already
     else:
         published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
-                                                     run_id, created, published), signer)
+                                                     run_id, created, published, platforms), signer)
         attestation = attestation_manifest(envelope, subject, bundle_digest, created,
                                            listing_annotations(signer, target.digest, sha256_digest(envelope)))
     attestation_digest = sha256_digest(attestation)
@@ -211,33 +191,131 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
                                                        artifact_type=PUBLICATION_TYPE, annotations=((CREATED, created),)), headers)
     client.add_referrer(target.digest, Descriptor(media_type=OCI_MANIFEST, digest=attestation_digest, size=len(attestation),
                                                  artifact_type=ATTESTATION_TYPE, annotations=listed), headers)
-    # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
-    sbom_envelope = signing.sign_statement(signing.statement(
-        [signing.Subject(name=signed_identity(target), sha256=target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
-    tags = cosign.attach(client, target, subject, signer, [(envelope, PROVENANCE_V1), (sbom_envelope, sbom.SPDX_PREDICATE)])
-    record = {
+    tags = cosign.attach(client, target, subject, signer, [(envelope, PROVENANCE_V1), *attestations])
+    return {
         "image": str(target),
         "bundle": f"{target.name}@{bundle_digest}",
         "bundle_digest": bundle_digest,
         "attestation": f"{target.name}@{attestation_digest}",
         "referrers": "api" if how == "api" else f"fallback tag {client.fallback_tag(target.digest)}",
         "cosign": tags,
-        "sbom": {"referrer": f"{target.name}@{sbom_digest}", "packages": len(json.loads(document)["packages"])},
         "files": [{"title": f.title, "digest": f.digest, "size": len(f.data)} for f in files],
         "bundle_size": len(manifest) + sum(len(f.data) for f in files),
         "run": run_id,
         "repaired": repaired if already is not None else [],
         "damaged": tags.get("damaged", []),
-        "seconds": round(time.monotonic() - started, 2),
     }
+
+
+def _publish_image(project: Project, stack: str, records: Records, target: ImageRef, signer: signing.CryptoSigner,
+                   run_id: str | None, platform: str | None = None, also: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """One image manifest's publication: its SBOM (from its own base layers; another PLATFORM of an index
+    has the lock's wheels for it), the bundle, the statement, cosign's layouts."""
+    lock = read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first")
+    created = created_timestamp(lock)
+    client = image_client(target)
+    subject, image_manifest = image_subject(client, target)
+    build = read_build(records.steps / "build.json", "run the session that makes it first", f"{records.shown}/build.json")
+    base = sbom.base_system(client, json.loads(image_manifest), records.image())
+    wheels = sbom.lock_build(build, lock, platform or build.platform)
+    document = sbom.spdx_document(stack, target, wheels, lock, base, created, build_from_lock=wheels is not build)
+    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
+        files = bundle_files(project, stack, target, run_id, Path(scratch), records, document)
+    check_records_belong(client, target, json.loads(image_manifest), records, files, also)
+    # First, so no publication is indexed whose SBOM pull would not find.
+    sbom_digest = _push_plain_sbom(client, target, subject, document, created)
+    # Signed where `cosign verify-attestation --type spdxjson` looks, beside the provenance.
+    sbom_envelope = signing.sign_statement(signing.statement(
+        [signing.Subject(name=signed_identity(target), sha256=target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
+    record = _sign_and_push(client, target, subject, files, stack, signer, project, run_id, created,
+                            [(sbom_envelope, sbom.SPDX_PREDICATE)])
+    return {**record, "sbom": {"referrer": f"{target.name}@{sbom_digest}", "packages": len(json.loads(document)["packages"]),
+                               "document": document}}
+
+
+def index_platforms(manifest: dict[str, Any]) -> dict[str, str]:
+    """{platform name: manifest digest} of an image index (linux/arm64/v8 is named linux/arm64)."""
+    found = {}
+    for entry in manifest.get("manifests") or []:
+        platform = entry.get("platform") or {}
+        found[f"{platform.get('os')}/{platform.get('architecture')}"] = entry.get("digest")
+    return found
+
+
+def _publish_index(project: Project, stack: str, records: Records, target: ImageRef, signer: signing.CryptoSigner,
+                   run_id: str | None, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Every platform's manifest published on its own (so its digest pulls alone), then the index: one
+    bundle naming the index and each platform, with every platform's SBOM, recipes bound to the index."""
+    platforms = index_platforms(manifest)
+    related = frozenset([target.digest, *platforms.values()])
+    each = {name: _publish_image(project, stack, records, ImageRef.parse(f"{target.name}@{digest}"), signer, run_id,
+                                 name, related) for name, digest in sorted(platforms.items())}
+    lock = read_lock(records.lock, f"run `nox -s lock -- --stack {stack}` first")
+    created = created_timestamp(lock)
+    client = image_client(target)
+    subject, _ = image_subject(client, target)
+    with tempfile.TemporaryDirectory(prefix="servestack-publish-") as scratch:
+        files = bundle_files(project, stack, target, run_id, Path(scratch), records)
+    files = sorted(files + [BundleFile(title=platform_sbom_title(name), data=r["sbom"]["document"])
+                            for name, r in each.items()], key=lambda f: f.title)
+    record = _sign_and_push(client, target, subject, files, stack, signer, project, run_id, created, [],
+                            tuple(ImageRef.parse(r["image"]) for r in each.values()))
+    for r in each.values():
+        del r["sbom"]["document"]
+    return {**record, "platforms": each}
+
+
+def platform_sbom_title(platform: str) -> str:
+    """Where an index's bundle holds PLATFORM's SBOM (the platform's own bundle has it as sbom.spdx.json)."""
+    return f"sbom/{platform.replace('/', '-')}.spdx.json"
+
+
+def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
+            run_id: str | None = None, records_dir: Path | None = None,
+            echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+    """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
+
+    The image is IMAGE, or the one build/<stack>/image.json records: its image index when it records
+    one (every platform's manifest is published too), else its manifest. Its lock and step records come
+    from this checkout, or from RECORDS_DIR, a directory `pull` wrote for the same digest (a cluster
+    adding its run's results to an image it did not build)."""
+    started = time.monotonic()
+    records = Records.pulled(records_dir, stack) if records_dir else Records.of_project(project, stack)
+    recorded = ImageRef.parse(records.image().reference)
+    index = records.image().index
+    source_image = ImageRef.parse(image or (f"{recorded.name}@{index}" if index else str(recorded)))
+    _, source_bytes = image_subject(image_client(source_image), source_image)
+    source_manifest = json.loads(source_bytes)
+    is_index = "manifests" in source_manifest
+    if is_index and recorded.digest not in index_platforms(source_manifest).values():
+        raise PublishError(f"{records.shown}/image.json is for {recorded}, which is not a platform of the index "
+                           f"{source_image}: publish the records of one of its platforms")
+    check_smoke(records, ImageRef.parse(f"{source_image.name}@{recorded.digest}") if is_index else source_image)
+    signer = signing.load_signer(key)  # a bad key fails before anything is pushed
+    target = copy_image(source_image, to) if to else source_image
+    if is_index:
+        record = _publish_index(project, stack, records, target, signer, run_id, source_manifest)
+    else:
+        record = _publish_image(project, stack, records, target, signer, run_id)
+        del record["sbom"]["document"]
+    record["seconds"] = round(time.monotonic() - started, 2)
     atomic_write_json(project.artifacts(stack) / "publish.json", record)
     if echo:
-        echo(f"publish {stack}: {target}\n  bundle      {record['bundle']} ({len(files)} files, "
-             f"{record['bundle_size']} bytes)\n  attestation {record['attestation']}\n  referrers   {record['referrers']}"
-             f"\n  sbom        {record['sbom']['referrer']} (SPDX 2.3, {record['sbom']['packages']} packages)"
-             f"\n  cosign      {tags['signature']}, {tags['attestation']} (cosign 2); {len(tags['bundles'])} "
-             f"Sigstore bundles among the referrers (cosign 3)"
-             + "".join(f"\n  repaired    {line}" for line in record["repaired"])
-             + "".join(f"\n  damaged     {line}" for line in record["damaged"])
-             + f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json")
+        echo(_said(stack, record))
     return record
+
+
+def _said(stack: str, record: dict[str, Any]) -> str:
+    tags = record["cosign"]
+    lines = [f"publish {stack}: {record['image']}",
+             f"  bundle      {record['bundle']} ({len(record['files'])} files, {record['bundle_size']} bytes)",
+             f"  attestation {record['attestation']}", f"  referrers   {record['referrers']}"]
+    lines += [f"  platform    {name}: {r['image']}, bundle {r['bundle_digest'][:19]}, sbom {r['sbom']['packages']} packages"
+              for name, r in record.get("platforms", {}).items()]
+    if "sbom" in record:
+        lines.append(f"  sbom        {record['sbom']['referrer']} (SPDX 2.3, {record['sbom']['packages']} packages)")
+    lines.append(f"  cosign      {tags['signature']}, {tags['attestation']} (cosign 2); {len(tags['bundles'])} "
+                 f"Sigstore bundles among the referrers (cosign 3)")
+    lines += [f"  repaired    {line}" for line in record["repaired"]]
+    lines += [f"  damaged     {line}" for line in record["damaged"]]
+    return "\n".join(lines) + f" ({record['seconds']:.1f} s) -> build/{stack}/publish.json"

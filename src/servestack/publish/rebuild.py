@@ -4,6 +4,7 @@ fresh derived caches and its own registry, and compare digests."""
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 import time
@@ -14,6 +15,7 @@ from typing import Any
 from servestack import settings
 from servestack.errors import PublishError
 from servestack.publish.fetch import fetch_publication
+from servestack.publish.push import image_client, image_subject, index_platforms
 from servestack.records.imageref import ImageRef
 from servestack.sources.registry import transfer
 from servestack.util import proc
@@ -48,6 +50,8 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
     started = time.monotonic()
     with transfer.deadline(timeout):
         publication = fetch_publication(reference, key)
+        _, top = image_subject(image_client(publication.image), publication.image)
+        entries = index_platforms(json.loads(top)) if "manifests" in json.loads(top) else {}
     stack = publication.stack
     commit = publication.repository.get("commit")
     if not commit:
@@ -72,9 +76,12 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
         proc.run(["git", "-C", str(project.root), "worktree", "remove", "--force", str(worktree)], check=False)
         shutil.rmtree(scratch, ignore_errors=True)
     rebuilt = ImageRef.parse(result.reference)
-    record = {"image": str(publication.image), "rebuilt": str(rebuilt), "same": rebuilt.digest == publication.image.digest,
-              "commit": commit, "seconds": round(time.monotonic() - started, 1)}
+    # An index is verified by the platform rebuilt here: its manifest must be the one the index lists.
+    expected = entries.get(result.platform, "(no manifest for this platform)") if entries else publication.image.digest
+    record = {"image": str(publication.image), "rebuilt": str(rebuilt), "same": rebuilt.digest == expected,
+              "commit": commit, "seconds": round(time.monotonic() - started, 1),
+              **({"platform": result.platform, "expected": expected} if entries else {})}
     if echo:
-        echo(f"verify {publication.image.digest}: rebuilt {rebuilt.digest} in {record['seconds']:.0f} s: "
+        echo(f"verify {expected}: rebuilt {rebuilt.digest} in {record['seconds']:.0f} s: "
              + ("SAME digest" if record["same"] else "DIFFERENT digest"))
     return record

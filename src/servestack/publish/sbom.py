@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ from servestack.sources.registry import Client
 from servestack.wheels import normalize
 
 __all__ = ["SBOM_TITLE", "SPDX_JSON", "SPDX_PREDICATE", "BaseSystem", "DebianPackage", "base_system", "parse_dpkg_status",
-           "python_distributions", "read_sbom", "spdx_document"]
+           "lock_build", "python_distributions", "read_sbom", "spdx_document"]
 
 SPDX_PREDICATE = "https://spdx.dev/Document"  # what `cosign verify-attestation --type spdxjson` asks for
 DPKG_STATUS = "var/lib/dpkg/status"
@@ -87,10 +87,36 @@ def _os_release(text: str) -> dict[str, str]:
     return {key.strip(): value.strip().strip('"') for key, value in pairs}
 
 
+def base_layers(client: Client, manifest: dict[str, Any], record: ImageRecord) -> set[str]:
+    """The digests of the image's base layers: as image.json titles them, or, for another platform's
+    manifest (an index's), as the image's own config names them (history `servestack layer base`)."""
+    recorded = {layer.digest for layer in record.layers if layer.title == BASE_LAYER}
+    layers = [layer["digest"] for layer in manifest.get("layers", [])]
+    if recorded & set(layers):
+        return recorded
+    config = manifest.get("config") or {}
+    if not isinstance(config.get("size"), int) or config["size"] > 4 << 20:
+        return set()
+    history = json.loads(client.get_blob(config["digest"], size=config["size"])).get("history") or []
+    made = [h for h in history if not h.get("empty_layer")]
+    return {digest for digest, h in zip(layers, made) if h.get("created_by") == f"servestack layer {BASE_LAYER}"}
+
+
+def lock_build(build: BuildRecord, lock: Lock, platform: str) -> BuildRecord:
+    """PLATFORM's wheels as the lock has them, for a platform of the index whose build record is not
+    here (each platform is built on its own machine): names, versions and hashes, no licences or
+    overlays (the document says so)."""
+    if build.platform == platform:
+        return build
+    inputs = tuple(BuildInput(name=w.name, version=w.version, filename=w.filename, sha256=w.sha256, path="",
+                              declared=False, replaced_by=None) for w in lock.wheels(platform))
+    return replace(build, platform=platform, inputs=inputs, overlays=())
+
+
 def base_system(client: Client, manifest: dict[str, Any], record: ImageRecord) -> BaseSystem | None:
     """The base's dpkg database and release, read from the image's base layers (the last layer
     that holds a file wins, as in the image); None for a base without a dpkg database."""
-    base_digests = {layer.digest for layer in record.layers if layer.title == BASE_LAYER}
+    base_digests = base_layers(client, manifest, record)
     found: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="servestack-sbom-") as scratch:
         for layer in manifest.get("layers", []):
@@ -189,8 +215,9 @@ def _wheel(doc: _Document, spdx_id: str, w: BuildInput, *, version: str | None =
 
 
 def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, base: BaseSystem | None,
-                  created: str) -> bytes:
-    """The SBOM of IMAGE as canonical SPDX 2.3 JSON, validated; `created` is the lock's time."""
+                  created: str, build_from_lock: bool = False) -> bytes:
+    """The SBOM of IMAGE as canonical SPDX 2.3 JSON, validated; `created` is the lock's time.
+    BUILD_FROM_LOCK: BUILD is lock_build's, for a platform whose build record is not here."""
     doc = _Document()
     name = image.repository.rsplit("/", 1)[-1]
     top = doc.package("SPDXRef-Image", image.repository, image.digest, sha256=image.hex, purpose="CONTAINER",
@@ -245,10 +272,14 @@ def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, b
                                 download=f"https://github.com/{pr['repo']}/pull/{number}.diff" if number else None,
                                 comment="a pull request's diff" if number else "a patch of this project's pins/patches")
             doc.relate(patch, "PATCH_APPLIED", installed)
+    notes = ([] if base else ["The base's operating-system packages are not listed: its layers hold no dpkg "
+                              "database (var/lib/dpkg/status)."])
+    if build_from_lock:
+        notes.append(f"The Python packages are the lock's wheels for {build.platform}: no build record of this "
+                     "platform was published with it, so licences and overlaid versions are not listed.")
     document = doc.document(f"{image.repository}@{image.digest}",
                             f"https://spdx.org/spdxdocs/servestack/{stack}/sha256-{image.hex}", created,
-                            None if base else "The base's operating-system packages are not listed: its layers hold "
-                            "no dpkg database (var/lib/dpkg/status).")
+                            " ".join(notes) or None)
     return _validated_json(document)
 
 
