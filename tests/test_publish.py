@@ -41,6 +41,15 @@ def test_keygen_writes_a_private_key_only_its_owner_reads_and_never_overwrites(k
         signing.keygen(private)
 
 
+def test_a_private_key_others_may_read_is_warned_about_as_ssh_does(keys):
+    private, _ = keys
+    assert signing.key_permission_problem(private) is None
+    private.chmod(0o644)
+    assert signing.key_permission_problem(private) == (
+        f"WARNING: UNPROTECTED PRIVATE KEY FILE: permissions 0644 for {private} are too open; anyone who can read it "
+        f"can publish as you (chmod 600 {private})")
+
+
 def test_a_signed_statement_verifies_with_its_key_only(keys, tmp_path):
     envelope = _envelope(keys)
     assert signing.verify_envelope(envelope, signing.load_public_key(keys[1]), "t")["predicate"] == {"x": 1}

@@ -16,11 +16,11 @@ import uuid
 import pytest
 from fixtures.hostile_registry import exactly
 from fixtures.tls_registry import push_stack_image
-from test_publish_e2e import REPO_ROOT, STACK, make_project
+from test_publish_e2e import REPO_ROOT, STACK, make_project, tls_registry  # noqa: F401 - fixture
 from test_pull_hostile_e2e import MEGABYTES, SECONDS, _publish_run, _signed_at, _through, hostile, pull_measured  # noqa: F401
 
 from servestack import publish
-from servestack.errors import InputError, PublishError
+from servestack.errors import InputError, PublishError, RegistryError
 from servestack.publish import listing, push, signing
 from servestack.publish.bundle import ATTESTATION_TYPE
 from servestack.records.imageref import ImageRef
@@ -189,3 +189,14 @@ def test_a_stalling_registry_costs_seconds_and_names_the_blob(fresh, hostile, tm
     assert measured.returncode == PublishError.exit_code, measured.output
     assert f"registry {hostile.address} stalled" in measured.output and recipe["digest"] in measured.output
     assert measured.seconds < 20 and not (tmp_path / "failed").exists(), measured
+
+
+def test_a_tls_registry_whose_ca_this_machine_lacks_is_named_not_a_bare_http_400(tls_registry, tmp_path, monkeypatch):
+    """The registry speaks TLS only; with no ca.crt in certs.d, the error names the file to put it in."""
+    monkeypatch.setenv("SERVESTACK_CERTS_D", str(tmp_path / "certs.d"))
+    key = signing.keygen(tmp_path / "k.key")[1]
+    reference = f"{tls_registry.address}/servestack-test/none@sha256:{'a' * 64}"
+    with pytest.raises(RegistryError, match=rf"registry {tls_registry.address} serves TLS with a certificate this "
+                                            rf"machine does not trust .*put its CA in {tmp_path}/certs.d/"
+                                            rf"{tls_registry.address}/ca.crt"):
+        publish.pull(reference, key=key, out=tmp_path / "pulled", echo=None)

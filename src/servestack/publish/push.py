@@ -292,6 +292,9 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
                            f"{source_image}: publish the records of one of its platforms")
     check_smoke(records, ImageRef.parse(f"{source_image.name}@{recorded.digest}") if is_index else source_image)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
+    unprotected = signing.key_permission_problem(key)
+    if unprotected and echo:
+        echo(unprotected)
     target = copy_image(source_image, to) if to else source_image
     if is_index:
         record = _publish_index(project, stack, records, target, signer, run_id, source_manifest)

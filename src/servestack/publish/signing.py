@@ -56,6 +56,18 @@ def keygen(private_path: Path, public_path: Path | None = None) -> tuple[Path, P
     return private_path, public_path
 
 
+def key_permission_problem(path: Path) -> str | None:
+    """A warning, as ssh gives one, when others than its owner may read or write the private key."""
+    try:
+        mode = path.stat().st_mode & 0o777
+    except OSError:
+        return None
+    if not mode & 0o077:
+        return None
+    return (f"WARNING: UNPROTECTED PRIVATE KEY FILE: permissions {mode:04o} for {path} are too open; anyone who can "
+            f"read it can publish as you (chmod 600 {path})")
+
+
 def load_signer(path: Path) -> CryptoSigner:
     try:
         data = path.read_bytes()
