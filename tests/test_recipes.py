@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 import yaml
 from fixtures.records import committed_lock
 
@@ -27,6 +28,7 @@ from servestack.records.lockfile import LockedPackage, write_lock
 from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("static_recipes")  # the static rules; the engine's: *_judge_e2e.py
 GB200_ENGINE = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")
 SWEEP = ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8.yaml"
 DIGEST = "registry.local:5000/servestack/qwen35-gb200@sha256:" + "ab" * 32

@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 
 from servestack.errors import InputErrors
 from servestack.recipes import check_before_run, validate_files
@@ -21,6 +22,7 @@ from servestack.recipes.validate import validate_text
 from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("static_recipes")  # the static rules; the engine's: *_judge_e2e.py
 GB200 = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")
 SWEEP = ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8.yaml"
 CC5120 = ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8-cc5120.yaml"
@@ -110,7 +112,10 @@ def test_the_committed_engine_descriptions_carry_the_rules_with_their_sources():
 # -- class 2: the hardware is what the GPU type has ------------------------------------------------------
 def test_a_gb200_recipe_with_8_gpus_per_node_is_an_error():
     errors, _ = edited(SWEEP, "  gpus_per_node: 4", "  gpus_per_node: 8")
-    assert len(errors) == 1 and "8 GPUs per node (line 22), but a gb200 node has 4: gb200 (line 21;" in errors[0]
+    assert len(errors) == 1
+    # what to change first, in one sentence; the datasheet after it
+    assert ("8 GPUs per node (line 22), but a gb200 node has 4: set gpus_per_node to 4 for gpu_type gb200 (line 21) "
+            "(source: NVIDIA GB200 NVL72 datasheet:") in errors[0]
 
 
 def test_nvfp4_on_hopper_and_an_arm64_image_on_x86_nodes_are_errors():

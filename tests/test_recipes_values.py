@@ -9,14 +9,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 
 from servestack.cli import main
 from servestack.errors import InputError
+from servestack.platforms import host_platform
 from servestack.recipes import load_engine, validate_committed, validate_files, validate_text
 from servestack.recipes.engine_cli import DYNAMO_VLLM, VLLM_SERVE, ValueSpec, _option_spec, _probe_kind
 from servestack.util.project import Project
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.usefixtures("static_recipes")  # the static rules; the engine's: *_judge_e2e.py
 GB200 = load_engine(ROOT / "pins" / "qwen35-gb200.engine.json")
 CPU = load_engine(ROOT / "pins" / "dev-cpu.engine.json")
 SWEEP = ROOT / "recipes" / "qwen35-gb200" / "4xdep2-1xdep8.yaml"
@@ -233,6 +236,11 @@ def test_what_is_not_checked_is_said(tmp_path: Path, capsys):
         "backend: {type: sglang, sglang_config: {aggregated: {tp-size: 4, no-such-sglang-flag: 1}}}\n")
     result = validate_files(Project(root=ROOT), [sglang, AGG])
     assert result.errors == []
-    assert result.notes == [f"{sglang}: sglang flags and environment not checked (the engine description describes vllm, not sglang)"]
+    assert f"{sglang}: sglang flags and environment not checked (the engine description describes vllm, not sglang)" \
+        == result.notes[1]
+    # without the stack's image the engine's judgement is not had, and the note says so (the fallback is marked)
+    assert result.notes[:1] == ["1 dev-cpu recipe(s) checked by the static rules only: the dev-cpu image for "
+                                f"{host_platform()} is neither built nor pulled here (`nox -s build image -- --stack "
+                                "dev-cpu`, or `servestack pull`)"]
     assert main(["--project", str(ROOT), "recipes", "validate", str(sglang)]) == 0
     assert "note: " in capsys.readouterr().out

@@ -278,6 +278,22 @@ def _recipes_args(p: argparse.ArgumentParser) -> None:
     compare.add_argument("--against", type=Path, help="our recipe directory (default: the committed set sharing the most file names)")
 
 
+def _recipe_standin(project: Project):
+    """The model the engine judges a stack's recipes with: its smoke model's config.json (the checkpoint's
+    architecture and head shapes at toy size; no weights are read), as the build makes it."""
+    def standin(stack: str) -> dict | None:
+        from servestack.inputs.tinymodel import TinyModelSpec, model_config
+        from servestack.records.stack import load_stack
+
+        file = project.pins / f"{stack}.yaml"
+        smoke = load_stack(file).smoke_model if file.is_file() else None
+        if smoke is None or smoke.make is None:
+            return None
+        return model_config(TinyModelSpec.from_dict({"name": smoke.name.rsplit("/", 1)[-1], **smoke.make}, stack_file=file))
+
+    return standin
+
+
 @command("recipes", "render, bind, check, validate and compare srt-slurm recipes", _recipes_args)
 def _recipes(args: argparse.Namespace, project: Project) -> int:
     from servestack import recipes
@@ -306,10 +322,15 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
         _say(f"recipes compare: {same} of {len(comparisons)} file(s) the same")
         return 0 if same == len(comparisons) else 1
     if args.action == "check":
-        errors = recipes.check_rendered(project) + recipes.validate_committed(project)
+        notes: list[str] = []
+        errors = recipes.check_rendered(project) + recipes.validate_committed(project, notes=notes,
+                                                                              standin=_recipe_standin(project))
+        for note in notes:
+            _say(f"note: {note}")
     else:
         committed = recipes.committed_sets(project)
-        result = recipes.validate_files(project, args.paths or committed, engine=args.engine, stack=args.stack)
+        result = recipes.validate_files(project, args.paths or committed, engine=args.engine, stack=args.stack,
+                                        standin=_recipe_standin(project))
         errors = result.errors
         for engine, count in sorted(_count(result.engines.values()).items()):
             _say(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servestack.errors import InputError, InputErrors
+from servestack.recipes.engine_check import StandIn, judge_files
 from servestack.recipes.engine_cli import EngineSpec, describe, load_engine
 from servestack.recipes.render import (
     Family,
@@ -31,7 +32,14 @@ from servestack.recipes.render import (
     render_recipes,
 )
 from servestack.recipes.semantic_diff import FileComparison, closest_set, compare_dirs, format_comparisons
-from servestack.recipes.validate import UNBOUND_IMAGE, header_stack, image_ref_problem, validate_paths, validate_text
+from servestack.recipes.validate import (
+    UNBOUND_IMAGE,
+    header_stack,
+    image_ref_problem,
+    recipe_files,
+    validate_paths,
+    validate_text,
+)
 from servestack.util.project import DEFAULT_STACK, Project
 
 
@@ -89,7 +97,8 @@ class Validation:
 
 
 def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
-                   require_digest: bool | None = None) -> Validation:
+                   require_digest: bool | None = None, judge: bool = True,
+                   standin: StandIn | None = None) -> Validation:
     """Validate recipe files, every one against an engine description, never none.
 
     The description is `engine` when given, else the stack's pins/<stack>.engine.json, the stack
@@ -99,9 +108,22 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     engines = _Engines(project, engine, stack)
     notes: list[str] = []
     warnings: list[InputError] = []
+    judged_errors: list[InputError] = []
+    judged: frozenset[Path] = frozenset()
+    if judge:  # srt-slurm and the stack's engine resolve and judge each role (engine_check.py), where the image is
+        def engine_of(recipe: Path, text: str) -> EngineSpec | None:
+            try:
+                return engines(recipe, text)
+            except InputError:
+                return None
+
+        def stack_of(recipe: Path, text: str) -> str:
+            return stack or header_stack(text) or DEFAULT_STACK
+
+        judged_errors, judged = judge_files(project, recipe_files(paths), stack_of, engine_of, standin, notes)
     errors = validate_paths(paths, engines, require_digest=require_digest, notes=notes, warnings=warnings,
-                            platforms=engines.platforms)
-    return Validation(errors=errors, engines=dict(engines.used), notes=notes, warnings=warnings)
+                            platforms=engines.platforms, judged=judged)
+    return Validation(errors=errors + judged_errors, engines=dict(engines.used), notes=notes, warnings=warnings)
 
 
 def check_before_run(paths: list[Path], project: Project | None = None) -> list[InputError]:
@@ -124,12 +146,18 @@ def check_before_run(paths: list[Path], project: Project | None = None) -> list[
     return warnings
 
 
-def validate_committed(project: Project) -> list[InputError]:
-    """Validate every committed family's recipes against the engine its stack locks."""
+def validate_committed(project: Project, *, notes: list[str] | None = None, standin: StandIn | None = None,
+                       judge: bool = True) -> list[InputError]:
+    """Validate every committed family's recipes against the engine its stack locks (judged by srt-slurm and
+    the engine where the stack's image is here); `notes` receives what was judged and what was not."""
     errors: list[InputError] = []
     for fpath in families(project):
         family = load_family(fpath)
-        errors += validate_files(project, [project.recipes / family.name], stack=family.stack, require_digest=True).errors
+        result = validate_files(project, [project.recipes / family.name], stack=family.stack, require_digest=True,
+                                judge=judge, standin=standin)
+        errors += result.errors
+        if notes is not None:
+            notes.extend(result.notes)
     return errors
 
 

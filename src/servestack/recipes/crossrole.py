@@ -53,13 +53,20 @@ def _reason(rule: KvRule) -> str:
 
 
 def check_roles(c: Checker, root: Any) -> None:
-    if c.engine is None or not c.engine.kv_rules:
-        return
+    if c.engine is None or not c.engine.kv_rules or c.judged:
+        return  # judged: the engine's own hash on the resolved roles decides (judged.py), not these rules
     by_name = roles(root)
     if "prefill" not in by_name or "decode" not in by_name:
         return
     prefill, decode = by_name["prefill"], by_name["decode"]
-    if {prefill.engine, decode.engine} != {c.engine.engine} or not _uses_nixl([prefill, decode]):
+    if {prefill.engine, decode.engine} != {c.engine.engine}:
+        return
+    if not _uses_nixl([prefill, decode]):
+        p, d = (r.setting("json:kv-transfer-config.kv_connector") for r in (prefill, decode))
+        if p.value != d.value:
+            c.err(d.node, d.path, f"the roles name different KV connectors: prefill {_shown(p)} (line {c.line(p.node)}), "
+                                  f"decode {_shown(d)} (line {c.line(d.node)}), so no KV moves between them; name one "
+                                  "connector in both kv-transfer-config values")
         return
     checked: set[str] = set()
     for rule in c.engine.kv_rules:

@@ -25,6 +25,7 @@ class Gpu:
     imex_multinode: bool  # NVLink across nodes needs IMEX channels in the job
     precisions: frozenset[str]
     source: str
+    capability: tuple[int, int] | None = None  # CUDA compute capability (NVIDIA's CUDA GPUs table); None: no GPU
 
 
 _HOPPER = frozenset({"fp8", "bf16", "bfloat16", "fp16", "float16", "auto"})
@@ -34,18 +35,20 @@ GPUS = {g.name: g for g in (
     Gpu(name="gb200", gpus_per_node=4, arch="linux/arm64", memory_gb=186, nvlink_domain=72, imex_multinode=True,
         precisions=_BLACKWELL, source="NVIDIA GB200 NVL72 datasheet: 18 compute trays of 2 Grace CPUs + 4 Blackwell "
                                       "GPUs, 13.4 TB HBM3e over 72 GPUs, one 72-GPU NVLink domain; multi-node NVLink "
-                                      "memory needs IMEX (NVIDIA IMEX guide); FP4 tensor cores are Blackwell's"),
+                                      "memory needs IMEX (NVIDIA IMEX guide); FP4 tensor cores are Blackwell's",
+        capability=(10, 0)),
     Gpu(name="gb300", gpus_per_node=4, arch="linux/arm64", memory_gb=288, nvlink_domain=72, imex_multinode=True,
         precisions=_BLACKWELL, source="NVIDIA GB300 NVL72 datasheet: 4 Blackwell Ultra GPUs per tray, 288 GB HBM3e "
-                                      "each, one 72-GPU NVLink domain; IMEX as for GB200"),
+                                      "each, one 72-GPU NVLink domain; IMEX as for GB200", capability=(10, 3)),
     Gpu(name="b200", gpus_per_node=8, arch="linux/amd64", memory_gb=180, nvlink_domain=8, imex_multinode=False,
         precisions=_BLACKWELL, source="NVIDIA HGX B200 datasheet: 8 GPUs on x86 hosts, 1.44 TB HBM3e, NVLink within "
-                                      "the board"),
+                                      "the board", capability=(10, 0)),
     Gpu(name="h200", gpus_per_node=8, arch="linux/amd64", memory_gb=141, nvlink_domain=8, imex_multinode=False,
         precisions=_HOPPER, source="NVIDIA HGX H200 datasheet: 8 GPUs of 141 GB on x86 hosts, NVLink within the "
-                                   "board; Hopper tensor cores stop at FP8"),
+                                   "board; Hopper tensor cores stop at FP8", capability=(9, 0)),
     Gpu(name="h100", gpus_per_node=8, arch="linux/amd64", memory_gb=80, nvlink_domain=8, imex_multinode=False,
-        precisions=_HOPPER, source="NVIDIA HGX H100 datasheet: 8 SXM GPUs of 80 GB on x86 hosts; Hopper stops at FP8"),
+        precisions=_HOPPER, source="NVIDIA HGX H100 datasheet: 8 SXM GPUs of 80 GB on x86 hosts; Hopper stops at FP8",
+        capability=(9, 0)),
     Gpu(name="cpu", gpus_per_node=None, arch=None, memory_gb=None, nvlink_domain=None, imex_multinode=False,
         precisions=frozenset({"bf16", "bfloat16", "fp32", "float32", "auto"}),
         source="servestack's dev-cpu deployments: vLLM's CPU build (GDN on CPU is bfloat16 only)"),
@@ -67,22 +70,24 @@ def check_hardware(c: Checker, root: Node) -> None:
         if type_node is not None and not c.placeholder(type_node):
             c.notes.append(f"{c.file}: gpu_type {_value(type_node)!r} has no hardware facts (known: {', '.join(GPUS)})")
         return
-    where = f"{gpu.name} (line {c.line(type_node)}; {gpu.source})"
+    where = f"{gpu.name} (line {c.line(type_node)})"
+    cited = f" (source: {gpu.source})"
     gpn = res.get("gpus_per_node")
     if gpu.gpus_per_node is not None and gpn is not None and is_int(gpn.value) and gpn.value != gpu.gpus_per_node:
         c.err(gpn, ("resources", "gpus_per_node"),
-              f"{gpn.value} GPUs per node (line {c.line(gpn)}), but a {gpu.name} node has {gpu.gpus_per_node}: {where}")
+              f"{gpn.value} GPUs per node (line {c.line(gpn)}), but a {gpu.name} node has {gpu.gpus_per_node}: set "
+              f"gpus_per_node to {gpu.gpus_per_node} for gpu_type {where}{cited}")
     model = root.get("model")
     precision = model.get("precision") if model is not None and model.is_map else None
     wanted = _value(precision).lower()
     if wanted in FP4 and not (gpu.precisions & FP4):
         c.err(precision, ("model", "precision"),
               f"{_value(precision)} (line {c.line(precision)}) needs Blackwell's FP4 tensor cores; "
-              f"gpu_type {where} runs {', '.join(sorted(gpu.precisions - {'auto'}))}")
-    _check_arch(c, gpu, type_node, model)
+              f"gpu_type {where} runs {', '.join(sorted(gpu.precisions - {'auto'}))}{cited}")
+    _check_arch(c, gpu, type_node, model, cited)
 
 
-def _check_arch(c: Checker, gpu: Gpu, type_node: Node | None, model: Node | None) -> None:
+def _check_arch(c: Checker, gpu: Gpu, type_node: Node | None, model: Node | None, cited: str) -> None:
     if gpu.arch is None:
         return
     container = model.get("container") if model is not None and model.is_map else None
@@ -93,4 +98,4 @@ def _check_arch(c: Checker, gpu: Gpu, type_node: Node | None, model: Node | None
         how = "as its name says" if named else "as its stack builds it"
         c.err(container or type_node, ("model", "container"),
               f"the image (line {c.line(container)}) is {', '.join(platforms)} {how}, but gpu_type {gpu.name} "
-              f"(line {c.line(type_node)}) nodes are {gpu.arch}: {gpu.source}")
+              f"(line {c.line(type_node)}) nodes are {gpu.arch}: build the image for {gpu.arch}{cited}")

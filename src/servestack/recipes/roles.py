@@ -34,7 +34,7 @@ class Role:
     node: Node | None  # the role's engine-argument mapping (where a missing flag would be written)
     path: tuple[str, ...]
     args: dict[str, Node] = field(default_factory=dict)
-    env: dict[str, tuple[Node, tuple[str, ...]]] = field(default_factory=dict)  # the role's own over the shared
+    env: dict[str, tuple[Node, tuple[str, ...]]] = field(default_factory=dict)  # as the worker sees it (v1: shared wins)
     container: tuple[Node, tuple[str, ...]] | None = None
     model: tuple[Node, tuple[str, ...]] | None = None
     workers: int | None = None
@@ -115,10 +115,10 @@ def roles(root: Node) -> dict[str, Role]:
     names = ("prefill", "decode") if shape == "disaggregated" else ("agg",)
     for name in names:
         mode = V1_MODES[name]
-        env = dict(shared_env)
         env_key = f"{mode}_environment"
-        if backend is not None and backend.is_map:
-            env.update({k: (n, ("backend", env_key, k)) for k, n in _map(backend.get(env_key)).items()})
+        env = {k: (n, ("backend", env_key, k)) for k, n in _map(backend.get(env_key)).items()} \
+            if backend is not None and backend.is_map else {}
+        env.update(shared_env)  # srt-slurm applies the top-level environment after the role's (worker_stage.py)
         args = cfg.get(mode) if cfg is not None and cfg.is_map else None
         workers = _int(res.get(f"{name}_workers")) if res is not None and res.is_map else None
         out[name] = Role(name=name, engine=str(btype), node=args or cfg or backend, path=("backend", str(cfg_key), mode),

@@ -78,6 +78,7 @@ class Checker:
         self.notes: list[str] = []  # what was not checked, and why (never skipped silently)
         self.warnings: list[InputError] = []  # what runs, but costs (queued requests, eager batches, ...)
         self.platforms: tuple[str, ...] = ()  # the image's platforms (linux/arm64, ...), when the stack is known
+        self.judged = False  # the engine judges the resolved roles (judge.py): the static cross-role rules stand down
 
     def unchecked(self, engine_type: Any) -> None:
         if self.engine is not None and engine_type != self.engine.engine:

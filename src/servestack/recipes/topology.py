@@ -56,8 +56,10 @@ def parallel(c: Checker, engine_type: str, args: Node | None, per: int | None, w
         dp, dpn, dpk = size("data-parallel-size", "dp")
         if -1 in (tp, pp, dp):
             return
-        if "data-parallel-size-local" in a or "data-parallel-start-rank" in a or "headless" in a:
-            return  # a DP rank group launched per node: the product spans several srt-slurm workers
+        if "data-parallel-start-rank" in a or "headless" in a:
+            return  # a DP rank group launched by hand: the product spans several srt-slurm workers
+        # data-parallel-size-local is no escape: srt-slurm v1.0.68 drops it and derives it from the
+        # allocation (srtctl/backends/vllm.py: build_worker_command, per_node), so DP must fit the worker.
         world = tp * pp * dp
         if world != per:
             culprit = dpn or tpn or ppn or anchor

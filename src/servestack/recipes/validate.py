@@ -76,9 +76,10 @@ def _binding(c: Checker, root: Node, header: str) -> None:
 
 def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None, *, require_digest: bool | None = None,
                   notes: list[str] | None = None, warnings: list[InputError] | None = None,
-                  platforms: tuple[str, ...] = ()) -> list[InputError]:
+                  platforms: tuple[str, ...] = (), judged: bool = False) -> list[InputError]:
     """Every problem of one recipe; `notes`, when given, receives what could not be checked and why,
-    `warnings` what runs but costs; `platforms` are the image's (linux/arm64, ...), when known."""
+    `warnings` what runs but costs; `platforms` are the image's (linux/arm64, ...), when known; `judged`:
+    the engine judges the resolved roles (judge.py), so the static cross-role rules stand down."""
     file = str(file)
     try:
         root = parse(text, file)
@@ -93,6 +94,7 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
         root.get("benchmark") is not None and root.get("benchmark").is_map and root.get("benchmark").get("sweep") is not None)
     c = Checker(file, engine, sweep)
     c.platforms = platforms
+    c.judged = judged
 
     if "base" in root.value:
         base, spec, required, variants = expand_overrides(c, root)
@@ -134,12 +136,23 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
 EngineChoice = Callable[[Path, str], EngineSpec]
 
 
+_FAMILY = re.compile(r"^family:", re.M)
+
+
+def is_family(text: str) -> bool:
+    """A recipe family (recipes/families/*.yaml: `family:` + `configs:`), which renders recipes and is none."""
+    return bool(_FAMILY.search(text)) and re.search(r"^configs:", text, re.M) is not None
+
+
 def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
+    """The recipe files named or under the directories named; a directory's recipe families are not recipes
+    (`recipes check` renders and checks them)."""
     out: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            out.extend(sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file()))
+            found = sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
+            out.extend(q for q in found if not is_family(q.read_text(errors="replace")))
         else:
             out.append(p)
     return out
@@ -148,7 +161,8 @@ def recipe_files(paths: Iterable[Path | str]) -> list[Path]:
 def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str | EngineChoice | None = None, *,
                    require_digest: bool | None = None, notes: list[str] | None = None,
                    warnings: list[InputError] | None = None,
-                   platforms: Callable[[Path, str], tuple[str, ...]] | None = None) -> list[InputError]:
+                   platforms: Callable[[Path, str], tuple[str, ...]] | None = None,
+                   judged: frozenset[Path] = frozenset()) -> list[InputError]:
     """Validate recipe files (directories are searched for *.yaml/*.yml). Returns every error found.
 
     `engine` is an EngineSpec, the path of a pins/<stack>.engine.json, or a function choosing one per
@@ -173,5 +187,5 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
                 errors.append(e)
                 continue
         errors.extend(validate_text(text, f, spec, require_digest=require_digest, notes=notes, warnings=warnings,
-                                    platforms=platforms(f, text) if platforms else ()))
+                                    platforms=platforms(f, text) if platforms else (), judged=f in judged))
     return errors

@@ -1,0 +1,108 @@
+"""Recipe files judged by srt-slurm and the engine (judge.py, judged.py), per stack, when the stack's image is here.
+
+Without the image the files keep the static rules, and a note says so and why; a file in srt-slurm's override
+or sweep form, or of another engine, is left to the static rules too (notes say which).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from servestack.errors import InputError
+from servestack.platforms import host_platform
+from servestack.recipes import judge as J
+from servestack.recipes.engine_cli import EngineSpec
+from servestack.recipes.judged import check_file
+from servestack.util.project import Project
+
+StandIn = Callable[[str], dict[str, Any] | None]  # stack -> the stand-in model's config.json
+
+
+def stack_image(project: Project, stack: str) -> tuple[str, str] | None:
+    """(reference, digest) of the stack's image for this machine's platform, when docker has it: the committed
+    expected digest first, then the last build's."""
+    candidates: list[tuple[str, str]] = []
+    pins = project.pins / f"{stack}.image.json"
+    if pins.is_file():
+        digest = (json.loads(pins.read_text()).get("platforms") or {}).get(host_platform(), {}).get("digest")
+        if digest:
+            candidates.append((f"127.0.0.1:5000/servestack/{stack}@{digest}", digest))
+    built = project.artifacts(stack) / "image.json"
+    if built.is_file():
+        ref = json.loads(built.read_text()).get("reference", "")
+        if "@" in ref:
+            candidates.append((ref, ref.partition("@")[2]))
+    return next((c for c in candidates if J.image_present(c[0])), None)
+
+
+def built_model_config(project: Project, stack: str) -> dict[str, Any] | None:
+    """The stack's smoke model's config.json as the last build made it, if any."""
+    config = project.artifacts(stack) / "model" / "config.json"
+    return json.loads(config.read_text()) if config.is_file() else None
+
+
+def _plain_vllm(data: Any) -> bool:
+    return (isinstance(data, dict) and "base" not in data and "sweep" not in data and "schema" not in data
+            and isinstance(data.get("backend"), dict) and data["backend"].get("type") == "vllm")
+
+
+def judge_files(project: Project, files: list[Path], stack_of: Callable[[Path, str], str],
+                engine_of: Callable[[Path, str], EngineSpec | None], standin: StandIn | None,
+                notes: list[str]) -> tuple[list[InputError], frozenset[Path]]:
+    """The engine's errors for every file it could judge, and which files it judged."""
+    by_stack: dict[str, list[tuple[Path, str, dict]]] = {}
+    for f in files:
+        try:
+            text = f.read_text()
+            data = yaml.safe_load(text)
+        except (OSError, yaml.YAMLError):
+            continue  # the static checks report it
+        if _plain_vllm(data):
+            by_stack.setdefault(stack_of(f, text), []).append((f, text, data))
+        elif isinstance(data, dict) and "vllm" in text:  # another engine's recipe gets its own note (structure.py)
+            notes.append(f"{f}: checked by the static rules only (srt-slurm's override, sweep or schema 2 form is "
+                         "not judged by the engine)")
+    errors: list[InputError] = []
+    judged: set[Path] = set()
+    for stack, items in by_stack.items():
+        started = time.monotonic()
+        image = stack_image(project, stack)
+        model = (standin or (lambda s: built_model_config(project, s)))(stack)
+        if image is None or model is None:
+            why = (f"the {stack} image for {host_platform()} is neither built nor pulled here "
+                   f"(`nox -s build image -- --stack {stack}`, or `servestack pull`)") if image is None else \
+                f"no stand-in model config for {stack} (its smoke model is made by `nox -s build -- --stack {stack}`)"
+            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {why}")
+            continue
+        try:
+            J.srtslurm_source()
+        except FileNotFoundError as e:
+            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {e}")
+            continue
+        engine = J.Engine(image=image[0], digest=image[1], model_config=model)
+        aliases = sorted({str(d["model"].get("path")) for _, _, d in items
+                          if isinstance(d.get("model"), dict) and not str(d["model"].get("path", "")).startswith(("hf:", "/"))})
+        launches = J.launches([f for f, _, _ in items], aliases)
+        work: list[tuple[dict, J.Worker]] = []
+        for f, _, data in items:
+            dev = J.device(str((data.get("resources") or {}).get("gpu_type") or ""))
+            work += [(dev, w) for w in launches[f].roles.values()]
+        judged_roles = J.judge(engine, work)
+        if isinstance(judged_roles, str):
+            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {judged_roles}")
+            continue
+        answers = iter(judged_roles)
+        for f, text, _ in items:
+            launch = launches[f]
+            per_role = {mode: next(answers) for mode in launch.roles}
+            errors += check_file(f, text, launch, per_role, engine_of(f, text))
+            judged.add(f)
+        notes.append(f"{len(items)} {stack} recipe(s) judged by srt-slurm {J.SRT_SLURM.tag} and the engine in "
+                     f"{image[0]} ({time.monotonic() - started:.1f} s)")
+    return errors, frozenset(judged)
