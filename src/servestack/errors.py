@@ -250,6 +250,16 @@ class Overflow(Exception):
         self.read, self.limit = read, limit
 
 
+class Stalled(Exception):
+    """A registry's deadline passed or its response stopped moving (sources/registry/transfer.py); the
+    registry client turns this into a NetworkError naming the registry and what it was reading."""
+
+
+class OutOfRange(ValueError):
+    """An RFC 3339 time whose UTC instant is outside years 1 to 9999 (publish/signedtime.py turns it
+    into a PublishError or an InputError naming the value)."""
+
+
 class FieldProblem(ValueError):
     """A validator's complaint about a value below the one it validates (e.g. a model validator
     that checks one key of a mapping field): util/yamlfile.py turns it into an InputError at PATH,

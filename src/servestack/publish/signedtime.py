@@ -21,14 +21,10 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from servestack.errors import InputError, PublishError
+from servestack.errors import InputError, OutOfRange, PublishError
 
 MAX_CLOCK_SKEW = timedelta(minutes=5)  # how far a signer's clock may run ahead of the verifier's
 _RFC3339 = re.compile(r"(\d{4})-(\d{2})-(\d{2})[Tt](\d{2}):(\d{2}):(\d{2})(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})")
-
-
-class OutOfRange(ValueError):
-    """An RFC 3339 time whose instant in UTC falls outside years 1 to 9999 (what Python can hold)."""
 
 
 def parse_rfc3339(text: str) -> datetime | None:

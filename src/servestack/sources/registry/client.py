@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import requests
 
-from servestack.errors import NetworkError, Overflow, RegistryError
+from servestack.errors import NetworkError, Overflow, RegistryError, Stalled
 from servestack.sources import http
 from servestack.sources.registry import transfer
 from servestack.sources.registry.limits import (
@@ -149,7 +149,7 @@ class Client:
                                     f"in {certs_d() / self.registry / 'ca.crt'}") from None
             except requests.RequestException as exc:
                 if transfer.is_stall(exc):
-                    raise transfer.Stalled(f"{method} {self._url(path)}: no answer within {transfer.STALL_SECONDS:g} s "
+                    raise Stalled(f"{method} {self._url(path)}: no answer within {transfer.STALL_SECONDS:g} s "
                                            f"({type(exc).__name__})") from None
                 raise _Retry(f"{type(exc).__name__}: {_short(exc)}") from None
             if response.status_code == 400 and self._scheme == "http" and "HTTPS" in response.text[:300]:
@@ -179,7 +179,7 @@ class Client:
                     log.info("%s: %s; retrying in %.1f s", what, retry.reason, delay)
                     transfer.pause(delay, what)
                     delay *= 2
-            except transfer.Stalled as stalled:
+            except Stalled as stalled:
                 raise NetworkError(f"{what}: registry {self.registry} stalled: {stalled}") from None
         raise AssertionError("unreachable")
 

@@ -23,15 +23,13 @@ from dataclasses import dataclass
 import requests
 import urllib3
 
+from servestack.errors import Stalled
+
 DEFAULT_TIMEOUT = 300.0  # seconds for one pull or verify's registry work; a healthy pull takes 1-3
 STALL_SECONDS = 5.0  # no byte of a response for this long: the registry stalled
 MIN_RATE = 32 * 1024  # bytes a second a body must average once it has taken longer than STALL_SECONDS
 CONNECT_SECONDS = 5.0
 READ_SIZE = 1 << 20
-
-
-class Stalled(Exception):
-    """The deadline passed, or a response stopped moving; the reason names what was read."""
 
 
 @dataclass(frozen=True, kw_only=True)
