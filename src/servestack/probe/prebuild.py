@@ -11,8 +11,9 @@ Three things, in this order, because each needs the one before:
 1. CUDA_HOME gets the layout FlashInfer's and torch's link lines assume (`-L$CUDA_HOME/lib64
    -L$CUDA_HOME/lib64/stubs -lcudart -lcuda`): the CUDA 13 wheels ship `lib/libcudart.so.13` only.
 2. The driver-API stub under lib64/stubs: a library exporting every entry point the image's own
-   cuda.h declares, with the driver's SONAME, so a module links as it would against NVIDIA's stub
-   and loads the real driver on the node. It holds no driver code, and it is never on a loader path.
+   cuda.h declares, each answering CUDA_ERROR_STUB_LIBRARY, with the driver's SONAME, so a module
+   links as it would against NVIDIA's stub and loads the real driver on the node. It holds no
+   driver code, and it is never on a loader path.
 3. Each module built by FlashInfer's own JitSpec (its flags, its ninja file, its link line), then
    laid where FlashInfer looks before it compiles: flashinfer/data/aot/<name>/<name>.so.
 
@@ -57,18 +58,21 @@ def cuda_layout(cuda_home: Path, out: Path) -> dict[str, str]:
     return made
 
 
-def driver_entry_points(cuda_h: Path) -> list[str]:
+def driver_entry_points(cuda_h: Path) -> tuple[list[str], int]:
     """Every cu* function cuda.h declares, by the name code calls after its macros (cuMemAlloc_v2) and by
-    the plain name, as NVIDIA's own stub exports both."""
+    the plain name, as NVIDIA's own stub exports both; and the header's CUDA_ERROR_STUB_LIBRARY."""
     preprocessed = subprocess.run(["gcc", "-E", "-P", "-x", "c", str(cuda_h)], check=True, capture_output=True,
                                   text=True).stdout
     names = set(_DECLARED.findall(preprocessed)) | set(_DECLARED.findall(cuda_h.read_text()))
-    return sorted(names)
+    code = re.search(r"\bCUDA_ERROR_STUB_LIBRARY\s*=\s*(\d+)", preprocessed)
+    if code is None:
+        raise SystemExit(f"prebuild: {cuda_h} defines no CUDA_ERROR_STUB_LIBRARY; expected CUDA's driver API header")
+    return sorted(names), int(code[1])
 
 
 def driver_stub(cuda_home: Path, out: Path) -> dict[str, object]:
     """lib/stubs/libcuda.so, built with the image's gcc from the image's cuda.h."""
-    names = driver_entry_points(cuda_home / "include" / "cuda.h")
+    names, stub_error = driver_entry_points(cuda_home / "include" / "cuda.h")
     if len(names) < 100:
         raise SystemExit(f"prebuild: {cuda_home}/include/cuda.h declares {len(names)} driver entry points; "
                          "expected hundreds (is it CUDA's driver API header?)")
@@ -76,13 +80,16 @@ def driver_stub(cuda_home: Path, out: Path) -> dict[str, object]:
     stubs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / STUB_SOURCE
-        source.write_text("".join(f"void {name}(void) {{}}\n" for name in names))
+        # Every call answers CUDA_ERROR_STUB_LIBRARY, as NVIDIA's stub does: a stub that says "success"
+        # once found at run time makes the CUTLASS DSL read driver version 0.0 and refuse to import.
+        source.write_text("".join(f"int {name}(void) {{ return {stub_error}; }}\n" for name in names))
         subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-nostdlib", f"-Wl,-soname,{DRIVER_SONAME}",
                         "-o", str(stubs / "libcuda.so"), STUB_SOURCE], cwd=tmp, check=True)
     target = out / (stubs / "libcuda.so").relative_to("/")
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(stubs / "libcuda.so", target)
-    return {"path": str(stubs / "libcuda.so"), "soname": DRIVER_SONAME, "entry_points": len(names)}
+    return {"path": str(stubs / "libcuda.so"), "soname": DRIVER_SONAME, "entry_points": len(names),
+            "answers": stub_error}
 
 
 def build_module(reference: str, out: Path) -> dict[str, object]:
