@@ -171,3 +171,13 @@ def test_recipe_families_are_not_read_as_recipes(static_recipes):
     assert not any(f.parent.name == "families" for f in files) and len(files) == 26
     result = validate_files(Project(root=ROOT), [ROOT / "recipes"])
     assert result.errors == []
+
+
+def test_a_variable_one_role_lacks_is_reported_at_that_roles_environment_block():
+    text = SWEEP.read_text()
+    decode_env = text.index("  decode_environment:")
+    line = '    VLLM_SSM_CONV_STATE_LAYOUT: "DS"\n'
+    text = text[:decode_env] + text[decode_env:].replace(line, "", 1)
+    [error] = [str(e) for e in validate_text(text, "r.yaml", GB200, platforms=("linux/arm64",))]
+    assert error.startswith("r.yaml:44:5: backend.decode_environment: VLLM_SSM_CONV_STATE_LAYOUT must be 'DS' on both "
+                            "roles exchanging KV; prefill sets 'DS' (line 42), decode sets nothing")

@@ -98,7 +98,8 @@ class Validation:
 
 def validate_files(project: Project, paths: list[Path], *, engine: Path | None = None, stack: str | None = None,
                    require_digest: bool | None = None, judge: bool = True,
-                   standin: StandIn | None = None) -> Validation:
+                   standin: StandIn | None = None,
+                   prejudged: tuple[list[InputError], frozenset[Path], list[str]] | None = None) -> Validation:
     """Validate recipe files, every one against an engine description, never none.
 
     The description is `engine` when given, else the stack's pins/<stack>.engine.json, the stack
@@ -110,7 +111,11 @@ def validate_files(project: Project, paths: list[Path], *, engine: Path | None =
     warnings: list[InputError] = []
     judged_errors: list[InputError] = []
     judged: frozenset[Path] = frozenset()
-    if judge:  # srt-slurm and the stack's engine resolve and judge each role (engine_check.py), where the image is
+    if prejudged is not None:  # judged with other files already (validate_committed: every stack at once)
+        mine = set(recipe_files(paths))
+        judged_errors, judged = [e for e in prejudged[0] if Path(e.location.file) in mine], prejudged[1] & mine
+        notes += prejudged[2]
+    elif judge:  # srt-slurm and the stack's engine resolve and judge each role (engine_check.py), where the image is
         def engine_of(recipe: Path, text: str) -> EngineSpec | None:
             try:
                 return engines(recipe, text)
@@ -151,13 +156,27 @@ def validate_committed(project: Project, *, notes: list[str] | None = None, stan
     """Validate every committed family's recipes against the engine its stack locks (judged by srt-slurm and
     the engine where the stack's image is here); `notes` receives what was judged and what was not."""
     errors: list[InputError] = []
-    for fpath in families(project):
-        family = load_family(fpath)
-        result = validate_files(project, [project.recipes / family.name], stack=family.stack, require_digest=True,
-                                judge=judge, standin=standin)
+    sets = {project.recipes / load_family(fpath).name: load_family(fpath).stack for fpath in families(project)}
+    prejudged = None
+    if judge:  # every stack's recipes judged at once (a container per stack), then each set validated
+        stack_of = {f: stack for d, stack in sets.items() for f in recipe_files([d])}
+        engines = _Engines(project, None, None)
+
+        def engine_of(recipe: Path, text: str) -> EngineSpec | None:
+            return engines.load(engine_file(project, stack_of[recipe]))
+
+        judge_notes: list[str] = []
+        judged_errors, judged = judge_files(project, list(stack_of), lambda f, _: stack_of[f], engine_of, standin,
+                                            judge_notes)
+        prejudged = (judged_errors, judged, judge_notes)
+    for directory, stack in sets.items():
+        result = validate_files(project, [directory], stack=stack, require_digest=True, judge=judge, standin=standin,
+                                prejudged=prejudged and (prejudged[0], prejudged[1], []))
         errors += result.errors
         if notes is not None:
             notes.extend(result.notes)
+    if notes is not None and prejudged is not None:
+        notes.extend(prejudged[2])
     return errors
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,39 +71,53 @@ def judge_files(project: Project, files: list[Path], stack_of: Callable[[Path, s
                          "not judged by the engine)")
     errors: list[InputError] = []
     judged: set[Path] = set()
-    for stack, items in by_stack.items():
-        started = time.monotonic()
-        image = stack_image(project, stack)
-        model = (standin or (lambda s: built_model_config(project, s)))(stack)
-        if image is None or model is None:
-            why = (f"the {stack} image for {host_platform()} is neither built nor pulled here "
-                   f"(`nox -s build image -- --stack {stack}`, or `servestack pull`)") if image is None else \
-                f"no stand-in model config for {stack} (its smoke model is made by `nox -s build -- --stack {stack}`)"
-            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {why}")
-            continue
-        try:
-            J.srtslurm_source()
-        except FileNotFoundError as e:
-            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {e}")
-            continue
-        engine = J.Engine(image=image[0], digest=image[1], model_config=model)
-        aliases = sorted({str(d["model"].get("path")) for _, _, d in items
-                          if isinstance(d.get("model"), dict) and not str(d["model"].get("path", "")).startswith(("hf:", "/"))})
-        launches = J.launches([f for f, _, _ in items], aliases)
-        work: list[tuple[dict, J.Worker]] = []
-        for f, _, data in items:
-            dev = J.device(str((data.get("resources") or {}).get("gpu_type") or ""))
-            work += [(dev, w) for w in launches[f].roles.values()]
-        judged_roles = J.judge(engine, work)
-        if isinstance(judged_roles, str):
-            notes.append(f"{len(items)} {stack} recipe(s) checked by the static rules only: {judged_roles}")
-            continue
-        answers = iter(judged_roles)
-        for f, text, _ in items:
-            launch = launches[f]
-            per_role = {mode: next(answers) for mode in launch.roles}
-            errors += check_file(f, text, launch, per_role, engine_of(f, text))
-            judged.add(f)
-        notes.append(f"{len(items)} {stack} recipe(s) judged by srt-slurm {J.SRT_SLURM.tag} and the engine in "
-                     f"{image[0]} ({time.monotonic() - started:.1f} s)")
+    # Each stack in its own container, the stacks at once: most of a cold judge is an image importing vLLM.
+    with ThreadPoolExecutor(max_workers=max(1, len(by_stack))) as pool:
+        done = list(pool.map(lambda item: _judge_stack(project, item[0], item[1], engine_of, standin), by_stack.items()))
+    for stack_errors, stack_judged, stack_notes in done:
+        errors += stack_errors
+        judged |= stack_judged
+        notes += stack_notes
     return errors, frozenset(judged)
+
+
+def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict]],
+                 engine_of: Callable[[Path, str], EngineSpec | None],
+                 standin: StandIn | None) -> tuple[list[InputError], set[Path], list[str]]:
+    started = time.monotonic()
+    image = stack_image(project, stack)
+    model = (standin or (lambda s: built_model_config(project, s)))(stack)
+    static = f"{len(items)} {stack} recipe(s) checked by the static rules only"
+    if image is None:
+        return [], set(), [f"{static}: the {stack} image for {host_platform()} is neither built nor pulled here "
+                           f"(`nox -s build image -- --stack {stack}`, or `servestack pull`)"]
+    if model is None:
+        return [], set(), [f"{static}: no stand-in model config for {stack} (its smoke model is made by "
+                           f"`nox -s build -- --stack {stack}`)"]
+    try:
+        J.srtslurm_source()
+    except FileNotFoundError as e:
+        return [], set(), [f"{static}: {e}"]
+    engine = J.Engine(image=image[0], digest=image[1], model_config=model)
+    aliases = sorted({str(d["model"].get("path")) for _, _, d in items
+                      if isinstance(d.get("model"), dict) and not str(d["model"].get("path", "")).startswith(("hf:", "/"))})
+    launches = J.launches([f for f, _, _ in items], aliases)
+    work: list[tuple[dict, J.Worker]] = []
+    for f, _, data in items:
+        dev = J.device(str((data.get("resources") or {}).get("gpu_type") or ""))
+        work += [(dev, w) for w in launches[f].roles.values()]
+    judged_roles = J.judge(engine, work)
+    if isinstance(judged_roles, str):
+        return [], set(), [f"{static}: {judged_roles}"]
+    answers = iter(judged_roles)
+    errors: list[InputError] = []
+    notes: list[str] = []
+    for f, text, _ in items:
+        launch = launches[f]
+        errors += check_file(f, text, launch, {mode: next(answers) for mode in launch.roles}, engine_of(f, text))
+        if launch.installs_dynamo and not launch.error:
+            notes.append(f"{f}: srt-slurm installs Dynamo {launch.dynamo_version} over the image's, as the recipe asks; "
+                         "its roles were judged with the image's Dynamo")
+    notes.append(f"{len(items)} {stack} recipe(s) judged by srt-slurm {J.SRT_SLURM.tag} and the engine in "
+                 f"{image[0]} ({time.monotonic() - started:.1f} s)")
+    return errors, {f for f, _, _ in items}, notes

@@ -30,7 +30,10 @@ _PREFIX = ("python3", "-m", "dynamo.vllm")
 def _simulate(device: dict) -> str:
     if device.get("kind") != "cuda":
         return "cpu"
-    sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
+    try:  # with the driver stub on the loader's path vLLM's CUDA ops load; an image without one gets none
+        import vllm._C_stable_libtorch  # noqa: F401
+    except ImportError:
+        sys.modules.setdefault("vllm._C_stable_libtorch", types.ModuleType("vllm._C_stable_libtorch"))
     import vllm.platforms as platforms
     from vllm.platforms.cuda import CudaPlatformBase
     from vllm.platforms.interface import DeviceCapability
@@ -197,7 +200,14 @@ def _baseline(model_dir: str) -> str | None:
     """Why this image cannot judge anything (the stand-in model alone does not configure), or None. Asked in
     this process, before the forks: what vLLM learns of the model here (its architecture's inspection, the
     slowest step) each role's child inherits."""
-    answer = _judge(["vllm", "serve", model_dir], model_dir)
+    from vllm.model_executor.models import registry
+
+    # vLLM inspects a model class in a child Python "to avoid initializing CUDA"; there is no CUDA here, so
+    # its own inspection runs in this process, once, and every role's fork has the class already imported.
+    registry._run_in_subprocess = lambda fn: fn()
+    # With NIXL named, the connector, the attention backend and their kernels' modules are imported here too.
+    answer = _judge(["vllm", "serve", model_dir, "--kv-transfer-config",
+                     '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'], model_dir)
     return None if answer.get("ok") else str(answer.get("error"))
 
 

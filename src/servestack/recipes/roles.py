@@ -38,6 +38,7 @@ class Role:
     container: tuple[Node, tuple[str, ...]] | None = None
     model: tuple[Node, tuple[str, ...]] | None = None
     workers: int | None = None
+    env_at: tuple[Node | None, tuple[str, ...]] | None = None  # where a variable the role lacks would be written
 
     def flag(self, name: str) -> Found:
         """A flag as srt-slurm passes it: `a_b` and `a-b` are one flag; `no-X: true` sets switch X false."""
@@ -58,8 +59,9 @@ class Role:
         if kind == "flag":
             return self.flag(what)
         if kind == "env":
-            node, path = self.env.get(what, (None, self.path))
-            return Found(value=None if node is None else str(node.value), node=node or self.node, path=path)
+            missing = self.env_at or (self.node, self.path)
+            node, path = self.env.get(what, (None, missing[1]))
+            return Found(value=None if node is None else str(node.value), node=node or missing[0] or self.node, path=path)
         if kind == "json":
             flag, _, key = what.partition(".")
             found = self.flag(flag)
@@ -103,6 +105,7 @@ def roles(root: Node) -> dict[str, Role]:
             etype = eng.value if eng is not None and isinstance(eng.value, str) else top_type
             out[name] = Role(name=name, engine=str(etype or ""), node=role.get("args") or role,
                              path=("roles", name, "args"), args=_map(role.get("args")), env=env,
+                             env_at=(role.get("env") or role, ("roles", name, "env")),
                              container=(own, ("roles", name, "container")) if own is not None else common["container"],
                              model=common["model"], workers=_int(role.get("workers")))
         return out
@@ -121,6 +124,8 @@ def roles(root: Node) -> dict[str, Role]:
         env.update(shared_env)  # srt-slurm applies the top-level environment after the role's (worker_stage.py)
         args = cfg.get(mode) if cfg is not None and cfg.is_map else None
         workers = _int(res.get(f"{name}_workers")) if res is not None and res.is_map else None
+        env_node = backend.get(env_key) if backend is not None and backend.is_map else None
         out[name] = Role(name=name, engine=str(btype), node=args or cfg or backend, path=("backend", str(cfg_key), mode),
-                         args=_map(args), env=env, workers=workers, **common)
+                         args=_map(args), env=env, workers=workers, env_at=(env_node or backend, ("backend", env_key)),
+                         **common)
     return out
