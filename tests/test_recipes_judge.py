@@ -181,3 +181,13 @@ def test_a_variable_one_role_lacks_is_reported_at_that_roles_environment_block()
     [error] = [str(e) for e in validate_text(text, "r.yaml", GB200, platforms=("linux/arm64",))]
     assert error.startswith("r.yaml:44:5: backend.decode_environment: VLLM_SSM_CONV_STATE_LAYOUT must be 'DS' on both "
                             "roles exchanging KV; prefill sets 'DS' (line 42), decode sets nothing")
+
+
+@needs_vendor
+def test_a_cluster_path_for_the_model_or_the_container_is_the_clusters_and_not_refused_here(tmp_path):
+    file = _variant(tmp_path, '  path: "tiny-qwen35"\n  container: "servestack-unbound"\n',
+                    '  path: "/lustre/models/tiny-qwen35"\n  container: "/lustre/containers/dev-cpu.sqsh"\n')
+    launch = J.launches([file], ["/lustre/models/tiny-qwen35"], ["/lustre/containers/dev-cpu.sqsh"])[file]
+    assert launch.error == "" and "/model" in launch.roles["decode"].argv
+    # without the stand-ins srt-slurm looks for them on this machine, and says so
+    assert "Model path does not exist" in J.launches([file], [])[file].error

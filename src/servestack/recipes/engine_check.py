@@ -89,8 +89,10 @@ def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict
     model = (standin or (lambda s: built_model_config(project, s)))(stack)
     static = f"{len(items)} {stack} recipe(s) checked by the static rules only"
     if image is None:
-        return [], set(), [f"{static}: the {stack} image for {host_platform()} is neither built nor pulled here "
-                           f"(`nox -s build image -- --stack {stack}`, or `servestack pull`)"]
+        why = (f"the {stack} image for {host_platform()} is neither built nor pulled here (`nox -s build image -- "
+               f"--stack {stack}`, or `servestack pull`)") if J.docker_answers() else \
+            "no Docker daemon answers here (`servestack services docker` starts one)"
+        return [], set(), [f"{static}: {why}"]
     if model is None:
         return [], set(), [f"{static}: no stand-in model config for {stack} (its smoke model is made by "
                            f"`nox -s build -- --stack {stack}`)"]
@@ -99,9 +101,12 @@ def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict
     except FileNotFoundError as e:
         return [], set(), [f"{static}: {e}"]
     engine = J.Engine(image=image[0], digest=image[1], model_config=model)
-    aliases = sorted({str(d["model"].get("path")) for _, _, d in items
-                      if isinstance(d.get("model"), dict) and not str(d["model"].get("path", "")).startswith(("hf:", "/"))})
-    launches = J.launches([f for f, _, _ in items], aliases)
+    models = [d["model"] for _, _, d in items if isinstance(d.get("model"), dict)]
+    launches = J.launches([f for f, _, _ in items],
+                          sorted({str(m.get("path")) for m in models if not str(m.get("path", "")).startswith("hf:")}),
+                          sorted({str(m.get("container")) for m in models if str(m.get("container", "")).startswith(("/", "./"))}))
+    if isinstance(launches, str):
+        return [], set(), [f"{static}: {launches}"]
     work: list[tuple[dict, J.Worker]] = []
     for f, _, data in items:
         dev = J.device(str((data.get("resources") or {}).get("gpu_type") or ""))

@@ -86,13 +86,15 @@ def srtslurm_source() -> Path:
     return src
 
 
-def launches(files: list[Path], model_aliases: list[str]) -> dict[Path, Launch]:
-    """srt-slurm's own launch of each recipe file (one subprocess for all of them)."""
-    request = json.dumps({"files": [str(f) for f in files], "model_aliases": model_aliases})
+def launches(files: list[Path], model_aliases: list[str], container_aliases: list[str] = ()) -> dict[Path, Launch] | str:
+    """srt-slurm's own launch of each recipe file (one subprocess for all of them), or why it could not run.
+    The aliases are the recipes' local model paths and container files: the cluster's, stood in for here."""
+    request = json.dumps({"files": [str(f) for f in files], "model_aliases": list(model_aliases),
+                          "container_aliases": list(container_aliases)})
     done = subprocess.run([sys.executable, str(LAUNCH), str(srtslurm_source())], input=request, capture_output=True,
                           text=True, timeout=120)
     if done.returncode != 0:
-        raise RuntimeError(f"srt-slurm's loader failed: {done.stderr.strip()[-800:]}")
+        return f"srt-slurm's code could not be run here: {done.stderr.strip()[-600:]}"
     out: dict[Path, Launch] = {}
     for name, result in json.loads(done.stdout).items():
         if "error" in result:
@@ -183,6 +185,15 @@ def _ask(engine: Engine, dev: dict, roles: dict[str, dict]) -> dict[str, dict] |
         return (f"{engine.image} cannot configure even the stand-in model alone ({result['platform']}): "
                 f"{str(result['unavailable'])[-400:]}")
     return result["answers"]
+
+
+def docker_answers() -> bool:
+    """Whether a Docker daemon answers here (the judge asks nothing else of the machine)."""
+    try:
+        done = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
 
 
 def image_present(image: str) -> bool:

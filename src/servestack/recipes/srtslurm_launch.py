@@ -8,7 +8,8 @@ cluster defaults, aliases and schema), `RuntimeContext.from_config`, its backend
 and `endpoints_to_processes`, and `WorkerStageMixin.start_all_workers`, whose `srun` is caught before it
 runs: what srt-slurm would hand srun (command, environment, the bash preamble with the Dynamo install)
 is what comes back. Only what needs a real cluster is stood in for: the node list (as many names as the
-recipe asks for), each node's IP, and an output directory.
+recipe asks for), each node's IP, an output directory, and the cluster config's model and container
+aliases (a local model path or container file of the cluster, which srt-slurm checks exists).
 """
 
 from __future__ import annotations
@@ -110,7 +111,13 @@ def main() -> int:
             d = Path(tmp) / "models" / alias.replace("/", "_")
             d.mkdir(parents=True, exist_ok=True)
             models[alias] = str(d)
-        cluster.write_text(json.dumps({"model_paths": models}))
+        containers = {}
+        for i, alias in enumerate(request.get("container_aliases", [])):
+            f = Path(tmp) / "containers" / f"{i}.sqsh"  # srt-slurm checks that a container file exists
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.touch()
+            containers[alias] = str(f)
+        cluster.write_text(json.dumps({"model_paths": models, "containers": containers}))
         os.environ["SRTSLURM_CONFIG"] = str(cluster)
         os.environ.pop("SRTCTL_OUTPUT_DIR", None)
         import importlib
