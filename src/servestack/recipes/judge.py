@@ -172,7 +172,7 @@ def _ask(engine: Engine, dev: dict, roles: dict[str, dict]) -> dict[str, dict] |
         request = json.dumps({"device": dev, "model_dir": "/j/standin", "roles": roles})
         # vLLM's own cache of what it learnt of a model class (VLLM_CACHE_ROOT/modelinfos, keyed by the model
         # module's hash) is kept per image: the inspection is the slowest step of a cold judge.
-        vllm_cache = cache_home() / "recipes-judged" / "vllm-cache" / engine.digest.removeprefix("sha256:")[:16]
+        vllm_cache = cache_home() / "vllm-cache" / engine.digest.removeprefix("sha256:")[:16]
         vllm_cache.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(["docker", "run", "--rm", "-i", "--network", "none", "-e", "HF_HUB_OFFLINE=1",
                                "-e", "VLLM_CACHE_ROOT=/vllm-cache", "-v", f"{vllm_cache}:/vllm-cache",
