@@ -117,12 +117,14 @@ def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict
     answers = iter(judged_roles)
     errors: list[InputError] = []
     notes: list[str] = []
+    installing: dict[str, int] = {}
     for f, text, _ in items:
         launch = launches[f]
         errors += check_file(f, text, launch, {mode: next(answers) for mode in launch.roles}, engine_of(f, text))
         if launch.installs_dynamo and not launch.error:
-            notes.append(f"{f}: srt-slurm installs Dynamo {launch.dynamo_version} over the image's, as the recipe asks; "
-                         "its roles were judged with the image's Dynamo")
+            installing[launch.dynamo_version] = installing.get(launch.dynamo_version, 0) + 1
+    notes += [f"{n} {stack} recipe(s) ask srt-slurm to install Dynamo {version} over the image's (`dynamo.install: "
+              "true`): their roles were judged with the image's Dynamo" for version, n in sorted(installing.items())]
     notes.append(f"{len(items)} {stack} recipe(s) judged by srt-slurm {J.SRT_SLURM.tag} and the engine in "
                  f"{image[0]} ({time.monotonic() - started:.1f} s)")
     return errors, {f for f, _, _ in items}, notes

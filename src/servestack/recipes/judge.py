@@ -9,7 +9,8 @@
 
 Answers are cached by content (the image digest, the driver, the device, the stand-in model, the role's
 resolved command line and environment), so an unchanged recipe costs nothing the second time.
-Without the image, `available()` says why and the caller keeps the static rules, marked as such.
+Without the image (or where it cannot judge), `judge()` returns why and the caller keeps the static rules,
+marked as such.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ _PER_PROCESS_FLAGS = ("--dump-config-to", "--data-parallel-address", "--data-par
 _PER_PROCESS_ENV = ("DYN_SYSTEM_PORT", "VLLM_PORT", "VLLM_NIXL_SIDE_CHANNEL_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
                     "DYN_VLLM_KV_EVENT_PORT", "HEAD_NODE_IP", "ETCD_ENDPOINTS", "NATS_SERVER", "CUDA_VISIBLE_DEVICES")
 _STANDS_FOR = {"--dump-config-to": "/logs/config.json", "--data-parallel-address": "10.0.0.1",
-               "--master-addr": "10.0.0.1", "--data-parallel-rpc-port": "8400", "--device-ids": "0"}
+               "--master-addr": "10.0.0.1", "--data-parallel-rpc-port": "8400"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,7 +107,9 @@ def launches(files: list[Path], model_aliases: list[str], container_aliases: lis
                 argv = list(w["command"])
                 for flag in _PER_PROCESS_FLAGS:
                     if flag in argv:
-                        argv[argv.index(flag) + 1] = _STANDS_FOR.get(flag, "0")
+                        at = argv.index(flag) + 1
+                        argv[at] = ",".join(str(i) for i in range(argv[at].count(",") + 1)) if flag == "--device-ids" \
+                            else _STANDS_FOR.get(flag, "0")  # a worker's devices: as many, from 0
                 unset = set(w.get("unset") or ())
                 env = {k: ("0" if k in _PER_PROCESS_ENV else v) for k, v in w["env"].items() if k not in unset}
                 if "VLLM_NIXL_SIDE_CHANNEL_HOST" in env:
