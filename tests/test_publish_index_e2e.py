@@ -104,6 +104,9 @@ def test_stock_cosign_verifies_the_index_and_each_platform_and_another_key_none(
             assert cosign_run(*args, key=other, image=image).returncode != 0, (image, args)
     for image in indexed["platforms"].values():
         assert cosign_run("verify-attestation", "--type", "spdxjson", key=indexed["pub"], image=image).returncode == 0
+    listing = subprocess.run([str(tools.trixie_tool("oras")), "discover", "--ca-file", str(ca), "--format", "json",
+                              indexed["index"]], check=False, capture_output=True, text=True, env=environment)
+    assert listing.returncode == 0 and indexed["record"]["bundle_digest"] in listing.stdout, listing.stderr
 
 
 def test_verify_rebuild_by_the_index_compares_the_platform_it_rebuilds_with_the_index_entry(indexed, env, monkeypatch):

@@ -109,9 +109,15 @@ def test_10000_listed_junk_attestations_sorted_first_are_counted_not_fetched(fre
 def test_a_stale_lock_publication_newer_than_the_good_one_is_skipped_and_publish_refuses_to_make_one(
         fresh, tmp_path, monkeypatch):
     """The trusted key publishes the same digest from records holding another lock (publish now refuses
-    it, naming the file; made here past that check): pull warns it is unusable and takes the older,
-    valid one, with and without --not-before."""
+    it, naming the file, as it refuses a run's results of another digest; made here past that check):
+    pull warns it is unusable and takes the older, valid one, with and without --not-before."""
     project, lock = fresh["project"], fresh["project"].lock_file(STACK)
+    run = project.artifacts(STACK) / "runs" / "elsewhere" / "throughput"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"image": f"{fresh['image'].name}@sha256:{'e' * 64}"}))
+    with pytest.raises(PublishError, match=r"build/dev-cpu/runs/elsewhere/throughput/results.json: results of "
+                                           r"\S+@sha256:e{64}, not of"):
+        publish.publish(project, STACK, key=fresh["key"], run_id="elsewhere", echo=None)
     lock.write_bytes(lock.read_bytes() + b"\n")  # another lock: the same content, other bytes, another sha256
     with pytest.raises(PublishError, match=rf"{lock}: lock \w+, but .* was built from lock"):
         publish.publish(project, STACK, key=fresh["key"], echo=None)
