@@ -206,3 +206,16 @@ def test_a_tls_registry_whose_ca_this_machine_lacks_is_named_not_a_bare_http_400
                                             rf"machine does not trust .*put its CA in {tmp_path}/certs.d/"
                                             rf"{tls_registry.address}/ca.crt"):
         publish.pull(reference, key=key, out=tmp_path / "pulled", echo=None)
+
+
+def test_an_attestation_listed_without_its_signature_is_still_examined_when_nothing_signed_is_usable(fresh, tmp_path):
+    """A publication made before listings were signed (its entry has no listing annotations): pull
+    verifies it one by one, as before, when no signed listing gives a usable publication."""
+    image, client = fresh["image"], fresh["client"]
+    tag = client.fallback_tag(image.digest)
+    index = json.loads(client.get_manifest(tag)[0])
+    unlisted = [{k: v for k, v in m.items() if k != "annotations"} if m.get("artifactType") == ATTESTATION_TYPE else m
+                for m in index["manifests"]]
+    client.put_manifest(tag, json.dumps({**index, "manifests": unlisted}).encode(), OCI_INDEX)
+    out = publish.pull(str(image), key=fresh["pub"], out=tmp_path / "pulled", echo=None)
+    assert json.loads((out / "publication.json").read_text())["bundle"] == fresh["record"]["bundle_digest"]

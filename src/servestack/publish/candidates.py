@@ -160,7 +160,8 @@ def _candidate(verify: Callable[[], Publication], digest: str, floor: datetime |
 def _choose(candidates: list[Publication | str], bundle: str | None, usable: Callable[[Publication], object] | None,
             skipped: list[str]) -> Publication | None:
     """The newest usable publication (naming BUNDLE when given); every other candidate's reason goes to SKIPPED."""
-    reasons = [c for c in candidates if isinstance(c, str) and c not in skipped]
+    already = set(skipped)  # a second round (attestations without a signed listing) repeats the first's reasons
+    reasons = [c for c in candidates if isinstance(c, str) and c not in already]
     valid = [c for c in candidates if isinstance(c, Publication)]
     if bundle:
         reasons += [f"attestation {v.attestation_digest}: names bundle {v.bundle_digest}, not {bundle}" for v in valid
@@ -180,7 +181,7 @@ def _choose(candidates: list[Publication | str], bundle: str | None, usable: Cal
         except PublishError as exc:
             reasons.append(f"WARNING: attestation {v.attestation_digest}: signed with this key, published "
                            f"{published_at(v)}, but unusable: {str(exc)[:400]}")
-    skipped += [r for r in reasons if r not in skipped]
+    skipped += [r for r in dict.fromkeys(reasons) if r not in already]
     return chosen
 
 
