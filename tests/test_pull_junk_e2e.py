@@ -219,3 +219,30 @@ def test_an_attestation_listed_without_its_signature_is_still_examined_when_noth
     client.put_manifest(tag, json.dumps({**index, "manifests": unlisted}).encode(), OCI_INDEX)
     out = publish.pull(str(image), key=fresh["pub"], out=tmp_path / "pulled", echo=None)
     assert json.loads((out / "publication.json").read_text())["bundle"] == fresh["record"]["bundle_digest"]
+
+
+def test_sigterm_as_out_is_staged_leaves_it_whole_and_no_staging_directory(fresh, tmp_path, monkeypatch):
+    """SIGTERM delivered the moment pull's staging directory exists (where one pull in ten left an
+    empty `.out.*` beside --out): the signal waits until OUT is whole, then ends the pull (Terminated,
+    exit 143 on the command line), and nothing else is left."""
+    import os
+    import signal
+    import tempfile as tempfile_module
+
+    from servestack.errors import Terminated
+    from servestack.publish import fetch
+    from servestack.util.interrupts import signals_unwind
+
+    real = tempfile_module.mkdtemp
+
+    def mkdtemp_then_sigterm(*args, **kwargs):
+        made = real(*args, **kwargs)
+        if kwargs.get("prefix") == ".out.":  # pull's staging, not another temporary directory
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before the next line of pull runs
+        return made
+
+    monkeypatch.setattr(fetch.tempfile, "mkdtemp", mkdtemp_then_sigterm)
+    with signals_unwind(), pytest.raises(Terminated):
+        publish.pull(str(fresh["image"]), key=fresh["pub"], out=tmp_path / "out", echo=None)
+    assert (tmp_path / "out" / "publication.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []
