@@ -85,6 +85,22 @@ def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict
                  engine_of: Callable[[Path, str], EngineSpec | None],
                  standin: StandIn | None) -> tuple[list[InputError], set[Path], list[str]]:
     started = time.monotonic()
+    known = [item for item in items if J.device(_gpu_type(item[2])) is not None]
+    notes: list[str] = [f"{f}: checked by the static rules only: gpu_type {_gpu_type(d)!r} has no device to simulate "
+                        "(recipes/hardware.py)" for f, _, d in items if J.device(_gpu_type(d)) is None]
+    if not known:
+        return [], set(), notes
+    errors, judged, more = _judge_known(project, stack, known, engine_of, standin, started)
+    return errors, judged, notes + more
+
+
+def _gpu_type(data: dict) -> str:
+    return str((data.get("resources") or {}).get("gpu_type") or "")
+
+
+def _judge_known(project: Project, stack: str, items: list[tuple[Path, str, dict]],
+                 engine_of: Callable[[Path, str], EngineSpec | None], standin: StandIn | None,
+                 started: float) -> tuple[list[InputError], set[Path], list[str]]:
     image = stack_image(project, stack)
     model = (standin or (lambda s: built_model_config(project, s)))(stack)
     static = f"{len(items)} {stack} recipe(s) checked by the static rules only"
@@ -109,7 +125,7 @@ def _judge_stack(project: Project, stack: str, items: list[tuple[Path, str, dict
         return [], set(), [f"{static}: {launches}"]
     work: list[tuple[dict, J.Worker]] = []
     for f, _, data in items:
-        dev = J.device(str((data.get("resources") or {}).get("gpu_type") or ""))
+        dev = J.device(_gpu_type(data))
         work += [(dev, w) for w in launches[f].roles.values()]
     judged_roles = J.judge(engine, work)
     if isinstance(judged_roles, str):

@@ -120,10 +120,13 @@ def launches(files: list[Path], model_aliases: list[str], container_aliases: lis
     return out
 
 
-def device(gpu_type: str) -> dict[str, Any]:
-    """The target device the engine resolves on: the hardware table's GPU, simulated; a CPU deployment is real."""
+def device(gpu_type: str) -> dict[str, Any] | None:
+    """The target device the engine resolves on: the hardware table's GPU, simulated; a CPU deployment is real;
+    None for a GPU the table does not know (nothing to simulate)."""
     gpu = GPUS.get(gpu_type.lower())
-    if gpu is None or gpu.capability is None:
+    if gpu is None:
+        return None
+    if gpu.capability is None:
         return {"kind": "cpu"}
     major, minor = gpu.capability
     return {"kind": "cuda", "major": major, "minor": minor, "name": gpu.name, "memory_gb": gpu.memory_gb,
