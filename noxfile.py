@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import nox
+import nox.command
 
 nox.options.default_venv_backend = "uv"
 nox.options.reuse_venv = "yes"
@@ -34,7 +35,21 @@ def _servestack(session: nox.Session, command: str, *extras: str) -> None:
     # kills after `terminate_timeout`. servestack cancels its Slurm jobs and removes its containers
     # on SIGTERM; give it the seconds that takes, within the 7.5 s a GitHub runner allows (SIGINT,
     # then SIGTERM 7.5 s later, then kill).
-    session.run("servestack", command, *session.posargs, interrupt_timeout=0.5, terminate_timeout=6.0)
+    try:
+        session.run("servestack", command, *session.posargs, interrupt_timeout=0.5, terminate_timeout=6.0)
+    except nox.command.CommandFailed as failed:
+        _exit_with(session, command, failed.return_code)
+
+
+def _exit_with(session: nox.Session, command: str, code: int | None) -> None:
+    """End nox with servestack's own exit code (README, "Exit codes"): nox would end every failed
+    session with 1, and a script could no longer tell a wrong key (8) from a tag (2). SystemExit is
+    not an Exception, so nox lets it through: the sessions after this one do not run (they need its
+    records), and nox exits with the code."""
+    if not code:  # nox could not start the command at all: its own failure, reported as such
+        raise nox.command.CommandFailed(f"servestack {command} did not run")
+    session.log(f"servestack {command} exited with {code} (README, \"Exit codes\"); nox ends with it")
+    raise SystemExit(code)
 
 
 @nox.session
