@@ -22,7 +22,7 @@ from fixtures.tls_registry import TlsRegistry, push_stack_image
 
 from servestack import publish
 from servestack.cluster import srtctl_tool
-from servestack.errors import ClusterToolsMissing, ServestackError
+from servestack.errors import ClusterToolsMissing, ServestackError, SignatureError
 from servestack.publish import sbom, signing
 from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
@@ -330,7 +330,8 @@ def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fa
 
 def test_a_bundle_signed_with_another_key_fails_the_pull(published, tmp_path):
     other = signing.keygen(tmp_path / "other.key")[1]
-    with pytest.raises(ServestackError, match=r"(?s)no publication signed by .*other\.pub.*1 attestation\(s\) whose "
+    # The wrong key is a signature that does not verify (exit 8), not a missing publication (10).
+    with pytest.raises(SignatureError, match=r"(?s)no publication signed by .*other\.pub.*1 attestation\(s\) whose "
                                               r"listing this key did not sign .*not fetched"):
         publish.pull(published["image"], key=other, out=tmp_path / "pulled", echo=None)
     assert not (tmp_path / "pulled").exists()

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from servestack.errors import PublishError, RegistryError, ServestackError
+from servestack.errors import PublishError, RegistryError, ServestackError, SignatureError
 from servestack.publish import sbom, signing
 from servestack.publish.binding import check_bindings
 from servestack.publish.bundle import (
@@ -132,7 +132,10 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None, repo
         skipped.append(f"{len(legacy)} attestation(s) without a signed listing (made before listings were signed, or "
                        f"junk): not examined, a newer signed one was taken")
     if chosen is None:
-        raise PublishError(f"{image}: no publication signed by {key} verifies"
+        # Nothing listed was signed by this key: the key is the wrong one (README, "Exit codes": 8), not a
+        # publication that is missing or broken (10).
+        failure = SignatureError if not signed else PublishError
+        raise failure(f"{image}: no publication signed by {key} verifies"
                            + (f" and names bundle {bundle}" if bundle else "")
                            + (f" and is not older than {utc_text(floor)}" if floor else "") + ":\n  "
                            + "\n  ".join(skipped[:MAX_REASONS])
