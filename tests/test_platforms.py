@@ -22,7 +22,7 @@ def test_a_stack_of_several_platforms_builds_this_machine_s_by_default(monkeypat
 
 
 def test_a_platform_the_lock_lacks_or_a_choice_it_cannot_make_is_refused_naming_the_file(monkeypatch):
-    with pytest.raises(ServestackError, match=r"pins/s.lock: no platform linux/arm64; it has linux/amd64"):
+    with pytest.raises(ServestackError, match=r"pins/s.lock: --platform: no platform linux/arm64; it has linux/amd64"):
         platforms.choose(("linux/amd64",), "linux/arm64", "pins/s.lock")
     monkeypatch.setattr(platforms, "host_platform", lambda: "linux/riscv64")
     with pytest.raises(ServestackError, match=r"none of them this machine's \(linux/riscv64\); choose one with --platform"):

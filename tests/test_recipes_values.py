@@ -214,7 +214,7 @@ def test_cli_validate_accepts_options_in_any_order(order: list[str], tmp_path: P
     bad = tmp_path / "bad.yaml"
     bad.write_text(SWEEP.read_text().replace("async-scheduling: true", 'async-scheduling: "yes"', 1))
     argv = [a.format(engine=ROOT / "pins" / "qwen35-gb200.engine.json", file=bad) for a in order]
-    assert main(["--project", str(ROOT), *argv]) == 1
+    assert main(["--project", str(ROOT), *argv]) == 2  # a refused recipe is bad input
     out = capsys.readouterr().out
     assert "1 file(s) checked against pins/qwen35-gb200.engine.json" in out
     assert f"{bad}:{_line_col(bad.read_text(), 'async-scheduling')[0]}:25: backend.vllm_config.prefill.async-scheduling" in out

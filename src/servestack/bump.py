@@ -75,6 +75,24 @@ def last_published(project: Project, stack: str) -> str:
     return str(published["image"])
 
 
+def check_inputs(project: Project, stack: str, baseline: str | None, key: Path | None, alongside: bool) -> str:
+    """The baseline a bump will be held to and the key that verifies it, checked before the bump relocks,
+    builds or pushes anything (a missing key found at the end cost the whole bump, and changed the lock)."""
+    from servestack.records.imageref import ImageRef
+
+    chosen = baseline or last_published(project, stack)
+    by_digest = ("@" in chosen or ":" in chosen) and not Path(chosen).exists()  # a tag is refused by the parse
+    if by_digest:
+        ImageRef.parse(chosen)
+        if key is None or not key.is_file():
+            raise InputError(key or "--key", "--key", f"no such file: the publisher's public key (PEM) verifies the "
+                                                      f"baseline {chosen}; pass --key PATH (servestack keygen writes one)")
+    elif alongside:
+        raise InputError("--baseline", "--alongside", f"measuring alongside needs a baseline by digest "
+                                                      f"(REF@sha256:...), not {chosen}")
+    return chosen
+
+
 def markdown(d: Drift) -> str:
     lines = [f"# Drift report: {d.stack}", "", f"**{'PASS' if d.passed else 'FAIL'}**", "",
              f"- digest before: `{d.digest_before or '-'}`", f"- digest after: `{d.digest_after or '-'}`",

@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
+from servestack.commands import check_stack, platform_arg, same_platform
 from servestack.commands import image_arg as _image_arg
 from servestack.commands import say as _say
-from servestack.errors import ServestackError, Terminated
+from servestack.errors import InputError, ServestackError, Terminated
 from servestack.util.interrupts import exit_code, signals_unwind
 from servestack.util.project import DEFAULT_STACK, Project
 
@@ -58,8 +59,7 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
 
 
 def _build_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--platform", help="which of the stack's platforms (linux/amd64, linux/arm64); default: this "
-                                      "machine's, when the stack has it")
+    platform_arg(p)
     p.add_argument("--allow-unverified", action="store_true", help="build even when the lock has PRs nothing verified")
     p.add_argument("--rehash", action="store_true", help="read every cached input in full, even those unchanged "
                                                          "(same inode, size, mtime, ctime) since the last full read")
@@ -82,6 +82,7 @@ def _build(args: argparse.Namespace, project: Project) -> int:
 
 
 def _image_args(p: argparse.ArgumentParser) -> None:
+    platform_arg(p)
     p.add_argument("--update-expected", action="store_true",
                    help="record this build's digest as the expected one: pins/<stack>.image.json (commit it)")
 
@@ -90,8 +91,11 @@ def _image_args(p: argparse.ArgumentParser) -> None:
                   "build/<stack>/image.json", _image_args)
 def _image(args: argparse.Namespace, project: Project) -> int:
     from servestack import image
+    from servestack.inputs import load_build
     from servestack.lock import load_lock
 
+    same_platform(project, args.stack, args.platform, "build.json", load_build(project, args.stack).platform,
+                   f"nox -s build -- --stack {args.stack} --platform {args.platform}")
     result = image.build_image(project, args.stack)
     digest = result.digest
     if args.update_expected:
@@ -123,6 +127,9 @@ def _image(args: argparse.Namespace, project: Project) -> int:
 
 def _image_ref(args: argparse.Namespace, project: Project) -> str:
     if args.image:
+        from servestack.records.imageref import ImageRef
+
+        ImageRef.parse(args.image)  # a tag is refused before a stage starts
         return args.image
     from servestack.image import load_image
 
@@ -131,6 +138,7 @@ def _image_ref(args: argparse.Namespace, project: Project) -> str:
 
 def _smoke_args(p: argparse.ArgumentParser) -> None:
     _image_arg(p)
+    platform_arg(p)
     p.add_argument("--no-serve", action="store_true", help="the static probe only")
     p.add_argument("--require-serving", action="store_true", help="a serving check that cannot run fails (the GPU canary)")
 
@@ -138,6 +146,12 @@ def _smoke_args(p: argparse.ArgumentParser) -> None:
 @command("smoke", "prove the image is exactly its lock, and that it serves: build/<stack>/smoke.json", _smoke_args)
 def _smoke(args: argparse.Namespace, project: Project) -> int:
     from servestack.smoke import run_smoke
+
+    if args.platform and not args.image:
+        from servestack.image import load_image
+
+        same_platform(project, args.stack, args.platform, "image.json", load_image(project, args.stack).platform,
+                       f"nox -s build image -- --stack {args.stack} --platform {args.platform}")
     return run_smoke(project, args.stack, args.image, serve=not args.no_serve, require_serving=args.require_serving).exit_code
 
 
@@ -185,10 +199,11 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     from servestack.stages import format_verdict, run_pipeline
 
     name = args.pipeline or args.stack
+    image = _image_ref(args, project)
     runner = _runner(project, name, args.runner) if args.runner else None
     started = time.monotonic()
     run_id = time.strftime("%Y%m%d-%H%M%S") if args.fresh else args.run_id
-    results = run_pipeline(project, name, _image_ref(args, project), runner, stages, run_id=run_id,
+    results = run_pipeline(project, name, image, runner, stages, run_id=run_id,
                            recipes=args.recipes, skip_preflight=args.skip_preflight)
     for result in results:
         _say(format_verdict(result.verdict))
@@ -323,11 +338,12 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
         return 0 if same == len(comparisons) else 1
     if args.action == "check":
         notes: list[str] = []
-        errors = recipes.check_rendered(project) + recipes.validate_committed(project, notes=notes,
-                                                                              standin=_recipe_standin(project))
+        stale = recipes.check_rendered(project)
+        errors = stale + recipes.validate_committed(project, notes=notes, standin=_recipe_standin(project))
         for note in notes:
             _say(f"note: {note}")
     else:
+        stale = []
         committed = recipes.committed_sets(project)
         result = recipes.validate_files(project, args.paths or committed, engine=args.engine, stack=args.stack,
                                         standin=_recipe_standin(project))
@@ -341,7 +357,9 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
     for error in errors:
         _say(f"error: {error}")
     _say(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
-    return 1 if errors else 0
+    # A recipe the rules refuse is bad input (README, "Exit codes"); a committed file that differs from
+    # its render is a check that failed.
+    return InputError.exit_code if len(errors) > len(stale) else (1 if errors else 0)
 
 
 def _count(items) -> dict:
@@ -354,10 +372,21 @@ def _count(items) -> dict:
 # --------------------------------------------------------------------------- services
 
 
+_SERVICES = ("docker", "registry", "slurm", "binfmt", "nodes-down")
+
+
+def _service(name: str) -> str:
+    if name not in _SERVICES:
+        raise argparse.ArgumentTypeError(f"no service {name!r}; services are: {', '.join(_SERVICES)}")
+    return name
+
+
 def _services_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("which", nargs="*", choices=["docker", "registry", "slurm", "binfmt", "nodes-down"],
-                   default=["docker", "registry"],
-                   help="nodes-down: tear the multi-node cluster down (its nodes' processes, namespaces, bridge)")
+    # Not `choices`: argparse (3.11) checks an empty nargs="*" against them as a whole and refused the
+    # command with no arguments; the default is applied after parsing.
+    p.add_argument("which", nargs="*", type=_service, metavar="{" + ",".join(_SERVICES) + "}",
+                   help="what to start (default: docker registry); "
+                        "nodes-down: tear the multi-node cluster down (its nodes' processes, namespaces, bridge)")
     p.add_argument("--nodes", type=int, default=1, help="slurm: this many nodes (more than 1: network namespaces)")
 
 
@@ -373,7 +402,7 @@ def _services(args: argparse.Namespace, project: Project) -> int:
         "binfmt": services.ensure_binfmt_aarch64,
         "nodes-down": slurm_nodes.stop_nodes,
     }
-    for name in args.which:
+    for name in args.which or ["docker", "registry"]:
         result = starters[name]()
         _say(f"{name}: {'done' if name == 'nodes-down' else 'up'}{f' ({result})' if isinstance(result, str) else ''}")
     return 0
@@ -391,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (help, configure, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help)
-        p.add_argument("--stack", default=DEFAULT_STACK, help=f"stack name in pins/ (default: {DEFAULT_STACK})")
+        p.add_argument("--stack", default=None, help=f"stack name in pins/ (default: {DEFAULT_STACK})")
         configure(p)
     return parser
 
@@ -403,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("urllib3").setLevel(logging.ERROR)
     project = Project(root=args.project.resolve()) if args.project else Project.find()
     try:
+        check_stack(args, project)
         with signals_unwind():
             return COMMANDS[args.command][2](args, project)
     except ServestackError as exc:

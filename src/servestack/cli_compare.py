@@ -57,6 +57,11 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
     from servestack.stages import interleave
 
     name = args.pipeline or args.stack
+    if args.measure:  # both images by digest, before a container starts or a comparison folder is made
+        from servestack.records.imageref import ImageRef
+
+        for side in (args.a, args.b):
+            ImageRef.parse(side)
     policy = _policy(project, name, args)
     if args.measure:
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
@@ -93,6 +98,7 @@ def _bump_args(p: argparse.ArgumentParser) -> None:
 def _bump(args: argparse.Namespace, project: Project) -> int:
     from servestack import bump
 
+    bump.check_inputs(project, args.stack, args.baseline, args.key, args.alongside)  # before anything changes
     drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say,
                               alongside=args.alongside)
     _say(report.read_text())

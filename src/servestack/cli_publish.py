@@ -95,6 +95,27 @@ def _keygen_args(p: argparse.ArgumentParser) -> None:
 def _keygen(args: argparse.Namespace, project: Project) -> int:
     from servestack.publish import signing
 
+    _refuse_committable(project, args.key)
     private, public = signing.keygen(args.key)
     _say(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")
     return 0
+
+
+def _refuse_committable(project: Project, key: Path) -> None:
+    """A private key inside the checkout goes where .gitignore keeps it out of commits (`*.key` does),
+    never to a path git would commit: refused before the key is made."""
+    import subprocess
+
+    from servestack.errors import InputError
+
+    path = key.resolve()
+    if not path.is_relative_to(project.root) or not (project.root / ".git").exists():
+        return
+    try:
+        ignored = subprocess.run(["git", "-C", str(project.root), "check-ignore", "-q", str(path)],
+                                 capture_output=True, timeout=30).returncode
+    except OSError:  # no git here: nothing would commit it
+        return
+    if ignored == 1:
+        raise InputError(key, "--key", "inside the repository and not covered by .gitignore (or tracked): git would "
+                                       "commit the private key; choose a path outside the checkout or one ending in .key")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
-from servestack.util.project import Project
+from servestack.errors import InputError
+from servestack.util.project import DEFAULT_STACK, Project
 
 Command = Callable[[argparse.Namespace, Project], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
@@ -29,3 +30,35 @@ def say(text: str = "") -> None:
 
 def image_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="REPO@sha256:<64 hex> (default: the digest the last `image` session recorded)")
+
+
+def platform_arg(p: argparse.ArgumentParser) -> None:
+    # Every session of the main job takes it, so `nox -s build image smoke -- --stack S --platform P`
+    # hands the same options to each (build chooses; image and smoke check they work on that build).
+    p.add_argument("--platform", help="which of the stack's platforms (linux/amd64, linux/arm64); default: this "
+                                      "machine's, when the stack has it")
+
+
+def same_platform(project: Project, stack: str, asked: str | None, record: str, recorded: str, rerun: str) -> None:
+    """`--platform` of image or smoke is the one the step before it recorded, or the step is refused."""
+    if asked is not None and asked != recorded:
+        raise InputError(f"build/{stack}/{record}", "--platform",
+                         f"the last build of {stack} is for {recorded}, not {asked}; run `{rerun}` first")
+
+
+def check_stack(args: argparse.Namespace, project: Project) -> None:
+    """A stack named on the command line is one of pins/: checked before any step reads or writes a
+    file, so a typo is refused with the stacks there are, not met later as a missing lock or image."""
+    if args.stack is None:
+        if args.command != "recipes":  # recipes: no --stack means the stack each recipe's header names
+            args.stack = DEFAULT_STACK
+        return
+    if project.stack_file(args.stack).is_file():
+        return
+    import difflib
+
+    stacks = sorted(p.stem for p in project.pins.glob("*.yaml")) if project.pins.is_dir() else []
+    close = difflib.get_close_matches(args.stack, stacks, n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    raise InputError(project.stack_file(args.stack).relative_to(project.root), "--stack",
+                     f"no such stack{hint}; stacks are: {', '.join(stacks) or 'none (pins/ has no <stack>.yaml)'}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import platform as host
 from dataclasses import dataclass
 
-from servestack.errors import ServestackError
+from servestack.errors import InputError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,11 +42,11 @@ def choose(available: list[str] | tuple[str, ...], requested: str | None, where:
     built here can be run here; the others are asked for by name (under qemu where needed)."""
     if requested is not None:
         if requested not in available:
-            raise ServestackError(f"{where}: no platform {requested}; it has {', '.join(sorted(available))}")
+            raise InputError(where, "--platform", f"no platform {requested}; it has {', '.join(sorted(available))}")
         return requested
     if host_platform() in available:
         return host_platform()
     if len(available) == 1:
         return next(iter(available))
-    raise ServestackError(f"{where}: platforms {', '.join(sorted(available))}, none of them this machine's "
-                          f"({host_platform()}); choose one with --platform")
+    raise InputError(where, "--platform", f"platforms {', '.join(sorted(available))}, none of them this machine's "
+                                          f"({host_platform()}); choose one with --platform")

@@ -158,7 +158,6 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     default); refuses unverified PRs unless `allow_unverified`."""
     out = project.artifacts(stack)
     record_path = out / "build.json"
-    record_path.unlink(missing_ok=True)
     from servestack.lock import check as lockcheck
 
     report = lockcheck.check(project, stack)
@@ -174,6 +173,9 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
             "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
         )
     platform = platforms.choose(sorted(document.platforms), platform, f"pins/{stack}.lock")
+    # Every input the command names is checked above, before anything changes: a mistake leaves the
+    # last build's record as it was. From here on the record of an earlier build no longer holds.
+    record_path.unlink(missing_ok=True)
     wheels = document.wheels(platform)
     epoch = document.source_date_epoch
     paths = fetch_wheels(project, stack, document, platform, rehash=rehash)
