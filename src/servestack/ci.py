@@ -32,15 +32,23 @@ def _record(project: Project, stack: str, name: str) -> dict[str, Any] | None:
 
 
 def step_outputs(project: Project, stack: str) -> dict[str, str]:
-    """`<stack>-image` (REPO@sha256:...) and `<stack>-bundle` (sha256:...) for the steps that ran.
+    """`<stack>-image` (REPO@sha256:...: the published copy when publish.json records one of this image)
+    and `<stack>-bundle` (sha256:...) for the steps that ran.
 
     A reference that is not by digest is refused here too: no tag ever becomes an output.
     """
     outputs: dict[str, str] = {}
     image = project.artifacts(stack) / "image.json"
-    if image.exists():
-        outputs[f"{stack}-image"] = str(ImageRef.parse(read_image(image, shown=image.relative_to(project.root)).reference))
     publication = _record(project, stack, "publish.json")
+    if image.exists():
+        record = read_image(image, shown=image.relative_to(project.root))
+        built = ImageRef.parse(record.reference)
+        outputs[f"{stack}-image"] = str(built)
+        # Where `publish --to` copied this image (or its index), the published copy is where the steps
+        # after it find the image and its bundle: the cluster job pulls that, not the build registry's.
+        published = publication.get("image") if publication else None
+        if published and ImageRef.parse(published).digest in (built.digest, record.index):
+            outputs[f"{stack}-image"] = str(ImageRef.parse(published))
     if publication is not None:
         outputs[f"{stack}-bundle"] = str(publication["bundle_digest"])
     return outputs
