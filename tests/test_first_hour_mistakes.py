@@ -107,3 +107,18 @@ def test_keygen_refuses_a_path_git_would_commit_and_writes_an_ignored_one(reposi
     ignored = subprocess.run(["git", "-C", str(repository), "status", "--porcelain", "--ignored", "servestack.key"],
                              capture_output=True, text=True, check=True).stdout
     assert ignored.startswith("!! servestack.key"), ignored
+
+
+def test_image_and_smoke_take_the_main_jobs_platform_and_refuse_one_the_build_is_not_for(project, capsys):
+    from fixtures.records import write_build_record, write_image_record
+
+    out = project / "build" / "qwen35-gb200"
+    out.mkdir(parents=True)
+    write_build_record(out / "build.json", "qwen35-gb200")  # built for linux/amd64
+    write_image_record(out / "image.json", REF.replace("dev-cpu", "qwen35-gb200"), "qwen35-gb200")
+    err = _refused(project, capsys, "image", "--stack", "qwen35-gb200", "--platform", "linux/arm64")
+    assert ("build/qwen35-gb200/build.json: --platform: the last build of qwen35-gb200 is for linux/amd64, not "
+            "linux/arm64; run `nox -s build -- --stack qwen35-gb200 --platform linux/arm64` first") in err, err
+    err = _refused(project, capsys, "smoke", "--stack", "qwen35-gb200", "--platform", "linux/arm64")
+    assert ("build/qwen35-gb200/image.json: --platform: the last build of qwen35-gb200 is for linux/amd64, not "
+            "linux/arm64; run `nox -s build image -- --stack qwen35-gb200 --platform linux/arm64` first") in err, err
