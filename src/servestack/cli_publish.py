@@ -65,9 +65,26 @@ def _timeout_arg(p: argparse.ArgumentParser) -> None:
 def _pull(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
-    publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository, echo=_say,
-                 not_before_time=args.not_before, platform=args.platform, timeout=args.timeout)
+    out = publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository,
+                       echo=_say, not_before_time=args.not_before, platform=args.platform, timeout=args.timeout)
+    verdict = smoke_verdict(out / "build" / "smoke.json") if out is not None else None
+    if verdict:
+        _say(verdict)
     return 0
+
+
+def smoke_verdict(path: Path) -> str | None:
+    """The published smoke's verdict with its counts, and whether serving ran at all: a PASS of the static
+    probe alone (`smoke --no-serve`, or an arm64 image smoked on x86) is not a PASS of a server."""
+    from servestack.records.smokefile import NOT_RUN, read_smoke
+
+    if not path.is_file():
+        return None
+    smoke = read_smoke(path, shown=path)
+    counts = ", ".join(f"{n} {status.replace('_', ' ')}" for status, n in smoke.counts().items())
+    served = [c for c in smoke.checks if c.probe != "static" and c.status != NOT_RUN]
+    return (f"smoke of {smoke.image} ({smoke.platform}): {smoke.status.upper()} ({counts})"
+            + ("" if served else "; serving did not run: the static probe alone"))
 
 
 def _verify_args(p: argparse.ArgumentParser) -> None:
