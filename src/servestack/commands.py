@@ -1,4 +1,5 @@
-"""The registry the command line is built from: each subcommand's help, arguments and function.
+"""The registry the command line is built from: each subcommand's help, arguments and function; and the
+options the steps share (`--stack`, checked against pins/ before any step runs; `--platform`).
 
 `cli.py` registers most commands and builds the parser; a few live in modules of their own
 (`cli_compare`, `cli_publish`) and register here, so none of them imports the command line.
