@@ -80,7 +80,8 @@ def test_a_platform_the_lock_lacks_leaves_the_last_build_record_as_it_was(projec
 def test_a_tag_is_refused_before_a_stage_or_a_measured_comparison_starts(project, capsys):
     tag = "127.0.0.1:9/servestack/dev-cpu:latest"
     for argv in (["pipeline", "--image", tag], ["accuracy", "--image", tag], ["compare", "--measure", tag, REF],
-                 ["compare", "--measure", REF, tag]):
+                 ["compare", "--measure", REF, tag], ["smoke", "--image", tag], ["publish", "--image", tag],
+                 ["pull", tag, "--key", "k.pub"], ["verify", tag, "--key", "k.pub", "--rebuild"]):
         err = _refused(project, capsys, *argv)
         assert "image reference" in err and "latest" in err, err
 
@@ -90,6 +91,8 @@ def test_bump_refuses_a_missing_key_before_it_relocks(project, capsys):
     assert "missing.pub: --key: no such file: the publisher's public key" in err
     err = _refused(project, capsys, "bump", "--baseline", "some-run", "--alongside")
     assert "--alongside: measuring alongside needs a baseline by digest" in err
+    err = _refused(project, capsys, "bump", "--baseline", "no-such-run")
+    assert "--baseline: 'no-such-run' is not a run under build/dev-cpu/runs/, a directory, or REF@sha256:..." in err
 
 
 @pytest.fixture
@@ -122,3 +125,16 @@ def test_image_and_smoke_take_the_main_jobs_platform_and_refuse_one_the_build_is
     err = _refused(project, capsys, "smoke", "--stack", "qwen35-gb200", "--platform", "linux/arm64")
     assert ("build/qwen35-gb200/image.json: --platform: the last build of qwen35-gb200 is for linux/amd64, not "
             "linux/arm64; run `nox -s build image -- --stack qwen35-gb200 --platform linux/arm64` first") in err, err
+
+
+def test_bump_checks_the_key_of_the_last_publication_but_leaves_a_stack_never_published_to_its_report(project, capsys):
+    from servestack import bump
+    from servestack.util.project import Project
+
+    checkout = Project(root=project)
+    assert bump.check_inputs(checkout, "dev-cpu", None, project / "missing.pub", False) is None
+    record = project / "build" / "dev-cpu" / "publish.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(f'{{"image": "{REF}", "run": "r1", "bundle_digest": "{DIGEST}"}}\n')
+    err = _refused(project, capsys, "bump", "--key", str(project / "missing.pub"))
+    assert f"missing.pub: --key: no such file: the publisher's public key (PEM) verifies the baseline {REF}" in err

@@ -75,12 +75,18 @@ def last_published(project: Project, stack: str) -> str:
     return str(published["image"])
 
 
-def check_inputs(project: Project, stack: str, baseline: str | None, key: Path | None, alongside: bool) -> str:
+def check_inputs(project: Project, stack: str, baseline: str | None, key: Path | None, alongside: bool) -> str | None:
     """The baseline a bump will be held to and the key that verifies it, checked before the bump relocks,
     builds or pushes anything (a missing key found at the end cost the whole bump, and changed the lock)."""
     from servestack.records.imageref import ImageRef
 
-    chosen = baseline or last_published(project, stack)
+    if baseline is None:
+        try:
+            chosen = last_published(project, stack)
+        except InputError:  # nothing published here: the bump still reports the drift, its compare step says why
+            return None
+    else:
+        chosen = baseline
     by_digest = ("@" in chosen or ":" in chosen) and not Path(chosen).exists()  # a tag is refused by the parse
     if by_digest:
         ImageRef.parse(chosen)
@@ -90,6 +96,11 @@ def check_inputs(project: Project, stack: str, baseline: str | None, key: Path |
     elif alongside:
         raise InputError("--baseline", "--alongside", f"measuring alongside needs a baseline by digest "
                                                       f"(REF@sha256:...), not {chosen}")
+    elif not Path(chosen).is_dir() and not (project.artifacts(stack) / "runs" / chosen).is_dir():
+        runs = project.artifacts(stack) / "runs"
+        known = sorted(p.name for p in runs.iterdir() if p.is_dir()) if runs.is_dir() else []
+        raise InputError("--baseline", "--baseline", f"{chosen!r} is not a run under build/{stack}/runs/, a directory, "
+                                                     f"or REF@sha256:... (runs here: {', '.join(known[-5:]) or 'none'})")
     return chosen
 
 

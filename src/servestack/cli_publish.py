@@ -24,6 +24,10 @@ def _publish_args(p: argparse.ArgumentParser) -> None:
 def _publish(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
+    if args.image:  # a tag is refused before the records are read
+        from servestack.records.imageref import ImageRef
+
+        ImageRef.parse(args.image)
     publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
                     records_dir=args.records, echo=_say)
     return 0
