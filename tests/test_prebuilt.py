@@ -76,3 +76,17 @@ def test_the_compile_is_keyed_by_the_image_below_the_targets_the_modules_and_the
     assert len({base, prebuilt.cache_key("sha256:" + "b" * 64, "9.0a 10.0a", ["m:g"]),
                 prebuilt.cache_key("sha256:" + "a" * 64, "10.0a", ["m:g"]),
                 prebuilt.cache_key("sha256:" + "a" * 64, "9.0a 10.0a", ["m:h"])}) == 4
+
+
+@pytest.mark.parametrize(("version", "refused"), [("7.2.22 (Debian 1:7.2+dfsg-7+deb12u18)", True),
+                                                  ("10.0.13 (Debian 1:10.0.13+ds-0+deb13u1)", False)])
+def test_a_foreign_platform_s_compile_is_refused_up_front_under_a_qemu_that_crashes_in_torch(monkeypatch, version, refused):
+    class Answer:
+        stdout = f"qemu-aarch64 version {version}\nCopyright (c) 2003-2025 Fabrice Bellard and the QEMU Project developers\n"
+
+    monkeypatch.setattr(prebuilt, "_binfmt_entry", lambda: "enabled\ninterpreter /usr/libexec/qemu-binfmt/aarch64-binfmt-P\n")
+    monkeypatch.setattr(prebuilt, "run", lambda argv, timeout: Answer())
+    refusal = prebuilt._emulator_refusal("linux/arm64")
+    assert (refusal is not None) == refused
+    if refused:
+        assert "qemu 7.2.22" in refusal and "qemu-user 10 or newer" in refusal and "on a linux/arm64 machine" in refusal

@@ -158,6 +158,7 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     """The trees, the layers (the large packages' written and pushed while the other trees are made), the
     config and manifest."""
     title, platform, python, epoch = f"image {stack}", record.platform, lock.python, record.source_date_epoch
+    prebuilt.preflight(lock, platform)
     wheels = {item.sha256: Path(item.path) for item in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     out = project.artifacts(stack)

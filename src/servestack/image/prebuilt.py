@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 import shutil
 import time
 import uuid
@@ -21,19 +22,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import requests
+
 from servestack import services
-from servestack.errors import ServestackError
+from servestack.errors import CommandError, ServestackError
 from servestack.image import layers
 from servestack.platforms import host_platform
 from servestack.records.lockfile import Lock
 from servestack.services.dockerd import ensure_image
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
+from servestack.util.proc import run
 from servestack.util.project import cache_home
 
 log = logging.getLogger("servestack.image")
 
 SCRIPT = Path(__file__).parents[1] / "probe" / "prebuild.py"
 RECORD = "prebuilt.json"
+DEADLINE_S = 3600  # a native compile takes minutes; an emulated one that hangs must not hold the build forever
+MIN_QEMU = 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,10 +96,46 @@ def prebuild(reference: str, platform: str, archs: str, modules: list[str], titl
     return Prebuilt(entries=_entries(done), record=record, cached=False)
 
 
+def _emulator_refusal(platform: str) -> str | None:
+    """Why this machine's qemu cannot run the compile for PLATFORM, or None. Measured here: Debian 12's
+    qemu-user 7.2 crashes in the image's `import torch` (oneDNN's aarch64 CPU probe, "uncaught target
+    signal 11"), and FlashInfer's JIT imports torch; Debian 13's qemu-user 10.0 imports it in 87 s."""
+    interpreter = next((line.split(" ", 1)[1] for line in _binfmt_entry().splitlines() if line.startswith("interpreter ")), None)
+    if interpreter is None:
+        return None
+    try:
+        # Debian's binfmt entry is a wrapper that runs only under binfmt_misc; its target answers --version.
+        shown = run([str(Path(interpreter).resolve()), "--version"], timeout=10).stdout
+    except (CommandError, OSError):
+        return None
+    found = re.search(r"version ((\d+)\.[\d.]+)", shown)
+    if found and int(found[2]) < MIN_QEMU:
+        return (f"the prebuilt layer for {platform} is compiled inside the {platform} image, here under qemu-user, and "
+                f"this machine's {interpreter} is qemu {found[1]}: it crashes in the image's `import torch` "
+                f"(FlashInfer's JIT needs it). Register qemu-user {MIN_QEMU} or newer (Debian 13's qemu-user) for "
+                f"binfmt_misc, or build {platform} on a {platform} machine")
+    return None
+
+
+def _binfmt_entry() -> str:
+    try:
+        return Path("/proc/sys/fs/binfmt_misc/qemu-aarch64").read_text()
+    except OSError:
+        return ""
+
+
+def preflight(lock: Lock, platform: str) -> None:
+    """Before any layer is written: a foreign platform's compile can run here (its emulator works)."""
+    if targets(lock, platform) is None or platform == host_platform():
+        return
+    services.ensure_binfmt_aarch64()
+    refusal = _emulator_refusal(platform)
+    if refusal:
+        raise ServestackError(refusal)
+
+
 def _run(reference: str, platform: str, out: Path, archs: str, modules: list[str]) -> None:
     client = services.docker_client()
-    if platform != host_platform():
-        services.ensure_binfmt_aarch64()
     ensure_image(client, reference, platform)
     # SYS_ADMIN: prebuild.py starts each nvcc in a pid namespace of its own (it says why); no network.
     container = client.containers.run(
@@ -101,11 +143,21 @@ def _run(reference: str, platform: str, out: Path, archs: str, modules: list[str
         platform=platform, cap_add=["SYS_ADMIN"], name=f"servestack-prebuild-{uuid.uuid4().hex[:8]}",
         volumes={str(SCRIPT): {"bind": "/mnt/prebuild.py", "mode": "ro"}, str(out): {"bind": "/out", "mode": "rw"}})
     try:
-        status = container.wait()
+        try:
+            status = container.wait(timeout=DEADLINE_S)
+        except requests.exceptions.ConnectionError:  # the client's read timeout: the compile outlived its deadline
+            raise ServestackError(f"compiling {', '.join(modules)} for {archs} inside {reference} ({platform}) did not end "
+                                  f"within {DEADLINE_S} s:\n{_tail(container)}") from None
         if status.get("StatusCode") != 0:
-            tail = container.logs(tail=40).decode(errors="replace")
             raise ServestackError(f"compiling {', '.join(modules)} for {archs} inside {reference} ({platform}) failed "
-                                  f"(exit {status.get('StatusCode')}):\n{tail}")
+                                  f"(exit {status.get('StatusCode')}):\n{_tail(container)}")
     finally:
         with contextlib.suppress(Exception):
             container.remove(force=True)
+
+
+def _tail(container) -> str:
+    try:
+        return container.logs(tail=40).decode(errors="replace")
+    except Exception as e:  # noqa: BLE001 - a container removed or dead answers no logs; say so, keep the real error
+        return f"(no log: {e})"
