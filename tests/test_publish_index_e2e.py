@@ -2,7 +2,8 @@
 index (amd64 with this checkout's records, arm64 built elsewhere), published with one command;
 pull by the index (this machine's platform and --platform) and by each platform's digest; stock
 cosign 2.5 verify and verify-attestation on the index and on each platform, with the key and with
-another; verify --rebuild compares the platform it rebuilds with the index's entry."""
+another; verify --rebuild compares the platform it rebuilds with the index's entry, and `servestack verify` by
+the index and by each platform digest rebuilds the platform it checks."""
 
 from __future__ import annotations
 
@@ -123,3 +124,35 @@ def test_verify_rebuild_by_the_index_compares_the_platform_it_rebuilds_with_the_
             built, reference=made, platforms=("linux/amd64",)))
         result = rebuild.verify_rebuild(indexed["project"], indexed["index"], key=indexed["pub"], echo=None)
         assert result["same"] is same and result["expected"] == ImageRef.parse(indexed["platforms"]["linux/amd64"]).digest
+
+
+def test_servestack_verify_by_the_index_and_by_each_platform_digest_rebuilds_that_platform(indexed, env, monkeypatch,
+                                                                                          capsys):
+    """`servestack verify --rebuild` as a user types it, on the index and on each platform's digest of the same
+    publication: the index is checked by this machine's platform, a platform digest by its own platform (the
+    arm64 digest rebuilds arm64 here too, not this machine's). The rebuild is stood in for by the image it would
+    make of the platform it is asked for: that platform's published manifest (exit 0, SAME) or another digest
+    (exit 1, DIFFERENT). A real rebuild of this fixture's made-up images could never match; the quick start's
+    e2e runs one."""
+    from servestack import cli, inputs, platforms, services
+    from servestack import image as image_step
+
+    built = read_image(indexed["project"].artifacts(STACK) / "image.json")
+    here = platforms.host_platform()
+    asked: list[str] = []
+    monkeypatch.setattr(inputs, "build", lambda project, stack, *, platform=None, **kwargs:
+                        asked.append(platform or here))
+    monkeypatch.setattr(services, "ensure_registry", lambda address: address)
+    other = f"{indexed['index'].split('@')[0]}@sha256:{'e' * 64}"
+    checks = [(indexed["index"], here), *((image, name) for name, image in indexed["platforms"].items())]
+    for reference, platform in checks:
+        for same, code in ((True, 0), (False, 1)):
+            monkeypatch.setattr(image_step, "build_image", lambda *args, same=same, **kwargs: dataclasses.replace(
+                built, reference=indexed["platforms"][asked[-1]] if same else other, platforms=(asked[-1],)))
+            asked.clear()
+            result = cli.main(["--project", str(indexed["project"].root), "verify", reference, "--key",
+                               str(indexed["pub"]), "--rebuild"])
+            said = capsys.readouterr().out
+            assert asked == [platform] and result == code, (reference, asked, said)
+            digest = ImageRef.parse(indexed["platforms"][platform]).digest
+            assert f"verify {digest}: rebuilt " in said and ("SAME" if same else "DIFFERENT") + " digest" in said, said

@@ -17,7 +17,8 @@ from servestack.errors import PublishError
 from servestack.publish.fetch import fetch_publication
 from servestack.publish.push import image_client, image_subject, index_platforms
 from servestack.records.imageref import ImageRef
-from servestack.sources.registry import transfer
+from servestack.sources.registry import Client, transfer
+from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
 from servestack.util import proc
 from servestack.util.project import Project, cache_home
 
@@ -39,6 +40,16 @@ def _derived_caches_fresh(cache: Path) -> Iterator[None]:
         yield
 
 
+def _manifest_platform(client: Client, manifest: dict[str, Any]) -> str:
+    """os/architecture of an image manifest, from its config (as index_platforms names an index's entries)."""
+    config = manifest.get("config") or {}
+    problem = declared_problem(config.get("size"), CONFIG_LIMIT, "the image's config")
+    if problem:
+        raise PublishError(problem)
+    value = json.loads(client.get_blob(config["digest"], size=config["size"]))
+    return f"{value.get('os')}/{value.get('architecture')}"
+
+
 def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: float = transfer.DEFAULT_TIMEOUT,
                    echo: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?
@@ -50,8 +61,11 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
     started = time.monotonic()
     with transfer.deadline(timeout):
         publication = fetch_publication(reference, key)
-        _, top = image_subject(image_client(publication.image), publication.image)
+        client = image_client(publication.image)
+        _, top = image_subject(client, publication.image)
         entries = index_platforms(json.loads(top)) if "manifests" in json.loads(top) else {}
+        # One platform's manifest is rebuilt for its own platform (an arm64 digest verified on amd64 too).
+        platform = None if entries else _manifest_platform(client, json.loads(top))
     stack = publication.stack
     commit = publication.repository.get("commit")
     if not commit:
@@ -69,7 +83,7 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
         if echo:
             echo(f"verify {reference}: rebuilding {stack} from its lock at commit {commit[:12]} in {worktree}")
         with _derived_caches_fresh(scratch / "cache"):
-            build.build(rebuilt_project, stack)
+            build.build(rebuilt_project, stack, platform=platform)
             result = image_step.build_image(rebuilt_project, stack, rebuild=True,
                                             registry_address=services.ensure_registry(VERIFY_REGISTRY))
     finally:
