@@ -295,7 +295,7 @@ def gated_run(slurm_run, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("gated")
     (root / "pipelines").mkdir()
-    for name in ("recipes", "data"):
+    for name in ("recipes", "data", "pins"):  # pins/: --stack names a stack the project has
         (root / name).symlink_to(ROOT / name)
     pipeline = yaml.safe_load((ROOT / "pipelines" / f"{STACK}.yaml").read_text())
     pipeline["runner"]["kind"] = "slurm"
