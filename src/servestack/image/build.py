@@ -141,8 +141,9 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
 
 
 def _push_manifest(address: str, repository: str, tag: str, platform: str, refs: list[oci.LayerRef],
-                   environment: dict[str, str], labels: dict[str, str], epoch: int, base_config: dict[str, Any] | None) -> str:
-    """The config and manifest over REFS, pushed under TAG; the manifest's digest."""
+                   environment: dict[str, str], labels: dict[str, str], epoch: int,
+                   base_config: dict[str, Any] | None) -> oci.Document:
+    """The config and manifest over REFS, pushed under TAG; the manifest as pushed."""
     config_doc = oci.config(platform, refs, environment, labels, epoch, base_config)
     if not registry.blob_exists(address, repository, config_doc.digest):
         registry.push_bytes(address, repository, config_doc.digest, config_doc.data)
@@ -150,7 +151,7 @@ def _push_manifest(address: str, repository: str, tag: str, platform: str, refs:
     served = registry.put_manifest(address, repository, tag, manifest_doc.data, manifest_doc.media_type)
     if served != manifest_doc.digest:
         raise ServestackError(f"registry {address} stored the manifest as {served}, expected {manifest_doc.digest}")
-    return served
+    return manifest_doc
 
 
 def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Lock, spec: ImagePlan, address: str,
@@ -188,15 +189,16 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     wanted = prebuilt.targets(lock, platform)
     made = None
     if wanted:
-        below = _push_manifest(address, repository, f"below-{cache_tag}", platform, all_refs, environment, labels, epoch, base.config)
-        made = prebuilt.prebuild(f"{address}/{repository}@{below}", platform, *wanted, title)
+        below = _push_manifest(address, repository, f"below-{cache_tag}", platform, all_refs, environment, labels, epoch,
+                               base.config)
+        made = prebuilt.prebuild(f"{address}/{repository}@{below.digest}", platform, *wanted, title)
         members = layers.with_parents(made.entries)
         blob = layers.write_layer(members, epoch, layers.layer_key(members, epoch), lambda n: None, lambda n: None)
         all_refs.append(oci.LayerRef(name="prebuilt", digest=blob.digest, diff_id=blob.diff_id, size=blob.size))
         uploads.send(blob.digest, blob.path, blob.size)
         uploads.wait([blob.digest])
-    served = _push_manifest(address, repository, cache_tag, platform, all_refs, environment, labels, epoch, base.config)
-    manifest_doc = oci.manifest(oci.config(platform, all_refs, environment, labels, epoch, base.config), all_refs)
+    manifest_doc = _push_manifest(address, repository, cache_tag, platform, all_refs, environment, labels, epoch, base.config)
+    served = manifest_doc.digest
     made_trees = [t for t in trees_made if t.made]
     result = image_record(
         f"{address}/{repository}@{served}", platform, json.loads(manifest_doc.data), [r.name for r in all_refs], record,

@@ -31,7 +31,6 @@ from servestack.smoke.endpoints import AGGREGATED_CHECKS, DISAGGREGATED_CHECKS, 
 from servestack.smoke.engines import record_engines
 from servestack.smoke.firstrequest import FirstRequest
 from servestack.smoke.readiness import DynamoWorkers
-from servestack.smoke.readiness import model_listed as _model_listed  # noqa: F401 - ../shared/gpu-host/phase.py imports it here
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
 
 log = logging.getLogger("servestack.smoke")
