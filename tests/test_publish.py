@@ -143,6 +143,33 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
     publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE.replace("ab", "ef")))
 
 
+def test_a_smoke_that_served_nothing_is_published_only_when_allowed(tmp_path):
+    from servestack.records.imageref import ImageRef
+
+    project = Project(root=tmp_path)
+    write_smoke_record(project.artifacts("dev-cpu") / "smoke.json", IMAGE, checks=(
+        Check(probe="static", name="versions", status="pass"),
+        Check(probe="serving", name="ready", status="not_run", detail="serving probe disabled (--no-serve)")))
+    records = publish.Records.of_project(project, "dev-cpu")
+    with pytest.raises(ServestackError, match=r"served nothing: .*1 serving checks did not run \(serving probe disabled "
+                                              r"\(--no-serve\)\).*--allow-static-smoke") as refused:
+        publish.check_smoke(records, ImageRef.parse(IMAGE))
+    assert refused.value.exit_code == 10
+    publish.check_smoke(records, ImageRef.parse(IMAGE), allow_static=True)
+
+
+def test_the_statement_says_whether_the_smoke_served():
+    from servestack.records.imageref import ImageRef
+
+    def served(**kwargs):
+        document = publish.provenance("dev-cpu", ImageRef.parse(IMAGE), "sha256:" + "cd" * 32, _files(),
+                                      publish.Source(commit=None, url=None, dirty=False), None, "2023-11-14T22:13:20Z",
+                                      "2026-12-02T20:00:00.000001Z", **kwargs)
+        return document["predicate"]["buildDefinition"]["externalParameters"]["smokeServed"]
+
+    assert served() is True and served(smoke_served=False) is False
+
+
 @pytest.mark.parametrize("compress, media_type", [
     (lambda b: b, "application/vnd.oci.image.layer.v1.tar"),
     (gzip.compress, "application/vnd.oci.image.layer.v1.tar+gzip"),

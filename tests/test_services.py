@@ -184,6 +184,19 @@ def test_binfmt_aarch64_registered() -> None:
     assert "F" in flags.split(":", 1)[1], "qemu-aarch64 lacks the fix-binary flag; containers cannot use it"
 
 
+def test_binfmt_replaces_an_entry_an_older_qemu_registered() -> None:
+    """Debian 12's qemu-user-static registered the same interpreter path with flags PF; with F the kernel
+    keeps the binary it opened then, so an upgraded package alone leaves qemu 7.2 running."""
+    services.ensure_binfmt_aarch64()
+    line, _, _ = services.binfmt._wanted()
+    entry = services.binfmt.BINFMT_DIR / "qemu-aarch64"
+    entry.write_text("-1")
+    (services.binfmt.BINFMT_DIR / "register").write_text(line.rsplit(":", 1)[0] + ":PF")
+    assert services.binfmt._registered()["flags"] == "PF"
+    services.ensure_binfmt_aarch64()
+    assert set(services.binfmt._registered()["flags"]) == set("OPF")
+
+
 @pytest.mark.parametrize(
     "ensure",
     [services.ensure_dockerd, services.ensure_registry, services.ensure_slurm, services.ensure_binfmt_aarch64],

@@ -117,7 +117,8 @@ class Records:
             raise PublishError(f"{self.shown}/{name}: not valid JSON ({exc})") from None
 
 
-def check_smoke(records: Records, image: ImageRef) -> None:
+def check_smoke(records: Records, image: ImageRef, allow_static: bool = False) -> None:
+    """The records' smoke is of IMAGE and passed, and served (unless ALLOW_STATIC)."""
     smoke = records.smoke()
     where = f"{records.shown}/smoke.json"
     if smoke.image != str(image):
@@ -126,6 +127,13 @@ def check_smoke(records: Records, image: ImageRef) -> None:
         failed = [f"{c.probe}/{c.name}" for c in smoke.failed]
         raise PublishError(f"{where}: smoke failed for {image} ({', '.join(failed) or 'no passing status'}); "
                            f"only an image that passed smoke is published")
+    if not smoke.served and not allow_static:
+        skipped = [c for c in smoke.checks if c.probe != "static"]
+        why = skipped[0].detail if skipped else "no serving check in the record"
+        raise PublishError(f"{where}: the smoke of {image} served nothing: its static probe passed and its "
+                           f"{len(skipped)} serving checks did not run ({why}). Smoke it where it serves (a GPU "
+                           f"model on a GPU host: the README's canary), or publish the static probe's PASS as "
+                           f"such with --allow-static-smoke (the signed statement records it)")
 
 
 def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | None, scratch: Path,

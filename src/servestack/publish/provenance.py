@@ -43,11 +43,13 @@ def signed_identity(image: ImageRef, repository: str | None = None) -> str:
 
 
 def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[BundleFile], source: Source,
-               run_id: str | None, created: str, published: str, platforms: tuple[ImageRef, ...] = ()) -> dict[str, Any]:
+               run_id: str | None, created: str, published: str, platforms: tuple[ImageRef, ...] = (),
+               smoke_served: bool = True) -> dict[str, Any]:
     """The in-toto statement: the image, the bundle manifest and every file, with SLSA provenance.
     `created` is the lock's time (the bundle's, so equal inputs give an equal bundle); `published`
     when this publication was made (finishedOn: pull takes the newest of an image's publications).
-    PLATFORMS: for an image index, each platform's manifest, named as the image is."""
+    PLATFORMS: for an image index, each platform's manifest, named as the image is. SMOKE_SERVED false:
+    the smoke in the bundle served nothing, and the publisher let it through (`--allow-static-smoke`)."""
     lock = next(f for f in files if f.title == f"pins/{stack}.lock")
     subjects = [signing.Subject(name=signed_identity(image), sha256=image.hex),
                 signing.Subject(name="publication", sha256=bundle_digest.split(":")[1])]
@@ -59,7 +61,7 @@ def provenance(stack: str, image: ImageRef, bundle_digest: str, files: list[Bund
     predicate = {
         "buildDefinition": {
             "buildType": BUILD_TYPE,
-            "externalParameters": {"stack": stack, "run": run_id,
+            "externalParameters": {"stack": stack, "run": run_id, "smokeServed": smoke_served,
                                    "repository": {"commit": source.commit, "url": source.url, "dirty": source.dirty}},
             "internalParameters": {},
             "resolvedDependencies": dependencies,

@@ -164,7 +164,8 @@ def _push_plain_sbom(client: Client, image: ImageRef, subject: Descriptor, docum
 
 def _sign_and_push(client: Client, target: ImageRef, subject: Descriptor, files: list[BundleFile], stack: str,
                    signer: signing.CryptoSigner, project: Project, run_id: str | None, created: str,
-                   attestations: list[tuple[bytes, str]], platforms: tuple[ImageRef, ...] = ()) -> dict[str, Any]:
+                   attestations: list[tuple[bytes, str]], platforms: tuple[ImageRef, ...] = (),
+                   smoke_served: bool = True) -> dict[str, Any]:
     """The bundle of FILES and its signed statement as referrers of TARGET, and cosign's layouts; a
     re-run adds nothing for the same files and repairs what is missing."""
     manifest = publication_manifest(files, subject, created)
@@ -175,7 +176,7 @@ def _sign_and_push(client: Client, target: ImageRef, subject: Descriptor, files:
     else:
         published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
-                                                     run_id, created, published, platforms), signer)
+                                                     run_id, created, published, platforms, smoke_served), signer)
         attestation = attestation_manifest(envelope, subject, bundle_digest, created,
                                            listing_annotations(signer, target.digest, sha256_digest(envelope)))
     attestation_digest = sha256_digest(attestation)
@@ -228,7 +229,7 @@ def _publish_image(project: Project, stack: str, records: Records, target: Image
     sbom_envelope = signing.sign_statement(signing.statement(
         [signing.Subject(name=signed_identity(target), sha256=target.hex)], sbom.SPDX_PREDICATE, json.loads(document)), signer)
     record = _sign_and_push(client, target, subject, files, stack, signer, project, run_id, created,
-                            [(sbom_envelope, sbom.SPDX_PREDICATE)])
+                            [(sbom_envelope, sbom.SPDX_PREDICATE)], smoke_served=records.smoke().served)
     return {**record, "sbom": {"referrer": f"{target.name}@{sbom_digest}", "packages": len(json.loads(document)["packages"]),
                                "document": document}}
 
@@ -259,7 +260,7 @@ def _publish_index(project: Project, stack: str, records: Records, target: Image
     files = sorted(files + [BundleFile(title=platform_sbom_title(name), data=r["sbom"]["document"])
                             for name, r in each.items()], key=lambda f: f.title)
     record = _sign_and_push(client, target, subject, files, stack, signer, project, run_id, created, [],
-                            tuple(ImageRef.parse(r["image"]) for r in each.values()))
+                            tuple(ImageRef.parse(r["image"]) for r in each.values()), records.smoke().served)
     for r in each.values():
         del r["sbom"]["document"]
     return {**record, "platforms": each}
@@ -271,7 +272,7 @@ def platform_sbom_title(platform: str) -> str:
 
 
 def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
-            run_id: str | None = None, records_dir: Path | None = None,
+            run_id: str | None = None, records_dir: Path | None = None, allow_static_smoke: bool = False,
             echo: Callable[[str], None] | None = print) -> dict[str, Any]:
     """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
 
@@ -290,7 +291,8 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
     if is_index and recorded.digest not in index_platforms(source_manifest).values():
         raise PublishError(f"{records.shown}/image.json is for {recorded}, which is not a platform of the index "
                            f"{source_image}: publish the records of one of its platforms")
-    check_smoke(records, ImageRef.parse(f"{source_image.name}@{recorded.digest}") if is_index else source_image)
+    check_smoke(records, ImageRef.parse(f"{source_image.name}@{recorded.digest}") if is_index else source_image,
+                allow_static_smoke)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
     unprotected = signing.key_permission_problem(key)
     if unprotected and echo:

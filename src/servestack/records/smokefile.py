@@ -67,6 +67,12 @@ class SmokeRecord:
         return not self.failed
 
     @property
+    def served(self) -> bool:
+        """Whether any serving check ran: a PASS of the static probe alone (`smoke --no-serve`, a GPU model
+        on a host without one, an arm64 image on x86) is not a PASS of a server."""
+        return any(c.probe != "static" and c.status != NOT_RUN for c in self.checks)
+
+    @property
     def status(self) -> str:
         return PASS if self.ok else FAIL
 
