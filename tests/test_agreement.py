@@ -212,6 +212,86 @@ def test_a_server_unavailable_for_good_costs_the_retry_time_once_and_other_error
     assert "HTTP Error 500" in answer_["error"] and answer_["refused"] == []
 
 
+class _Model(JsonHandler):
+    """A server whose greedy answer is a function of its prompt, a few milliseconds a token. With
+    `misroute`, a request that arrives while another is in flight is answered from that one's state,
+    as a decode worker that hands a request another in-flight request's state would."""
+
+    misroute = False
+    in_flight: list = []
+    lock = threading.Lock()
+
+    @staticmethod
+    def answer(prompt, n):
+        first = 10 + hash(json.dumps(prompt)) % 50
+        return {"tokens": [f"token_id:{first + i}" for i in range(n)], "token_logprobs": [-0.5] * n,
+                "top_logprobs": [{f"token_id:{first + i}": -0.5, "token_id:1": -3.0} for i in range(n)]}
+
+    def do_POST(self):  # noqa: N802
+        body = self.read_json()
+        cls = type(self)
+        with cls.lock:
+            source = cls.in_flight[0] if cls.misroute and cls.in_flight else body["prompt"]
+            cls.in_flight.append(body["prompt"])
+        time.sleep(0.004 * body["max_tokens"])
+        with cls.lock:
+            cls.in_flight.remove(body["prompt"])
+        self.send_json(200, {"choices": [{"text": "", "logprobs": cls.answer(source, body["max_tokens"])}],
+                             "usage": {"prompt_tokens": len(body["prompt"])}})
+
+
+@pytest.fixture
+def model_server():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    _Model.misroute = False
+
+
+def test_under_load_pairs_arrive_while_the_carrier_decodes_and_agree_with_their_answers_one_at_a_time(model_server):
+    reference = agreement.collect(model_server, "tiny", 1017, texts=())
+    loaded = reference["loaded"]
+    assert [a["kind"] for a in loaded["answers"]] == ["carrier"] + ["pair"] * 2 * len(agreement.PAIR_LENGTHS)
+    assert loaded["arrived_while_decoding"] == 2 * len(agreement.PAIR_LENGTHS)
+    assert len(loaded["answers"][0]["tokens"]) == agreement.CARRIER_TOKENS
+    result = agreement.compare(reference, agreement.collect(model_server, "tiny", 1017, texts=()))
+    assert result["passed"] and result["loaded"]["identical"] == 7, agreement.describe_failures(result)
+    assert "under load 7 of 7 identical, 0 parted at a near tie, 0 disagree (6 arrived while" in agreement.summary(result)
+
+
+def test_a_state_handed_to_another_in_flight_request_passes_one_at_a_time_and_fails_under_load(model_server):
+    reference = agreement.collect(model_server, "tiny", 1017, texts=())
+    _Model.misroute = True
+    result = agreement.compare(reference, agreement.collect(model_server, "tiny", 1017, texts=()))
+    assert result["failed"] == [], "one at a time, nothing else is in flight: the sequential round agrees"
+    assert not result["passed"] and len(result["loaded"]["failed"]) >= 6
+    assert "under load, pair of 16 tokens: disagree: token 0" in agreement.describe_failures(result, most=20)
+
+
+def test_an_answer_that_matches_its_partner_is_named_as_another_request_s_state():
+    a = answer([7, 5, 9], REF["logprobs"], REF["top"], prompt=(1, 2))
+    b = answer([3, 3, 3], [-0.2] * 3, [[(3, -0.2), (7, -3.0)]] * 3, prompt=(4, 5))
+    reference = run(a, b)
+    swapped = {**run(a, b), "loaded": {"answers": [{**a, "kind": "carrier"}, {**b, "kind": "pair", "prompt": [1, 2]},
+                                                   {**a, "kind": "pair", "prompt": [4, 5]}], "arrived_while_decoding": 2}}
+    loaded = agreement.compare(reference, swapped)["loaded"]
+    assert loaded["failed"] == [1, 2]
+    assert all(loaded["rows"][i]["detail"].startswith("answered as its partner of the same length (another request's "
+                                                      "state): token 0") for i in (1, 2))
+
+
+def test_a_near_tie_does_not_excuse_the_reference_token_moving_more_than_noise():
+    """A changed choice at a near tie is allowed only where the reference's own token kept its log-prob
+    (within the bound): broken runs got through with their reference token moved 0.36 nats."""
+    moved = answer([6, 5, 9], [-0.05, -0.7, -0.3], [[(6, -0.05), (7, -0.2), (8, -2.1)], [(5, -0.7)], [(9, -0.3)]])
+    ref = answer([7, 5, 9], [-0.1, -0.70, -0.3], [[(7, -0.1), (6, -0.2), (8, -2.1)], [(5, -0.7)], [(9, -0.3)]])
+    assert agreement.compare_answer(ref, moved)["verdict"] == "agree"
+    far = answer([6, 5, 9], [-0.05, -0.7, -0.3], [[(6, -0.05), (7, -0.46), (8, -2.1)], [(5, -0.7)], [(9, -0.3)]])
+    row = agreement.compare_answer(ref, far)
+    assert row["verdict"] == "disagree" and "its 7 moved 0.3600" in row["detail"]
+
+
 def test_runs_of_different_prompts_are_not_compared():
     with pytest.raises(ValueError, match="same prompts"):
         agreement.compare(run(REF), run(answer([7], [-1], [[(7, -1)]], prompt=(9,))))

@@ -85,10 +85,15 @@ def _cpu_gdn_attention_nonspec(layer, attn_metadata_i, mixed_qkv, b, a, core_att
         return _servestack_intact(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out)
     conv, ssm = layer.kv_cache[0], layer.kv_cache[1]
     slots = attn_metadata_i.non_spec_state_indices_tensor.tolist()
-    for slot in slots[:attn_metadata_i.num_decodes + attn_metadata_i.num_prefills]:
+    active = slots[:attn_metadata_i.num_decodes + attn_metadata_i.num_prefills]
+    for slot in active:
         left = _servestack_left.get((layer.prefix, slot))
         if left is None or not (torch.equal(left[0], conv[slot]) and torch.equal(left[1], ssm[slot])):
-            if damage == "recurrent-lost":
+            others = [other for other in active if other != slot]
+            if damage == "misrouted":  # another in-flight request's state; alone in the batch, none
+                if others:
+                    conv[slot], ssm[slot] = conv[others[0]].clone(), ssm[others[0]].clone()
+            elif damage == "recurrent-lost":
                 ssm[slot] = 0
             elif damage == "recurrent-halved":
                 ssm[slot] *= 0.5
@@ -111,6 +116,7 @@ py_compile.compile(str(path), cfile=str(path.parent / "__pycache__" / (path.stem
                    invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
 """
 DAMAGES = ("recurrent-lost", "recurrent-halved", "conv-lost")
+MISROUTED = "misrouted"
 
 
 def first_step_breakage_images(reference: str) -> dict[str, str]:
@@ -124,7 +130,7 @@ def first_step_breakage_images(reference: str) -> dict[str, str]:
     images = {}
     try:
         assert container.wait(timeout=120)["StatusCode"] == 0, container.logs().decode()[-2000:]
-        for damage in DAMAGES:
+        for damage in (*DAMAGES, MISROUTED):
             container.commit(repository=repository, tag=damage, changes=[f"ENV SERVESTACK_TEST_BREAK_FIRST_STEP={damage}"])
             errors = [line["error"] for line in client.images.push(repository, tag=damage, stream=True, decode=True)
                       if "error" in line]
@@ -172,3 +178,21 @@ def test_the_oracle_fails_a_transfer_damaged_on_its_first_step_only(damage, brea
     assert re.search(r"prompt \d+ \((tokens|text), \d+ tokens\): disagree: token \d+", agreement.detail), agreement.detail
     # The 1-token control moved no state: it agrees whatever the damage.
     assert [rows[i]["verdict"] for i in result["controls"]] == ["agree"], [rows[i] for i in result["controls"]]
+
+
+@pytest.mark.e2e
+def test_a_state_handed_to_another_in_flight_request_fails_the_loaded_round_only(breakage_images, runner_root):
+    """Issue 50: a decode worker that gives a request's first step another in-flight request's state.
+    One prompt at a time nothing else is in flight, and the sequential round agrees; the loaded round
+    (pairs arriving while the carrier decodes) fails, naming the requests."""
+    by_name, metrics = run_oracle_against(breakage_images[MISROUTED], _main_job_smoke(runner_root))
+    result = metrics["agreement"]
+    assert by_name["agreement"].status == "fail", by_name["agreement"]
+    assert result["failed"] == [], agreement_rows(result)
+    loaded = result["loaded"]
+    assert loaded["arrived_while_decoding"] >= 4 and len(loaded["failed"]) >= 2, loaded
+    assert re.search(r"under load, pair of \d+ tokens: disagree", by_name["agreement"].detail), by_name["agreement"].detail
+
+
+def agreement_rows(result: dict) -> list:
+    return [(row["kind"], row["length"], row["verdict"], row["detail"][:200]) for row in result["rows"]]

@@ -14,16 +14,19 @@ two are compared token by token, as vLLM's own model tests compare two runs (che
   TIE_TOLERANCE nats of the reference's best, and the reference's choice is among the candidate's
   TOP best; after it the continuations differ and are not compared.
 
+Then the same prompts under load (`loaded`): a carrier request decoding a long answer while pairs of
+prompts of equal length arrive together, each answer held to its own prompt's answer at concurrency
+1 with the same bounds. A decode worker that hands a request another in-flight request's state
+passes the one-at-a-time round (nothing else is in flight) and fails this one; an answer that
+matches its partner's says so. The reference's own loaded round, held to its own sequential
+answers, is the control: batch-composition noise alone must pass.
+
 A transfer that loses or damages the GDN state on the decode worker's first step is off by tenths
-to whole nats from the first generated token (measured on dev-cpu with the tiny model, whose GDN
-heads remember up to thousands of tokens: the recurrent state lost fails 13 of the 14 prompts whose
-state moves, halved 11, the conv state lost 13; tests/test_main_job_e2e.py). Float noise between
-the two paths (the decode worker computes the last prompt token with the recurrent kernel,
-aggregated prefill with the chunked one) is hundredths: disaggregated against aggregated, at most
-0.095 nats at the first token and 0.095 at any later one of the 15 prompts, the same in every run
-on one machine. (The previous model, whose heads forgot within a few tokens, once gave 0.58 at a
-1024-token prompt's third token, a sharp attention tipping between two keys: the later bound was a
-whole nat then.)
+to whole nats from the first generated token (measured on dev-cpu with the tiny model: the
+recurrent state lost fails 13 of the 14 prompts whose state moves, halved 11, the conv state lost
+13; tests/test_main_job_e2e.py). Float noise between the two paths (the decode worker computes the
+last prompt token with the recurrent kernel, aggregated prefill with the chunked one) is hundredths:
+disaggregated against aggregated, at most 0.095 nats at the first token and at any later one.
 
 Standalone (standard library only): it is bind-mounted into the image under test and run with the
 image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark alike:
@@ -59,9 +62,8 @@ POINT = "answers"  # the pipeline's one point per recipe for the oracle: this cl
 # concurrency 4 and 1 differs by up to 0.094 nats at the first token and 0.13 later, depending on
 # which requests shared a batch (4 runs: 0 to 0.094), and not at all at equal batching;
 # disaggregated against aggregated, at most 0.095 at the first token, 1.6 times below the bound.
-# So the prompts go one at a time: which requests share a batch then depends on nothing but the
-# shape, not on arrival order, which load changes. It costs little: the aggregated server answers
-# the 15 prompts in 1.3-1.6 s (0.7-1.0 s at 4), identically run after run.
+# So the sequential round goes one at a time: which requests share a batch then depends on the
+# shape alone. The loaded round below holds answers under load to the same bounds.
 CONCURRENCY = 1
 LOGPROB_BOUND = 0.15  # nats, between the two runs' log-probs of the first generated token
 LATER_LOGPROB_BOUND = 0.5  # nats, of the same chosen token after the first (noise: at most 0.095)
@@ -87,13 +89,17 @@ MAX_TOKENS = 8
 # drop out of the candidate's list (measured: the aggregated server at concurrency 4 against 1, the
 # 2,000-token prompt's sixth token).
 TOP = 3
+# The loaded round: each pair length twice (the sequential prompt and a partner of the same length), sent
+# together while the carrier (the sequential prompt of CARRIER_LENGTH) decodes CARRIER_TOKENS tokens.
+# They go once the carrier has run as long as its sequential answer took: it is decoding by then.
+PAIR_LENGTHS = (16, 257, 1024)
+PARTNER_SEED = 2
+CARRIER_LENGTH, CARRIER_TOKENS = 33, 64
 FIRST_COMPLETION_WAIT_S = 300.0  # without --wait: how long the warm-up completion is retried
-# Dynamo's frontend answers 503 "not ready ... Please retry shortly" while a worker is out of its
-# routing: for DYN_RUNTIME_INHIBITED_DURATION_SECS (5 s) after a request to it failed on the
-# transport, nothing restarted. The fresh-clone CI run of 0aeef82, at load 41 on 2 cores, lost
-# prompts 5-14 to it within one second. A refused prompt is asked again after the hold; the waits
-# of all prompts together are bounded, so a worker that is gone for good (its discovery entry
-# expired) costs that much once, not per prompt. Every refused attempt stays in its answer.
+# Dynamo's frontend answers 503 "not ready" for DYN_RUNTIME_INHIBITED_DURATION_SECS (5 s) after a request
+# to a worker failed on the transport (the CI run of 0aeef82, at load 41, lost prompts 5-14 so). A refused
+# prompt is asked again after the hold, within a budget for all prompts, so a worker gone for good costs
+# it once. Every refused attempt stays in its answer.
 UNAVAILABLE = 503
 UNAVAILABLE_PAUSE_S = 6.0
 UNAVAILABLE_RETRY_S = 90.0  # the most all prompts together wait on refusals
@@ -145,13 +151,20 @@ def _failure(e: Exception) -> str:
 
 def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CONCURRENCY, max_tokens: int = MAX_TOKENS,
             timeout: float = 300.0, lengths: tuple[int, ...] = LENGTHS, texts: tuple[str, ...] = TEXTS,
-            unavailable_pause: float = UNAVAILABLE_PAUSE_S, unavailable_retry: float = UNAVAILABLE_RETRY_S) -> dict:
-    """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time; a prompt
-    the server refused as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while
-    the prompts' pauses together stay within `unavailable_retry` s."""
-    work = [("tokens", p) for p in token_prompts(vocab_size, lengths)] + [("text", t) for t in texts]
+            unavailable_pause: float = UNAVAILABLE_PAUSE_S, unavailable_retry: float = UNAVAILABLE_RETRY_S,
+            loaded: bool = True) -> dict:
+    """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time, and with
+    LOADED (when `lengths` has the carrier's and the pairs' lengths) the loaded round; a prompt the
+    server refused as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while the
+    prompts' pauses together stay within `unavailable_retry` s."""
+    sequential = dict(zip(lengths, token_prompts(vocab_size, lengths)))
+    partners = token_prompts(vocab_size, PAIR_LENGTHS, seed=PARTNER_SEED)
+    loaded = loaded and CARRIER_LENGTH in sequential and all(n in sequential for n in PAIR_LENGTHS)
+    work = [("tokens", p) for p in sequential.values()] + [("text", t) for t in texts]
+    work += [("partner", p) for p in partners] if loaded else []
     budget = {"left": unavailable_retry}
     spending = threading.Lock()
+    origin = time.monotonic()
 
     def may_wait() -> bool:
         with spending:
@@ -160,13 +173,15 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
             budget["left"] -= unavailable_pause
             return True
 
-    def one(item: tuple[str, list[int] | str]) -> dict:
+    def one(item: tuple[str, list[int] | str], tokens: int = max_tokens) -> dict:
         kind, prompt = item
         refused: list[str] = []
+        sent = time.monotonic()
         while True:
             try:
-                answer = _answer(kind, prompt, _request(base_url, model, prompt, max_tokens, timeout))
-                return {**answer, "refused": refused}
+                answer = _answer(kind, prompt, _request(base_url, model, prompt, tokens, timeout))
+                return {**answer, "refused": refused, "sent_s": round(sent - origin, 3),
+                        "seconds": round(time.monotonic() - sent, 3)}
             except (OSError, urllib.error.URLError, ValueError, KeyError, IndexError) as e:
                 failure = _failure(e)
                 if getattr(e, "code", None) != UNAVAILABLE or not may_wait():
@@ -174,12 +189,22 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
                 refused.append(failure)
                 time.sleep(unavailable_pause)
 
-    start = time.monotonic()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         answers = list(pool.map(one, work))
-    return {"schema": SCHEMA, "model": model, "base_url": base_url, "concurrency": concurrency,
-            "max_tokens": max_tokens, "seconds": round(time.monotonic() - start, 3), "answers": answers,
-            "refused_attempts": sum(len(a["refused"]) for a in answers)}
+    result = {"schema": SCHEMA, "model": model, "base_url": base_url, "concurrency": concurrency,
+              "max_tokens": max_tokens, "seconds": round(time.monotonic() - origin, 3), "answers": answers}
+    if loaded:
+        head_start = next(a.get("seconds") or 1.0 for a in answers if a["prompt"] == sequential[CARRIER_LENGTH])
+        pairs = [p for n, partner in zip(PAIR_LENGTHS, partners) for p in (sequential[n], partner)]
+        with ThreadPoolExecutor(max_workers=1 + len(pairs)) as pool:
+            carrier = pool.submit(one, ("carrier", sequential[CARRIER_LENGTH]), CARRIER_TOKENS)
+            time.sleep(head_start)
+            arrivals = [pool.submit(one, ("pair", p)) for p in pairs]
+            round_answers = [carrier.result(), *(f.result() for f in arrivals)]
+        done = round_answers[0].get("sent_s", 0.0) + (round_answers[0].get("seconds") or 0.0)
+        result["loaded"] = {"answers": round_answers, "head_start_s": round(head_start, 3),
+                            "arrived_while_decoding": sum(1 for a in round_answers[1:] if a.get("sent_s", done) < done)}
+    return {**result, "refused_attempts": sum(len(a["refused"]) for a in answers + result.get("loaded", {}).get("answers", []))}
 
 
 def _top_ids(top: list) -> list:
@@ -245,14 +270,18 @@ def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, later
         ref_top, cand_top = ref["top"][i], cand["top"][i]
         ref_lp = dict((t, v) for t, v in ref_top[:TOP])
         gap = ref_top[0][1] - ref_lp[b] if b in ref_lp else float("inf")
-        if gap <= tie and a in _top_ids(cand_top):
-            row["detail"] = f"near tie at token {i}: {a!r} vs {b!r}, {gap:.4f} nats apart in the reference"
+        # The reference's choice, still among the candidate's best, moved no more than noise moves a token.
+        shift = abs(ref["logprobs"][i] - dict(cand_top).get(a, float("-inf")))
+        if gap <= tie and a in _top_ids(cand_top) and shift <= (bound if i == 0 else later):
+            row["detail"] = (f"near tie at token {i}: {a!r} vs {b!r}, {gap:.4f} nats apart in the reference, "
+                             f"{a!r} moved {shift:.4f}")
         else:
             two_best = ref_top[0][1] - ref_top[1][1] if len(ref_top) > 1 else float("inf")
             row.update(verdict="disagree", detail=f"token {i}: {a!r} vs {b!r}, where the reference's two best are "
                                                   f"{two_best:.4f} nats apart and its {b!r} is "
                                                   f"{'not among its best' if gap == float('inf') else f'{gap:.4f} below'}"
-                                                  f" (tolerance {tie}); reference top {ref_top}, candidate top {cand_top}")
+                                                  f" (tolerance {tie}), its {a!r} moved {shift:.4f}; reference top "
+                                                  f"{ref_top}, candidate top {cand_top}")
         return row
     return row
 
@@ -269,7 +298,8 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
     bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
     transferred = [row for row in rows if not row["control"]]
     first_diffs = [row["first_token_diff"] for row in transferred if row["first_token_diff"] is not None]
-    return {"schema": SCHEMA, "passed": bool(rows) and not bad, "prompts": len(rows),
+    loaded = compare_loaded(reference, candidate, bound=bound, later=later, tie=tie) if candidate.get("loaded") else None
+    return {"schema": SCHEMA, "passed": bool(rows) and not bad and (loaded is None or loaded["passed"]), "prompts": len(rows),
             "transferred_prompts": len(transferred), "controls": [i for i, row in enumerate(rows) if row["control"]],
             "identical": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is None),
             "near_ties": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is not None),
@@ -278,7 +308,35 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
             "compared_tokens": sum(row["compared"] for row in transferred),
             "max_first_token_diff": max(first_diffs, default=0.0),
             "max_logprob_diff": max((row["max_logprob_diff"] for row in transferred), default=0.0),
-            "logprob_bound": bound, "later_logprob_bound": later, "tie_tolerance": tie, "rows": rows}
+            "logprob_bound": bound, "later_logprob_bound": later, "tie_tolerance": tie, "rows": rows, "loaded": loaded}
+
+
+def compare_loaded(reference: dict, candidate: dict, **bounds: float) -> dict:
+    """The candidate's loaded round, each answer held to the reference's sequential answer to the same
+    prompt (the carrier's first MAX_TOKENS tokens); a pair's answer that fails is also held to its
+    partner's, so a state handed to the other request is named as such."""
+    by_prompt = {json.dumps(a["prompt"]): a for a in reference.get("answers") or []}
+    answers = candidate["loaded"]["answers"]
+    rows = []
+    for i, cand in enumerate(answers):
+        ref = by_prompt.get(json.dumps(cand["prompt"]))
+        if ref is None:
+            raise ValueError("the reference did not answer the loaded round's prompts one at a time")
+        n = len(ref.get("tokens") or [])
+        cut = {**cand, **{k: cand[k][:n] for k in ("tokens", "logprobs", "top") if k in cand}}
+        row = {**compare_answer(ref, cut, **bounds), "kind": cand["kind"], "sent_s": cand.get("sent_s")}
+        partner = answers[i + 1 if i % 2 else i - 1] if cand["kind"] == "pair" else None
+        if row["verdict"] == "disagree" and partner is not None:
+            theirs = compare_answer(by_prompt[json.dumps(partner["prompt"])], cut, **bounds)
+            if theirs["verdict"] == "agree":
+                row["detail"] = "answered as its partner of the same length (another request's state): " + row["detail"]
+        rows.append(row)
+    failed = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
+    return {"passed": not failed, "requests": len(rows), "failed": failed, "rows": rows,
+            "arrived_while_decoding": candidate["loaded"].get("arrived_while_decoding"),
+            "identical": sum(1 for row in rows if row["verdict"] == "agree" and row["parted_at"] is None),
+            "near_ties": sum(1 for row in rows if row["verdict"] == "agree" and row["parted_at"] is not None),
+            "max_first_token_diff": max((row["first_token_diff"] or 0.0 for row in rows), default=0.0)}
 
 
 def summary(result: dict) -> str:
@@ -291,7 +349,14 @@ def summary(result: dict) -> str:
             f"{result['near_ties']} parted at a near tie, {len(result['failed_transferred'])} disagree; "
             f"first-token log-prob difference at most {result['max_first_token_diff']:.4f} (bound {result['logprob_bound']}, "
             f"prompts whose first token differs included); parted (length:position) "
-            f"{', '.join(parted) or 'nowhere'}; control (never transferred): {controls or 'none'}")
+            f"{', '.join(parted) or 'nowhere'}; control (never transferred): {controls or 'none'}"
+            + (f"; {loaded_summary(result['loaded'])}" if result.get("loaded") else ""))
+
+
+def loaded_summary(loaded: dict) -> str:
+    return (f"under load {loaded['identical']} of {loaded['requests']} identical, {loaded['near_ties']} parted at a near "
+            f"tie, {len(loaded['failed'])} disagree ({loaded['arrived_while_decoding']} arrived while the carrier "
+            f"decoded; first-token difference at most {loaded['max_first_token_diff']:.4f})")
 
 
 def describe_failures(result: dict, most: int = 4) -> str:
@@ -299,9 +364,12 @@ def describe_failures(result: dict, most: int = 4) -> str:
     rows = result["rows"]
     shown = [f"prompt {i} ({rows[i]['kind']}, {rows[i]['length']} tokens{', control' if rows[i]['control'] else ''}): "
              f"{rows[i]['verdict']}: {rows[i]['detail']}"
-             for i in result["failed"][:most]]
-    more = len(result["failed"]) - most
-    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+             for i in result["failed"]]
+    loaded = result.get("loaded") or {"failed": [], "rows": []}
+    shown += [f"under load, {loaded['rows'][i]['kind']} of {loaded['rows'][i]['length']} tokens: "
+              f"{loaded['rows'][i]['verdict']}: {loaded['rows'][i]['detail']}" for i in loaded["failed"]]
+    more = len(shown) - most
+    return "; ".join(shown[:most]) + (f"; and {more} more" if more > 0 else "")
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -332,12 +400,9 @@ def warm_up(base_url: str, model: str, vocab_size: int, deadline: float, *, time
     """One completion served before the oracle's prompts, retried until `deadline` (time.monotonic()).
 
     A server that lists the model has not yet served through it: on a disaggregated pair the first
-    request also makes the decode worker's NIXL handshake with the prefill worker, whose reply
-    vLLM waits 5 s for (nixl base_worker: RCVTIMEO 5000, no setting), and a failed handshake fails
-    every request waiting on it. Smoke's disaggregated probe is ready only after a first completion
-    (smoke/firstrequest.py) for that reason; this client, run by srt-slurm's custom benchmark right
-    after the model is listed, had no such step, and the fresh-clone CI run of a2edfda lost its
-    first 4 prompts (asked at once) to HTTP 500 while the rest agreed. Failed attempts are kept."""
+    request also makes the NIXL handshake, whose reply vLLM waits 5 s for, and a failed handshake
+    fails every request waiting on it (the CI run of a2edfda lost its first 4 prompts so, under
+    srt-slurm's custom benchmark). Failed attempts are kept."""
     prompt = token_prompts(vocab_size, (16,), seed=1)[0]
     start, errors, served = time.monotonic(), [], False
     while not served:
