@@ -94,7 +94,7 @@ TOP = 3
 # They go once the carrier has run as long as its sequential answer took: it is decoding by then.
 PAIR_LENGTHS = (16, 257, 1024)
 PARTNER_SEED = 2
-CARRIER_LENGTH, CARRIER_TOKENS = 33, 64
+CARRIER_LENGTH, CARRIER_TOKENS = 33, 256
 FIRST_COMPLETION_WAIT_S = 300.0  # without --wait: how long the warm-up completion is retried
 # Dynamo's frontend answers 503 "not ready" for DYN_RUNTIME_INHIBITED_DURATION_SECS (5 s) after a request
 # to a worker failed on the transport (the CI run of 0aeef82, at load 41, lost prompts 5-14 so). A refused
