@@ -313,7 +313,7 @@ def test_the_gate_holds_every_recipe_to_the_reference(tmp_path: Path):
     verdict = evaluate_agreement(comparisons, "agg-acc", ["agg-acc", "disagg-acc"], set(answers))
     [failure] = verdict.failures
     assert failure.gate == "agreement" and failure.recipe == "disagg-acc" and failure.point == "vs agg-acc"
-    assert "1 of 2 prompts disagree with agg-acc: prompt 1 (tokens, 3 tokens): disagree: token 0: 7 vs 3" in failure.message
+    assert "1 of 2 requests disagree with agg-acc: prompt 1 (tokens, 3 tokens): disagree: token 0: 7 vs 3" in failure.message
     # No answers from the reference: nothing is compared, and that is a failure, not a pass.
     comparisons, _ = compare_answers({"disagg-acc": answers["disagg-acc"]}, "agg-acc")
     verdict = evaluate_agreement(comparisons, "agg-acc", ["agg-acc", "disagg-acc"], {"disagg-acc"})

@@ -231,7 +231,7 @@ def test_the_oracle_holds_the_multinode_disaggregated_recipe_to_the_aggregated_o
     assert c["reference"] == "agg-acc" and c["passed"] and c["compared_tokens"] > 0
     assert [row["length"] for row in c["rows"]][:2] == [1, 2]  # the one-token prefills on both sides
     [check] = acc["verdict"]["checks"]
-    assert check["gate"] == "agreement" and check["measured"] == check["required"] == c["prompts"]
+    assert check["gate"] == "agreement" and check["measured"] == check["required"] == c["requests"]
     report = (disagg_run["dir"] / "report.md").read_text()
     assert "Agreement of `disagg-multinode-acc` with `agg-acc`" in report
     assert [a["state"] for j in acc["jobs"] for a in j["attempts"]] == ["COMPLETED", "COMPLETED"]

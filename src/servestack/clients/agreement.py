@@ -31,9 +31,7 @@ disaggregated against aggregated, at most 0.095 nats at the first token and at a
 Standalone (standard library only): it is bind-mounted into the image under test and run with the
 image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark alike:
 
-    python agreement.py collect --base-url http://127.0.0.1:8000 --model NAME --vocab-size 1017 \
-        --out answers.json
-
+    python agreement.py collect --base-url http://127.0.0.1:8000 --model NAME --vocab-size 1017 --out answers.json
 and `compare` holds one run's answers to another's (servestack's smoke and pipeline call it).
 
 The prompts are token IDs (no tokenizer in between), of lengths that span several KV blocks, plus
@@ -204,7 +202,8 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
         done = round_answers[0].get("sent_s", 0.0) + (round_answers[0].get("seconds") or 0.0)
         result["loaded"] = {"answers": round_answers, "head_start_s": round(head_start, 3),
                             "arrived_while_decoding": sum(1 for a in round_answers[1:] if a.get("sent_s", done) < done)}
-    return {**result, "refused_attempts": sum(len(a["refused"]) for a in answers + result.get("loaded", {}).get("answers", []))}
+    asked = answers + result.get("loaded", {}).get("answers", [])
+    return {**result, "refused_attempts": sum(len(a["refused"]) for a in asked)}
 
 
 def _top_ids(top: list) -> list:
@@ -288,9 +287,8 @@ def compare_answer(ref: dict, cand: dict, *, bound: float = LOGPROB_BOUND, later
 
 def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, later: float = LATER_LOGPROB_BOUND,
             tie: float = TIE_TOLERANCE) -> dict:
-    """Every prompt compared; `passed` when none disagrees and none failed. The summary counts the
-    transferred prompts apart from the controls (a 1-token prompt moves no state: its agreement
-    says the decode worker computes alike, not that the transfer is intact)."""
+    """Every prompt compared, and the loaded round; `passed` when none disagrees and none failed. The
+    controls (1-token prompts move no state) are counted apart from the transferred prompts."""
     refs, cands = reference.get("answers") or [], candidate.get("answers") or []
     if len(refs) != len(cands) or any(r.get("prompt") != c.get("prompt") for r, c in zip(refs, cands)):
         raise ValueError("the two runs did not answer the same prompts")
@@ -308,7 +306,9 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
             "compared_tokens": sum(row["compared"] for row in transferred),
             "max_first_token_diff": max(first_diffs, default=0.0),
             "max_logprob_diff": max((row["max_logprob_diff"] for row in transferred), default=0.0),
-            "logprob_bound": bound, "later_logprob_bound": later, "tie_tolerance": tie, "rows": rows, "loaded": loaded}
+            "logprob_bound": bound, "later_logprob_bound": later, "tie_tolerance": tie, "rows": rows, "loaded": loaded,
+            "requests": len(rows) + (loaded["requests"] if loaded else 0),
+            "disagreeing": len(bad) + (len(loaded["failed"]) if loaded else 0)}
 
 
 def compare_loaded(reference: dict, candidate: dict, **bounds: float) -> dict:

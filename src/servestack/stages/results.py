@@ -323,7 +323,7 @@ def compare_answers(answers: dict[str, dict[str, Any]], reference: str) -> tuple
                             "refused_attempts": {side: answers[side].get("refused_attempts", 0)
                                                  for side in (reference, recipe)}})
         errors = sum(1 for row in result["rows"] if row["verdict"] == "error")
-        agreed = result["prompts"] - len(result["failed"])
-        runs.append(AccuracyRun(recipe=recipe, repeat=0, accuracy=agreed / result["prompts"], n=result["prompts"], errors=errors,
+        agreed = result["requests"] - result["disagreeing"]
+        runs.append(AccuracyRun(recipe=recipe, repeat=0, accuracy=agreed / result["requests"], n=result["requests"], errors=errors,
                                 seconds=answers[recipe].get("seconds"), source=f"agreement with {reference}"))
     return comparisons, runs
