@@ -157,11 +157,16 @@ class _PairStillHandshaking(JsonHandler):
                              "usage": {"prompt_tokens": len(body["prompt"]) if isinstance(body["prompt"], list) else 3}})
 
 
+def _serving(handler) -> tuple[ThreadingHTTPServer, str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_port}"
+
+
 @pytest.fixture
 def handshaking_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PairStillHandshaking)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
+    server, url = _serving(_PairStillHandshaking)
+    yield url
     server.shutdown()
     _PairStillHandshaking.failure_status = 500
 
@@ -242,9 +247,8 @@ class _Model(JsonHandler):
 
 @pytest.fixture
 def model_server():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Model)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
+    server, url = _serving(_Model)
+    yield url
     server.shutdown()
     _Model.misroute = False
 
