@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import zlib
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 
@@ -228,7 +229,7 @@ class _Model(JsonHandler):
 
     @staticmethod
     def answer(prompt, n):
-        first = 10 + hash(json.dumps(prompt)) % 50
+        first = 10 + zlib.crc32(json.dumps(prompt).encode()) % 100_000  # distinct answers for distinct prompts
         return {"tokens": [f"token_id:{first + i}" for i in range(n)], "token_logprobs": [-0.5] * n,
                 "top_logprobs": [{f"token_id:{first + i}": -0.5, "token_id:1": -3.0} for i in range(n)]}
 
