@@ -77,6 +77,12 @@ def smoke(session: nox.Session) -> None:
 
 
 @nox.session
+def ablate(session: nox.Session) -> None:
+    """Each PR's named check on the image and on the stack's variant without it (after smoke): build/<stack>/prs.json."""
+    _servestack(session, "ablate")
+
+
+@nox.session
 def recipes(session: nox.Session) -> None:
     """Render, validate and check the srt-slurm recipes (`-- render --image REF@sha256:...`)."""
     _servestack(session, "recipes")

@@ -225,3 +225,48 @@ def test_existing_local_label_is_extended(pkg, tmp_path):
     second = apply_overlays(first.wheel, [ov(pkg, 4)], tmp_path / "two", pkg.epoch)
     assert second.version == f"{first.version}.{second.label}"
     assert verify_record(second.wheel) == []
+
+
+# ------------------------------------------------------------------ taking a PR out (a stack's variant without it)
+
+
+def out_of(pkg: TinyPkg, number: int, patch: Path | None = None) -> Overlay:
+    path = patch or pkg.prs[number].patch_path
+    return Overlay(repo=pkg.repo_name, number=number, patch=path, sha256=sha256_file(path), reverse=True)
+
+
+def test_a_pr_the_wheel_includes_is_taken_out_and_the_rest_is_unchanged(pkg, tmp_path):
+    result = apply_overlays(pkg.wheel, [out_of(pkg, 1)], tmp_path / "out", pkg.epoch)
+    before, after = members(pkg.wheel), members(result.wheel)
+    util = after["tinyserve/util.py"].decode()
+    assert "return min(value, high)" in util and "max(low," not in util  # the code from before PR #1
+    assert [(p.name, p.reverse, p.modified) for p in result.prs] == [
+        (f"without {pkg.repo_name}#1", True, ("tinyserve/util.py",))]
+    changed = {n for n in before.keys() & after.keys() if before[n] != after[n] and ".dist-info/" not in n}
+    assert changed == {"tinyserve/util.py"}
+    assert verify_record(result.wheel) == []
+    # Its own label: the same diff applied forward would be another wheel.
+    assert result.label != "ss." + overlay_set_digest([ov(pkg, 1)])[:8]
+
+
+def test_taking_out_a_pr_the_wheel_does_not_have_is_refused(pkg, tmp_path):
+    with pytest.raises(OverlayError, match="does not contain this PR"):
+        apply_overlays(pkg.wheel, [out_of(pkg, 2)], tmp_path / "out", pkg.epoch)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_reversal_that_later_code_made_ambiguous_names_the_file_and_hunk(pkg, tmp_path):
+    # Later code copied the lines PR #1 brought: which copy to take out is not the diff's to say.
+    wheel = tmp_path / "copied" / pkg.wheel.name
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(pkg.wheel) as source, zipfile.ZipFile(wheel, "w") as copy:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "tinyserve/util.py":
+                data += b"\n\n" + data
+            copy.writestr(item, data)
+    with pytest.raises(PatchDoesNotApply) as e:
+        apply_overlays(wheel, [out_of(pkg, 1)], tmp_path / "out", pkg.epoch)
+    hunk = re.search(r"^@@ -\d+(,\d+)? \+\d+(,\d+)? @@", pkg.patches[1], re.M)[0]
+    assert (e.value.pr, e.value.file, e.value.hunk) == (f"without {pkg.repo_name}#1", "tinyserve/util.py", hunk)
+    assert "ambiguous" in str(e.value)

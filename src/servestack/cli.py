@@ -408,7 +408,7 @@ def _services(args: argparse.Namespace, project: Project) -> int:
     return 0
 
 
-from servestack import cli_compare, cli_publish  # noqa: E402,F401  (register compare, bump; publish, pull, verify, keygen)
+from servestack import cli_compare, cli_publish  # noqa: E402,F401  (register compare, bump, ablate; publish, pull, verify, keygen)
 
 # --------------------------------------------------------------------------- entry point
 

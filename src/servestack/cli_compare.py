@@ -1,8 +1,9 @@
-"""`servestack compare` and `servestack bump`: the commands that end in a verdict.
+"""`servestack compare`, `bump` and `ablate`: the commands that end in a verdict.
 
 Their exit code is the gated metric's verdict (errors.VERDICT_EXIT_CODES): 0 no regression,
 4 regression, 5 undecided (0 instead when the pipeline's gate lets undecided pass); the failing
-points are printed before it, one line each.
+points are printed before it, one line each. `ablate` compares an image with its variants without
+each PR: 1 where a PR's named check passes without it too.
 """
 
 from __future__ import annotations
@@ -104,3 +105,20 @@ def _bump(args: argparse.Namespace, project: Project) -> int:
     _say(report.read_text())
     _say(f"-> {report}")
     return bump.exit_code(drift)
+
+
+def _ablate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pr", type=int, action="append", default=[], metavar="N",
+                   help="only this PR (by number; repeatable); default: every PR whose stack entry names a check")
+
+
+@command("ablate", "each PR's check on the image and on the stack's variant without the PR (run smoke first): "
+                   "build/<stack>/prs.json", _ablate_args)
+def _ablate(args: argparse.Namespace, project: Project) -> int:
+    from servestack.smoke.ablation import ablate
+
+    results = ablate(project, args.stack, args.pr, echo=_say)
+    for n in results:
+        _say(f"  {n.pr:<32} {n.check:<20} with: {n.with_pr:<8} without: {n.without_pr:<8} {n.necessary}")
+    # A check named for a PR that passes without it too is a wrong claim in the stack file.
+    return 1 if any(n.necessary == "not shown" for n in results) else 0

@@ -21,7 +21,7 @@ from servestack.debian.tarball import ASSEMBLY
 from servestack.errors import ServestackError
 from servestack.inputs import overlay, tinymodel
 from servestack.records.fields import Fields
-from servestack.records.lockfile import DebianBase, Lock, LockedWheel
+from servestack.records.lockfile import DebianBase, Lock, LockedPR, LockedWheel
 from servestack.records.steps import (
     BuildInput,
     BuildRecord,
@@ -34,7 +34,7 @@ from servestack.records.steps import (
 from servestack.sources import cache, indexes
 from servestack.util import verified
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
-from servestack.util.project import Project
+from servestack.util.project import Project, variant_of
 from servestack.wheels import normalize
 
 log = logging.getLogger("servestack.inputs")
@@ -128,7 +128,7 @@ def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Pa
     overlay.verify_patches(patches)  # a patch edited since it was locked fails here, made before or not
     record = out / "made" / f"overlay-{package}.json"
     key = _made_key(makers, base=verified.sha256(wheel, rehash=rehash), epoch=epoch,
-                    patches=[[o.repo, o.number, o.sha256.lower()] for o in patches])
+                    patches=[[o.repo, o.number, o.sha256.lower(), *(["reverse"] if o.reverse else [])] for o in patches])
     held = verified.reuse(record, key, rehash=rehash)
     if held is not None:
         return BuiltOverlay.from_json(Fields(held, record))
@@ -173,6 +173,7 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
             "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
         )
     platform = platforms.choose(sorted(document.platforms), platform, f"pins/{stack}.lock")
+    without = [_to_take_out(document, stack)] if variant_of(stack)[1] else []
     # Every input the command names is checked above, before anything changes: a mistake leaves the
     # last build's record as it was. From here on the record of an earlier build no longer holds.
     record_path.unlink(missing_ok=True)
@@ -187,7 +188,8 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     by_package = {normalize(w.name): w for w in wheels}
     overlays_out: list[BuiltOverlay] = []
     replaced: dict[str, str] = {}
-    pending: dict[str, list[overlay.Overlay]] = {}
+    # A stack's variant without one PR: its diff comes out first, from the wheel as shipped.
+    pending: dict[str, list[overlay.Overlay]] = {p.package: [_taken_out(project, stack, p)] for p in without}
     for pr in document.pull_requests:
         if pr.status == "overlay" and pr.patch:
             pending.setdefault(pr.package, []).append(
@@ -233,6 +235,29 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
                          model=model, input_hash=identity)
     write_build(record_path, record)
     return record_path
+
+
+def _to_take_out(document: Lock, stack: str) -> LockedPR:
+    """The PR a variant's name takes out, refused unless the lock holds its diff."""
+    base, number = variant_of(stack)
+    found = [p for p in document.pull_requests if p.number == number]
+    shown = f"pins/{base}.lock"
+    if len(found) != 1:
+        names = ", ".join(p.label for p in found) or "none"
+        raise ServestackError(f"{stack}: {shown} must hold exactly one PR numbered {number} to take out (found: {names})")
+    pr = found[0]
+    if pr.status != "included":
+        raise ServestackError(f"{stack}: {pr.label} is {pr.status} in {shown}: only a PR the pinned wheel includes can be taken out")
+    if pr.patch is None:
+        why = pr.diff_unavailable or "the stack names no check for it, so its diff was not locked"
+        raise ServestackError(f"{stack}: {shown} holds no diff for {pr.label}: {why}")
+    return pr
+
+
+def _taken_out(project: Project, stack: str, pr: LockedPR) -> overlay.Overlay:
+    assert pr.patch is not None
+    return overlay.Overlay(repo=pr.repo, number=pr.number, patch=project.root / pr.patch.path, sha256=pr.patch.sha256,
+                           reverse=True)
 
 
 def input_hash(*, lock_sha256: str, platform: str, containers: str, overlays: list[tuple[str, str]],

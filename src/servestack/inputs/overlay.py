@@ -1,4 +1,4 @@
-"""Overlays: apply upstream pull requests' diffs onto a pinned wheel's files.
+"""Overlays: apply upstream pull requests' diffs onto a pinned wheel's files, or take one out.
 
 The wheel's recorded commit is each PR's base; the PR's diff (pins/patches/, sha256 in the lock)
 is applied with `git apply` onto the wheel's unpacked files, and the wheel is re-packed
@@ -12,6 +12,11 @@ skipped and recorded as such.
 `git apply` is used without `--recount` (GitHub's diffs have exact counts, and a hunk whose
 counts are wrong is a corrupt patch we want to hear about), without fuzz (every context line
 must match; only the hunk's position may move), and atomically per PR.
+
+Taking a PR out (`reverse`) applies its diff backwards onto a wheel that contains it: the variant of a
+stack without that PR. Later code may have copied the lines a hunk brought; where a hunk's text occurs
+more than once in its file, git would pick the copy nearest the old line number, so the reversal is
+refused instead, naming the file and the hunk.
 """
 
 from __future__ import annotations
@@ -31,9 +36,10 @@ from servestack.util.proc import run
 # ---------------------------------------------------------------- overlays
 
 
-def overlay_name(repo: str, number: int | None, patch: Path | str) -> str:
-    """`owner/repo#N` for a PR; `local:<file>` for a local patch (its diff is in the wheel's paths)."""
-    return f"{repo}#{number}" if number is not None else f"local:{Path(patch).name}"
+def overlay_name(repo: str, number: int | None, patch: Path | str, reverse: bool = False) -> str:
+    """`owner/repo#N` for a PR (`without owner/repo#N` taken out); `local:<file>` for a local patch."""
+    name = f"{repo}#{number}" if number is not None else f"local:{Path(patch).name}"
+    return f"without {name}" if reverse else name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,10 +48,17 @@ class Overlay:
     number: int | None  # the PR; None for a local patch (stack `packages[].patches`)
     patch: Path  # the diff (pins/patches/...)
     sha256: str  # expected sha256 of the patch file (from the lock)
+    reverse: bool = False  # take the PR out of a wheel that contains it
 
     @property
     def name(self) -> str:
-        return overlay_name(self.repo, self.number, self.patch)
+        return overlay_name(self.repo, self.number, self.patch, self.reverse)
+
+    def identity(self) -> dict[str, object]:
+        """What names this overlay in the set's digest and the wheel's provenance (`reverse` only when set,
+        so that every forward overlay keeps the label it always had)."""
+        entry: dict[str, object] = {"repo": self.repo.lower(), "number": self.number, "sha256": self.sha256.lower()}
+        return {**entry, "reverse": True} if self.reverse else entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +71,7 @@ class AppliedPR:
     deleted: tuple[str, ...]
     skipped: tuple[str, ...]  # repository paths not in the wheel
     name: str = ""
+    reverse: bool = False
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -91,6 +105,7 @@ class OverlayResult:
                     "modified": list(p.modified),
                     "deleted": list(p.deleted),
                     "skipped": list(p.skipped),
+                    **({"reverse": True} if p.reverse else {}),
                 }
                 for p in self.prs
             ],
@@ -100,9 +115,7 @@ class OverlayResult:
 
 def overlay_set_digest(overlays: Sequence[Overlay]) -> str:
     """Digest of the overlay set in application order (order matters: later PRs see earlier ones)."""
-    return sha256_bytes(
-        canonical_json([{"repo": o.repo.lower(), "number": o.number, "sha256": o.sha256.lower()} for o in overlays]).encode()
-    )
+    return sha256_bytes(canonical_json([o.identity() for o in overlays]).encode())
 
 
 def verify_patches(overlays: Sequence[Overlay]) -> dict[Overlay, str]:
@@ -218,25 +231,35 @@ def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str
     if parts:
         patch = root.parent / "pr.diff"
         patch.write_text("".join(parts), encoding="utf-8", errors="surrogateescape")
+        if o.reverse:
+            _refuse_ambiguous(o, sections, to_repo, root)
+        direction = ["--reverse"] if o.reverse else []
         proc = run(
-            ["git", "apply", "--verbose", "--whitespace=nowarn", "-p1", patch],
+            ["git", "apply", "--verbose", "--whitespace=nowarn", *direction, "-p1", patch],
             cwd=root,
             env=_git_env(root),
             check=False,
         )
         if proc.returncode != 0:
-            reverse = run(
-                ["git", "apply", "--check", "--reverse", "-p1", patch],
+            other = run(
+                ["git", "apply", "--check", *([] if o.reverse else ["--reverse"]), "-p1", patch],
                 cwd=root,
                 env=_git_env(root),
                 check=False,
             )
-            if reverse.returncode == 0:
+            if other.returncode == 0 and o.reverse:
+                raise OverlayError(
+                    f"{o.name}: the wheel does not contain this PR (its diff applies forward); "
+                    "there is nothing to take out"
+                )
+            if other.returncode == 0:
                 raise OverlayError(
                     f"{o.name}: the wheel already contains this PR (its diff applies in reverse); "
                     "drop the overlay, the pinned release includes it"
                 )
             raise _explain_failure(o, proc.stdout or "", sections, to_repo)
+        if o.reverse:
+            added, deleted = deleted, added
     return AppliedPR(
         name=o.name,
         repo=o.repo,
@@ -246,7 +269,34 @@ def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str
         modified=tuple(sorted(modified)),
         deleted=tuple(sorted(deleted)),
         skipped=tuple(sorted(skipped)),
+        reverse=o.reverse,
     )
+
+
+def _hunk_side(hunk: list[str], keep: str) -> list[str]:
+    """The lines a hunk leaves (`keep` "+") or expects (`keep` "-"), without their markers."""
+    return [line[1:] for line in hunk[1:] if line[:1] in (" ", keep)]
+
+
+def _refuse_ambiguous(o: Overlay, sections: dict[str, FileDiff], to_repo: dict[str, str], root: Path) -> None:
+    """Taking a PR out: each hunk's text as the PR left it must occur once in its file of the wheel."""
+    for wheel_path, f in sections.items():
+        target = root / wheel_path
+        if f.deleted or f.added or not target.is_file():
+            continue
+        lines = target.read_text(encoding="utf-8", errors="surrogateescape").splitlines(keepends=True)
+        for hunk in f.hunks:
+            after = _hunk_side(hunk, "+")
+            if not after:
+                continue
+            found = [i for i in range(len(lines) - len(after) + 1) if lines[i:i + len(after)] == after]
+            if len(found) > 1:
+                header = hunk[0].rstrip("\n")
+                raise PatchDoesNotApply(
+                    o.name, to_repo.get(wheel_path, wheel_path), header[: header.index("@@", 2) + 2],
+                    f"the lines this hunk brought occur {len(found)} times in the wheel's file (lines "
+                    f"{', '.join(str(i + 1) for i in found)}); later code copied them, so which to take out is ambiguous",
+                )
 
 
 def apply_overlays(wheel: Path, patches: list[Overlay], out_dir: Path, epoch: int) -> OverlayResult:
@@ -287,7 +337,7 @@ def apply_overlays(wheel: Path, patches: list[Overlay], out_dir: Path, epoch: in
         dist_info = wheels.relabel_tree(root, new_version)
         provenance = {
             "base": {"filename": wheel.name, "sha256": sha256_file(wheel)},
-            "overlays": [{"repo": o.repo, "number": o.number, "sha256": o.sha256.lower()} for o in patches],
+            "overlays": [{**o.identity(), "repo": o.repo} for o in patches],
         }
         (root / dist_info / "servestack-overlays.json").write_text(canonical_json(provenance))
         out = wheels.pack_wheel(root, out_dir, epoch=epoch, tag=info.tag, build=info.build)

@@ -238,6 +238,8 @@ def _resolve_prs(
                 entry["verified_by"] = (["ancestry"] if ancestor else []) + (["evidence"] if evidence else [])
                 if ancestor is False:
                     entry["note"] = f"its merge commit is not an ancestor of {commits[name]}: present by evidence (a backport?)"
+                if pr.check:
+                    entry.update(_diff_to_take_out(project, pr, histories, patches))
             else:
                 entry["status"] = "unverified"
                 entry["unverified_reason"] = (
@@ -248,6 +250,24 @@ def _resolve_prs(
     if problems:
         raise InputErrors(problems)
     return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches
+
+
+def _diff_to_take_out(project: Project, pr: PullRequest, histories: _Histories, patches: dict[Path, str]) -> dict[str, Any]:
+    """An included PR that names a check: its diff, for the stack's variant without it, or why there is none."""
+    source = histories.source(pr.repo)
+    diff = None
+    if source is not None:
+        try:
+            diff = source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit)
+        except NetworkError as exc:
+            histories.fail(pr.repo, exc)
+    if diff is None:
+        return {"diff_unavailable": histories.down.get(pr.repo, f"{pr.repo}'s history could not be asked")
+                + "; its variant without it cannot be built from this lock"}
+    path = patch_path(project, pr)
+    patches[path] = diff
+    return {"patch": {"path": relative(project, path), "sha256": sha256_bytes(diff.encode()),
+                      "python_only": not diffs.diff_native_files(diff), "native_files": diffs.diff_native_files(diff)}}
 
 
 def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dict[str, Any]]:

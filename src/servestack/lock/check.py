@@ -87,7 +87,7 @@ def check(project: Project, stack_name: str) -> CheckReport:
                 continue
             if entry.status == "unverified":
                 warnings.append(f"{where}: {label}: unverified ({(entry.unverified_reason or '')[:160]})")
-            if entry.status == "overlay" and entry.patch:
+            if entry.patch:
                 path = project.root / entry.patch.path
                 if not path.is_file():
                     problems.append(f"{where}: {label}.patch: file {entry.patch.path} is missing")

@@ -152,6 +152,11 @@ def bundle_files(project: Project, stack: str, image: ImageRef, run_id: str | No
     records.image(), records.smoke()  # present and well-formed, by their readers
     for name in ("build.json", "image.json", "smoke.json"):
         files.append(BundleFile(title=f"build/{name}", data=(records.steps / name).read_bytes()))
+    # Which PRs were shown necessary (`nox -s ablate`), when that was run on this very image.
+    from servestack.smoke.ablation import REPORT
+
+    if (records.steps / REPORT).is_file() and records.read(REPORT).get("image") == str(image):
+        files.append(BundleFile(title=f"build/{REPORT}", data=(records.steps / REPORT).read_bytes()))
     rendered = recipes.render_recipes(project, stack, str(image), records.lock, out_dir=scratch / "recipes")
     engine = recipes.engine_file(project, stack)
     problems = recipes.validate_paths(rendered, engine if engine.exists() else None, require_digest=True)

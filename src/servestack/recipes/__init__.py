@@ -40,11 +40,11 @@ from servestack.recipes.validate import (
     validate_paths,
     validate_text,
 )
-from servestack.util.project import DEFAULT_STACK, Project
+from servestack.util.project import DEFAULT_STACK, Project, variant_of
 
 
 def engine_file(project: Project, stack: str) -> Path:
-    return project.pins / f"{stack}.engine.json"
+    return project.pins / f"{variant_of(stack)[0]}.engine.json"
 
 
 class _Engines:

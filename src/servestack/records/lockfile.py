@@ -164,7 +164,10 @@ class LockedPR:
     merged: str | None = None
     history: PRHistory | None = None
     evidence: tuple[dict[str, str], ...] = ()  # the stack's evidence items, each with where it was found
-    patch: OverlayPatch | None = None  # status overlay
+    # The PR's diff: applied onto the wheel (status overlay), or, for an included PR whose stack entry
+    # names a check, what the stack's variant without it takes out (smoke/ablation.py).
+    patch: OverlayPatch | None = None
+    diff_unavailable: str | None = None  # an included PR with a check whose diff could not be had, and why
     verified_by: tuple[str, ...] = ()  # status included: "ancestry" and/or "evidence"
     note: str | None = None
     unverified_reason: str | None = None  # status unverified
@@ -183,6 +186,7 @@ class LockedPR:
             "verified_by": list(self.verified_by) or None,
             "note": self.note,
             "unverified_reason": self.unverified_reason,
+            "diff_unavailable": self.diff_unavailable,
         }
         document.update(_omit_none(optional))
         if self.history:
@@ -192,7 +196,7 @@ class LockedPR:
     @classmethod
     def from_json(cls, f: Fields) -> "LockedPR":
         f.only("repo", "number", "package", "title", "merge_commit", "status", "merged", "state", "head_sha", "files",
-               "evidence", "patch", "verified_by", "note", "unverified_reason")
+               "evidence", "patch", "verified_by", "note", "unverified_reason", "diff_unavailable")
         status = f.str("status")
         if status not in PR_STATUSES:
             raise f.error("status", f"is {status!r}, expected one of {', '.join(PR_STATUSES)}")
@@ -212,6 +216,7 @@ class LockedPR:
             history=history, evidence=f.items("evidence", _evidence_item, ()),
             patch=patch, verified_by=f.strs("verified_by", ()), note=f.str_or_none("note", None),
             unverified_reason=f.str_or_none("unverified_reason", None),
+            diff_unavailable=f.str_or_none("diff_unavailable", None),
         )
 
 

@@ -57,6 +57,8 @@ class SmokeRecord:
     wall_s: float
     metrics: dict[str, Any]  # what the probes measured; the probes own its fields
     checks: tuple[Check, ...]
+    # Per PR of the stack: present (its evidence check), exercised (the check it names), by smoke/ablation.
+    prs: tuple[dict[str, Any], ...] = ()
 
     @property
     def failed(self) -> list[Check]:
@@ -82,14 +84,16 @@ class SmokeRecord:
     def to_json(self) -> dict[str, Any]:
         return {"stack": self.stack, "image": self.image, "platform": self.platform, "lock_sha256": self.lock_sha256,
                 "status": self.status, "counts": self.counts(), "wall_s": round(self.wall_s, 2),
-                "metrics": self.metrics, "checks": [c.to_json() for c in self.checks]}
+                "metrics": self.metrics, "checks": [c.to_json() for c in self.checks],
+                **({"prs": [dict(p) for p in self.prs]} if self.prs else {})}
 
     @classmethod
     def from_json(cls, f: Fields) -> "SmokeRecord":
-        f.only("stack", "image", "platform", "lock_sha256", "status", "counts", "wall_s", "metrics", "checks")
+        f.only("stack", "image", "platform", "lock_sha256", "status", "counts", "wall_s", "metrics", "checks", "prs")
         f.obj("metrics")
         record = cls(stack=f.str("stack"), image=f.str("image"), platform=f.str("platform"), lock_sha256=f.str("lock_sha256"), wall_s=f.number("wall_s"),
-                     metrics=dict(f.json("metrics")), checks=f.items("checks", Check.from_json))
+                     metrics=dict(f.json("metrics")), checks=f.items("checks", Check.from_json),
+                     prs=f.items("prs", lambda p: dict(p.data), ()))
         if f.str("status") != record.status:
             raise f.error("status", f"expected {record.status!r} (what the checks say), found {f.str('status')!r}")
         written = f.obj("counts")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -57,6 +57,13 @@ class Evidence(UserModel):
         return self.model_dump(exclude_none=True)
 
 
+# The checks a PR can be shown necessary by: smoke's disaggregated shape (serving and its oracle), the
+# oracle under load with async scheduling (a GPU), and the static probe's GDN prefill kernel choice on a
+# simulated SM100. smoke/ablation.py runs each; a test holds its table to this list.
+PRCheck = Literal["disaggregated-smoke", "loaded-oracle", "gdn-prefill-kernel"]
+PR_CHECKS: tuple[str, ...] = get_args(PRCheck)
+
+
 class PullRequest(UserModel):
     """An upstream PR the package must contain, as shipped or as an overlay."""
 
@@ -66,6 +73,9 @@ class PullRequest(UserModel):
     title: str | None = None
     merged: str | None = None  # the day it was merged (YYYY-MM-DD), for the reader
     evidence: list[Evidence] = []
+    # The check that fails without this PR (smoke/ablation.py runs it on the image and on the stack's
+    # variant without the PR): its name, and why it is the one that tells them apart.
+    check: PRCheck | None = None
 
     @property
     def label(self) -> str:

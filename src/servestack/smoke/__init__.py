@@ -40,6 +40,7 @@ from servestack.image import load_image
 from servestack.lock import load_lock
 from servestack.records.imageref import ImageRef
 from servestack.records.smokefile import SmokeRecord, write_smoke
+from servestack.smoke.ablation import pr_accounts
 from servestack.records.steps import ImageRecord
 from servestack.smoke.checklist import (
     DisaggPlan,
@@ -166,7 +167,8 @@ def run_smoke(
         checks += _required_serving(checks)
     wall = time.monotonic() - started
     out_dir = project.artifacts(stack)
-    record = SmokeRecord(stack=stack, image=reference, platform=platform, lock_sha256=lock_sha256, wall_s=wall, metrics=metrics, checks=tuple(checks))
+    record = SmokeRecord(stack=stack, image=reference, platform=platform, lock_sha256=lock_sha256, wall_s=wall, metrics=metrics,
+                         checks=tuple(checks), prs=tuple(pr_accounts(project, stack, checks)))
     result = SmokeResult(record=record, smoke_json=out_dir / "smoke.json", junit_xml=out_dir / "smoke-junit.xml")
     write_smoke(result.smoke_json, record)
     atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))

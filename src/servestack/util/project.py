@@ -26,6 +26,21 @@ def state_home() -> Path:
     return Path(settings.value("SERVESTACK_STATE"))
 
 
+WITHOUT = ".without-"
+
+
+def variant_of(stack: str) -> tuple[str, int | None]:
+    """(the stack, the PR taken out) of a stack's name or its variant's: `dev-cpu.without-41869` is the
+    dev-cpu image without PR 41869, built from dev-cpu's own stack file and lock; it has its own
+    build/<name>/ and image repository, and no committed digest."""
+    base, _, number = stack.partition(WITHOUT)
+    return (base, int(number)) if number.isdigit() else (stack, None)
+
+
+def variant_name(stack: str, number: int) -> str:
+    return f"{stack}{WITHOUT}{number}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Project:
     root: Path
@@ -59,10 +74,10 @@ class Project:
         return self.root / "containers"
 
     def stack_file(self, stack: str) -> Path:
-        return self.pins / f"{stack}.yaml"
+        return self.pins / f"{variant_of(stack)[0]}.yaml"
 
     def lock_file(self, stack: str) -> Path:
-        return self.pins / f"{stack}.lock"
+        return self.pins / f"{variant_of(stack)[0]}.lock"
 
     def artifacts(self, stack: str) -> Path:
         return self.root / "build" / stack
