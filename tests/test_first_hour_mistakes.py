@@ -64,6 +64,14 @@ def test_every_subcommand_refuses_an_unknown_stack_naming_the_stacks_there_are(p
                           "(did you mean qwen35-gb200?); stacks are: dev-cpu, qwen35-gb200"), err
 
 
+def test_a_variant_without_a_pr_the_stack_names_no_check_for_is_refused_naming_the_variants(project, capsys):
+    err = _refused(project, capsys, "build", "--stack", "dev-cpu.without-4")
+    assert "pins/dev-cpu.yaml: --stack: dev-cpu.without-4: no PR numbered 4 names a check" in err
+    assert "dev-cpu.without-41869" in err
+    err = _refused(project, capsys, "lock", "--stack", "dev-cpu.without-41869")
+    assert "is a variant of dev-cpu, built from dev-cpu's lock: lock dev-cpu" in err
+
+
 def test_services_without_arguments_takes_its_default():
     args = cli.build_parser().parse_args(["services"])
     assert not args.which  # starts docker and registry (the help says so)

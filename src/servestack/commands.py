@@ -55,6 +55,7 @@ def check_stack(args: argparse.Namespace, project: Project) -> None:
             args.stack = DEFAULT_STACK
         return
     if project.stack_file(args.stack).is_file():
+        _check_variant(args, project)
         return
     import difflib
 
@@ -63,3 +64,20 @@ def check_stack(args: argparse.Namespace, project: Project) -> None:
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise InputError(project.stack_file(args.stack).relative_to(project.root), "--stack",
                      f"no such stack{hint}; stacks are: {', '.join(stacks) or 'none (pins/ has no <stack>.yaml)'}")
+
+
+def _check_variant(args: argparse.Namespace, project: Project) -> None:
+    """A variant (`S.without-N`) names a PR of S's stack file that names a check, and is not locked itself."""
+    from servestack.records.stack import load_stack
+    from servestack.util.project import variant_of
+
+    base, number = variant_of(args.stack)
+    if number is None:
+        return
+    shown = project.stack_file(args.stack).relative_to(project.root)
+    if args.command in ("lock", "bump"):
+        raise InputError(shown, "--stack", f"{args.stack} is a variant of {base}, built from {base}'s lock: {args.command} {base}")
+    named = [pr for package in load_stack(project.stack_file(base)).packages for pr in package.prs if pr.check]
+    if number not in {pr.number for pr in named}:
+        raise InputError(shown, "--stack", f"{args.stack}: no PR numbered {number} names a check in {base}'s stack; "
+                                           f"its variants are: {', '.join(f'{base}.without-{pr.number}' for pr in named) or 'none'}")
