@@ -129,6 +129,19 @@ def _srtctl_accepts(recipes: list[Path]) -> None:
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.parametrize("same_image", [True, False])
+def test_the_per_pr_report_goes_into_the_bundle_only_for_the_image_it_was_made_on(env, tmp_path, same_image):
+    image, _ = new_image(env)
+    project = make_project(tmp_path / "checkout", image)
+    other = image.rsplit("@", 1)[0] + "@sha256:" + "0" * 64
+    report = {"stack": STACK, "image": image if same_image else other,
+              "prs": [{"pr": "vllm-project/vllm#41869", "necessary": "not run"}]}
+    atomic_write_json(project.artifacts(STACK) / "prs.json", report)
+    private, _ = signing.keygen(tmp_path / "keys" / "publisher.key")
+    record = publish.publish(project, STACK, key=private, echo=None)
+    assert ("build/prs.json" in {f["title"] for f in record["files"]}) is same_image
+
+
 def test_a_cluster_publishes_its_run_for_a_pulled_image_and_pull_then_takes_the_results(published, tmp_path):
     """What the GB200 job does: pull the build's bundle, run, then publish the run's results with
     the pulled records from a checkout that never built the image."""
