@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from servestack.records.smokefile import Check
 from servestack.records.stack import PR_CHECKS
 from servestack.smoke.ablation import CHECK_KINDS, judge, pr_accounts, verdict
@@ -60,3 +62,30 @@ def test_smoke_accounts_for_each_pr_of_the_stack_present_and_exercised():
     # The race fixes' check needs async scheduling, which vLLM's CPU platform turns off.
     assert accounts["vllm-project/vllm#45357"]["exercised"] == "not_run"
     assert accounts["vllm-project/vllm#45357"]["present"] == "not_run"  # no evidence check in these checks
+
+
+def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why(tmp_path, monkeypatch):
+    import json
+    import shutil
+
+    from fixtures.records import write_image_record, write_smoke_record
+
+    from servestack import inputs
+    from servestack.smoke.ablation import ablate
+
+    shutil.copytree(ROOT / "pins", tmp_path / "pins")
+    project = Project(root=tmp_path)
+    image = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64
+    write_image_record(project.artifacts("dev-cpu") / "image.json", image)
+    write_smoke_record(project.artifacts("dev-cpu") / "smoke.json", image, checks=tuple(disagg("pass")))
+    monkeypatch.setattr(inputs, "build", lambda *a, **k: pytest.fail("no variant can be built here"))
+    said: list[str] = []
+    results = {n.pr: n for n in ablate(project, "dev-cpu", echo=said.append)}
+    assert {n.necessary for n in results.values()} == {"not run"} and len(said) == 4
+    # The committed lock was made where GitHub did not answer: it holds no diff to take out.
+    assert "unreachable when this lock was made" in results["vllm-project/vllm#41869"].detail
+    assert results["vllm-project/vllm#41869"].with_pr == "pass"
+    # The race fixes' check has no verdict even on the image: no variant is built for it.
+    assert "async scheduling off" in results["vllm-project/vllm#45357"].detail
+    report = json.loads((project.artifacts("dev-cpu") / "prs.json").read_text())
+    assert report["image"] == image and [p["pr"] for p in report["prs"]] == list(results)

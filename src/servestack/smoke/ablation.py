@@ -23,6 +23,7 @@ from typing import Any, Literal
 from servestack.errors import ServestackError
 from servestack.records.smokefile import Check
 from servestack.records.stack import load_stack
+from servestack.records.steps import ImageRecord
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project, variant_name
@@ -117,7 +118,7 @@ def judge(pr: str, check: str, with_pr: tuple[str, str], without_pr: tuple[str, 
                      detail=f"no verdict {side} it ({status}): {why}", **found)
 
 
-def layers_differ(intact: Any, variant: Any) -> tuple[str, ...]:
+def layers_differ(intact: ImageRecord, variant: ImageRecord) -> tuple[str, ...]:
     """The variant's layers (by title) whose digest is not the intact image's for the same title."""
     ours = {layer.title: layer.digest for layer in intact.layers}
     return tuple(layer.title for layer in variant.layers if ours.get(layer.title) != layer.digest)
@@ -151,10 +152,12 @@ def ablate(project: Project, stack: str, numbers: Iterable[int] = (), *, echo: C
         assert pr.check is not None
         with_pr = verdict(pr.check, smoke.checks)
         entry = locked.get(pr.label)
-        if entry is None or entry.patch is None:
-            why = entry.diff_unavailable if entry and entry.diff_unavailable else "the lock holds no diff for it"
+        if with_pr[0] != PASS or entry is None or entry.patch is None:
+            # No variant is built where the image itself gives its check no passing verdict: nothing to compare.
+            why = ("not built: the image has no passing verdict" if with_pr[0] != PASS else
+                   entry.diff_unavailable if entry and entry.diff_unavailable else "the lock holds no diff for it")
             results.append(judge(pr.label, pr.check, with_pr, (NOT_RUN, f"no variant: {why}")))
-            echo(f"ablate {stack}: {pr.label}: not run ({why})")
+            echo(f"ablate {stack}: {pr.label}: not run: {results[-1].detail[:300]}")
             continue
         name = variant_name(stack, pr.number)
         echo(f"ablate {stack}: {pr.label}: building {name} ...")
