@@ -32,9 +32,7 @@ def stand_in_diff(wheel: Path, scratch: Path) -> str:
     with zipfile.ZipFile(wheel) as archive:
         after = archive.read(MODULE).decode()
     start = after.index(GDN_BRANCH)
-    end = after.index("    else:\n", start)
-    before = after.replace(GDN_SUPPORTED, "", 1)
-    before = before[: before.index(GDN_BRANCH)] + before[before.index(GDN_BRANCH) + end - start:]
+    before = (after[:start] + after[after.index("    else:\n", start):]).replace(GDN_SUPPORTED, "", 1)
     for side, text in (("a", before), ("b", after)):
         (scratch / side / MODULE).parent.mkdir(parents=True)
         (scratch / side / MODULE).write_text(text)

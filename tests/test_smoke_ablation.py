@@ -74,6 +74,12 @@ def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why
     from servestack.smoke.ablation import ablate
 
     shutil.copytree(ROOT / "pins", tmp_path / "pins")
+    # The race fix's diff is in this lock: still no variant, since its check has no verdict on the image.
+    lock_file = tmp_path / "pins" / "dev-cpu.lock"
+    document = json.loads(lock_file.read_text())
+    [entry] = [p for p in document["pull_requests"] if p["number"] == 45357]
+    entry["patch"] = {"path": "pins/patches/x.diff", "sha256": "0" * 64, "python_only": True, "native_files": []}
+    lock_file.write_text(json.dumps(document))
     project = Project(root=tmp_path)
     image = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64
     write_image_record(project.artifacts("dev-cpu") / "image.json", image)

@@ -69,7 +69,7 @@ def check_stack(args: argparse.Namespace, project: Project) -> None:
 def _check_variant(args: argparse.Namespace, project: Project) -> None:
     """A variant (`S.without-N`) names a PR of S's stack file that names a check, and is not locked itself."""
     from servestack.records.stack import load_stack
-    from servestack.util.project import variant_of
+    from servestack.util.project import variant_name, variant_of
 
     base, number = variant_of(args.stack)
     if number is None:
@@ -80,4 +80,4 @@ def _check_variant(args: argparse.Namespace, project: Project) -> None:
     named = [pr for package in load_stack(project.stack_file(base)).packages for pr in package.prs if pr.check]
     if number not in {pr.number for pr in named}:
         raise InputError(shown, "--stack", f"{args.stack}: no PR numbered {number} names a check in {base}'s stack; "
-                                           f"its variants are: {', '.join(f'{base}.without-{pr.number}' for pr in named) or 'none'}")
+                                           f"its variants are: {', '.join(variant_name(base, pr.number) for pr in named) or 'none'}")

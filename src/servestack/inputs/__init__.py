@@ -21,7 +21,7 @@ from servestack.debian.tarball import ASSEMBLY
 from servestack.errors import ServestackError
 from servestack.inputs import overlay, tinymodel
 from servestack.records.fields import Fields
-from servestack.records.lockfile import DebianBase, Lock, LockedPR, LockedWheel
+from servestack.records.lockfile import DebianBase, Lock, LockedWheel
 from servestack.records.steps import (
     BuildInput,
     BuildRecord,
@@ -128,7 +128,7 @@ def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Pa
     overlay.verify_patches(patches)  # a patch edited since it was locked fails here, made before or not
     record = out / "made" / f"overlay-{package}.json"
     key = _made_key(makers, base=verified.sha256(wheel, rehash=rehash), epoch=epoch,
-                    patches=[[o.repo, o.number, o.sha256.lower(), *(["reverse"] if o.reverse else [])] for o in patches])
+                    patches=[o.identity() for o in patches])
     held = verified.reuse(record, key, rehash=rehash)
     if held is not None:
         return BuiltOverlay.from_json(Fields(held, record))
@@ -173,7 +173,7 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
             "reachable history): add evidence and re-lock, or build anyway with --allow-unverified"
         )
     platform = platforms.choose(sorted(document.platforms), platform, f"pins/{stack}.lock")
-    without = [_to_take_out(document, stack)] if variant_of(stack)[1] else []
+    taken_out = _taken_out(project, document, stack) if variant_of(stack)[1] else None
     # Every input the command names is checked above, before anything changes: a mistake leaves the
     # last build's record as it was. From here on the record of an earlier build no longer holds.
     record_path.unlink(missing_ok=True)
@@ -189,7 +189,7 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     overlays_out: list[BuiltOverlay] = []
     replaced: dict[str, str] = {}
     # A stack's variant without one PR: its diff comes out first, from the wheel as shipped.
-    pending: dict[str, list[overlay.Overlay]] = {p.package: [_taken_out(project, stack, p)] for p in without}
+    pending: dict[str, list[overlay.Overlay]] = {taken_out[0]: [taken_out[1]]} if taken_out else {}
     for pr in document.pull_requests:
         if pr.status == "overlay" and pr.patch:
             pending.setdefault(pr.package, []).append(
@@ -237,8 +237,8 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     return record_path
 
 
-def _to_take_out(document: Lock, stack: str) -> LockedPR:
-    """The PR a variant's name takes out, refused unless the lock holds its diff."""
+def _taken_out(project: Project, document: Lock, stack: str) -> tuple[str, overlay.Overlay]:
+    """(package, overlay) taking out the PR a variant's name names, refused unless the lock holds its diff."""
     base, number = variant_of(stack)
     found = [p for p in document.pull_requests if p.number == number]
     shown = f"pins/{base}.lock"
@@ -251,13 +251,8 @@ def _to_take_out(document: Lock, stack: str) -> LockedPR:
     if pr.patch is None:
         why = pr.diff_unavailable or "the stack names no check for it, so its diff was not locked"
         raise ServestackError(f"{stack}: {shown} holds no diff for {pr.label}: {why}")
-    return pr
-
-
-def _taken_out(project: Project, stack: str, pr: LockedPR) -> overlay.Overlay:
-    assert pr.patch is not None
-    return overlay.Overlay(repo=pr.repo, number=pr.number, patch=project.root / pr.patch.path, sha256=pr.patch.sha256,
-                           reverse=True)
+    return pr.package, overlay.Overlay(repo=pr.repo, number=pr.number, patch=project.root / pr.patch.path,
+                                       sha256=pr.patch.sha256, reverse=True)
 
 
 def input_hash(*, lock_sha256: str, platform: str, containers: str, overlays: list[tuple[str, str]],

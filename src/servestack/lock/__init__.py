@@ -145,7 +145,7 @@ class _Histories:
         from servestack.sources.github import GitHub
 
         source = self._sources.get(repo)
-        name = source.api if isinstance(source, GitHub) else "its git mirror"
+        name = "GitHub's API" if isinstance(source, GitHub) else "its git mirror"
         self.down[repo] = f"{repo}'s history ({name}) was unreachable when this lock was made"
         log.warning("%s", exc)
         log.warning("%s: PRs rest on their evidence alone", self.down[repo])
@@ -215,16 +215,9 @@ def _resolve_prs(
             if evidence:
                 entry["evidence"] = [{**item, "found": where} if where else item for _, item, _, where in evidence]
             if ancestor is False and (missing or not evidence):
-                diff = source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit)
-                path = patch_path(project, pr)
-                patches[path] = diff
                 entry["status"] = "overlay"
-                entry["patch"] = {
-                    "path": relative(project, path),
-                    "sha256": sha256_bytes(diff.encode()),
-                    "python_only": not diffs.diff_native_files(diff),
-                    "native_files": diffs.diff_native_files(diff),
-                }
+                entry["patch"] = _locked_diff(project, pr, source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit),
+                                              patches)
             elif missing:
                 why = "its merge commit is an ancestor of the pinned commit, yet " if ancestor else ""
                 problems += [
@@ -264,10 +257,16 @@ def _diff_to_take_out(project: Project, pr: PullRequest, histories: _Histories, 
     if diff is None:
         return {"diff_unavailable": histories.down.get(pr.repo, f"{pr.repo}'s history could not be asked")
                 + "; its variant without it cannot be built from this lock"}
+    return {"patch": _locked_diff(project, pr, diff, patches)}
+
+
+def _locked_diff(project: Project, pr: PullRequest, diff: str, patches: dict[Path, str]) -> dict[str, Any]:
+    """A PR's diff, to be written to pins/patches/ (PATCHES), as its lock entry's `patch`."""
     path = patch_path(project, pr)
     patches[path] = diff
-    return {"patch": {"path": relative(project, path), "sha256": sha256_bytes(diff.encode()),
-                      "python_only": not diffs.diff_native_files(diff), "native_files": diffs.diff_native_files(diff)}}
+    native = diffs.diff_native_files(diff)
+    return {"path": relative(project, path), "sha256": sha256_bytes(diff.encode()), "python_only": not native,
+            "native_files": native}
 
 
 def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dict[str, Any]]:

@@ -40,8 +40,8 @@ from servestack.image import load_image
 from servestack.lock import load_lock
 from servestack.records.imageref import ImageRef
 from servestack.records.smokefile import SmokeRecord, write_smoke
-from servestack.smoke.ablation import pr_accounts
 from servestack.records.steps import ImageRecord
+from servestack.smoke.ablation import pr_accounts
 from servestack.smoke.checklist import (
     DisaggPlan,
     ServePlan,

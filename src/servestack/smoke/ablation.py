@@ -134,12 +134,11 @@ def ablate(project: Project, stack: str, numbers: Iterable[int] = (), *, echo: C
 
     definition = load_stack(project.stack_file(stack))
     wanted = set(numbers)
-    named = [(pkg.name, pr) for pkg in definition.packages for pr in pkg.prs
-             if pr.check and (not wanted or pr.number in wanted)]
-    unknown = wanted - {pr.number for _, pr in named}
+    named = [pr for pkg in definition.packages for pr in pkg.prs if pr.check and (not wanted or pr.number in wanted)]
+    unknown = wanted - {pr.number for pr in named}
     if unknown:
         raise ServestackError(f"pins/{stack}.yaml: no PR numbered {', '.join(map(str, sorted(unknown)))} names a check "
-                              f"(PRs with one: {', '.join(pr.label for _, pr in named) or 'none'})")
+                              f"(PRs with one: {', '.join(pr.label for pr in named) or 'none'})")
     intact = load_image(project, stack)
     smoke_file = project.artifacts(stack) / "smoke.json"
     smoke = read_smoke(smoke_file, f"run `nox -s smoke -- --stack {stack}` first", f"build/{stack}/smoke.json")
@@ -148,7 +147,7 @@ def ablate(project: Project, stack: str, numbers: Iterable[int] = (), *, echo: C
                               f"run `nox -s smoke -- --stack {stack}` first")
     locked = {p.label: p for p in load_lock(project, stack).pull_requests}
     results = []
-    for _, pr in named:
+    for pr in named:
         assert pr.check is not None
         with_pr = verdict(pr.check, smoke.checks)
         entry = locked.get(pr.label)
