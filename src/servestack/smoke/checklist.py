@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servestack.inputs.tinymodel import QWEN35_FLAGS, VLLM_CPU_ENV, TinyModelSpec
+from servestack.inputs.tinymodel import TinyModelSpec
+from servestack.smoke.engine_settings import QWEN35_FLAGS, VLLM_CPU_ENV
 from servestack.recipes.read import engine_settings, load_recipe
 from servestack.recipes.validate import recipe_files
 from servestack.records.lockfile import Lock
@@ -117,7 +118,7 @@ def _serve_flags(lock: Lock) -> dict[str, Any]:
         # compiler needed in the image, and ~30 s less start-up on 2 cores). vLLM's sampler compiles
         # regardless; the stack's TORCHDYNAMO_DISABLE turns that off.
         # The tiny model is the production's Qwen3.5 class: production's settings for it, as far as
-        # the CPU build takes them (tinymodel.QWEN35_FLAGS). GDN on CPU runs only in bfloat16.
+        # the CPU build takes them (engine_settings.QWEN35_FLAGS). GDN on CPU runs only in bfloat16.
         flags.update({"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, **QWEN35_FLAGS})
     return flags
 
