@@ -24,6 +24,8 @@ from typing import Any
 
 import requests
 
+from docker.models.containers import Container
+
 from servestack import services
 from servestack.errors import CommandError, ServestackError
 from servestack.image import layers
@@ -157,7 +159,7 @@ def _run(reference: str, platform: str, out: Path, archs: str, modules: list[str
             container.remove(force=True)
 
 
-def _tail(container) -> str:
+def _tail(container: Container) -> str:
     try:
         return container.logs(tail=40).decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - a container removed or dead answers no logs; say so, keep the real error

@@ -14,7 +14,7 @@ from servestack.recipes.validate import recipe_files
 from servestack.records.lockfile import Lock
 from servestack.records.stack import normalize
 from servestack.smoke.containers import host_docker_platform
-from servestack.smoke.gpu import GpuHost, gpu_container_kwargs, no_gpu
+from servestack.smoke.gpu import GpuHost, GpuRole, gpu_container_kwargs, no_gpu
 from servestack.smoke.gpuplan import GPU_KV_TRANSFER_CONFIG, GPU_SHM_SIZE, gpu_engine_flags, gpu_environment, placement
 from servestack.util.project import Project
 from servestack.util.vllm_command import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
@@ -352,7 +352,8 @@ def _disagg_roles(lock: Lock, gpus: GpuHost | None = None) -> tuple[Role, ...]:
     })), environment=base)
     workers = []
     # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
-    for index, mode in enumerate(("prefill", "decode")):
+    modes: tuple[GpuRole, GpuRole] = ("prefill", "decode")
+    for index, mode in enumerate(modes):
         cpus = None if gpus else engine_cpus(mode)
         workers.append(Role(name=mode, command=tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": GPU_KV_TRANSFER_CONFIG if gpus else KV_TRANSFER_CONFIG,
@@ -384,14 +385,13 @@ def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> Disag
     if lock.smoke_model.make is None:
         return DisaggPlan(roles=(), reason="the disaggregated shape is served with a made smoke model; this stack's smoke model "
                               "is a checkpoint on the cluster (its recipes run the shape there)", model=name)
-    made = {"model": name, "oracle_vocab": oracle_vocab(lock), "gdn_layers": gdn_layers(lock)}
     if not _cuda_engine(lock):
-        return DisaggPlan(roles=_disagg_roles(lock), **made)
+        return DisaggPlan(roles=_disagg_roles(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
     gpus = gpus or no_gpu("GPUs were not looked for")
     if not gpus.count:
         return DisaggPlan(roles=(), reason=f"the disaggregated shape of {name} runs on NVIDIA GPUs and {gpus.evidence}", model=name)
     return DisaggPlan(roles=_disagg_roles(lock, gpus), shm_size=GPU_SHM_SIZE, gpus=min(gpus.count, 2),
-                      placement=placement(gpus), **made)
+                      placement=placement(gpus), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
 
 
 def _made_model(lock: Lock) -> TinyModelSpec | None:
