@@ -44,6 +44,7 @@ from servestack.sources.registry.limits import (
 from servestack.util.fsutil import sha256_bytes
 
 
+
 @dataclass(frozen=True, kw_only=True)
 class Publication:
     image: ImageRef
