@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,7 +65,7 @@ def enroot_settings(state: Path) -> dict[str, str]:
     }
 
 
-def _build_enroot(archive: Path):
+def _build_enroot(archive: Path) -> Callable[[Path], None]:
     def build(home: Path) -> None:
         tree = unpack(archive, home / "src")
         # The archive's git submodules are empty: glibc instead of musl, Debian's makeself (the

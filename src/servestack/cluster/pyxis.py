@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def image_cache_dir() -> Path:
     return state_home() / "enroot" / "images"
 
 
-def _build_pyxis(archive: Path):
+def _build_pyxis(archive: Path) -> Callable[[Path], None]:
     def build(home: Path) -> None:
         tree = unpack(archive, home / "src")
         run(["make", "-C", str(tree)], timeout=600)

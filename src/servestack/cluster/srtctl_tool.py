@@ -6,6 +6,7 @@ import hashlib
 import os
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,7 +74,7 @@ class Srtctl:
         return [str(self.executable), *args]
 
 
-def _build_srtctl(archive: Path, python312: Path):
+def _build_srtctl(archive: Path, python312: Path) -> Callable[[Path], None]:
     def build(home: Path) -> None:
         tree = unpack(archive, home / "src")
         venv = home / "venv"

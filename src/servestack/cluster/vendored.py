@@ -7,6 +7,7 @@ import os
 import shutil
 import stat
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 
 from servestack import settings
@@ -59,7 +60,7 @@ def unpack(archive: Path, dest: Path) -> Path:
     return top
 
 
-def built(tool: str, key: str, build) -> Path:
+def built(tool: str, key: str, build: Callable[[Path], None]) -> Path:
     """state_home()/cluster/<tool>-<key>: built once by `build(tmpdir) -> None`, renamed into place."""
     from servestack.services.daemons import exclusive
 

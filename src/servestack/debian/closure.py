@@ -52,7 +52,8 @@ def _relations(text: str, what: str) -> tuple[tuple[Relation, ...], ...]:
             match = _RELATION.match(alternative)
             if not match:
                 raise ServestackError(f"{what}: cannot read the relation {alternative.strip()!r}")
-            alternatives.append(match.groups())
+            name, operator, version = match.groups()
+            alternatives.append((name, operator, version))
         clauses.append(tuple(alternatives))
     return tuple(clauses)
 

@@ -57,6 +57,12 @@ def _untar(member: str, data: bytes, what: str) -> tarfile.TarFile:
     return tarfile.open(fileobj=io.BytesIO(data), mode="r:")
 
 
+def _file_bytes(tar: tarfile.TarFile, info: tarfile.TarInfo) -> bytes:
+    reader = tar.extractfile(info)
+    assert reader is not None  # extractfile gives None only for a member that is no file; callers pass files
+    return reader.read()
+
+
 def parse_fields(text: str) -> dict[str, str]:
     """deb822 fields of one stanza; a continuation line stays part of its field's value."""
     fields: dict[str, str] = {}
@@ -76,12 +82,12 @@ def read_deb(path: Path) -> DebPackage:
     with _untar(control_name, ar[control_name], what) as tar:
         for info in tar:
             if info.isfile():
-                control[info.name.removeprefix("./")] = tar.extractfile(info).read()
+                control[info.name.removeprefix("./")] = _file_bytes(tar, info)
     if "control" not in control:
         raise ServestackError(f"{what}: control.tar has no control file")
     fields = parse_fields(control.pop("control").decode())
     members = []
     with _untar(data_name, ar[data_name], what) as tar:
         for info in tar:
-            members.append(Member(info=info, data=tar.extractfile(info).read() if info.isfile() else None))
+            members.append(Member(info=info, data=_file_bytes(tar, info) if info.isfile() else None))
     return DebPackage(fields=fields, control=control, members=members)

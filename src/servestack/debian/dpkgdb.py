@@ -34,7 +34,9 @@ def _stanza(package: DebPackage, conffiles: list[tuple[str, str]]) -> str:
 
 def write(root: Root, packages: list[DebPackage], listed: dict[str, list[str]], arch: str) -> list[str]:
     """Writes the database; returns the file triggers and named triggers registered."""
-    stanzas, file_triggers, named = [], [], {}
+    stanzas: list[str] = []
+    file_triggers: list[str] = []
+    named: dict[str, list[str]] = {}
     for package in packages:
         name = info_name(package, arch)
         conffiles = [(path, md5(root.read(path))) for path in package.control.get("conffiles", b"").decode().split()
@@ -56,8 +58,8 @@ def write(root: Root, packages: list[DebPackage], listed: dict[str, list[str]], 
     root.file(f"{DB}/arch", f"{arch}\n".encode())
     root.file(f"{DB}/triggers/File", "".join(line + "\n" for line in file_triggers).encode())
     root.file(f"{DB}/triggers/Unincorp", b"")
-    for trigger, who in sorted(named.items()):
-        root.file(f"{DB}/triggers/{trigger}", "".join(w + "\n" for w in who).encode())
+    for trigger, interested in sorted(named.items()):
+        root.file(f"{DB}/triggers/{trigger}", "".join(w + "\n" for w in interested).encode())
     for directory in ("alternatives", "updates", "parts"):
         root.dir(f"{DB}/{directory}")
     return file_triggers + [f"{t} {' '.join(w)}" for t, w in sorted(named.items())]

@@ -36,7 +36,7 @@ def soname(data: bytes, machine: int) -> str | None:
             dynamic = (p_offset, p_filesz)
     if dynamic is None:
         return None
-    tags = {}
+    tags: dict[int, int] = {}
     for offset in range(dynamic[0], dynamic[0] + dynamic[1], 16):
         tag, value = struct.unpack_from("<qQ", data, offset)
         if tag == _DT_NULL:

@@ -37,7 +37,7 @@ class Node:
     gid: int = 0
     uname: str = "root"
     gname: str = "root"
-    mtime: int = 0
+    mtime: float = 0  # a member's own, as its tar header gives it: a pax header's may be fractional
     data: bytes = b""
     link: str = ""  # a symlink's target; a hard link's (canonical) path
     owner: str = ""  # the package that shipped it, "" for what the assembly made
@@ -233,8 +233,8 @@ def write_tar(root: Root, out: Path) -> None:
 
 def _write_members(root: Root, path: Path, kinds: dict[str, bytes]) -> None:
     with tarfile.open(path, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path, node in _members(root):
-            info = tarfile.TarInfo("./" + path if path else "./")
+        for name, node in _members(root):
+            info = tarfile.TarInfo("./" + name if name else "./")
             info.type, info.mode, info.uid, info.gid = kinds[node.kind], node.mode, node.uid, node.gid
             info.uname, info.gname, info.mtime = node.uname, node.gname, min(node.mtime, root.epoch)
             if node.kind in ("symlink", "hardlink"):

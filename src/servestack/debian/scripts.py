@@ -244,6 +244,9 @@ def _pam(c: Context) -> list[str]:
             for module in modules:
                 for text in module:
                     head = re.match(r"^((\[[^]]+\]|\w+)\s+\S+)\s*(.*)", text)
+                    if head is None:
+                        raise ServestackError(f"/usr/share/pam-configs: a {uctype} line pam-auth-update cannot "
+                                              f"read: {text!r}")
                     out.append(f"{stack_type}\t{head.group(1).replace('end', str(count))} "
                                f"{' '.join(head.group(3).split())}\n")
                     count -= 1

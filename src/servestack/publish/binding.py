@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import yaml
 
@@ -33,6 +34,11 @@ class Binding:
     lock_sha256: str | None
 
 
+def _section(mapping: dict[str, Any], key: str) -> dict[str, Any]:
+    value = mapping.get(key)
+    return value if isinstance(value, dict) else {}
+
+
 def binding(recipe: BundleFile) -> Binding:
     text = recipe.data.decode("utf-8", "replace")
     header = dict(_HEADER.findall("".join(line + "\n" for line in text.splitlines() if line.startswith("#"))))
@@ -40,10 +46,9 @@ def binding(recipe: BundleFile) -> Binding:
         value = yaml.safe_load(text)
     except yaml.YAMLError:
         value = None
-    value = value if isinstance(value, dict) else {}
-    model = value.get("model") if isinstance(value.get("model"), dict) else {}
-    identity = value.get("identity") if isinstance(value.get("identity"), dict) else {}
-    container = identity.get("container") if isinstance(identity.get("container"), dict) else {}
+    document: dict[str, Any] = value if isinstance(value, dict) else {}
+    model, identity = _section(document, "model"), _section(document, "identity")
+    container = _section(identity, "container")
     references = (model.get("container"), container.get("image"), header.get("image"))
     return Binding(title=recipe.title, references=tuple(str(r) for r in references), lock_sha256=header.get("lock-sha256"))
 

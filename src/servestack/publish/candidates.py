@@ -7,12 +7,15 @@ Everything read is bounded (sources/registry/limits.py), so a hostile registry c
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from securesystemslib.signer import SSlibKey
 
 from servestack.errors import PublishError, RegistryError, ServestackError, SignatureError
 from servestack.publish import sbom, signing
@@ -118,14 +121,14 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None, repo
     legacy = [r for r in attestations if not is_listed(r.annotation)]
     skipped: list[str] = [f"{junk} attestation(s) whose listing this key did not sign for {image.digest} (another "
                           f"key's, another image's, or junk): not fetched"] if junk else []
-    candidates = [_candidate(lambda e=e, r=r: _from_envelope(client, image, r.digest, e, public_key, where,
-                                                              repository, now), r.digest, floor)
+    candidates = [_candidate(functools.partial(_from_envelope, client, image, r.digest, e, public_key, where,
+                                               repository, now), r.digest, floor)
                   for e, r in signed.items()]
     chosen = _choose(candidates, bundle, usable, skipped)
     if chosen is None and legacy:
         if bundle:  # the annotation is unsigned: it only orders the search, the statement must still name BUNDLE
             legacy.sort(key=lambda r: r.annotation.get(BUNDLE_ANNOTATION) != bundle)
-        candidates += [_candidate(lambda r=r: _verified(client, image, r, public_key, where, repository, now),
+        candidates += [_candidate(functools.partial(_verified, client, image, r, public_key, where, repository, now),
                                   r.digest, floor) for r in legacy]
         chosen = _choose(candidates, bundle, usable, skipped)
     elif legacy:
@@ -188,13 +191,13 @@ def _choose(candidates: list[Publication | str], bundle: str | None, usable: Cal
     return chosen
 
 
-def _from_envelope(client: Client, image: ImageRef, attestation: str, envelope_digest: str, public_key,
+def _from_envelope(client: Client, image: ImageRef, attestation: str, envelope_digest: str, public_key: SSlibKey,
                    where: str, repository: str | None, now: datetime) -> Publication:
     envelope = client.get_blob(envelope_digest, limit=ENVELOPE_LIMIT)
     return _publication(client, image, attestation, envelope, public_key, where, repository, now)
 
 
-def _verified(client: Client, image: ImageRef, descriptor: Descriptor, public_key, where: str,
+def _verified(client: Client, image: ImageRef, descriptor: Descriptor, public_key: SSlibKey, where: str,
               repository: str | None, now: datetime) -> Publication:
     """A candidate without a signed listing: its manifest, then its envelope."""
     manifest = referrer_manifest(client, descriptor, image, f"attestation {descriptor.digest}")
@@ -206,7 +209,7 @@ def _verified(client: Client, image: ImageRef, descriptor: Descriptor, public_ke
     return _publication(client, image, descriptor.digest, envelope, public_key, where, repository, now)
 
 
-def _publication(client: Client, image: ImageRef, attestation: str, envelope: bytes, public_key, where: str,
+def _publication(client: Client, image: ImageRef, attestation: str, envelope: bytes, public_key: SSlibKey, where: str,
                  repository: str | None, now: datetime) -> Publication:
     statement = signing.verify_envelope(envelope, public_key, f"attestation {attestation}")
     if statement.get("predicateType") != PROVENANCE_V1:

@@ -194,7 +194,10 @@ def _bundled_statements(client: Client, image: ImageRef, signer: CryptoSigner) -
         if r.artifact_type != SIGSTORE_BUNDLE:
             continue
         try:
-            layer = json.loads(client.get_manifest(r.digest)[0])["layers"][0]
+            manifest = client.get_manifest(r.digest)
+            if manifest is None:
+                continue
+            layer = json.loads(manifest[0])["layers"][0]
             dsse = json.loads(client.get_blob(layer["digest"]))["dsseEnvelope"]
         except (ServestackError, ValueError, KeyError, TypeError, IndexError):
             continue

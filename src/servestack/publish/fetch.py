@@ -189,6 +189,7 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         own = _platform_publication(publication, runs, name, key, repository) if name else publication
         sbom_checked, unsigned_sboms = check_sbom(own)
     if own is not publication:
+        assert name  # a platform's own publication is sought only for a named platform
         checked.append(f"{name}: {runs.digest} is signed on its own (attestation {own.attestation_digest[:19]}), "
                        f"the same lock; its SBOM is the bundle's {platform_sbom_title(name)}")
     with held():  # a signal here is raised once OUT is whole, or its staging is gone

@@ -17,8 +17,9 @@ def decompressed(stream: BinaryIO, media_type: str) -> BinaryIO:
     if media_type.endswith(("+zstd", ".zstd")):
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(stream)  # type: ignore[return-value]
-    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)  # type: ignore[arg-type]
+        return zstandard.ZstdDecompressor().stream_reader(stream)
+    # BufferedReader reads through any stream with readinto (a BytesIO here); typeshed asks for a raw one.
+    buffered = stream if isinstance(stream, io.BufferedReader) else io.BufferedReader(stream)  # type: ignore[type-var]
     if media_type.endswith("gzip") or buffered.peek(2)[:2] == b"\x1f\x8b":
         return gzip.GzipFile(fileobj=buffered)  # type: ignore[return-value]
     return buffered

@@ -104,7 +104,9 @@ def _signed_already(client: Client, image: ImageRef, bundle_digest: str,
             continue
         try:
             found = client.get_manifest(r.digest)
-            envelope = client.get_blob(json.loads(found[0])["layers"][0]["digest"]) if found else b""
+            if found is None:
+                continue
+            envelope = client.get_blob(json.loads(found[0])["layers"][0]["digest"])
             signing.verify_envelope(envelope, signer.public_key, f"attestation {r.digest}")
         except (ServestackError, KeyError, IndexError, ValueError, TypeError):
             continue  # damaged or another key's: a complete one is written beside it

@@ -263,13 +263,14 @@ def spdx_document(stack: str, image: ImageRef, build: BuildRecord, lock: Lock, b
                           "patches servestack applies", installed=False)
         doc.relate(top, "CONTAINS", installed)
         doc.relate(installed, "GENERATED_FROM", upstream)
-        for n, pr in enumerate(overlay.prs):
-            number = pr.get("number")
-            local = local_files.get(pr["patch_sha256"])
-            patch = doc.package(_spdx_id("patch", normalize(w.name), str(n)), f"{pr.get('repo')}#{number}" if number else
-                                local or pr.get("name") or pr["patch_sha256"], None,
-                                sha256=pr["patch_sha256"], purpose="SOURCE",
-                                download=f"https://github.com/{pr['repo']}/pull/{number}.diff" if number else None,
+        for n, applied in enumerate(overlay.prs):
+            number = applied.get("number")
+            local = local_files.get(applied["patch_sha256"])
+            patch = doc.package(_spdx_id("patch", normalize(w.name), str(n)),
+                                f"{applied.get('repo')}#{number}" if number else
+                                local or applied.get("name") or applied["patch_sha256"], None,
+                                sha256=applied["patch_sha256"], purpose="SOURCE",
+                                download=f"https://github.com/{applied['repo']}/pull/{number}.diff" if number else None,
                                 comment="a pull request's diff" if number else "a patch of this project's pins/patches")
             doc.relate(patch, "PATCH_APPLIED", installed)
     notes = ([] if base else ["The base's operating-system packages are not listed: its layers hold no dpkg "

@@ -123,7 +123,7 @@ def _judge_known(project: Project, stack: str, items: list[tuple[Path, str, dict
                           sorted({str(m.get("container")) for m in models if str(m.get("container", "")).startswith(("/", "./"))}))
     if isinstance(launches, str):
         return [], set(), [f"{static}: {launches}"]
-    work: list[tuple[dict, J.Worker]] = []
+    work: list[tuple[dict | None, J.Worker]] = []  # None: a GPU the hardware table does not know, not simulated
     for f, _, data in items:
         dev = J.device(_gpu_type(data))
         work += [(dev, w) for w in launches[f].roles.values()]

@@ -33,7 +33,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from servestack.errors import InputError
 from servestack.recipes.kvrules import KvRule, describe_rules, installed_sources, load_rules
@@ -161,7 +161,7 @@ def _dynamo_worker_actions() -> list[Any] | None:
         return None
     original = argparse.ArgumentParser.parse_known_args
 
-    def capture(self, *a, **kw):
+    def capture(self: argparse.ArgumentParser, *a: object, **kw: object) -> NoReturn:
         raise _Captured(self)
 
     argparse.ArgumentParser.parse_known_args = capture  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ import sys
 import time
 import traceback
 import types
+from typing import Any
 
 _PREFIX = ("python3", "-m", "dynamo.vllm")
 
@@ -42,7 +43,7 @@ def _simulate(device: dict) -> str:
 
     class SimulatedDevice(CudaPlatformBase):
         @classmethod
-        def get_device_capability(cls, device_id: int = 0):
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
             return DeviceCapability(major=major, minor=minor)
 
         @classmethod
@@ -54,7 +55,7 @@ def _simulate(device: dict) -> str:
             return int(device.get("memory_gb", 80)) * 2**30
 
         @classmethod
-        def is_fully_connected(cls, physical_device_ids) -> bool:
+        def is_fully_connected(cls, physical_device_ids: list[int]) -> bool:
             return True
 
         @classmethod
@@ -83,16 +84,17 @@ def _simulate_driver_version() -> None:
     real = ctypes.CDLL
 
     class DriverCDLL(real):  # type: ignore[misc, valid-type]
-        def __init__(self, name, *args, **kwargs):
+        def __init__(self, name: str | None, *args: Any, **kwargs: Any) -> None:
             super().__init__(name, *args, **kwargs)
             if name is not None and os.path.basename(str(name)).startswith("libcuda.so"):
-                def get_version(ref) -> int:
+                def get_version(ref: Any) -> int:  # a byref() to the caller's c_int
                     ref._obj.value = version
                     return 0
 
                 self.cuDriverGetVersion = get_version
 
-    ctypes.CDLL = DriverCDLL
+    # Every later ctypes.CDLL in this process, the engine's included, gets the subclass (a patch mypy refuses).
+    ctypes.CDLL = DriverCDLL  # type: ignore[misc]
 
 
 def _message(e: BaseException) -> str:
@@ -142,7 +144,7 @@ def _judge(argv: list[str], model_dir: str) -> dict:
         return {"ok": False, "stage": stage, "error": _message(e), "trace": traceback.format_exc()[-2000:]}
 
 
-def _nixl(vllm_config) -> dict:
+def _nixl(vllm_config: Any) -> dict:
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import metadata
 
@@ -163,7 +165,7 @@ def _nixl(vllm_config) -> dict:
 
     real = config_utils.hash_factors
 
-    def capture(factors):
+    def capture(factors: dict[str, Any]) -> Any:
         captured.update(factors)
         return real(factors)
 

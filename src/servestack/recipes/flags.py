@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from servestack.recipes.engine_cli import DYNAMO_VLLM, VLLM_SERVE, ParserSpec
+from servestack.recipes.engine_cli import DYNAMO_VLLM, VLLM_SERVE, EngineSpec, ParserSpec
 from servestack.recipes.structure import Checker, suggest
 from servestack.util.yamlfile import Node
 
@@ -36,7 +36,7 @@ def check_flags(c: Checker, args: Node | None, where: tuple[str, ...], parser_na
         spec = parser.lookup(key)
         if spec is None:
             c.err(child, where + (key,),
-                  f"--{key} is not a flag of {parser.command} ({_versions(c, parser)})"
+                  f"--{key} is not a flag of {parser.command} ({_versions(c.engine, parser)})"
                   + suggest(key, parser.flag_names()).replace("'", "").replace("mean ", "mean --"),
                   at_key=True)
             continue
@@ -47,9 +47,9 @@ def check_flags(c: Checker, args: Node | None, where: tuple[str, ...], parser_na
             c.err(child, where + (key,), f"{problem}; allowed: {spec.allowed()}")
 
 
-def _versions(c: Checker, parser: ParserSpec) -> str:
+def _versions(engine: EngineSpec, parser: ParserSpec) -> str:
     own = f"{parser.name} {parser.version}, " if parser.version else ""
-    return f"{own}{c.engine.engine} {c.engine.version}"
+    return f"{own}{engine.engine} {engine.version}"
 
 
 def check_env(c: Checker, envs: Node | None, where: tuple[str, ...]) -> None:

@@ -72,6 +72,7 @@ def check_hardware(c: Checker, root: Node) -> None:
         return
     where = f"{gpu.name} (line {c.line(type_node)})"
     cited = f" (source: {gpu.source})"
+    assert res is not None  # the GPU was found by the gpu_type under it
     gpn = res.get("gpus_per_node")
     if gpu.gpus_per_node is not None and gpn is not None and is_int(gpn.value) and gpn.value != gpu.gpus_per_node:
         c.err(gpn, ("resources", "gpus_per_node"),

@@ -20,6 +20,7 @@ import json
 import subprocess
 import sys
 import tarfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,8 @@ def srtslurm_source() -> Path:
     return src
 
 
-def launches(files: list[Path], model_aliases: list[str], container_aliases: list[str] = ()) -> dict[Path, Launch] | str:
+def launches(files: list[Path], model_aliases: list[str],
+             container_aliases: Sequence[str] = ()) -> dict[Path, Launch] | str:
     """srt-slurm's own launch of each recipe file (one subprocess for all of them), or why it could not run.
     The aliases are the recipes' local model paths and container files: the cluster's, stood in for here."""
     request = json.dumps({"files": [str(f) for f in files], "model_aliases": list(model_aliases),
@@ -133,13 +135,13 @@ def device(gpu_type: str) -> dict[str, Any] | None:
             "count": gpu.gpus_per_node or 1}
 
 
-def _key(engine: Engine, dev: dict, worker: Worker) -> str:
+def _key(engine: Engine, dev: dict | None, worker: Worker) -> str:
     text = json.dumps({"digest": engine.digest, "driver": DRIVER.read_text(), "device": dev,
                        "model": engine.model_config, "argv": worker.argv, "env": worker.env}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def judge(engine: Engine, work: list[tuple[dict, Worker]]) -> list[dict] | str:
+def judge(engine: Engine, work: list[tuple[dict | None, Worker]]) -> list[dict] | str:
     """The engine's answer for each (device, worker): cached ones read back, the rest asked in one container;
     or why this image cannot judge here (not the recipe's fault: the static rules stand in)."""
     store = cache_home() / "recipes-judged"
@@ -167,7 +169,7 @@ def judge(engine: Engine, work: list[tuple[dict, Worker]]) -> list[dict] | str:
     return [answers[_key(engine, dev, worker)] for dev, worker in work]
 
 
-def _ask(engine: Engine, dev: dict, roles: dict[str, dict]) -> dict[str, dict] | str:
+def _ask(engine: Engine, dev: dict | None, roles: dict[str, dict]) -> dict[str, dict] | str:
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="servestack-judge-") as tmp:

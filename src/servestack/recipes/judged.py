@@ -58,7 +58,8 @@ def check_file(file: Path, text: str, launch: Launch, answers: dict[str, dict], 
     p, d = answers.get("prefill"), answers.get("decode")
     if prefill and decode and p and d and p.get("ok") and d.get("ok"):
         _served(c, prefill, decode, p, d)
-        _connectors(c, prefill, decode, p, d) or _hashes(c, prefill, decode, p, d)
+        if not _connectors(c, prefill, decode, p, d):
+            _hashes(c, prefill, decode, p, d)
     if engine is not None:
         _asserted_env(c, by_name, launch, engine)
     return c.errors

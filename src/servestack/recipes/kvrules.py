@@ -110,8 +110,8 @@ def engine_arguments(sources: Sources) -> dict[tuple[str, str], str]:
     found: dict[tuple[str, str], str] = {}
     for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
         local = {t.id: a.value for a in ast.walk(fn) if isinstance(a, ast.Assign) for t in a.targets if isinstance(t, ast.Name)}
-        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)):
-            if not call.func.id.endswith("Config"):
+        for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+            if not isinstance(call.func, ast.Name) or not call.func.id.endswith("Config"):
                 continue
             for kw in call.keywords:
                 value = local.get(kw.value.id, kw.value) if isinstance(kw.value, ast.Name) else kw.value
@@ -183,8 +183,9 @@ def hash_rules(sources: Sources) -> list[KvRule]:
     for path, module, fn in _functions(sources, lambda n: n == HASH_FUNCTION):
         factors = _Factors(module, args, engine_fields(sources))
         for node in ast.walk(fn):
-            if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys) and len(node.keys) > 2:
-                for key, value in zip(node.keys, node.values):
+            keys = [k for k in node.keys if isinstance(k, ast.Constant)] if isinstance(node, ast.Dict) else []
+            if isinstance(node, ast.Dict) and len(keys) == len(node.keys) and len(keys) > 2:
+                for key, value in zip(keys, node.values):
                     rules.append(KvRule(name=str(key.value), kind="hash", policy="equal",
                                         settings=factors.settings(value, fn), source=f"{path}:{fn.name}",
                                         reason=f"compatibility hash factor {key.value!r} = {ast.unparse(value)}"))

@@ -85,14 +85,16 @@ def _int(node: Node | None) -> int | None:
 
 def roles(root: Node) -> dict[str, Role]:
     """The roles a complete recipe starts, by name (prefill/decode or agg)."""
-    shared_env = {k: (n, ("environment", k)) for k, n in _map(root.get("environment")).items()}
+    shared_env: dict[str, tuple[Node, tuple[str, ...]]] = {
+        k: (n, ("environment", k)) for k, n in _map(root.get("environment")).items()}
     model = root.get("model")
     container = model.get("container") if model is not None and model.is_map else None
     path_node = model.get("path") if model is not None and model.is_map else None
     common = {"container": (container, ("model", "container")) if container is not None else None,
               "model": (path_node, ("model", "path")) if path_node is not None else None}
     out: dict[str, Role] = {}
-    if root.get("schema") is not None and root.get("schema").value == 2:
+    schema = root.get("schema")
+    if schema is not None and schema.value == 2:
         top = root.get("engine")
         top_type = top.value if top is not None and isinstance(top.value, str) else None
         for name, role in _map(root.get("roles")).items():
@@ -110,7 +112,8 @@ def roles(root: Node) -> dict[str, Role]:
                              model=common["model"], workers=_int(role.get("workers")))
         return out
     backend = root.get("backend")
-    btype = backend.get("type").value if backend is not None and backend.is_map and backend.get("type") is not None else "sglang"
+    type_node = backend.get("type") if backend is not None and backend.is_map else None
+    btype = type_node.value if type_node is not None else "sglang"
     cfg_key = S.ENGINE_CONFIG_KEY.get(btype) if isinstance(btype, str) else None
     cfg = backend.get(cfg_key) if cfg_key and backend is not None and backend.is_map else None
     res = root.get("resources")

@@ -22,6 +22,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def _fake_ip(node: str, interface: str | None = None) -> str:
@@ -37,7 +38,7 @@ def _patch(srtctl_modules: dict, nodes: list[str], captured: list[dict]) -> None
     if hasattr(worker_stage, "get_hostname_ip"):
         worker_stage.get_hostname_ip = _fake_ip
 
-    def start_srun_process(**kw):
+    def start_srun_process(**kw: Any) -> _Popen:
         captured.append({"command": [str(a) for a in kw.get("command") or []],
                          "env": {str(k): str(v) for k, v in (kw.get("env_to_set") or {}).items()},
                          "unset": list(kw.get("env_to_unset") or []), "node": (kw.get("nodelist") or [""])[0],
@@ -51,7 +52,7 @@ class _Popen:
     pid = 0
     returncode = None
 
-    def poll(self):
+    def poll(self) -> None:
         return None
 
 
@@ -75,7 +76,7 @@ def _resolve(path: str, modules: dict, out_dir: Path) -> dict:
     backend = config.backend
     r = config.resources
 
-    class Orchestrator(modules["worker_stage"].WorkerStageMixin):
+    class Orchestrator(modules["worker_stage"].WorkerStageMixin):  # type: ignore[misc]  # srt-slurm's, by module
         pass
 
     orchestrator = Orchestrator()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from servestack.errors import InputError, Location
 from servestack.recipes import schema as S
@@ -62,7 +62,7 @@ def suggest(key: str, known: Iterable[str]) -> str:
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: Any) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
@@ -202,7 +202,7 @@ class Checker:
 
     def required(self, root: Node, required: dict) -> None:
         for parent_path, keys in required.items():
-            parent = root
+            parent: Node | None = root
             for p in parent_path:
                 parent = parent.get(p) if parent is not None else None
             if parent is None or not parent.is_map:
@@ -221,7 +221,7 @@ class Checker:
         type_node = node.get("type")
         btype = type_node.value if type_node is not None else "sglang"
         if not isinstance(btype, str) or btype not in S.BACKENDS_V1:
-            if isinstance(btype, str) and self.placeholder(type_node):
+            if isinstance(btype, str) and type_node is not None and self.placeholder(type_node):
                 return
             self.err(type_node or node, path + ("type",), f"unknown backend type {btype!r}" + suggest(str(btype), S.BACKENDS_V1))
             return

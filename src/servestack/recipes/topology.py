@@ -42,13 +42,14 @@ def parallel(c: Checker, engine_type: str, args: Node | None, per: int | None, w
         return
     a = args.value
 
-    def size(*names: str) -> tuple[int, Node | None, str | None]:
+    def size(*names: str) -> tuple[int, Node | None, str]:
+        """(the size, its node, the key as spelled); 1, None and "" where the recipe leaves it out."""
         for name in names:
             for spelled in (name, name.replace("-", "_"), name.replace("_", "-")):
                 if spelled in a:
                     n = a[spelled]
                     return (n.value if is_int(n.value) else -1), n, spelled
-        return 1, None, None
+        return 1, None, ""
 
     if engine_type == "vllm":
         tp, tpn, tpk = size("tensor-parallel-size", "tp")
@@ -103,10 +104,12 @@ def check_recipe(c: Checker, root: Node) -> None:
     res = root.get("resources")
     gpn_node = res.get("gpus_per_node") if res is not None else None
     gpn = gpn_node.value if gpn_node is not None and is_int(gpn_node.value) and gpn_node.value > 0 else 4
-    if root.get("schema") is not None and root.get("schema").value == 2:
+    schema = root.get("schema")
+    if schema is not None and schema.value == 2:
         eng = root.get("engine")
+        eng_type = eng.get("type") if eng is not None and eng.is_map else None
         top_type = eng.value if eng is not None and isinstance(eng.value, str) else (
-            eng.get("type").value if eng is not None and eng.is_map and eng.get("type") is not None else None)
+            eng_type.value if eng_type is not None else None)
         roles = root.get("roles")
         if roles is None or not roles.is_map:
             return
@@ -116,9 +119,10 @@ def check_recipe(c: Checker, root: Node) -> None:
             if role is None or not role.is_map:
                 continue
             p = ("roles", name)
-            share = pre_gpus if (name == "decode" and role.get("nodes") is not None and role.get("nodes").value == "colocate") else None
             nodes_node = role.get("nodes")
-            if nodes_node is not None and nodes_node.value == "colocate":
+            colocated = nodes_node is not None and nodes_node.value == "colocate"
+            share = pre_gpus if (name == "decode" and colocated) else None
+            if colocated:
                 nodes_node = None
             per = fit(c, name, nodes_node, role.get("workers"), role.get("gpus"), gpn,
                         (p + ("nodes",), p + ("workers",), p + ("gpus",)), share)
@@ -127,7 +131,8 @@ def check_recipe(c: Checker, root: Node) -> None:
             r_eng = role.get("engine")
             etype = top_type
             if r_eng is not None:
-                etype = r_eng.value if isinstance(r_eng.value, str) else (r_eng.get("type").value if r_eng.is_map and r_eng.get("type") else None)
+                r_type = r_eng.get("type") if r_eng.is_map else None
+                etype = r_eng.value if isinstance(r_eng.value, str) else (r_type.value if r_type is not None else None)
             parallel(c, etype or "", role.get("args"), per, p + ("args",), role)
             if etype == "vllm":
                 check_flags(c, role.get("args"), p + ("args",), worker_command(frontend_type(root)))
@@ -140,8 +145,9 @@ def check_recipe(c: Checker, root: Node) -> None:
 
     backend = root.get("backend")
     btype = "sglang"
-    if backend is not None and backend.is_map and backend.get("type") is not None:
-        btype = backend.get("type").value
+    type_node = backend.get("type") if backend is not None and backend.is_map else None
+    if type_node is not None:
+        btype = type_node.value
     cfg_key = S.ENGINE_CONFIG_KEY.get(btype) if isinstance(btype, str) else None
     cfg = backend.get(cfg_key) if backend is not None and backend.is_map and cfg_key else None
     if res is None or not res.is_map:
@@ -163,7 +169,7 @@ def check_recipe(c: Checker, root: Node) -> None:
         agg = fit(c, "agg", g("agg_nodes"), g("agg_workers"), g("gpus_per_agg"), gpn,
                     (("resources", "agg_nodes"), ("resources", "agg_workers"), ("resources", "gpus_per_agg")))
         per_mode = {"aggregated": agg}
-    if cfg is not None and cfg.is_map:
+    if cfg_key and cfg is not None and cfg.is_map:
         for mode, per in per_mode.items():
             args = cfg.get(mode)
             parallel(c, btype, args, per, ("backend", cfg_key, mode), args)

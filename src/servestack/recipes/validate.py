@@ -66,8 +66,9 @@ def _binding(c: Checker, root: Node, header: str) -> None:
         return
     ident = root.get("identity")
     image = None
-    if ident is not None and ident.is_map and ident.get("container") is not None and ident.get("container").is_map:
-        image = ident.get("container").get("image")
+    ident_container = ident.get("container") if ident is not None and ident.is_map else None
+    if ident_container is not None and ident_container.is_map:
+        image = ident_container.get("image")
     if image is None or image.value != ref:
         c.err(image or ident or cont, ("identity", "container", "image"), f"must name the same image as model.container ({ref})")
     if not re.search(r"^# lock-sha256: [0-9a-f]{64}$", header, re.M):
@@ -90,8 +91,9 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
     header = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
     if require_digest is None:
         require_digest = text.startswith(RENDER_MARK)
+    benchmark = root.get("benchmark")
     sweep = root.get("sweep") is not None or "zip_override_" in text or (
-        root.get("benchmark") is not None and root.get("benchmark").is_map and root.get("benchmark").get("sweep") is not None)
+        benchmark is not None and benchmark.is_map and benchmark.get("sweep") is not None)
     c = Checker(file, engine, sweep)
     c.platforms = platforms
     c.judged = judged
@@ -121,11 +123,12 @@ def validate_text(text: str, file: Path | str, engine: EngineSpec | None = None,
     if require_digest and recipe.is_map:
         _binding(c, recipe, header)
     # de-duplicate (an override can re-report its base)
-    seen, out = set(), []
-    for e in c.errors:
-        if str(e) not in seen:
-            seen.add(str(e))
-            out.append(e)
+    seen: set[str] = set()
+    out: list[InputError] = []
+    for error in c.errors:
+        if str(error) not in seen:
+            seen.add(str(error))
+            out.append(error)
     if notes is not None:
         notes.extend(n for n in c.notes if n not in notes)
     if warnings is not None:
@@ -179,8 +182,10 @@ def validate_paths(paths: Iterable[Path | str], engine: EngineSpec | Path | str 
         except OSError as e:
             errors.append(InputError(f, "", f"cannot read: {e}"))
             continue
-        spec = fixed
-        if callable(fixed) and not isinstance(fixed, EngineSpec):
+        spec: EngineSpec | None
+        if fixed is None or isinstance(fixed, EngineSpec):
+            spec = fixed
+        else:
             try:
                 spec = fixed(f, text)
             except InputError as e:

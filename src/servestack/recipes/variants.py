@@ -11,6 +11,7 @@ from servestack.util.yamlfile import Node
 def expand_overrides(c: Checker, root: Node) -> tuple[Node, dict, dict, list[tuple[str, Node]]]:
     """(base, its schema, its required keys, the variants by name); the override sections' own keys are checked here."""
     base = root.get("base")
+    assert base is not None  # overrides are expanded only for a recipe with a `base:`
     spec = S.TOP_V2 if (base.is_map and base.get("schema") is not None) else S.TOP_V1
     required = S.REQUIRED_V2 if spec is S.TOP_V2 else S.REQUIRED_V1
     c.walk(base, spec, ("base",))

@@ -29,7 +29,7 @@ _HUMAN = re.compile(r"^(\d+)([kKmM]?)$")
 def _tokens(value: object) -> int | None:
     """A max-model-len as vLLM reads it: 16k = 16000, 16K = 16384."""
     if is_int(value):
-        return int(value)  # type: ignore[arg-type]
+        return int(value)
     m = _HUMAN.match(str(value).strip()) if value is not None else None
     if not m:
         return None
@@ -47,8 +47,10 @@ def check_workload(c: Checker, root: Node) -> None:
         return
     _lengths(c, bench, list(by_name.values()))
     conc_node = bench.get("concurrencies")
+    if conc_node is None:
+        return
     try:
-        concurrencies = concurrency_list(conc_node.plain()) if conc_node is not None else []
+        concurrencies = concurrency_list(conc_node.plain())
     except ValueError:
         return  # reported by the structure check
     if not concurrencies:
@@ -73,7 +75,8 @@ def _lengths(c: Checker, bench: Node, all_roles: list[Role]) -> None:
 
 def _capacity(c: Checker, root: Node, role: Role, conc_node: Node, top: int) -> None:
     res = root.get("resources")
-    gpu = GPUS.get(str(res.get("gpu_type").value).lower()) if res is not None and res.is_map and res.get("gpu_type") else None
+    type_node = res.get("gpu_type") if res is not None and res.is_map else None
+    gpu = GPUS.get(str(type_node.value).lower()) if type_node is not None else None
     large = gpu is not None and gpu.memory_gb is not None and gpu.memory_gb >= 70
     seqs_found = role.flag("max-num-seqs")
     seqs = role.int_flag("max-num-seqs", DEFAULT_MAX_NUM_SEQS_LARGE_GPU if large else None)

@@ -9,10 +9,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from servestack.errors import ServestackError
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 from servestack.util.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 log = logging.getLogger("servestack.runners.local")
 
@@ -22,14 +27,14 @@ LABEL = "servestack.job"
 class LocalRunner(PollingWait):
     name = "local"
 
-    def __init__(self, client=None, poll_seconds: float = 2.0, shm_size: str = "2g"):
+    def __init__(self, client: DockerClient | None = None, poll_seconds: float = 2.0, shm_size: str = "2g"):
         self._client = client
         self.poll_seconds = poll_seconds
         self.shm_size = shm_size
         self._deadline: dict[str, float] = {}
 
     @property
-    def client(self):
+    def client(self) -> DockerClient:
         if self._client is None:
             from servestack import services
 
@@ -43,7 +48,7 @@ class LocalRunner(PollingWait):
         job.out_dir.mkdir(parents=True, exist_ok=True)
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         volumes = {str(m.host): {"bind": m.container, "mode": "ro" if m.read_only else "rw"} for m in job.mounts}
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if job.gpus:
             import docker.types
 
@@ -52,11 +57,13 @@ class LocalRunner(PollingWait):
             job.image, job.argv(), detach=True, volumes=volumes, environment=dict(job.env),
             labels={LABEL: job.name}, shm_size=self.shm_size, **kwargs,
         )
+        # The SDK types a Model's id as optional (an unsaved model); a container the daemon started has one.
+        assert container.id is not None
         self._deadline[container.id] = time.monotonic() + job.time_limit_s
         log.info("started container %s (%s) for %s", container.short_id, job.image, job.name)
         return JobHandle(runner=self.name, job_id=container.id, spec=job, output_dir=job.out_dir)
 
-    def _container(self, handle: JobHandle):
+    def _container(self, handle: JobHandle) -> Container | None:
         import docker.errors
 
         try:
@@ -85,7 +92,7 @@ class LocalRunner(PollingWait):
             return JobState.CANCELLED
         return JobState.COMPLETED if code == 0 else JobState.FAILED
 
-    def _save_logs(self, handle: JobHandle, c) -> None:
+    def _save_logs(self, handle: JobHandle, c: Container) -> None:
         path = handle.spec.jobs_dir / f"{handle.spec.name}.{handle.job_id[:12]}.log"
         if not path.exists():
             try:

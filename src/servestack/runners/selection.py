@@ -67,7 +67,8 @@ def _local(pipeline: Any) -> Runner:
 
 def _slurm(pipeline: Any) -> Runner:
     s = pipeline.runner.slurm
-    env, registry_map = None, {}
+    env: dict[str, str] | None = None
+    registry_map: dict[str, str] = {}
     if s.local_cluster:
         from servestack import services
 
@@ -79,7 +80,9 @@ def _slurm(pipeline: Any) -> Runner:
 
 
 def _srtctl(pipeline: Any) -> Runner:
-    executable, env, registry_map = list(pipeline.runner.srtctl.executable), None, {}
+    executable: list[str] = list(pipeline.runner.srtctl.executable)
+    env: dict[str, str] | None = None
+    registry_map: dict[str, str] = {}
     if pipeline.runner.slurm.local_cluster:
         env, registry_map, executable = _this_machine(pipeline, pipeline.runner.srtctl.local_cluster_nodes)
     override = settings.value(SRTCTL_ENV).strip()

@@ -14,7 +14,7 @@ import os
 import shlex
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from servestack.cluster.enroot import ENROOT_MIN_VERSION, parse_enroot_version
 from servestack.errors import CommandError, ServestackError
@@ -33,7 +33,7 @@ def pull_reference(image: str, registry_map: dict[str, str] | None = None) -> st
     """The image by digest as pyxis takes it (`registry#repository@sha256:...`), on the registry
     the nodes pull from."""
     ref = ImageRef.parse(image)
-    mapped = (registry_map or {}).get(ref.registry)
+    mapped = (registry_map or {}).get(ref.registry) if ref.registry is not None else None
     if mapped:
         ref = ImageRef.parse(f"{mapped}/{ref.repository}@{ref.digest}")
     return ref.enroot
@@ -49,7 +49,8 @@ def format_time_limit(seconds: int) -> str:
 
 
 # pyxis 0.2x needs enroot >= 3.4 (`enroot import` of OCI images by digest, `enroot digest`).
-CONTAINER_MODES = ("auto", "docker", "pyxis")
+ContainerMode = Literal["auto", "docker", "pyxis"]
+CONTAINER_MODES: tuple[ContainerMode, ...] = get_args(ContainerMode)
 
 
 def choose_container(wanted: str, *, srun_help: str, enroot_version: str | None, docker: bool) -> str:
@@ -93,7 +94,7 @@ class SlurmSettings(UserModel):
 
     partition: str | None = None
     account: str | None = None
-    container: Literal[CONTAINER_MODES] = "auto"  # pyxis when the cluster has it, else docker (preflight)
+    container: ContainerMode = "auto"  # pyxis when the cluster has it, else docker (preflight)
     extra_sbatch: tuple[str, ...] = ()
     local_cluster: bool = False  # start this machine's one-node Slurm (services.ensure_slurm)
 

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servestack.errors import ServestackError
 from servestack.services.daemons import exclusive, log_tail, require, spawn_detached, wait_until
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import TimeoutExpired, run
 from servestack.util.project import state_home
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 log = logging.getLogger("servestack.services")
 
@@ -85,7 +89,7 @@ def ensure_dockerd(timeout: float = 60.0) -> None:
     _check_snapshotter(status)
 
 
-def docker_client(timeout: int = 900):
+def docker_client(timeout: int = 900) -> DockerClient:
     """The one Docker SDK client servestack uses, on a running dockerd (started if needed)."""
     import docker
 
@@ -93,7 +97,7 @@ def docker_client(timeout: int = 900):
     return docker.from_env(timeout=timeout)
 
 
-def ensure_image(client, reference: str, platform: str) -> None:
+def ensure_image(client: DockerClient, reference: str, platform: str) -> None:
     """The image is local (pulled by digest from its registry when it is not)."""
     import docker.errors
 

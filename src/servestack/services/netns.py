@@ -16,6 +16,7 @@ import ipaddress
 import os
 import shlex
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ def nodes(count: int) -> list[Node]:
     return [Node.numbered(i) for i in range(1, count + 1)]
 
 
-def _ip(*args: str, check: bool = True):
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run([require("ip"), *args], check=check, timeout=30)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import requests
 
@@ -37,7 +38,7 @@ class GitHub:
         if token:
             self._session.headers["Authorization"] = f"Bearer {token}"
 
-    def _get(self, path: str, what: str, **kwargs) -> requests.Response:
+    def _get(self, path: str, what: str, **kwargs: Any) -> requests.Response:
         response = http.get(self._session, f"{self.api}{path}", what=what, **kwargs)
         if response.status_code == 404:
             raise PullRequestNotFound(f"{what}: not found on {self.api} (HTTP 404)")

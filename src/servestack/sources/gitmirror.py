@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 from servestack import settings
@@ -50,7 +51,7 @@ class GitMirror:
             self.git_dir = (cache or cache_home() / "git") / (repo.replace("/", "__") + ".git")
             self._sync()
 
-    def _git(self, *args: str, check: bool = True):
+    def _git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         result = proc.run(["git", "--git-dir", str(self.git_dir), *args], check=False, env=_GIT_ENV)
         if check and result.returncode != 0:
             raise ServestackError(f"{self.api}: git {' '.join(args)} failed: {result.stdout.strip()[-400:]}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import requests
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
@@ -32,7 +34,7 @@ def session(retries: int = 4, backoff: float = 0.5) -> requests.Session:
     return s
 
 
-def get(s: requests.Session, url: str, *, what: str, timeout: float = 30, **kwargs) -> requests.Response:
+def get(s: requests.Session, url: str, *, what: str, timeout: float = 30, **kwargs: Any) -> requests.Response:
     """GET that turns an unreachable service into a NetworkError naming what was being fetched."""
     try:
         return s.get(url, timeout=timeout, **kwargs)

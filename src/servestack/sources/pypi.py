@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
 import tempfile
 import tomllib
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from packaging import tags
@@ -150,6 +152,8 @@ def unavailable(stack: Stack, stack_file: Path) -> dict[str, str]:
     for package in stack.packages:
         if package.if_unavailable is None:
             continue
+        # Package's validator allows `if_unavailable` only with a `version` on a named `index`.
+        assert package.index is not None and package.version is not None
         try:
             location = locate(package.index, defaults, where=str(stack_file))
         except InputError as e:
@@ -172,7 +176,9 @@ def _offers(location: IndexLocation, name: str, version: str, platform: str, pyt
     return f"{location.describe()} gave no wheel of {name}=={version} for {platform}: {said[-400:]}"
 
 
-def _compile_pins(location: IndexLocation, pins: list[str], platform: str, python: str):
+def _compile_pins(
+    location: IndexLocation, pins: list[str], platform: str, python: str
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any] | None]:
     """uv's answer for exact PINS on `location` alone, without dependencies, and its pylock (None
     when uv failed): so uv's own idea of its default index is never used."""
     with tempfile.TemporaryDirectory(prefix="servestack-pins-") as tmp:

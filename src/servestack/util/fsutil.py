@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 
 def atomic_write_bytes(path: Path, data: bytes, *, durable: bool = True) -> None:
@@ -47,7 +48,7 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def sha256_fileobj(f: BinaryIO) -> str:
+def sha256_fileobj(f: io.BufferedIOBase) -> str:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from types import FrameType
 
 from servestack.errors import Terminated
 
@@ -40,7 +41,7 @@ class _Unwinding:
         self.first_at = time.monotonic()
         raise_for(signum)
 
-    def handler(self, signum: int, _frame) -> None:
+    def handler(self, signum: int, _frame: FrameType | None) -> None:
         if self.first_at is not None and time.monotonic() - self.first_at < UNWIND_GRACE_S:
             # os.write, not print or logging: this runs between two bytecodes of whatever the main
             # thread is doing, which may be holding that very stream's lock.

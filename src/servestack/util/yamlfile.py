@@ -27,6 +27,7 @@ from typing import Annotated, Any, TypeVar
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError, ValidationInfo
+from pydantic_core import ErrorDetails
 
 from servestack.errors import FieldProblem, InputError, InputErrors, Location
 
@@ -256,7 +257,7 @@ def _model_in(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _explain(model: type[BaseModel], error: dict[str, Any], loc: PathKey) -> str:
+def _explain(model: type[BaseModel], error: ErrorDetails, loc: PathKey) -> str:
     kind = error["type"]
     if kind == "extra_forbidden":
         allowed = _field_names(model, loc[:-1])

@@ -29,7 +29,8 @@ from zlib_ng import zlib_ng
 # output seldom overflows a read and leaves input to copy.
 READ = 1 << 18
 LINE = 1 << 13  # inflated bytes a readline asks for at a time
-LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)
+# zipfile's own local-header layout and magic: private names that typeshed leaves out.
+LOCAL_HEADER = struct.Struct(zipfile.structFileHeader)  # type: ignore[attr-defined]
 UTF8_NAME = 0x800  # general purpose flag bit 11: the member's name is UTF-8 (else cp437)
 UNSUPPORTED = 0x1 | 0x20 | 0x40  # encrypted, compressed patched data, strong encryption: zipfile's own reader
 
@@ -41,7 +42,9 @@ class _Member:
     file stays open until the member is closed, as with zipfile (ZipFile.close leaves it to the last reader)."""
 
     def __init__(self, archive: zipfile.ZipFile, info: zipfile.ZipInfo):
-        self.archive, self.file, self.info = archive, archive.fp, info
+        file = archive.fp
+        assert file is not None  # WheelZipFile.open hands out members only while the archive is open
+        self.archive, self.file, self.info = archive, file, info
         archive._fileRefCnt += 1  # type: ignore[attr-defined]  # what ZipFile.open counts; _fpclose undoes it
         self.closed = True  # until the header is read: a bad one leaves nothing to close but the count
         try:
@@ -58,11 +61,13 @@ class _Member:
         if len(header) != LOCAL_HEADER.size:
             raise zipfile.BadZipFile("Truncated file header")
         fields = LOCAL_HEADER.unpack(header)
-        if fields[0] != zipfile.stringFileHeader:
+        if fields[0] != zipfile.stringFileHeader:  # type: ignore[attr-defined]  # private, as LOCAL_HEADER's layout
             raise zipfile.BadZipFile("Bad magic number for file header")
         name_length, extra_length = fields[10], fields[11]
         name = os.pread(fd, name_length, info.header_offset + LOCAL_HEADER.size)
-        if name.decode("utf-8" if fields[3] & UTF8_NAME else self.archive.metadata_encoding or "cp437") != info.orig_filename:
+        # metadata_encoding (3.11) is set by ZipFile.__init__ but typeshed declares it only as a parameter.
+        encoding = self.archive.metadata_encoding  # type: ignore[attr-defined]
+        if name.decode("utf-8" if fields[3] & UTF8_NAME else encoding or "cp437") != info.orig_filename:
             raise zipfile.BadZipFile(f"File name in directory {info.orig_filename!r} and header {name!r} differ.")
         self.position = info.header_offset + LOCAL_HEADER.size + name_length + extra_length
         self.compressed_left, self.left, self.crc = info.compress_size, info.file_size, 0
@@ -156,7 +161,7 @@ class _Member:
     def __enter__(self) -> _Member:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -165,7 +170,8 @@ class WheelZipFile(zipfile.ZipFile):
 
     def open(self, name: str | zipfile.ZipInfo, mode: Literal["r", "w"] = "r", pwd: bytes | None = None,
              *, force_zip64: bool = False) -> IO[bytes]:
-        if mode == "r" and self.fp is not None and not self._writing:
+        # _writing: ZipFile's private flag for a member being written, which typeshed leaves out.
+        if mode == "r" and self.fp is not None and not self._writing:  # type: ignore[attr-defined]
             info = name if isinstance(name, zipfile.ZipInfo) else self.getinfo(name)
             if info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) and not info.flag_bits & UNSUPPORTED:
                 return _Member(self, info)  # type: ignore[return-value]

@@ -48,7 +48,7 @@ class Missing:
     expected_from: str
 
 
-def _string(data, offset: int) -> str:
+def _string(data: mmap.mmap, offset: int) -> str:
     return bytes(data[offset:data.find(b"\x00", offset)]).decode(errors="replace")
 
 
@@ -101,7 +101,8 @@ def read_elf(path: str) -> Elf | None:
                defined={k: frozenset(v) for k, v in defined.items()}, undefined=tuple(undefined))
 
 
-def _version_names(data, sections, by_type) -> dict[int, tuple[str, str]]:
+def _version_names(data: mmap.mmap, sections: list[tuple[int, ...]], by_type: dict[int, tuple[int, ...]]
+                   ) -> dict[int, tuple[str, str]]:
     """Version index -> (version name, the library a needed version comes from; "" when defined here)."""
     names: dict[int, tuple[str, str]] = {}
     verdef = by_type.get(SHT_VERDEF)
@@ -153,7 +154,8 @@ class Closure:
     """Reads each file once; answers which symbols a library's needed closure leaves undefined."""
 
     def __init__(self, loader: Loader, scope: tuple[str, ...] = ()):
-        self.loader, self.scope, self._elves = loader, scope, {}
+        self.loader, self.scope = loader, scope
+        self._elves: dict[str, Elf | None] = {}
 
     def elf(self, path: str) -> Elf | None:
         if path not in self._elves:

@@ -3,31 +3,33 @@ asked about every flag and variable the recipes use."""
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import json
 import os
 import sys
+from typing import NoReturn
 
 from .report import FAIL, GPU_MARKERS, NOT_RUN, PASS, check
 
 
-def vllm_parser():
+def vllm_parser() -> tuple[argparse.ArgumentParser, str]:
     """vLLM's server argument parser as `vllm serve` builds it, and where it came from. The one place
     that knows how: `servestack.recipes.engine_cli` describes the same parser for pins/<stack>.engine.json."""
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[no-redef]
+        from vllm.utils import FlexibleArgumentParser
     try:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser
         where = "vllm.entrypoints.launchers.cli_args.make_arg_parser"
     except ImportError:
-        from vllm.entrypoints.openai.cli_args import make_arg_parser  # type: ignore[no-redef]
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
         where = "vllm.entrypoints.openai.cli_args.make_arg_parser"
     return make_arg_parser(FlexibleArgumentParser()), where
 
 
-def _flag_argv(option: str, action, value) -> list[str] | None:
+def _flag_argv(option: str, action: argparse.Action, value: object) -> list[str] | None:
     """argv that sets `option` to `value` as a recipe means it; None when no value was given."""
     if value is None:
         return None
@@ -52,7 +54,7 @@ def _used_in(spec: dict) -> str:
     return f" (used in {', '.join(sources)})" if sources else ""
 
 
-def _short(value, limit: int = 160) -> str:
+def _short(value: object, limit: int = 160) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -90,7 +92,7 @@ def section_engine(config: dict) -> list[dict]:
     options = parser._option_string_actions  # noqa: SLF001 - the parser's own table of flags
     results.append(check("engine:parser", PASS, f"{where} builds; {len(options)} option strings"))
 
-    def error(message):  # argparse calls this instead of raising on a bad value
+    def error(message: str) -> NoReturn:  # argparse calls this instead of raising on a bad value
         raise _ParseError(message)
 
     parser.error = error  # type: ignore[method-assign]
@@ -155,7 +157,7 @@ def section_engine(config: dict) -> list[dict]:
     return results
 
 
-def _closure_choices(fn) -> list | None:
+def _closure_choices(fn: object) -> list[str] | None:
     for cell in getattr(fn, "__closure__", None) or ():
         try:
             v = cell.cell_contents

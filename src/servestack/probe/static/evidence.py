@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Iterable
 
 from .report import FAIL, NOT_RUN, PASS, check, installed_distributions, normalize, site_packages
 
@@ -17,7 +18,7 @@ def _definition(name: str) -> str:
     return rf"^[ \t]*(?:(?:async[ \t]+)?def|class)[ \t]+{re.escape(name)}\b|^[ \t]*{re.escape(name)}[ \t]*(?::[^=\n]*)?="
 
 
-def _find(read, paths, pattern: str) -> str | None:
+def _find(read: Callable[[str], str | None], paths: Iterable[str], pattern: str) -> str | None:
     """The first `path:line` among `paths` whose text matches `pattern`."""
     rx = re.compile(pattern, re.M)
     for path in paths:
@@ -38,7 +39,8 @@ def evidence_label(item: dict) -> str:
     return f"{kind} {item[kind]}"
 
 
-def evidence_problem(item: dict, read, names) -> tuple[str | None, str]:
+def evidence_problem(item: dict, read: Callable[[str], str | None],
+                     names: Callable[[], Iterable[str]]) -> tuple[str | None, str]:
     """(problem or None, where it was found). `read(path)` gives a package file's text or None;
     `names()` lists the package's file paths."""
     if "file" in item:
@@ -72,12 +74,12 @@ def evidence_problem(item: dict, read, names) -> tuple[str | None, str]:
     return (None, where) if where else (f"no source registers the variable {item['env']}", "")
 
 
-def _installed_files(site: str, package: str):
+def _installed_files(site: str, package: str) -> tuple[Callable[[str], str | None], Callable[[], list[str]]]:
     """read/names over the files one installed distribution's RECORD lists."""
     found = installed_distributions(site).get(normalize(package)) or []
     files = sorted({str(f).replace(os.sep, "/") for f in (found[0].files or [])}) if len(found) == 1 else []
 
-    def read(path):
+    def read(path: str) -> str | None:
         if path not in files:
             return None
         try:
@@ -92,7 +94,8 @@ def _installed_files(site: str, package: str):
 def check_evidence(pr: dict, site: str) -> tuple[bool, str]:
     """Re-check a PR's evidence against the installed files: (all present, detail)."""
     read, names = _installed_files(site, pr.get("package") or "")
-    found, missing = [], []
+    found: list[str] = []
+    missing: list[str] = []
     for item in pr.get("evidence") or []:
         problem, where = evidence_problem(item, read, names)
         (missing if problem else found).append(problem or f"{evidence_label(item)} ({where})")

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from .report import FAIL, PASS, check, classify_import_error, installed_distributions, normalize, site_packages
 
@@ -149,7 +150,7 @@ def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[
                     return int(major) if major.isdigit() else 0
 
             platform_from = f"vLLM's platform interface + torch.version.cuda ({type(e).__name__} loading vllm.platforms.cuda here)"
-        module = None
+        module: Any = None  # one of vLLM's modules, which are untyped to mypy here
         for name in GDN_RESOLVER_MODULES:
             try:
                 module = importlib.import_module(name)
@@ -163,13 +164,13 @@ def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[
     if resolver is None:
         return f"the installed vLLM has no GDN prefill resolver (looked in {', '.join(GDN_RESOLVER_MODULES)})"
 
-    class SimulatedDevice(Base):  # type: ignore[misc, valid-type]
+    class SimulatedDevice(Base):
         """vLLM's CUDA platform, reporting the target's compute capability instead of asking NVML."""
 
         _enum = PlatformEnum.CUDA
 
         @classmethod
-        def get_device_capability(cls, device_id: int = 0):
+        def get_device_capability(cls, device_id: int = 0) -> DeviceCapability:
             return DeviceCapability(major=major, minor=minor)
 
     text_config = types.SimpleNamespace(linear_key_head_dim=head_k_dim)

@@ -58,7 +58,10 @@ LINKER_LINE = re.compile(r"(cannot find|undefined reference|ld returned|ld: |err
 
 def arch_word(cuda_arch: str) -> str:
     """The stack's cuda_arch (sm_100a) as FLASHINFER_CUDA_ARCH_LIST writes it (10.0a)."""
-    major, minor, suffix = re.fullmatch(r"sm_(\d+)(\d)([a-z]?)", cuda_arch).groups()
+    match = re.fullmatch(r"sm_(\d+)(\d)([a-z]?)", cuda_arch)
+    if match is None:
+        raise ValueError(f"cuda_arch {cuda_arch!r}: expected sm_<major><minor>[suffix], as sm_100a")
+    major, minor, suffix = match.groups()
     return f"{major}.{minor}{suffix}"
 
 
@@ -148,7 +151,10 @@ def linker_lines(text: str) -> list[str]:
 def _runtime_and_driver(library: str) -> tuple[list[str], str | None]:
     """What of the CUDA runtime and driver the linked module needs, and what is wrong with it: one linked against
     the real pair needs a libcudart.so.N and libcuda.so.1."""
-    needed = read_elf(library).needed
+    elf = read_elf(library)
+    if elf is None:
+        return [], f"{library} is not a shared object with dynamic symbols"
+    needed = elf.needed
     runtime = [n for n in needed if re.fullmatch(r"libcudart\.so\.\d+", n)]
     missing = [n for n, found in (("libcudart.so.N", runtime), (DRIVER_SONAME, DRIVER_SONAME in needed)) if not found]
     return runtime + [DRIVER_SONAME], (f"{library} needs {list(needed)}, not {', '.join(missing)}" if missing else None)

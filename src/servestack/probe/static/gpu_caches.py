@@ -75,7 +75,8 @@ def _root_read_only() -> bool:
     return False
 
 
-def check_caches(config: dict, locations=LOCATIONS, root_read_only: Callable[[], bool] = _root_read_only) -> dict:
+def check_caches(config: dict, locations: tuple[tuple[str, str, Callable[[], str]], ...] = LOCATIONS,
+                 root_read_only: Callable[[], bool] = _root_read_only) -> dict:
     if not root_read_only():
         return check("gpu-node:caches", FAIL, "the root is writable here, so this cannot show what a read-only root "
                      "does (the smoke runs the probe with --read-only, as enroot does)")

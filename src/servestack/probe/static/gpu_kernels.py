@@ -26,7 +26,7 @@ ALWAYS_COMPILED = ("Triton kernels (vLLM's GDN, causal_conv1d and fused ops; cac
                    "torch.compile graphs (vLLM's compilation; cached in VLLM_CACHE_ROOT and TORCHINDUCTOR_CACHE_DIR)")
 
 
-def _prebuilt(spec) -> bool | None:
+def _prebuilt(spec: object) -> bool | None:
     for name in ("is_aot", "is_compiled"):
         value = getattr(spec, name, None)
         if isinstance(value, bool):
@@ -56,7 +56,9 @@ def check_kernels(config: dict) -> dict:
     named = (config.get("gpu_node") or {}).get("kernels") or []
     wheels = {name: importlib.util.find_spec(module) is not None
               for name, module in (("flashinfer-cubin", "flashinfer_cubin"), ("flashinfer-jit-cache", "flashinfer_jit_cache"))}
-    compiled, prebuilt, problems = [], [], []
+    compiled: list[str] = []
+    prebuilt: list[str] = []
+    problems: list[str] = []
     for entry in named:
         module, _, function = entry.partition(":")
         try:

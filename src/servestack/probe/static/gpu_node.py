@@ -107,7 +107,7 @@ def _loaded_path(handle: ctypes.CDLL) -> str:
     """Where the loader found a library: dlinfo(RTLD_DI_LINKMAP)'s l_name."""
     libdl = ctypes.CDLL(None)
     linkmap = ctypes.c_void_p()
-    if libdl.dlinfo(ctypes.c_void_p(handle._handle), 2, ctypes.byref(linkmap)) != 0:
+    if libdl.dlinfo(ctypes.c_void_p(handle._handle), 2, ctypes.byref(linkmap)) != 0 or linkmap.value is None:
         return "?"
     name = ctypes.c_char_p.from_address(linkmap.value + ctypes.sizeof(ctypes.c_void_p)).value  # link_map.l_name
     return (name or b"?").decode()

@@ -49,7 +49,7 @@ def module_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]
     """(absolute module, line) of each import that runs whenever the module loads: not in functions,
     not under an `if` (TYPE_CHECKING, a platform, a version), not in a `try` that catches the
     ImportError (an optional dependency)."""
-    found = []
+    found: list[tuple[str, int]] = []
 
     def visit(body: list[ast.stmt]) -> None:
         for node in body:

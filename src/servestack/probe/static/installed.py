@@ -15,11 +15,14 @@ def load_stack_json(config: dict) -> tuple[dict | None, dict | None]:
     path = config.get("stack_json") or "/opt/servestack/stack.json"
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f), None
+            document = json.load(f)
     except OSError as e:
         return None, check("stack-json", FAIL, f"cannot read {path}: {e}")
     except ValueError as e:
         return None, check("stack-json", FAIL, f"{path} is not valid JSON: {e}")
+    if not isinstance(document, dict):
+        return None, check("stack-json", FAIL, f"{path} is not a JSON object")
+    return document, None
 
 
 def check_lock(config: dict, stack_json: dict) -> list[dict]:

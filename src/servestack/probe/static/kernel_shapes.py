@@ -155,8 +155,11 @@ def read_guard(source: GuardSource, site: str) -> DimGuard:
         for node in ast.walk(function):
             required = _guard_value(node, source.marker, text)
             if required is not None:
+                assert isinstance(node, ast.stmt)  # _guard_value answers only for an `if` or an `assert`
+                segment = ast.get_source_segment(text, node)
+                assert segment is not None  # a node parsed from `text` has its position in it
                 return DimGuard(kernel=source.kernel, required=required,
-                                where=f"{source.path}:{node.lineno} `{ast.get_source_segment(text, node).splitlines()[0]}`")
+                                where=f"{source.path}:{node.lineno} `{segment.splitlines()[0]}`")
     return DimGuard(kernel=source.kernel, required=None, where=f"{source.path}: {source.function} has no head-size guard")
 
 
@@ -169,8 +172,10 @@ def read_flashinfer_attention(site: str) -> AttentionBackend:
         for node in ast.walk(ast.parse(text)):
             if isinstance(node, ast.FunctionDef) and node.name == "get_supported_head_sizes":
                 returned = next((n.value for n in ast.walk(node) if isinstance(n, ast.Return)), None)
-                if isinstance(returned, ast.List) and all(_constant_int(e) is not None for e in returned.elts):
-                    return AttentionBackend(name="FLASHINFER", sizes=tuple(e.value for e in returned.elts),
+                constants = [_constant_int(e) for e in returned.elts] if isinstance(returned, ast.List) else [None]
+                sizes = tuple(size for size in constants if size is not None)
+                if len(sizes) == len(constants):  # a list literal of int constants only
+                    return AttentionBackend(name="FLASHINFER", sizes=sizes,
                                             where=f"{_FLASHINFER_ATTENTION}:{node.lineno} get_supported_head_sizes")
     return AttentionBackend(name="FLASHINFER", sizes=_FLASHINFER_SIZES,
                             where=f"recorded from {VLLM_RELEASE} {_FLASHINFER_ATTENTION} ({'not in this image' if not os.path.exists(path) else 'no list literal'})")

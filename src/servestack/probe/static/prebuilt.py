@@ -39,7 +39,7 @@ def aot_file(site: str, name: str) -> str:
 def architecture_problems(path: str, wanted: list[str]) -> tuple[list[str], list[str]]:
     """(the architectures of WANTED that PATH carries no cubin for, what it does carry), by its .nv_fatbin."""
     entries = fatbin_entries(path)
-    cubins = {}
+    cubins: dict[str, str | None] = {}
     for entry in entries:
         if entry.kind == "elf":
             cubins.setdefault(entry.arch, cubin_problem(entry))
@@ -123,14 +123,15 @@ def check_prebuilt(config: dict, load: Callable[[list[str], float], tuple[dict[s
     if not wanted_archs:
         return [check("gpu-node:prebuilt", FAIL, f"gpu_node.prebuilt names no architectures for {target} "
                       f"(it has {sorted(prebuilt.get('archs') or {})})")]
-    results, loadable = {}, []
+    results: dict[str, tuple[str, list[str], str, list[str]]] = {}
+    loadable = []
     for entry in prebuilt.get("modules") or []:
         try:
             name, problems, path = resolve(entry, site)
         except Exception as e:  # noqa: BLE001 - a generator the lock names must still exist and answer
             results[entry] = (entry, [f"its generator does not answer: {type(e).__name__}: {e}"], "", [])
             continue
-        carried = []
+        carried: list[str] = []
         if os.path.isfile(path):
             try:
                 arch_problems, carried = architecture_problems(path, wanted_archs)

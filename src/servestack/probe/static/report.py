@@ -41,7 +41,7 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def canonical_json(value) -> str:
+def canonical_json(value: object) -> str:
     # The spelling servestack writes locks in (fsutil.canonical_json).
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 

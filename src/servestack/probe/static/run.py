@@ -83,6 +83,7 @@ def probe(config_path: str, config: dict) -> dict:
     if problem:
         checks.append(problem)
     else:
+        assert stack_json is not None  # load_stack_json gives the document or the problem
         checks.extend(check_lock(config, stack_json))
         checks.extend(check_base(stack_json))
     checks.extend(check_versions(config, stack_json, site))
@@ -146,8 +147,8 @@ def main(argv: list[str]) -> int:
     with open(argv[0], encoding="utf-8") as f:
         config = json.load(f)
     report = probe(argv[0], config)
-    with os.fdopen(real_stdout, "w", encoding="utf-8") as out:
-        out.write(json.dumps(report, sort_keys=True) + "\n")
+    with os.fdopen(real_stdout, "w", encoding="utf-8") as stdout:
+        stdout.write(json.dumps(report, sort_keys=True) + "\n")
     return 0
 
 

@@ -73,6 +73,7 @@ def driver_build(package: str) -> DriverBuild:
     library_dirs() is not called: it is libdevice_dir plus libcuda_dirs(), which asserts without a GPU driver.
     """
     driver = importlib.import_module(f"{package}.backends.nvidia.driver")
+    assert driver.__file__ is not None  # a module of the package's files, not a namespace package
     path = os.path.join(os.path.dirname(os.path.realpath(driver.__file__)), "driver.c")
     with open(path, encoding="utf-8") as f:
         source = f.read()
