@@ -48,6 +48,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 SCHEMA = "servestack.agreement/1"
 POINT = "answers"  # the pipeline's one point per recipe for the oracle: this client's answers file
@@ -177,7 +178,8 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         answers = list(pool.map(one, work))
-    result = {"schema": SCHEMA, "model": model, "base_url": base_url, "concurrency": concurrency,
+    round_answers: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"schema": SCHEMA, "model": model, "base_url": base_url, "concurrency": concurrency,
               "max_tokens": max_tokens, "seconds": round(time.monotonic() - origin, 3), "answers": answers}
     if loaded:
         head_start = next(a.get("seconds") or 1.0 for a in answers if a["prompt"] == sequential[CARRIER_LENGTH])
@@ -190,7 +192,7 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
         done = round_answers[0].get("sent_s", 0.0) + (round_answers[0].get("seconds") or 0.0)
         result["loaded"] = {"answers": round_answers, "head_start_s": round(head_start, 3),
                             "arrived_while_decoding": sum(1 for a in round_answers[1:] if a.get("sent_s", done) < done)}
-    asked = answers + result.get("loaded", {}).get("answers", [])
+    asked = answers + round_answers
     return {**result, "refused_attempts": sum(len(a["refused"]) for a in asked)}
 
 
@@ -284,9 +286,9 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
     bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
     transferred = [row for row in rows if not row["control"]]
     first_diffs = [row["first_token_diff"] for row in transferred if row["first_token_diff"] is not None]
-    bounds = {"bound": bound, "later": later, "tie": tie}
-    control = compare_loaded(reference, reference, **bounds) if reference.get("loaded") else None
-    loaded = compare_loaded(reference, candidate, control, **bounds) if candidate.get("loaded") else None
+    control = compare_loaded(reference, reference, bound=bound, later=later, tie=tie) if reference.get("loaded") else None
+    loaded = (compare_loaded(reference, candidate, control, bound=bound, later=later, tie=tie)
+              if candidate.get("loaded") else None)
     return {"schema": SCHEMA, "passed": bool(rows) and not bad and (loaded is None or loaded["passed"]), "prompts": len(rows),
             "transferred_prompts": len(transferred), "controls": [i for i, row in enumerate(rows) if row["control"]],
             "identical": sum(1 for row in transferred if row["verdict"] == "agree" and row["parted_at"] is None),

@@ -39,6 +39,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from types import FrameType
 
 _server: subprocess.Popen | None = None
 
@@ -76,13 +77,13 @@ def stop_server(grace_s: float = 30.0) -> None:
     _server = None
 
 
-def on_signal(signum, _frame) -> None:
+def on_signal(signum: int, _frame: FrameType | None) -> None:
     log(f"signal {signum}: stopping")
     stop_server()
     sys.exit(128 + signum)
 
 
-def record(out_dir: str, **event) -> None:
+def record(out_dir: str, **event: object) -> None:
     """Append one timing event (a single short write: a line is never torn)."""
     try:
         line = json.dumps(event, sort_keys=True) + "\n"

@@ -13,7 +13,7 @@ vLLM's own:
 import sys
 
 
-def main(argv=None):
+def main(argv: list[str] | None = None) -> int:
     try:
         from vllm.utils.argparse_utils import FlexibleArgumentParser
     except ImportError:  # older vLLM layouts
