@@ -44,7 +44,7 @@ log = logging.getLogger("servestack.inputs")
 # version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
 IMAGE_MAKERS = ("inputs/__init__.py", "inputs/overlay.py", "inputs/tinymodel.py", "inputs/tinyweights.py",
                 "inputs/tinytokenizer.py", "sources/diffs.py", "wheels/__init__.py", "wheels/zipread.py",
-                "records/lockfile.py", "records/steps.py",
+                "records/codec.py", "records/lockfile.py", "records/steps.py",
                 *(f"image/{m}.py" for m in ("build", "layer_plan", "base_image", "uploads", "spec", "layers", "oci", "trees",
                                             "bytecode", "prebuilt")),
                 "probe/prebuild.py",
