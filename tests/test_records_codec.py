@@ -52,14 +52,14 @@ class Sample(Record):
 
 
 def _sample(**changes: Any) -> Sample:
-    values: dict[str, Any] = dict(
-        kind="wheel", count=3, ratio=0.5, on=True, parts=(Part(name="a", size=1), Part(name="b")),
-        by_name={"z": Part(name="z"), "y": Part(name="y", size=2)}, per_platform={"linux/amd64": (Part(name="c"),)},
-        labels=("x", "y"), hashes={"f": "0" * 64, "gone": None}, data={"any": [1, {"thing": None}]},
-        origin=Elsewhere(digest="sha256:" + "1" * 64), seen=Seen(state="merged", files=("a.py",)), note="kept",
-        aliases=("other",))
-    values.update(changes)
-    return Sample(**values)
+    values: dict[str, Any] = {
+        "kind": "wheel", "count": 3, "ratio": 0.5, "on": True, "parts": (Part(name="a", size=1), Part(name="b")),
+        "by_name": {"z": Part(name="z"), "y": Part(name="y", size=2)},
+        "per_platform": {"linux/amd64": (Part(name="c"),)}, "labels": ("x", "y"),
+        "hashes": {"f": "0" * 64, "gone": None}, "data": {"any": [1, {"thing": None}]},
+        "origin": Elsewhere(digest="sha256:" + "1" * 64), "seen": Seen(state="merged", files=("a.py",)),
+        "note": "kept", "aliases": ("other",)}
+    return Sample(**{**values, **changes})
 
 
 def _read(path: Path) -> Sample:

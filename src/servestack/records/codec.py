@@ -140,7 +140,7 @@ def _written(value: Any) -> Any:
         return value.to_json()
     if isinstance(value, (tuple, list)):
         return [_written(item) for item in value]
-    if isinstance(value, dict):
+    if isinstance(value, dict):  # in key order, as canonical_json writes it: one spelling in memory and on disk
         return {key: _written(item) for key, item in sorted(value.items())}
     return value
 
