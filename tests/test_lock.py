@@ -324,11 +324,11 @@ def test_the_debian_leg_fetches_the_release_and_each_index_once_then_resolves_fr
     entry = debian_base.resolve_suite("bookworm", ["python3"], ["linux/amd64", "linux/arm64"])
     assert calls == ["release bookworm", "packages amd64", "packages arm64",
                      "resolve Debian bookworm amd64", "resolve Debian bookworm arm64"]
-    assert entry["debian"]["release_date"] == 1_700_000_000 and entry["debian"]["release_sha256"] == "ab" * 32
-    assert entry["debian"]["index"] == "debian" and entry["debian"]["packages"] == ["python3"]
-    assert {p: [d["name"] for d in debs] for p, debs in entry["debian"]["resolved"].items()} == {
+    assert entry.release_date == 1_700_000_000 and entry.release_sha256 == "ab" * 32
+    assert entry.index == "debian" and entry.packages == ("python3",)
+    assert {p: [d.name for d in debs] for p, debs in entry.resolved.items()} == {
         "linux/amd64": ["bash", "libc6", "python3"], "linux/arm64": ["bash", "libc6", "python3"]}
-    assert entry["debian"]["resolved"]["linux/arm64"][1]["filename"] == "pool/main/libc6_arm64.deb"
+    assert entry.resolved["linux/arm64"][1].filename == "pool/main/libc6_arm64.deb"
     calls.clear()
     assert debian_base.resolve_suite("bookworm", ["python3"], ["linux/amd64", "linux/arm64"]) == entry
     assert calls == ["release bookworm", "resolve Debian bookworm amd64", "resolve Debian bookworm arm64"]

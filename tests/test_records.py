@@ -18,21 +18,28 @@ from servestack.records.steps import (
     BuiltOverlay,
     WheelFile,
     read_build,
+    read_expected,
     read_image,
     write_build,
+    write_expected,
     write_image,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("stack", ["dev-cpu", "qwen35-gb200"])
-def test_a_committed_lock_rewritten_is_byte_identical(stack, tmp_path):
-    source = ROOT / "pins" / f"{stack}.lock"
+@pytest.mark.parametrize("source", sorted((ROOT / "pins").glob("*.lock")), ids=lambda p: p.name)
+def test_a_committed_lock_rewritten_is_byte_identical(source, tmp_path):
     lock = read_lock(source)
     write_lock(tmp_path / "again.lock", lock)
     assert (tmp_path / "again.lock").read_bytes() == source.read_bytes()
     assert read_lock(tmp_path / "again.lock") == lock
+
+
+@pytest.mark.parametrize("source", sorted((ROOT / "pins").glob("*.image.json")), ids=lambda p: p.name)
+def test_a_committed_expected_image_rewritten_is_byte_identical(source, tmp_path):
+    write_expected(tmp_path / "again.json", read_expected(source))
+    assert (tmp_path / "again.json").read_bytes() == source.read_bytes()
 
 
 def _broken_lock(tmp_path: Path, change) -> Path:

@@ -24,8 +24,7 @@ import pytest
 from servestack import services, smoke
 from servestack.debian.tarball import tarball
 from servestack.lock.debian_base import resolve_suite
-from servestack.records.fields import Fields
-from servestack.records.lockfile import read_base
+from servestack.records.lockfile import DebianBase
 from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_file
 from servestack.util.project import Project
 
@@ -45,7 +44,7 @@ def client():
 
 
 @pytest.fixture(scope="module")
-def debian_base() -> dict:
+def debian_base() -> DebianBase:
     """The fake lock's base: Debian bookworm with python3 and the CA certificates (no compiler), resolved
     from the archive as `lock` resolves it."""
     return resolve_suite("bookworm", ["python3", "ca-certificates"], ["linux/amd64"])
@@ -56,7 +55,7 @@ def base_image(client, debian_base) -> str:
     """That base, assembled from its packages as `image` assembles it, imported into docker."""
     import docker.errors
 
-    tar = tarball(read_base(Fields(debian_base, "pins/fake.lock", "base")), "linux/amd64")
+    tar = tarball(debian_base, "linux/amd64")
     name = f"servestack-test/smoke-base:{tar.stem.rsplit('-', 1)[-1][:16]}"
     try:
         client.images.get(name)
@@ -142,7 +141,7 @@ def fake_stack(client, base_image, debian_base, tmp_path_factory):
         "python": "3.11",
         "resolved_at": None,
         "source_date_epoch": 0,
-        "base": debian_base,
+        "base": {"debian": debian_base.to_json()},
         "environment": {},
         "excluded": [{"name": "aisimulate", "reason": "stub sdist only"}],
         "packages": {"alpha": {"version": "1.0.0", "requirement": "alpha==1.0.0", "commit": None},

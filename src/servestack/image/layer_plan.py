@@ -141,11 +141,11 @@ def link_entries(lock: Lock, installed: set[str]) -> list[layers.Entry]:
     site = site_packages(lock.python)
     entries = []
     for path, link in sorted(lock.links.items()):
-        pattern = f"{site}/{link['target']}"
+        pattern = f"{site}/{link.target}"
         matches = sorted(p for p in installed if fnmatch.fnmatchcase(p, pattern))
         if len(matches) != 1:
             raise ServestackError(
-                f"{lock.file}: links.{path}.target {link['target']!r} matches {len(matches)} installed files "
+                f"{lock.file}: links.{path}.target {link.target!r} matches {len(matches)} installed files "
                 f"({', '.join(matches[:5]) or 'none'}); expected exactly one under {site}")
         entries.append(layers.Entry(path=path.lstrip("/"), kind="symlink", mode=0o777, link="/" + matches[0]))
     return entries

@@ -18,13 +18,14 @@ import json
 import os
 import stat
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps quotes a str with
 from pathlib import Path
 from typing import BinaryIO, Protocol, cast
 
 import zstandard
 
+from servestack.records.codec import Record, json_quirks
 from servestack.sources.cache import blob_path
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from servestack.util.project import cache_home
@@ -167,7 +168,7 @@ def _identity_line(e: Entry) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Blob:
+class Blob(Record):
     """A written layer: `digest` of the compressed blob, `diff_id` of the tar, and where it is cached."""
 
     key: str
@@ -175,11 +176,7 @@ class Blob:
     diff_id: str
     size: int
     uncompressed: int
-    path: Path
-
-    def to_json(self) -> dict[str, object]:
-        return {"key": self.key, "digest": self.digest, "diff_id": self.diff_id, "size": self.size,
-                "uncompressed": self.uncompressed}
+    path: Path = field(metadata=json_quirks(written=False))  # the cache's index names the blob by digest
 
 
 def _root() -> Path:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import re
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from servestack import wheels
 from servestack.errors import InputError, OverlayError, PatchDoesNotApply
+from servestack.records.codec import Record, json_quirks
 from servestack.sources.diffs import HUNK_HEADER, FileDiff, diff_native_files, map_path, parse_diff
 from servestack.util.fsutil import atomic_write_json, canonical_json, sha256_bytes, sha256_file
 from servestack.util.proc import run
@@ -62,7 +63,7 @@ class Overlay:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AppliedPR:
+class AppliedPR(Record):
     repo: str
     number: int | None
     patch_sha256: str
@@ -71,7 +72,7 @@ class AppliedPR:
     deleted: tuple[str, ...]
     skipped: tuple[str, ...]  # repository paths not in the wheel
     name: str = ""
-    reverse: bool = False
+    reverse: bool = field(default=False, metadata=json_quirks(omit=True))  # forward PRs keep the entry they had
 
     @property
     def changed(self) -> tuple[str, ...]:
@@ -95,20 +96,7 @@ class OverlayResult:
             "wheel": {"filename": self.filename, "sha256": self.sha256, "version": self.version},
             "base": {"filename": self.base_wheel, "sha256": self.base_sha256},
             "label": self.label,
-            "prs": [
-                {
-                    "name": p.name,
-                    "repo": p.repo,
-                    "number": p.number,
-                    "patch_sha256": p.patch_sha256,
-                    "added": list(p.added),
-                    "modified": list(p.modified),
-                    "deleted": list(p.deleted),
-                    "skipped": list(p.skipped),
-                    **({"reverse": True} if p.reverse else {}),
-                }
-                for p in self.prs
-            ],
+            "prs": [p.to_json() for p in self.prs],
             "files": dict(sorted(self.files.items())),
         }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import zipfile
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +17,25 @@ from typing import TYPE_CHECKING, Any
 from servestack.errors import InputError, InputErrors, NetworkError, ServestackError
 from servestack.lock import resolution_date
 from servestack.lock.preferences import Upgrade
-from servestack.records.fields import Fields
-from servestack.records.lockfile import Lock, UndatedIndex, read_lock, write_lock
+from servestack.records.lockfile import (
+    DebianBase,
+    Excluded,
+    ImageBase,
+    LocalPatch,
+    Lock,
+    LockedLink,
+    LockedPackage,
+    LockedPR,
+    LockedWheel,
+    OverlayPatch,
+    PRHistory,
+    SmokeModel,
+    StackRef,
+    Unavailable,
+    UndatedIndex,
+    read_lock,
+    write_lock,
+)
 from servestack.sources import diffs
 from servestack.util.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from servestack.util.project import Project
@@ -28,7 +45,7 @@ from servestack.wheels.commit import read_wheel_commit
 if TYPE_CHECKING:
     from servestack.records.stack import PullRequest, Stack
     from servestack.sources import pypi
-    from servestack.sources.github import GitHub
+    from servestack.sources.github import GitHub, PullRequestInfo
     from servestack.sources.gitmirror import GitMirror
 
 # The network clients (requests, GitHub, git mirrors, indexes) are imported by the resolving functions
@@ -52,23 +69,22 @@ def patch_path(project: Project, pr: PullRequest) -> Path:
 # --------------------------------------------------------------------------- resolving
 
 
-def _resolve_base(stack: Stack, previous: Lock | None, refresh: bool) -> dict[str, Any]:
+def _resolve_base(stack: Stack, previous: Lock | None, refresh: bool) -> DebianBase | ImageBase:
     """The base's lock entry. A Debian base is kept from the previous lock while the stack asks for the same
     suite, packages and platforms: like the wheels under `resolved_at`, it moves only on `--upgrade`, so a
     relock is byte-identical (and needs no archive) however the suite has moved since."""
     from servestack.lock.debian_base import resolve_suite
-    from servestack.records.lockfile import DebianBase
     from servestack.sources import registry
 
     if stack.base.image:
         reference = stack.base.image
-        digest = registry.resolve_digest(reference)
-        return {"image": {"reference": reference, "digest": digest}}
+        return ImageBase(reference=reference, digest=registry.resolve_digest(reference))
     wanted = stack.base.debian
+    assert wanted is not None  # the stack's base is one of the two (records.stack.BaseImage)
     old = previous.base if previous is not None else None
     if (not refresh and isinstance(old, DebianBase) and old.suite == wanted.suite
             and sorted(old.packages) == sorted(wanted.packages) and sorted(old.resolved) == sorted(stack.platforms)):
-        return old.to_json()
+        return old
     return resolve_suite(wanted.suite, list(wanted.packages), list(stack.platforms))
 
 
@@ -151,29 +167,23 @@ class _Histories:
         log.warning("%s: PRs rest on their evidence alone", self.down[repo])
 
 
-def _entry(pr: PullRequest, package: str, info) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "repo": pr.repo,
-        "number": pr.number,
-        "package": package,
-        "title": pr.title or (info.title if info else None),
-        "merge_commit": (info.merge_commit if info else None) or pr.merge_commit,
-    }
-    if pr.merged:
-        entry["merged"] = pr.merged
-    if info:
-        entry.update(state=info.state, head_sha=info.head_sha, files=list(info.files))
-    return entry
+def _entry(pr: PullRequest, package: str, info: PullRequestInfo | None, status: str) -> LockedPR:
+    return LockedPR(
+        repo=pr.repo, number=pr.number, package=package, title=pr.title or (info.title if info else None),
+        merge_commit=(info.merge_commit if info else None) or pr.merge_commit, status=status,
+        merged=pr.merged or None,
+        history=PRHistory(state=info.state, head_sha=info.head_sha, files=tuple(info.files)) if info else None,
+    )
 
 
 def _resolve_prs(
     project: Project, stack: Stack, stack_file: Path, wheels_by_name: dict[str, pypi.FoundWheel], github: GitHub
-) -> tuple[list[dict[str, Any]], dict[str, str], dict[Path, str]]:
+) -> tuple[tuple[LockedPR, ...], dict[str, str | None], dict[Path, str]]:
     """Classify every PR: included (by evidence in the pinned wheel and/or ancestry), overlay, or
     unverified (no evidence, no reachable history); returns entries, package commits, patches to write."""
     from servestack.errors import PullRequestNotFound
 
-    entries: list[dict[str, Any]] = []
+    entries: list[LockedPR] = []
     commits: dict[str, str | None] = {}
     patches: dict[Path, str] = {}
     histories = _Histories(stack, github)
@@ -195,8 +205,9 @@ def _resolve_prs(
             if source is not None:
                 try:
                     info = source.pull_request(pr.repo, pr.number, merge_commit=pr.merge_commit)
-                    if info.merge_commit and commits[name]:
-                        ancestor = source.is_ancestor(pr.repo, info.merge_commit, commits[name])
+                    pinned_commit = commits[name]
+                    if info.merge_commit and pinned_commit:
+                        ancestor = source.is_ancestor(pr.repo, info.merge_commit, pinned_commit)
                 except PullRequestNotFound as exc:
                     raise InputError(stack_file, field, f"{pr.label} does not exist ({exc})") from None
                 except NetworkError as exc:
@@ -211,13 +222,12 @@ def _resolve_prs(
                     f"the {package.name} wheel records no upstream commit, so its PRs cannot be classified; "
                     "pin the package by `git` (url + commit) instead",
                 )
-            entry = _entry(pr, name, info)
-            if evidence:
-                entry["evidence"] = [{**item, "found": where} if where else item for _, item, _, where in evidence]
+            found = tuple({**item, "found": where} if where else item for _, item, _, where in evidence)
             if ancestor is False and (missing or not evidence):
-                entry["status"] = "overlay"
-                entry["patch"] = _locked_diff(project, pr, source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit),
-                                              patches)
+                assert source is not None  # ancestry was asked of it
+                diff = source.diff(pr.repo, pr.number, merge_commit=pr.merge_commit)
+                entry = replace(_entry(pr, name, info, "overlay"), evidence=found,
+                                patch=_locked_diff(project, pr, diff, patches))
             elif missing:
                 why = "its merge commit is an ancestor of the pinned commit, yet " if ancestor else ""
                 problems += [
@@ -227,26 +237,27 @@ def _resolve_prs(
                 ]
                 continue
             elif ancestor or evidence:
-                entry["status"] = "included"
-                entry["verified_by"] = (["ancestry"] if ancestor else []) + (["evidence"] if evidence else [])
-                if ancestor is False:
-                    entry["note"] = f"its merge commit is not an ancestor of {commits[name]}: present by evidence (a backport?)"
+                entry = replace(
+                    _entry(pr, name, info, "included"), evidence=found,
+                    verified_by=(("ancestry",) if ancestor else ()) + (("evidence",) if evidence else ()),
+                    note=f"its merge commit is not an ancestor of {commits[name]}: present by evidence (a backport?)"
+                    if ancestor is False else None)
                 if pr.check:
-                    entry.update(_diff_to_take_out(project, pr, histories, patches))
+                    entry = _diff_to_take_out(entry, project, pr, histories, patches)
             else:
-                entry["status"] = "unverified"
-                entry["unverified_reason"] = (
+                entry = replace(_entry(pr, name, info, "unverified"), evidence=found, unverified_reason=(
                     histories.down.get(pr.repo, "no evidence and no merge commit to check ancestry")
                     + "; the stack gives no evidence for it"
-                )
+                ))
             entries.append(entry)
     if problems:
         raise InputErrors(problems)
-    return sorted(entries, key=lambda e: (e["repo"], e["number"])), commits, patches
+    return tuple(sorted(entries, key=lambda e: (e.repo, e.number))), commits, patches
 
 
-def _diff_to_take_out(project: Project, pr: PullRequest, histories: _Histories, patches: dict[Path, str]) -> dict[str, Any]:
-    """An included PR that names a check: its diff, for the stack's variant without it, or why there is none."""
+def _diff_to_take_out(entry: LockedPR, project: Project, pr: PullRequest, histories: _Histories,
+                      patches: dict[Path, str]) -> LockedPR:
+    """An included PR that names a check, with its diff, for the stack's variant without it, or why there is none."""
     source = histories.source(pr.repo)
     diff = None
     if source is not None:
@@ -255,21 +266,21 @@ def _diff_to_take_out(project: Project, pr: PullRequest, histories: _Histories, 
         except NetworkError as exc:
             histories.fail(pr.repo, exc)
     if diff is None:
-        return {"diff_unavailable": histories.down.get(pr.repo, f"{pr.repo}'s history could not be asked")
-                + "; its variant without it cannot be built from this lock"}
-    return {"patch": _locked_diff(project, pr, diff, patches)}
+        return replace(entry, diff_unavailable=histories.down.get(pr.repo, f"{pr.repo}'s history could not be asked")
+                       + "; its variant without it cannot be built from this lock")
+    return replace(entry, patch=_locked_diff(project, pr, diff, patches))
 
 
-def _locked_diff(project: Project, pr: PullRequest, diff: str, patches: dict[Path, str]) -> dict[str, Any]:
+def _locked_diff(project: Project, pr: PullRequest, diff: str, patches: dict[Path, str]) -> OverlayPatch:
     """A PR's diff, to be written to pins/patches/ (PATCHES), as its lock entry's `patch`."""
     path = patch_path(project, pr)
     patches[path] = diff
     native = diffs.diff_native_files(diff)
-    return {"path": relative(project, path), "sha256": sha256_bytes(diff.encode()), "python_only": not native,
-            "native_files": native}
+    return OverlayPatch(path=relative(project, path), sha256=sha256_bytes(diff.encode()), python_only=not native,
+                        native_files=tuple(native))
 
 
-def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dict[str, Any]]:
+def _local_patches(project: Project, stack: Stack, stack_file: Path) -> tuple[LocalPatch, ...]:
     """Each local patch hashed, with what it touches (overlays are Python-only: build refuses native files)."""
     entries = []
     for index, package in enumerate(stack.packages):
@@ -281,15 +292,11 @@ def _local_patches(project: Project, stack: Stack, stack_file: Path) -> list[dic
             diff = path.read_text()
             if not diffs.touched_files(diff):
                 raise InputError(path, "diff", "changes no file (expected a unified diff in the wheel's paths)")
-            entries.append({
-                "package": normalize(package.name),
-                "file": relative(project, path),
-                "sha256": sha256_file(path),
-                "reason": patch.reason,
-                "python_only": not diffs.diff_native_files(diff),
-                "native_files": diffs.diff_native_files(diff),
-            })
-    return sorted(entries, key=lambda e: (e["package"], e["file"]))
+            native = diffs.diff_native_files(diff)
+            entries.append(LocalPatch(package=normalize(package.name), file=relative(project, path),
+                                      sha256=sha256_file(path), reason=patch.reason, python_only=not native,
+                                      native_files=tuple(native)))
+    return tuple(sorted(entries, key=lambda e: (e.package, e.file)))
 
 
 def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, refresh_base: bool = False,
@@ -335,46 +342,39 @@ def resolve(project: Project, stack_name: str, github: GitHub | None = None, *, 
     local_patches = _local_patches(project, stack, stack_file)
     base = _resolve_base(stack, previous, refresh_base)
     uploads = [w.upload_time for ws in platforms.values() for w in ws if w.upload_time]
-    epoch = max(uploads) if uploads else base.get("debian", {}).get("release_date", 0)
-    document = {
-        "lock_version": LOCK_VERSION,
-        "stack": {"name": stack.name, "file": relative(project, stack_file), "sha256": sha256_file(stack_file)},
-        "python": stack.python,
-        "resolved_at": stack.resolved_at,
-        "source_date_epoch": epoch,
-        "base": base,
-        "environment": dict(sorted(stack.environment.items())),
-        "excluded": [{"name": e.name, "reason": e.reason} for e in sorted(stack.exclude, key=lambda e: e.name)],
-        "packages": {
-            normalize(p.name): {
-                "version": by_name[normalize(p.name)].version,
-                "requirement": p.requirement,
-                "commit": commits.get(normalize(p.name)),
-            }
-            for p in stack.packages
-        },
-        "platforms": {platform: [w.to_json() for w in ws] for platform, ws in sorted(platforms.items())},
-        "pull_requests": prs,
-        **({"local_patches": local_patches} if local_patches else {}),
-        "smoke_model": stack.smoke_model.model_dump(exclude_none=True),
-    }
-    if stack.fast_path:
-        document["fast_path"] = stack.fast_path.model_dump(exclude_none=True)
-    if stack.links:
-        document["links"] = {path: link.model_dump() for path, link in sorted(stack.links.items())}
-    if stack.gpu_node:
-        document["gpu_node"] = stack.gpu_node.model_dump(exclude_none=True)
-    if unavailable:
-        document["unavailable"] = [
-            {"package": normalize(p.name), "version": p.version, "index": p.index, "why": unavailable[normalize(p.name)],
-             "accepted_because": p.if_unavailable}
-            for p in let_go]
-    if undated:
-        document["undated_indexes"] = [undated.to_json()]
-    # Assembled as its JSON, then read like any lock: the file written is what every reader accepts.
-    locked = Lock.from_json(Fields(document, project.lock_file(stack_name)))
+    epoch = max(uploads) if uploads else base.release_date if isinstance(base, DebianBase) else 0
+    locked = Lock(
+        lock_version=LOCK_VERSION,
+        stack=StackRef(name=stack.name, file=relative(project, stack_file), sha256=sha256_file(stack_file)),
+        python=stack.python,
+        resolved_at=stack.resolved_at,
+        source_date_epoch=epoch,
+        base=base,
+        environment=dict(sorted(stack.environment.items())),
+        excluded=tuple(Excluded(name=e.name, reason=e.reason) for e in sorted(stack.exclude, key=lambda e: e.name)),
+        packages={normalize(p.name): LockedPackage(version=by_name[normalize(p.name)].version, requirement=p.requirement,
+                                                   commit=commits.get(normalize(p.name)))
+                  for p in stack.packages},
+        platforms={platform: tuple(_as_locked(w) for w in ws) for platform, ws in sorted(platforms.items())},
+        pull_requests=prs,
+        local_patches=local_patches,
+        smoke_model=SmokeModel(**stack.smoke_model.model_dump(exclude_none=True)),
+        fast_path=stack.fast_path.model_dump(exclude_none=True) if stack.fast_path else None,
+        links={path: LockedLink(target=link.target, reason=link.reason) for path, link in sorted(stack.links.items())},
+        gpu_node=stack.gpu_node.model_dump(exclude_none=True) if stack.gpu_node else None,
+        unavailable=tuple(Unavailable(package=normalize(p.name), version=str(p.version), index=str(p.index),
+                                      why=unavailable[normalize(p.name)], accepted_because=str(p.if_unavailable))
+                          for p in let_go),
+        undated_indexes=(undated,) if undated else (),
+        file=project.lock_file(stack_name),
+    )
     return {"lock": locked, "patches": patches, "previous": previous,
             "moves": drift.moves(previous, locked, upgrade=upgrade, changed=changed)}
+
+
+def _as_locked(wheel: pypi.FoundWheel) -> LockedWheel:
+    """The lock's entry of a wheel an index offered (without where it was found and when it was uploaded)."""
+    return LockedWheel(**{f.name: getattr(wheel, f.name) for f in fields(LockedWheel)})
 
 
 def _undated_default_index(stack: Stack, stack_file: Path) -> UndatedIndex | None:

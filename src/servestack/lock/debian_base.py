@@ -7,9 +7,8 @@ then `debian/closure`, which does no I/O, reads those texts and chooses the pack
 
 from __future__ import annotations
 
-from typing import Any
-
 from servestack.debian import closure
+from servestack.records.lockfile import DebianBase
 from servestack.sources import debian
 
 # One process locks every stack (`nox -s lock`), and a bookworm index takes seconds to fetch and
@@ -22,7 +21,7 @@ def _fetch_indexes(release: debian.Release, arches: list[str]) -> dict[str, str]
     return {arch: debian.packages(release, arch) for arch in arches if (release.sha256, arch) not in _INDEXES}
 
 
-def resolve_suite(suite: str, packages: list[str], platforms: list[str]) -> dict[str, Any]:
+def resolve_suite(suite: str, packages: list[str], platforms: list[str]) -> DebianBase:
     """The lock's `base.debian`: the suite's signed Release as it is now, and the packages per platform."""
     release = debian.release(suite)
     arches = {platform: closure.architecture(platform) for platform in platforms}
@@ -30,9 +29,8 @@ def resolve_suite(suite: str, packages: list[str], platforms: list[str]) -> dict
     for arch, text in texts.items():
         _INDEXES[(release.sha256, arch)] = closure.parse_index(text, f"Debian {suite} {arch} Packages")
     resolved = {
-        platform: [d.to_json() for d in closure.resolve(_INDEXES[(release.sha256, arch)], list(packages),
-                                                         f"Debian {suite} {arch}")]
+        platform: tuple(closure.resolve(_INDEXES[(release.sha256, arch)], list(packages), f"Debian {suite} {arch}"))
         for platform, arch in arches.items()
     }
-    return {"debian": {"suite": suite, "packages": sorted(packages), "release_date": release.date,
-                       "release_sha256": release.sha256, "index": debian.INDEX, "resolved": resolved}}
+    return DebianBase(suite=suite, packages=tuple(sorted(packages)), release_date=release.date,
+                      release_sha256=release.sha256, index=debian.INDEX, resolved=resolved)

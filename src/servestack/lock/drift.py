@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servestack.lock.preferences import Upgrade
+from servestack.records.codec import Record
 from servestack.records.lockfile import DebianBase, Lock, LockedWheel
 from servestack.wheels import normalize
 
 
 @dataclass(frozen=True, kw_only=True)
-class Move:
+class Move(Record):
     platform: str
     name: str
     before: str | None  # the locked version; None: newly in the closure
@@ -35,10 +36,6 @@ class Move:
         else:
             what = f"{self.name} {self.before} -> {self.after}"
         return f"{self.platform}: {what} ({'asked' if self.asked else 'moved anyway'}: {self.reason})"
-
-    def to_json(self) -> dict[str, object]:
-        return {"platform": self.platform, "name": self.name, "before": self.before, "after": self.after,
-                "reason": self.reason, "asked": self.asked}
 
 
 def _same_file_moved(platform: str, was: LockedWheel, now: LockedWheel) -> Move | None:

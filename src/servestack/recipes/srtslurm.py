@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servestack.errors import InputError
+from servestack.records.codec import Record
 
 
 @dataclass(frozen=True, kw_only=True)
-class SrtSlurmPin:
+class SrtSlurmPin(Record):
     tag: str
     commit: str
     srtctl_version: str  # what that commit's pyproject.toml says
@@ -31,10 +32,6 @@ class SrtSlurmPin:
         return [f"checked with: srt-slurm {self.tag} ({self.short}), srtctl {self.srtctl_version}, recipe schema "
                 f"v{self.recipe_schema}",
                 "srtctl >= 2.0: run `srtctl migrate -f <this file> --in-place` first"]
-
-    def to_json(self) -> dict[str, object]:
-        return {"tag": self.tag, "commit": self.commit, "srtctl_version": self.srtctl_version,
-                "recipe_schema": self.recipe_schema}
 
     def check_snapshot(self, archive: Path) -> None:
         """A vendored `srt-slurm-<commit>.tar.gz` must be the pinned commit: the cluster tests would

@@ -72,6 +72,10 @@ class Fields:
     def number(self, key: str, default: Any = _MISSING) -> float:
         return self._get(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number", default)
 
+    def number_or_none(self, key: str, default: Any = _MISSING) -> float | None:
+        return self._get(key, lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
+                         "a number or null", default)
+
     def bool(self, key: str, default: Any = _MISSING) -> bool:
         return self._get(key, lambda v: isinstance(v, bool), "true or false", default)
 

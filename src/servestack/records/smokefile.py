@@ -6,10 +6,11 @@ follow from the checks, so the reader refuses a file where they disagree rather 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
+from servestack.records.codec import Record, decode, encode, json_quirks, one_of
 from servestack.records.fields import Fields, read_record, write_record
 
 PASS, FAIL, NOT_RUN = "pass", "fail", "not_run"
@@ -17,28 +18,13 @@ STATUSES = (PASS, FAIL, NOT_RUN)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Check:
+class Check(Record):
     """One smoke check: pass, fail or not run, with the reason."""
     probe: str
     name: str
-    status: str
+    status: str = field(metadata=json_quirks(check=one_of(*STATUSES)))
     detail: str = ""
     time_s: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"probe": self.probe, "name": self.name, "status": self.status, "detail": self.detail,
-                "time_s": self.time_s}
-
-    @classmethod
-    def from_json(cls, f: Fields) -> "Check":
-        f.only("probe", "name", "status", "detail", "time_s")
-        status = f.str("status")
-        if status not in STATUSES:
-            raise f.error("status", f"expected one of {', '.join(STATUSES)}, found {status!r}")
-        time_s = f.json("time_s")
-        if time_s is not None:
-            time_s = f.number("time_s")
-        return cls(probe=f.str("probe"), name=f.str("name"), status=status, detail=f.str("detail"), time_s=time_s)
 
 
 def _count(checks: tuple[Check, ...]) -> dict[str, int]:
@@ -49,7 +35,7 @@ def _count(checks: tuple[Check, ...]) -> dict[str, int]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SmokeRecord:
+class SmokeRecord(Record):
     stack: str
     image: str  # REPO@sha256:<hex>, the digest smoke tested
     platform: str
@@ -58,7 +44,7 @@ class SmokeRecord:
     metrics: dict[str, Any]  # what the probes measured; the probes own its fields
     checks: tuple[Check, ...]
     # Per PR of the stack: present (its evidence check), exercised (the check it names), by smoke/ablation.
-    prs: tuple[dict[str, Any], ...] = ()
+    prs: tuple[dict[str, Any], ...] = field(default=(), metadata=json_quirks(omit=True))
 
     @property
     def failed(self) -> list[Check]:
@@ -82,18 +68,11 @@ class SmokeRecord:
         return _count(self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"stack": self.stack, "image": self.image, "platform": self.platform, "lock_sha256": self.lock_sha256,
-                "status": self.status, "counts": self.counts(), "wall_s": round(self.wall_s, 2),
-                "metrics": self.metrics, "checks": [c.to_json() for c in self.checks],
-                **({"prs": [dict(p) for p in self.prs]} if self.prs else {})}
+        return {**encode(self), "wall_s": round(self.wall_s, 2), "status": self.status, "counts": self.counts()}
 
     @classmethod
-    def from_json(cls, f: Fields) -> "SmokeRecord":
-        f.only("stack", "image", "platform", "lock_sha256", "status", "counts", "wall_s", "metrics", "checks", "prs")
-        f.obj("metrics")
-        record = cls(stack=f.str("stack"), image=f.str("image"), platform=f.str("platform"), lock_sha256=f.str("lock_sha256"), wall_s=f.number("wall_s"),
-                     metrics=dict(f.json("metrics")), checks=f.items("checks", Check.from_json),
-                     prs=f.items("prs", lambda p: dict(p.data), ()))
+    def from_json(cls, f: Fields) -> Self:
+        record = decode(cls, f, also=("status", "counts"))
         if f.str("status") != record.status:
             raise f.error("status", f"expected {record.status!r} (what the checks say), found {f.str('status')!r}")
         written = f.obj("counts")

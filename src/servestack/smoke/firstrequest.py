@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TYPE_CHECKING
 
+from servestack.records.codec import Record, json_quirks
 from servestack.smoke.endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
 
 if TYPE_CHECKING:
@@ -30,16 +31,13 @@ FIRST_REQUEST = {"prompt": "Warm up:", "max_tokens": 2, "temperature": 0, "ignor
 
 
 @dataclass(frozen=True, kw_only=True)
-class FailedAttempt:
+class FailedAttempt(Record):
     attempt: int  # 1-based
     at_s: float  # when it was sent, seconds since the probe started
     took_s: float
     outcome: str  # "HTTP 500: {...}", or the request's exception
-    decode: tuple[str, ...]  # the decode worker's NIXL failures logged meanwhile
-
-    def to_json(self) -> dict[str, Any]:
-        return {"attempt": self.attempt, "at_s": self.at_s, "took_s": self.took_s, "outcome": self.outcome,
-                "decode_nixl_failures": list(self.decode)}
+    # the decode worker's NIXL failures logged meanwhile
+    decode: tuple[str, ...] = field(metadata=json_quirks(key="decode_nixl_failures"))
 
     def describe(self) -> str:
         decode = f"; decode worker: {summarize(list(self.decode))}" if self.decode else ""

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from packaging.utils import parse_wheel_filename
 
 from servestack.errors import InputError, NetworkError, ServestackError
 from servestack.records import lockfile
+from servestack.records.codec import json_quirks
 from servestack.records.stack import Stack
 from servestack.sources.indexes import DEFAULT_INDEX, IndexLocation, locate
 from servestack.util import proc
@@ -38,8 +39,9 @@ class FoundWheel(lockfile.LockedWheel):
     """A wheel as an index offered it: the lock's entry (records.lockfile owns its fields and their
     JSON) plus what locking needs and the lock never keeps."""
 
-    url: str  # where it was found; the lock names the index, whose place is this machine's configuration
-    upload_time: int | None  # the lock's source_date_epoch is the newest
+    # where it was found; the lock names the index, whose place is this machine's configuration
+    url: str = field(metadata=json_quirks(written=False))
+    upload_time: int | None = field(metadata=json_quirks(written=False))  # the lock's source_date_epoch is the newest
 
 
 def index_locations(stack: Stack, stack_file: Path) -> list[IndexLocation]:
