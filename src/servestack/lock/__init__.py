@@ -43,7 +43,7 @@ from servestack.wheels import normalize
 from servestack.wheels.commit import read_wheel_commit
 
 if TYPE_CHECKING:
-    from servestack.records.stack import PullRequest, Stack
+    from servestack.records.stack import Package, PullRequest, Stack
     from servestack.sources import pypi
     from servestack.sources.github import GitHub, PullRequestInfo
     from servestack.sources.gitmirror import GitMirror
@@ -100,13 +100,13 @@ def _with_sizes(found: list[pypi.FoundWheel]) -> list[pypi.FoundWheel]:
     return [w if w.size is not None else replace(w, size=_pinned_wheel(w).stat().st_size) for w in found]
 
 
-def _pinned_wheel(wheel: pypi.FoundWheel | None) -> Path | None:
+def _pinned_wheel(wheel: pypi.FoundWheel) -> Path:
     from servestack.sources import cache
 
-    return cache.fetch(wheel.url, wheel.sha256, wheel.filename, origin=f"index {wheel.index!r}") if wheel else None
+    return cache.fetch(wheel.url, wheel.sha256, wheel.filename, origin=f"index {wheel.index!r}")
 
 
-def _package_commit(path: Path | None, package) -> str | None:
+def _package_commit(path: Path | None, package: Package) -> str | None:
     """The upstream commit the pinned package was built from: the git pin, or what the wheel records."""
     if package.git:
         return package.git.commit
@@ -193,7 +193,7 @@ def _resolve_prs(
             continue
         name = normalize(package.name)
         wheel = wheels_by_name.get(name)
-        archive = _pinned_wheel(wheel) if not package.git else None
+        archive = _pinned_wheel(wheel) if wheel and not package.git else None
         commits[name] = _package_commit(archive, package)
         pinned = f"the pinned {package.name} {wheel.version} ({wheel.filename})" if wheel else f"the pinned {package.name}"
         for pr_index, pr in enumerate(package.prs):

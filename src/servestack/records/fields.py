@@ -7,6 +7,7 @@ instead of a KeyError deep inside a step.
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -56,71 +57,71 @@ class Fields:
             raise self.error(key, f"expected {expected}, found {_kind(value)}")
         return value
 
-    def str(self, key: str, default: Any = _MISSING) -> str:
+    def str(self, key: builtins.str, default: Any = _MISSING) -> builtins.str:
         return self._get(key, lambda v: isinstance(v, str), "a string", default)
 
-    def str_or_none(self, key: str, default: Any = _MISSING) -> str | None:
+    def str_or_none(self, key: builtins.str, default: Any = _MISSING) -> builtins.str | None:
         return self._get(key, lambda v: v is None or isinstance(v, str), "a string or null", default)
 
-    def int(self, key: str, default: Any = _MISSING) -> int:
+    def int(self, key: builtins.str, default: Any = _MISSING) -> builtins.int:
         return self._get(key, lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer", default)
 
-    def int_or_none(self, key: str, default: Any = _MISSING) -> int | None:
+    def int_or_none(self, key: builtins.str, default: Any = _MISSING) -> builtins.int | None:
         return self._get(key, lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool)),
                          "an integer or null", default)
 
-    def number(self, key: str, default: Any = _MISSING) -> float:
+    def number(self, key: builtins.str, default: Any = _MISSING) -> float:
         return self._get(key, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number", default)
 
-    def number_or_none(self, key: str, default: Any = _MISSING) -> float | None:
+    def number_or_none(self, key: builtins.str, default: Any = _MISSING) -> float | None:
         return self._get(key, lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)),
                          "a number or null", default)
 
-    def bool(self, key: str, default: Any = _MISSING) -> bool:
+    def bool(self, key: builtins.str, default: Any = _MISSING) -> builtins.bool:
         return self._get(key, lambda v: isinstance(v, bool), "true or false", default)
 
-    def strs(self, key: str, default: Any = _MISSING) -> tuple[str, ...]:
+    def strs(self, key: builtins.str, default: Any = _MISSING) -> tuple[builtins.str, ...]:
         value = self._get(key, lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                           "a list of strings", default)
         return tuple(value) if isinstance(value, list) else value
 
-    def str_map(self, key: str, *, values_may_be_null: bool = False, default: Any = _MISSING) -> dict[str, Any]:
+    def str_map(self, key: builtins.str, *, values_may_be_null: builtins.bool = False, default: Any = _MISSING) -> dict[builtins.str, Any]:
         ok = (lambda x: x is None or isinstance(x, str)) if values_may_be_null else (lambda x: isinstance(x, str))
         value = self._get(key, lambda v: isinstance(v, dict) and all(ok(x) for x in v.values()),
                           "an object of strings", default)
         return dict(value) if isinstance(value, dict) else value
 
-    def json(self, key: str, default: Any = _MISSING) -> Any:
+    def json(self, key: builtins.str, default: Any = _MISSING) -> Any:
         """A field whose content another owner defines (kept as plain JSON data)."""
         return self._get(key, lambda v: True, "a value", default)
 
-    def obj(self, key: str) -> "Fields":
+    def obj(self, key: builtins.str) -> "Fields":
         return Fields(self._get(key, lambda v: isinstance(v, dict), "an object", _MISSING), self.file, self.path(key))
 
-    def obj_or_none(self, key: str) -> "Fields | None":
+    def obj_or_none(self, key: builtins.str) -> "Fields | None":
         value = self._get(key, lambda v: v is None or isinstance(v, dict), "an object or null", None)
         return None if value is None else Fields(value, self.file, self.path(key))
 
-    def items(self, key: str, read: Callable[["Fields"], T], default: Any = _MISSING) -> tuple[T, ...]:
+    def items(self, key: builtins.str, read: Callable[["Fields"], T], default: Any = _MISSING) -> tuple[T, ...]:
         """A list of objects, each read by `read`."""
         value = self._get(key, lambda v: isinstance(v, list), "a list of objects", default)
         if not isinstance(value, list):
             return value
         return tuple(read(Fields(item, self.file, f"{self.path(key)}[{i}]")) for i, item in enumerate(value))
 
-    def entries(self, key: str, read: Callable[["Fields"], T], default: Any = _MISSING) -> dict[str, T]:
+    def entries(self, key: builtins.str, read: Callable[["Fields"], T], default: Any = _MISSING) -> dict[builtins.str, T]:
         """An object of objects, each read by `read`."""
         value = self._get(key, lambda v: isinstance(v, dict), "an object", default)
         return {name: read(Fields(item, self.file, f"{self.path(key)}.{name}")) for name, item in value.items()}
 
-    def only(self, *known: str) -> None:
+    def only(self, *known: builtins.str) -> None:
         """Refuse fields this reader does not know: re-writing the record would drop them."""
         unknown = sorted(set(self.data) - set(known))
         if unknown:
             raise self.error(unknown[0], f"unknown field (expected one of: {', '.join(sorted(known))})")
 
 
-def read_record(path: Path, read: Callable[[Fields], T], remedy: str, shown: Path | str | None = None) -> T:
+def read_record(path: Path, read: Callable[[Fields], T], remedy: builtins.str, shown: Path | builtins.str | None = None) -> T:
     """The record at `path`, parsed by `read`; a missing or broken file says so and what to run."""
     shown = shown or path
     try:
@@ -134,6 +135,6 @@ def read_record(path: Path, read: Callable[[Fields], T], remedy: str, shown: Pat
     return read(Fields(data, shown))
 
 
-def write_record(path: Path, document: dict[str, Any]) -> None:
+def write_record(path: Path, document: dict[builtins.str, Any]) -> None:
     """Every record's one spelling: canonical JSON, written atomically."""
     atomic_write_json(path, document)

@@ -35,11 +35,9 @@ class ImageRef:
 
     @classmethod
     def parse(cls, text: object) -> ImageRef:
-        problem = cls.problem(text)
-        if problem:
-            raise ImageRefError(problem)
-        match = _DIGEST_REFERENCE.match(text)  # type: ignore[arg-type]
-        assert match
+        match = _DIGEST_REFERENCE.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise ImageRefError(cls.problem(text) or f"expected an image reference {EXPECTED}")
         return cls(name=match["name"], hex=match["hex"])
 
     @staticmethod

@@ -19,6 +19,7 @@ from servestack.util.yamlfile import UserModel, exactly_one
 from servestack.wheels import normalize
 
 SHA1 = r"^[0-9a-f]{40}$"
+# The names from platforms.py's one table; pydantic reads the Literal at run time, mypy cannot.
 PLATFORMS = tuple(platforms.PLATFORMS)
 
 
@@ -220,7 +221,8 @@ class Prebuilt(UserModel):
     compiles them at start: each platform's target GPUs, as FLASHINFER_CUDA_ARCH_LIST words."""
 
     modules: Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")]], Field(min_length=1)]
-    archs: dict[Literal[PLATFORMS], Annotated[list[Annotated[str, Field(pattern=r"^\d+\.\d+[af]?$")]], Field(min_length=1)]]
+    archs: dict[Literal[PLATFORMS],  # type: ignore[valid-type]
+                Annotated[list[Annotated[str, Field(pattern=r"^\d+\.\d+[af]?$")]], Field(min_length=1)]]
 
 
 class GpuNode(UserModel):
@@ -240,7 +242,7 @@ class GpuNode(UserModel):
 
 class Stack(UserModel):
     name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9-]*$")]
-    platforms: Annotated[list[Literal[PLATFORMS]], Field(min_length=1)]
+    platforms: Annotated[list[Literal[PLATFORMS]], Field(min_length=1)]  # type: ignore[valid-type]
     python: Annotated[str, Field(pattern=r"^3\.\d+$")]
     # Dependencies resolve as of this moment (uv's --exclude-newer): a relock months later gives
     # the same files. `lock --upgrade` moves it.
