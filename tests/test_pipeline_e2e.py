@@ -61,12 +61,11 @@ def _cli(*args: str, project: Path = ROOT) -> list[str]:
 def image_ref() -> str:
     services.ensure_dockerd()
     services.ensure_registry()
-    from servestack import image
-    from servestack import inputs as build
+    from servestack import image, inputs
 
     # Always through build + image: seconds when the registry already holds this build.
     project = Project(root=ROOT)
-    build.build(project, STACK)
+    inputs.build(project, STACK)
     image.build_image(project, STACK)
     record = project.artifacts(STACK) / "image.json"
     ref = json.loads(record.read_text())["reference"]

@@ -266,13 +266,12 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all.
     Its SBOM, written from the lock and build.json, names exactly the Python distributions whose
     dist-info directories the layers hold (vendored ones too), and stock cosign verifies it."""
-    from servestack import image, services
-    from servestack import inputs as build
+    from servestack import image, inputs, services
 
     services.ensure_dockerd()
     services.ensure_registry()
     repo = Project(root=REPO_ROOT)
-    build.build(repo, STACK)  # seconds when nothing changed
+    inputs.build(repo, STACK)  # seconds when nothing changed
     source = image.build_image(repo, STACK).reference
     project = make_project(tmp_path / "checkout", source)
     for name in ("build.json", "image.json"):

@@ -141,8 +141,7 @@ def write(project: Project, d: Drift) -> Path:
 
 def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     """Each step as (name, action -> (ok, detail)); they run in order and the first failure ends the bump."""
-    from servestack import image
-    from servestack import inputs as build
+    from servestack import image, inputs
     from servestack.lock import relock
     from servestack.lock.preferences import Upgrade
     from servestack.smoke import run_smoke
@@ -159,7 +158,7 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return True, f"{len(d.asked)} asked to move, {len(d.moved_anyway)} moved anyway"
 
     def built() -> tuple[bool, str]:
-        build.build(project, stack)
+        inputs.build(project, stack)
         return True, "every locked input fetched and verified"
 
     def imaged() -> tuple[bool, str]:

@@ -67,11 +67,11 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 @command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json", _build_args)
 def _build(args: argparse.Namespace, project: Project) -> int:
-    from servestack import inputs as build
+    from servestack import inputs
 
     started = time.monotonic()
-    path = build.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
-    record = build.load_build(project, args.stack)
+    path = inputs.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
+    record = inputs.load_build(project, args.stack)
     overlays = sum(len(o.prs) for o in record.overlays)
     _say(f"build {args.stack}: {len(record.inputs)} wheels verified, {overlays} PR overlays applied, "
          f"input hash {record.input_hash[:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")

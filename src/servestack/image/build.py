@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servestack import inputs as build_step
-from servestack import services
+from servestack import inputs, services
 from servestack.errors import ServestackError
 from servestack.image import layers, oci, prebuilt, prune
 from servestack.image.base_image import Base, base_layers, debian_base, interpreter_version
@@ -107,7 +106,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     out = project.artifacts(stack)
     image_json = out / "image.json"
     image_json.unlink(missing_ok=True)
-    record = build_step.load_build(project, stack)
+    record = inputs.load_build(project, stack)
     lock = load_lock(project, stack)
     if record.lock_sha256 != sha256_file(project.lock_file(stack)):
         raise ServestackError(f"build/{stack}/build.json was made from another lock; run `nox -s build` again")

@@ -55,8 +55,7 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
     """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?
     The publication is read from the registry within TIMEOUT seconds; the rebuild has no deadline."""
     from servestack import image as image_step
-    from servestack import inputs as build
-    from servestack import services
+    from servestack import inputs, services
 
     started = time.monotonic()
     with transfer.deadline(timeout):
@@ -83,7 +82,7 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
         if echo:
             echo(f"verify {reference}: rebuilding {stack} from its lock at commit {commit[:12]} in {worktree}")
         with _derived_caches_fresh(scratch / "cache"):
-            build.build(rebuilt_project, stack, platform=platform)
+            inputs.build(rebuilt_project, stack, platform=platform)
             result = image_step.build_image(rebuilt_project, stack, rebuild=True,
                                             registry_address=services.ensure_registry(VERIFY_REGISTRY))
     finally:
