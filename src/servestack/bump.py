@@ -206,12 +206,13 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
     """The bumped run against the baseline: measured again beside it (one interleaved session of both
     images), or against its stored results."""
     from servestack.compare import comparisons
+    from servestack.records.imageref import names_a_digest
     from servestack.stages import interleave
 
     policy = _policy(project, stack)
     if not alongside:
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
-    if "@sha256:" not in (d.baseline or ""):
+    if not names_a_digest(d.baseline):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
     out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
     session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy,

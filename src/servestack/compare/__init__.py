@@ -22,6 +22,7 @@ from typing import Any
 
 from servestack.compare import verdicts
 from servestack.errors import InputError
+from servestack.records.imageref import names_a_digest
 
 SCHEMA = "servestack.comparison/1"
 STAGE_SCHEMA = "servestack.stage-result/1"  # StageResult.to_dict()
@@ -199,7 +200,7 @@ def load_side(reference: str, *, runs: Path, pulled: Path, key: Path | None = No
     """A side named as the command line and `gate.baseline` name it: an image reference with a
     digest (its verified publication is pulled into `pulled`, which must not exist yet), a run id
     under `runs`, a run directory, or a directory `servestack pull` wrote."""
-    if "@sha256:" in reference:
+    if names_a_digest(reference):
         from servestack.publish import pull
 
         if key is None:
