@@ -383,7 +383,7 @@ def alongside(image_ref, tmp_path_factory):
             interleave.Arm(name="b", image=image_ref, pipeline="capped"))
     out = root / "session"
     t0 = time.monotonic()
-    session = interleave.measure(project, arms, out, policy=policy, echo=print)
+    session = interleave.measure(project, arms, out, policy=policy)
     print(f"session: {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}): "
           + "; ".join(f"{d.arm} c={d.concurrency} {d.verdict} in {d.rounds} rounds, {d.seconds:.0f} s"
                       for d in session.decided))

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import logging
 import re
 import uuid
 
 from servestack import platforms
 from servestack.errors import ServestackError
 from servestack.services.dockerd import ensure_image
-
-log = logging.getLogger("servestack.smoke")
 
 
 def host_docker_platform() -> str:
