@@ -28,7 +28,9 @@ class Console:
     def __init__(self) -> None:
         self.verbose = False
         self._quieted = 0
-        self._lock = threading.Lock()  # one line at a time: worker threads report too
+        # One line at a time (worker threads report too); reentrant, as logging's: a signal may unwind
+        # the main thread out of a write and into another line.
+        self._lock = threading.RLock()
 
     def configure(self, *, verbose: bool) -> None:
         """The command line's `-v`; the libraries servestack uses (urllib3, docker) still speak
