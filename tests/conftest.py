@@ -223,12 +223,11 @@ def production_image() -> dict:
     """The production stack's image for this machine's platform (linux/amd64 in CI), built from its lock
     once per session, or taken from the registry when this lock's image is already there (the build
     step's cache). Its native static probe and GPU-node checks run on it."""
-    from servestack import image, services
-    from servestack import inputs as build
+    from servestack import image, inputs, services
     from servestack.util.project import Project
 
     project = Project(root=ROOT)
     services.ensure_registry()
-    build.build(project, "qwen35-gb200")
+    inputs.build(project, "qwen35-gb200")
     record = image.build_image(project, "qwen35-gb200")
     return {"project": project, "record": record, "reference": record.reference, "platform": record.platform}

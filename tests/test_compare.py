@@ -274,7 +274,7 @@ def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_pat
 
     project = _bump_project(tmp_path, {"image": "published", "run": "published"})
     assert bump.last_published(project, "dev-cpu") == "published"
-    drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
+    drift, report = bump.bump(project, "dev-cpu", steps=lambda d: [
         ("lock --upgrade", lambda: (True, "2 changes")), ("stages", _stages_leaving_a_run(project, d, [0.70, 0.72, 0.69]))])
     assert not drift.passed and [s.name for s in drift.steps] == ["lock --upgrade", "stages", "compare"]
     assert drift.steps[-1].detail.startswith("regression: 1 gated point(s) regressed (")
@@ -286,12 +286,12 @@ def test_a_bump_that_slows_serving_fails_and_its_drift_report_says_where(tmp_pat
     assert "**FAIL**" in md and "| compare | **FAIL** |" in md
     assert json.loads((report.parent / "drift.json").read_text())["schema"] == bump.SCHEMA
     unchanged = _bump_project(tmp_path / "aa", {"image": "published", "run": "published"})
-    drift, report = bump.bump(unchanged, "dev-cpu", echo=None, steps=lambda d: [
+    drift, report = bump.bump(unchanged, "dev-cpu", steps=lambda d: [
         ("stages", _stages_leaving_a_run(unchanged, d, NOISE_B))])
     assert drift.passed and "**no regression** (not measured alongside)" in report.read_text()
     assert bump.exit_code(drift) == 0
     elsewhere = _bump_project(tmp_path / "other", {"image": "published", "run": "published"})
-    drift, _ = bump.bump(elsewhere, "dev-cpu", echo=None, steps=lambda d: [
+    drift, _ = bump.bump(elsewhere, "dev-cpu", steps=lambda d: [
         ("stages", _stages_leaving_a_run(elsewhere, d, NOISE_B, {**CONDITIONS, "isl": 1024}))])
     assert not drift.passed and drift.steps[-1].detail.startswith("nothing in common with published to compare")
 
@@ -305,7 +305,7 @@ def test_a_bump_stops_at_the_first_failed_step_and_says_so(tmp_path: Path):
     def broken():
         raise ServestackError("build dev-cpu: vllm-0.32.0.whl: sha256 mismatch\nmore")
     ran = []
-    drift, report = bump.bump(project, "dev-cpu", echo=None, steps=lambda d: [
+    drift, report = bump.bump(project, "dev-cpu", steps=lambda d: [
         ("lock --upgrade", lambda: (True, "1 change")), ("build", broken), ("image", lambda: ran.append(1))])
     assert not ran and not drift.passed and drift.comparison is None
     assert "| build | **FAIL** | 0 | build dev-cpu: vllm-0.32.0.whl: sha256 mismatch |" in report.read_text()
@@ -315,7 +315,7 @@ def test_a_bump_needs_a_baseline_with_results(tmp_path: Path):
     from servestack import bump
 
     nothing = _bump_project(tmp_path / "none", None)
-    drift, report = bump.bump(nothing, "dev-cpu", echo=None, steps=lambda d: [
+    drift, report = bump.bump(nothing, "dev-cpu", steps=lambda d: [
         ("stages", _stages_leaving_a_run(nothing, d, NOISE_B))])
     assert not drift.passed and drift.steps[-1].name == "compare"
     assert "no publication of this stack to hold the bump to" in report.read_text()

@@ -12,8 +12,7 @@ import socket
 import pytest
 from fixtures.tinystack import github, tinyserve_stack
 
-from servestack import inputs as build
-from servestack import lock
+from servestack import inputs, lock
 from servestack.errors import InputErrors, ServestackError
 from servestack.lock import check as lockcheck
 from servestack.probe.static.evidence import evidence_problem
@@ -93,7 +92,7 @@ def test_a_pr_with_neither_evidence_nor_history_is_unverified_and_build_refuses_
     lock.lock(project, "tiny", unreachable())
     assert entries(project)[1]["status"] == "unverified"
     with pytest.raises(ServestackError, match=r"example/tinyserve#1 are unverified .* --allow-unverified"):
-        build.build(project, "tiny")
+        inputs.build(project, "tiny")
     assert not (project.artifacts("tiny") / "build.json").exists()
 
 

@@ -25,8 +25,7 @@ import requests
 from fixtures.records import write_image_record
 from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
 
-from servestack import image, lock, services
-from servestack import inputs as build
+from servestack import image, inputs, lock, services
 from servestack.errors import InputErrors, ServestackError
 from servestack.image import oci
 from servestack.image.spec import load_plan
@@ -55,18 +54,18 @@ def isolated_cache(tmp_path, monkeypatch):
 
 def test_a_tampered_cache_file_stops_the_build_naming_it(tmp_path, world, isolated_cache):
     project = make_project(tmp_path / "p", world)
-    build.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
     (wheel,) = isolated_cache.glob("blobs/sha256/*/tinyserve-1.0.0-py3-none-any.whl")
     wheel.write_bytes(wheel.read_bytes() + b"tampered")
     with pytest.raises(ServestackError, match=r"tinyserve-1\.0\.0-py3-none-any\.whl: cached file .* has sha256"):
-        build.build(project, "tinyimg")
+        inputs.build(project, "tinyimg")
     assert not (project.artifacts("tinyimg") / "build.json").exists()
 
 
 def test_a_native_code_pr_is_refused_in_overlay_mode_naming_its_files(tmp_path, world, isolated_cache):
     project = make_project(tmp_path / "p", world, prs=(3,))
     with pytest.raises(ServestackError, match=r"csrc/kernel\.cu") as info:
-        build.build(project, "tinyimg")
+        inputs.build(project, "tinyimg")
     assert "source build" in str(info.value)
     assert not (project.artifacts("tinyimg") / "build.json").exists()
 
@@ -74,7 +73,7 @@ def test_a_native_code_pr_is_refused_in_overlay_mode_naming_its_files(tmp_path, 
 def test_a_patch_that_does_not_apply_names_the_pr_file_and_hunk(tmp_path, world, isolated_cache):
     project = make_project(tmp_path / "p", world, prs=(4,))
     with pytest.raises(ServestackError) as info:
-        build.build(project, "tinyimg")
+        inputs.build(project, "tinyimg")
     message = str(info.value)
     assert "example/tinyserve#4" in message and "tinyserve/" in message and "@@ -" in message
     assert not (project.artifacts("tinyimg") / "build.json").exists()
@@ -82,7 +81,7 @@ def test_a_patch_that_does_not_apply_names_the_pr_file_and_hunk(tmp_path, world,
 
 def test_build_records_every_input_and_each_overlaid_file(tmp_path, world, isolated_cache):
     project = make_project(tmp_path / "p", world)
-    record = json.loads(build.build(project, "tinyimg").read_text())
+    record = json.loads(inputs.build(project, "tinyimg").read_text())
     (wheel,) = record["inputs"]
     assert wheel["sha256"] == hashlib.sha256(world["pkg"].wheel.read_bytes()).hexdigest()
     (applied,) = record["overlays"]
@@ -106,7 +105,7 @@ def _delete_from_registry(reference: str) -> None:
 
 def _build_and_push(project: Project) -> dict:
     """The image record as written to image.json."""
-    build.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
     return image.build_image(project, "tinyimg").to_json()
 
 
@@ -172,8 +171,8 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
 
 
 def _planned(project: Project, tmp_path: Path) -> list:
-    build.build(project, "tinyimg")
-    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    inputs.build(project, "tinyimg")
+    record, locked = inputs.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
@@ -201,8 +200,8 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
     plan_file = tmp_path / "image.yaml"
     text = (ROOT / "containers" / "image.yaml").read_text()
     plan_file.write_text(text.replace("own_layer_above: 50000000", "own_layer_above: 1"))
-    build.build(project, "tinyimg")
-    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    inputs.build(project, "tinyimg")
+    record, locked = inputs.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
@@ -222,8 +221,8 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     plan_file = tmp_path / "image.yaml"
     plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("own_layer_above: 50000000", "own_layer_above: 1"))
     spec = load_plan(plan_file)
-    build.build(project, "tinyimg")
-    record, locked = build.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
+    inputs.build(project, "tinyimg")
+    record, locked = inputs.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     epoch = record.source_date_epoch
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
 
@@ -355,8 +354,8 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     from servestack.image.trees import children_cpu_seconds
 
     project = make_project(tmp_path / "p", world)
-    build.build(project, "tinyimg")
-    record = build.load_build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
+    record = inputs.load_build(project, "tinyimg")
     wheels = [(Path(i.path), i.sha256) for i in record.inputs] + [(Path(o.path), o.wheel.sha256) for o in record.overlays]
     children = children_cpu_seconds()
     made = install_all(wheels, "3.11", None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servestack.errors import ImageRefError
-from servestack.records.imageref import ImageRef
+from servestack.records.imageref import ImageRef, names_a_digest
 
 HEX = "ab" * 32
 
@@ -44,3 +44,11 @@ def test_a_digest_reference_splits_into_registry_repository_and_digest():
 ])
 def test_enroot_separates_the_registry_with_a_hash(text, enroot):
     assert ImageRef.parse(text).enroot == enroot
+
+
+@pytest.mark.parametrize(("text", "by_digest"), [
+    (f"127.0.0.1:5000/x@sha256:{HEX}", True), ("x@sha256:ABC", True),  # malformed, still meant by digest: parse says why
+    ("20260101-120000", False), ("runs/20260101-120000", False), ("x:latest", False), (f"sha256:{HEX}", False), (None, False),
+])
+def test_a_value_names_an_image_by_digest_only_with_an_at_sha256(text, by_digest):
+    assert names_a_digest(text) is by_digest

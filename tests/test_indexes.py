@@ -13,8 +13,7 @@ import pytest
 from fixtures.records import committed_lock
 from test_evidence import PR1_EVIDENCE, stack_with, unreachable
 
-from servestack import inputs as build
-from servestack import lock
+from servestack import inputs, lock
 from servestack.errors import InputError, IntegrityError
 from servestack.lock import check as lockcheck
 from servestack.lock import drift, relock
@@ -67,7 +66,7 @@ def test_build_fetches_by_index_name_and_file_from_wherever_the_index_is(tmp_pat
 
     # From the stack's default location (the HTTP index), through uv.
     blob.unlink()
-    assert build.fetch_wheels(project, "tiny", document, "linux/amd64")[wheel["filename"]] == blob
+    assert inputs.fetch_wheels(project, "tiny", document, "linux/amd64")[wheel["filename"]] == blob
 
     # From a directory with the same file, named by the environment: the lock is unchanged.
     mirror = tmp_path / "mirror"
@@ -75,13 +74,13 @@ def test_build_fetches_by_index_name_and_file_from_wherever_the_index_is(tmp_pat
     shutil.copy(world["pkg"].wheel, mirror)
     monkeypatch.setenv("SERVESTACK_INDEX_LOCAL", str(mirror))
     blob.unlink()
-    assert build.fetch_wheels(project, "tiny", document, "linux/amd64")[wheel["filename"]].read_bytes() == world["pkg"].wheel.read_bytes()
+    assert inputs.fetch_wheels(project, "tiny", document, "linux/amd64")[wheel["filename"]].read_bytes() == world["pkg"].wheel.read_bytes()
 
     # A file whose bytes differ from the lock is refused, naming the file and the index.
     blob.unlink()
     (mirror / wheel["filename"]).write_bytes(b"not the locked wheel")
     with pytest.raises(IntegrityError, match=rf"{wheel['filename']} from index 'local' \({mirror}, from SERVESTACK_INDEX_LOCAL\)"):
-        build.fetch_wheels(project, "tiny", document, "linux/amd64")
+        inputs.fetch_wheels(project, "tiny", document, "linux/amd64")
     assert not blob.exists()
 
 

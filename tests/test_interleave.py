@@ -139,7 +139,7 @@ stages:
     return Project(root=root)
 
 
-def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_the_session(tmp_path: Path):
+def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_the_session(tmp_path: Path, capsys):
     """Three arms in one session: the image (a), the same image again (a2) and the image with its
     batch capped (b: half the tokens/s at c=4, the same at c=1). Another job slows the machine by 20%
     from the 9th point on; pairs measured after it share it, so the A/A is no regression at both
@@ -155,8 +155,8 @@ def test_an_a_a_and_an_a_b_from_three_servers_while_the_machine_slows_for_half_t
             interleave.Arm(name="b", image=IMAGE, pipeline="capped"))
     policy = load_pipeline(project.pipelines / "dev-cpu.yaml", project.root).stages.throughput.gate.policy()
     out = tmp_path / "session"
-    said = []
-    session = interleave.measure(project, arms, out, policy=policy, runner=servers, echo=said.append)
+    session = interleave.measure(project, arms, out, policy=policy, runner=servers)
+    said = capsys.readouterr().out.splitlines()
     decided = {(d.arm, d.concurrency): (d.verdict, d.rounds) for d in session.decided}
     assert decided == {("a2", 1): ("no regression", 4), ("a2", 4): ("no regression", 3),
                        ("b", 1): ("no regression", 4), ("b", 4): ("regression", 3)}, said

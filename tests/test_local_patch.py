@@ -11,8 +11,7 @@ import json
 import pytest
 from fixtures.tinystack import github, pr_items, tinyserve_stack
 
-from servestack import inputs as build
-from servestack import lock
+from servestack import inputs, lock
 from servestack.errors import InputError
 from servestack.lock import check as lockcheck
 from servestack.probe.static import evidence as probe
@@ -73,7 +72,7 @@ def test_a_missing_patch_file_names_the_stack_field(project, world):
 
 def test_build_applies_the_patch_after_the_prs_and_the_probe_reports_it(project, world, tmp_path):
     lock.lock(project, "tinyimg", github(world))
-    record = json.loads(build.build(project, "tinyimg").read_text())
+    record = json.loads(inputs.build(project, "tinyimg").read_text())
     (applied,) = record["overlays"]
     assert [p["name"] for p in applied["prs"]] == [f"{world['pkg'].repo_name}#2", "local:tinyserve-launch-negative.diff"]
     assert applied["files"]["tinyserve/ops.py"] == hashlib.sha256(PATCHED_OPS.encode()).hexdigest()

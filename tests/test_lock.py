@@ -18,6 +18,7 @@ from servestack import lock
 from servestack.errors import InputError, InputErrors, NetworkError
 from servestack.lock import check as lockcheck
 from servestack.sources.github import GitHub
+from servestack.util.console import console
 from servestack.util.project import Project
 
 
@@ -191,17 +192,19 @@ def test_an_unsatisfiable_pin_is_one_readable_sentence(tmp_path, extra):
     assert not project.lock_file("clash").exists()
 
 
-def test_the_github_token_is_sent_but_never_written_or_logged(tmp_path, world, monkeypatch, caplog):
+def test_the_github_token_is_sent_but_never_written_or_logged(tmp_path, world, monkeypatch, caplog, capsys):
     secret = "ghp_" + "s3cr3t" * 6
     monkeypatch.setenv("GITHUB_TOKEN", secret)
-    caplog.set_level("DEBUG")
+    monkeypatch.setattr(console, "verbose", True)  # all servestack says, `-v` included
+    caplog.set_level("DEBUG")  # and all the libraries log
     project = make_project(tmp_path, world, prs=(2,))
     world["github"].authorizations.clear()
     lock.lock(project, "tiny", GitHub(api=world["github"].url, retries=1))
     assert world["github"].authorizations and all(a == f"Bearer {secret}" for a in world["github"].authorizations)
     written = b"".join(p.read_bytes() for p in project.root.rglob("*") if p.is_file())
     assert secret.encode() not in written
-    assert secret not in caplog.text
+    shown = capsys.readouterr()
+    assert secret not in caplog.text + shown.out + shown.err
 
 
 KERNELS = ("  - name: tinykernels\n    version: 1.0.0\n    index: kernels\n"

@@ -61,12 +61,11 @@ def _cli(*args: str, project: Path = ROOT) -> list[str]:
 def image_ref() -> str:
     services.ensure_dockerd()
     services.ensure_registry()
-    from servestack import image
-    from servestack import inputs as build
+    from servestack import image, inputs
 
     # Always through build + image: seconds when the registry already holds this build.
     project = Project(root=ROOT)
-    build.build(project, STACK)
+    inputs.build(project, STACK)
     image.build_image(project, STACK)
     record = project.artifacts(STACK) / "image.json"
     ref = json.loads(record.read_text())["reference"]
@@ -384,7 +383,7 @@ def alongside(image_ref, tmp_path_factory):
             interleave.Arm(name="b", image=image_ref, pipeline="capped"))
     out = root / "session"
     t0 = time.monotonic()
-    session = interleave.measure(project, arms, out, policy=policy, echo=print)
+    session = interleave.measure(project, arms, out, policy=policy)
     print(f"session: {time.monotonic() - t0:.0f} s (load {os.getloadavg()[0]:.1f}): "
           + "; ".join(f"{d.arm} c={d.concurrency} {d.verdict} in {d.rounds} rounds, {d.seconds:.0f} s"
                       for d in session.decided))

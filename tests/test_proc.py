@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 
 import pytest
 
 from servestack.errors import CommandError
+from servestack.util.console import console
 from servestack.util.proc import output_bytes
 
 WRITE = "import sys; sys.stderr.write('noise'); sys.stdout.buffer.write(sys.stdin.buffer.read()[::-1] + bytes([0, 255]))"
 
 
-def test_output_bytes_returns_stdout_bytes_untouched_by_stderr_and_hides_secrets(caplog):
-    caplog.set_level(logging.INFO, logger="servestack.util.proc")
+def test_output_bytes_returns_stdout_bytes_untouched_by_stderr_and_hides_secrets(monkeypatch, capsys):
+    monkeypatch.setattr(console, "verbose", True)  # `-v`: every command is shown
     out = output_bytes([sys.executable, "-c", WRITE], input=b"\x01abc", env={"API_TOKEN": "hunter2", "MODE": "x"})
     assert out == b"cba\x01\x00\xff"
-    assert "API_TOKEN=***" in caplog.text and "hunter2" not in caplog.text and "MODE=x" in caplog.text
+    shown = capsys.readouterr().err
+    assert shown.startswith("servestack.util.proc: $ API_TOKEN=*** MODE=x ")
+    assert "hunter2" not in shown
 
 
 def test_output_bytes_failure_names_the_command_and_its_error_output():

@@ -41,7 +41,7 @@ def test_the_production_image_reproduces_its_digest_and_its_static_probe_passes_
     record = production_image["record"]
     assert record.expected is not None and record.expected.status == "reproduced", record.expected
 
-    result = smoke.run_smoke(production_image["project"], STACK, echo=None)
+    result = smoke.run_smoke(production_image["project"], STACK)
     checks = {f"{c.probe}/{c.name}": c for c in result.record.checks}
     failed = {name: c.detail[:400] for name, c in checks.items() if c.status == "fail"}
     assert not failed, failed

@@ -194,7 +194,7 @@ def test_pull_refuses_a_symlinked_out_directory_naming_it(keys, tmp_path):
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "real")
     with pytest.raises(InputError, match=r"link: --out: is a symbolic link"):
-        publish.pull(IMAGE, key=keys[1], out=tmp_path / "link", echo=None)
+        publish.pull(IMAGE, key=keys[1], out=tmp_path / "link")
 
 
 def test_bundle_titles_that_clash_as_file_and_directory_are_refused():
@@ -205,11 +205,11 @@ def test_bundle_titles_that_clash_as_file_and_directory_are_refused():
 
 def test_pull_refuses_a_tag_and_a_used_directory_before_any_network(keys, tmp_path):
     with pytest.raises(ImageRefError, match="is a tag, not a digest"):
-        publish.pull("127.0.0.1:5000/servestack/dev-cpu:latest", key=keys[1], out=tmp_path / "o", echo=None)
+        publish.pull("127.0.0.1:5000/servestack/dev-cpu:latest", key=keys[1], out=tmp_path / "o")
     (tmp_path / "used").mkdir()
     (tmp_path / "used" / "mine.txt").write_text("keep")
     with pytest.raises(InputError, match="not an empty directory"):
-        publish.pull(IMAGE, key=keys[1], out=tmp_path / "used", echo=None)
+        publish.pull(IMAGE, key=keys[1], out=tmp_path / "used")
     assert (tmp_path / "used" / "mine.txt").read_text() == "keep"
 
 

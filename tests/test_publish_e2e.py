@@ -80,7 +80,7 @@ def published(env, tmp_path):
     image, client = new_image(env)
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
-    record = publish.publish(project, STACK, key=private, echo=None)
+    record = publish.publish(project, STACK, key=private)
     return {"image": image, "client": client, "project": project, "key": private, "pub": public, "record": record,
             "registry": env}
 
@@ -92,7 +92,7 @@ def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published
     assert {"pins/dev-cpu.lock", "pins/dev-cpu.yaml", "build/build.json", "build/image.json", "build/smoke.json"} <= set(titles)
     assert any(t.startswith("recipes/") for t in titles)
 
-    out = publish.pull(image, key=published["pub"], out=tmp_path / "pulled", echo=None)
+    out = publish.pull(image, key=published["pub"], out=tmp_path / "pulled")
     recipes = sorted((out / "recipes").glob("*.yaml"))
     assert recipes
     for path in recipes:
@@ -107,7 +107,7 @@ def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published
     _srtctl_accepts(recipes)
 
     # Same inputs, same bundle digest (created comes from the lock's SOURCE_DATE_EPOCH).
-    again = publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    again = publish.publish(published["project"], STACK, key=published["key"])
     assert again["bundle"] == record["bundle"]
 
 
@@ -138,7 +138,7 @@ def test_the_per_pr_report_goes_into_the_bundle_only_for_the_image_it_was_made_o
               "prs": [{"pr": "vllm-project/vllm#41869", "necessary": "not run"}]}
     atomic_write_json(project.artifacts(STACK) / "prs.json", report)
     private, _ = signing.keygen(tmp_path / "keys" / "publisher.key")
-    record = publish.publish(project, STACK, key=private, echo=None)
+    record = publish.publish(project, STACK, key=private)
     assert ("build/prs.json" in {f["title"] for f in record["files"]}) is same_image
 
 
@@ -146,24 +146,23 @@ def test_a_cluster_publishes_its_run_for_a_pulled_image_and_pull_then_takes_the_
     """What the GB200 job does: pull the build's bundle, run, then publish the run's results with
     the pulled records from a checkout that never built the image."""
     image = published["image"]
-    pulled = publish.pull(image, key=published["pub"], out=tmp_path / "bundle", echo=None)
+    pulled = publish.pull(image, key=published["pub"], out=tmp_path / "bundle")
     cluster = Project(root=tmp_path / "cluster")
     for name in ("pins", "recipes"):
         shutil.copytree(REPO_ROOT / name, cluster.root / name)
     run = cluster.artifacts(STACK) / "runs" / "gha-1" / "accuracy"
     atomic_write_json(run / "results.json", {"accuracy": 0.5})
     (run / "report.md").write_text("# accuracy\n")
-    record = publish.publish(cluster, STACK, key=published["key"], image=image, run_id="gha-1", records_dir=pulled,
-                             echo=None)
+    record = publish.publish(cluster, STACK, key=published["key"], image=image, run_id="gha-1", records_dir=pulled)
     assert "runs/gha-1/accuracy/results.json" in [f["title"] for f in record["files"]]
-    out = publish.pull(image, key=published["pub"], out=tmp_path / "after", echo=None)
+    out = publish.pull(image, key=published["pub"], out=tmp_path / "after")
     assert json.loads((out / "runs/gha-1/accuracy/results.json").read_text()) == {"accuracy": 0.5}
-    first = publish.pull(image, key=published["pub"], out=tmp_path / "first", echo=None,
+    first = publish.pull(image, key=published["pub"], out=tmp_path / "first",
                          bundle=published["record"]["bundle_digest"])
     assert not (first / "runs").exists()
     with pytest.raises(ServestackError, match="is for .*, not"):  # records for another digest are refused
         other, _ = new_image(published["registry"])
-        publish.publish(cluster, STACK, key=published["key"], image=other, records_dir=pulled, echo=None)
+        publish.publish(cluster, STACK, key=published["key"], image=other, records_dir=pulled)
 
 
 def test_oras_discovers_the_bundle_and_cosign_verifies_the_attestation(published, tmp_path):
@@ -230,7 +229,7 @@ def test_stock_cosign_verifies_the_image_signature_its_slsa_provenance_and_its_s
     assert cosign_run("verify-attestation", "--type", "slsaprovenance1", key=other).returncode != 0
     assert cosign_run("verify-attestation", "--type", "spdxjson", key=other).returncode != 0
 
-    publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    publish.publish(published["project"], STACK, key=published["key"])
     client = published["client"]
     layers = json.loads(client.get_manifest(f"sha256-{image.hex}.sig")[0])["layers"]
     assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 2
@@ -279,7 +278,7 @@ def test_sigstore_bundles_sit_among_the_referrers_where_cosign_3_looks_and_verif
         refused = sigstore_js.verify(path, other)
         assert refused.returncode == 1 and "not verified" in refused.stderr
 
-    publish.publish(published["project"], STACK, key=published["key"], echo=None)
+    publish.publish(published["project"], STACK, key=published["key"])
     again = [r for r in client.referrers(image.digest)[0] if r.artifact_type == cosign.SIGSTORE_BUNDLE]
     assert sorted(r.digest for r in again) == sorted(r.digest for r in bundles)
 
@@ -298,13 +297,13 @@ def test_one_changed_byte_in_a_published_file_fails_the_pull(published, env, tmp
     out = tmp_path / "pulled"
     try:
         with pytest.raises(ServestackError, match=rf"{recipe['title']}.*does not match its digest"):
-            publish.pull(published["image"], key=published["pub"], out=out, echo=None)
+            publish.pull(published["image"], key=published["pub"], out=out)
     finally:
         blob.write_bytes(original)
     assert not out.exists()
 
 
-def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fails_the_pull(published, tmp_path):
+def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fails_the_pull(published, tmp_path, capsys):
     """Scanners read the plain application/spdx+json referrers, not the signed copy. One beside the
     real SBOM that no verified publication signs (a document without a vulnerable package; or
     another tool's) is named as a warning and in publication.json, not refused: like a replayed
@@ -326,9 +325,10 @@ def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fa
                     "artifactType": sbom.SPDX_JSON}
     client.put_manifest(tag, json.dumps({**genuine_index, "manifests": [*genuine_index["manifests"], forged_entry]}
                                         ).encode(), OCI_INDEX)
-    said: list[str] = []
-    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "beside", echo=said.append)
-    assert f"WARNING: {sbom.SPDX_JSON} referrer {sha256_digest(data)} holds an SBOM no publication" in said[0]
+    capsys.readouterr()
+    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "beside")
+    said = capsys.readouterr().out
+    assert f"WARNING: {sbom.SPDX_JSON} referrer {sha256_digest(data)} holds an SBOM no publication" in said
     assert json.loads((out / "publication.json").read_text())["unsigned_sboms"] == [sha256_digest(data)]
 
     instead = [forged_entry if e["digest"] == genuine else e for e in genuine_index["manifests"]]
@@ -337,7 +337,7 @@ def test_an_sbom_referrer_no_publication_signs_is_named_and_the_real_one_gone_fa
         client.put_manifest(tag, json.dumps({**genuine_index, "manifests": manifests}).encode(), OCI_INDEX)
         with pytest.raises(ServestackError, match=re.escape(f"no {sbom.SPDX_JSON} referrer holds the SBOM the "
                                                             "publication signs")):
-            publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
+            publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled")
         assert not (tmp_path / "pulled").exists()
 
 
@@ -346,7 +346,7 @@ def test_a_bundle_signed_with_another_key_fails_the_pull(published, tmp_path):
     # The wrong key is a signature that does not verify (exit 8), not a missing publication (10).
     with pytest.raises(SignatureError, match=r"(?s)no publication signed by .*other\.pub.*1 attestation\(s\) whose "
                                               r"listing this key did not sign .*not fetched"):
-        publish.pull(published["image"], key=other, out=tmp_path / "pulled", echo=None)
+        publish.pull(published["image"], key=other, out=tmp_path / "pulled")
     assert not (tmp_path / "pulled").exists()
 
 
@@ -368,7 +368,7 @@ def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
     signed = ImageRef.parse(published["image"])
     with pytest.raises(ServestackError, match=rf"signed for {signed.repository}@{signed.digest}, "
                                               rf"not {other.repository}@{other.digest}"):
-        publish.pull(str(other), key=published["pub"], out=tmp_path / "pulled", echo=None)
+        publish.pull(str(other), key=published["pub"], out=tmp_path / "pulled")
 
 
 def test_the_signature_names_the_repository_and_digest_so_another_host_name_verifies(published, env, tmp_path):
@@ -383,7 +383,7 @@ def test_the_signature_names_the_repository_and_digest_so_another_host_name_veri
     auths["auths"][f"localhost:{port}"] = auths["auths"][image.registry]
     config.write_text(json.dumps(auths))
     elsewhere = f"localhost:{port}/{image.repository}@{image.digest}"
-    out = publish.pull(elsewhere, key=published["pub"], out=tmp_path / "mirror", echo=None)
+    out = publish.pull(elsewhere, key=published["pub"], out=tmp_path / "mirror")
     assert json.loads((out / "publication.json").read_text())["image"] == elsewhere
 
     client, copy = published["client"], Client(image.registry, f"{image.repository}-copy")
@@ -401,5 +401,5 @@ def test_the_signature_names_the_repository_and_digest_so_another_host_name_veri
     copied = f"{image.registry}/{image.repository}-copy@{image.digest}"
     with pytest.raises(ServestackError, match=rf"signed for {image.repository}@{image.digest}, not "
                                               rf"{image.repository}-copy@.*say which one the signature names"):
-        publish.pull(copied, key=published["pub"], out=tmp_path / "copy", echo=None)
-    publish.pull(copied, key=published["pub"], out=tmp_path / "named", repository=image.repository, echo=None)
+        publish.pull(copied, key=published["pub"], out=tmp_path / "copy")
+    publish.pull(copied, key=published["pub"], out=tmp_path / "named", repository=image.repository)

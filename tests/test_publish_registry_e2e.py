@@ -32,9 +32,9 @@ def test_pull_refuses_tags_and_a_missing_bundle(env, tmp_path):
     image, _ = new_image(env)
     key = signing.keygen(tmp_path / "k.key")[1]
     with pytest.raises(ServestackError, match="is a tag, not a digest"):
-        publish.pull(image.split("@")[0] + ":1", key=key, out=tmp_path / "o", echo=None)
+        publish.pull(image.split("@")[0] + ":1", key=key, out=tmp_path / "o")
     with pytest.raises(ServestackError, match="no signed publication"):
-        publish.pull(image, key=key, out=tmp_path / "o", echo=None)
+        publish.pull(image, key=key, out=tmp_path / "o")
 
 
 def test_two_concurrent_publishes_keep_both_referrers(env, tmp_path, monkeypatch):
@@ -65,7 +65,7 @@ def test_two_concurrent_publishes_keep_both_referrers(env, tmp_path, monkeypatch
 
     def run(project, run_id):
         try:
-            results[run_id] = publish.publish(project, STACK, key=key, run_id=run_id, echo=None)
+            results[run_id] = publish.publish(project, STACK, key=key, run_id=run_id)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -102,7 +102,7 @@ def test_registry_stopped_halfway_retries_then_fails_clearly_and_indexes_nothing
     monkeypatch.setattr(Client, "__init__", _fast_retries(real_init))
     try:
         with pytest.raises(NetworkError, match=r"upload blob .*could not reach registry .* after 4 attempts"):
-            publish.publish(project, STACK, key=key, echo=None)
+            publish.publish(project, STACK, key=key)
     finally:
         env.start()
     monkeypatch.setattr(Client, "push_blob", real_push)
@@ -114,7 +114,7 @@ def test_registry_stopped_halfway_retries_then_fails_clearly_and_indexes_nothing
         for blob in (manifest["config"], *manifest["layers"]):
             assert client.has_blob(blob["digest"])
     assert not (project.artifacts(STACK) / "publish.json").exists()
-    record = publish.publish(project, STACK, key=key, echo=None)  # and a rerun completes
+    record = publish.publish(project, STACK, key=key)  # and a rerun completes
     assert record["bundle"].split("@")[1] in {r.digest for r in client.referrers(subject)[0]}
 
 
@@ -197,7 +197,7 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
         points = [replace(base, repeat=k, tokens_per_s_per_gpu=base.tokens_per_s_per_gpu * f) for k, f in enumerate(factors)]
         write_run(stage_dir.parent, [StageResult(stack=STACK, pipeline=STACK, stage="throughput", image=image, runner="local", out_dir=stage_dir, throughput=points,
                                                  conditions={"agg": {"isl": 128, "osl": 32, "gpu_type": "cpu"}})])
-        publish.publish(project, STACK, key=private, run_id=label, echo=None)
+        publish.publish(project, STACK, key=private, run_id=label)
         images.append(image)
     here = Project(root=tmp_path / "reader")
     result, report = comparisons.compare_references(here, STACK, images[0], images[1], key=public)
@@ -223,17 +223,17 @@ def test_of_three_publications_pull_takes_the_newest_in_every_index_order_and_a_
     image, client = new_image(env)
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
-    records = [publish.publish(project, STACK, key=private, echo=None)]
+    records = [publish.publish(project, STACK, key=private)]
     for run_id in ("run-1", "run-2"):
         stage = project.artifacts(STACK) / "runs" / run_id / "throughput"
         atomic_write_json(stage / "results.json", {"run": run_id})
-        records.append(publish.publish(project, STACK, key=private, run_id=run_id, echo=None))
+        records.append(publish.publish(project, STACK, key=private, run_id=run_id))
     assert len({r["bundle"] for r in records}) == 3
-    again = publish.publish(project, STACK, key=private, run_id="run-2", echo=None)
+    again = publish.publish(project, STACK, key=private, run_id="run-2")
     assert again["attestation"] == records[2]["attestation"]  # the same content again adds nothing
 
     other, other_client = new_image(env, salt="other")
-    other_record = publish.publish(make_project(tmp_path / "other", other), STACK, key=private, echo=None)
+    other_record = publish.publish(make_project(tmp_path / "other", other), STACK, key=private)
     replayed = other_record["attestation"].split("@")[1]
     other_manifest = other_client.get_manifest(replayed)[0]
     for layer in json.loads(other_manifest)["layers"] + [json.loads(other_manifest)["config"]]:
@@ -257,7 +257,7 @@ def test_of_three_publications_pull_takes_the_newest_in_every_index_order_and_a_
         assert len(chosen.skipped) == 3
         assert "1 attestation(s) whose listing this key did not sign" in chosen.skipped[0]  # never fetched
         assert sum("older than the one taken" in s for s in chosen.skipped) == 2
-    out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=None)
+    out = publish.pull(image, key=public, out=tmp_path / "pulled")
     assert json.loads((out / "runs" / "run-2" / "throughput" / "results.json").read_text()) == {"run": "run-2"}
 
 
@@ -266,25 +266,24 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all.
     Its SBOM, written from the lock and build.json, names exactly the Python distributions whose
     dist-info directories the layers hold (vendored ones too), and stock cosign verifies it."""
-    from servestack import image, services
-    from servestack import inputs as build
+    from servestack import image, inputs, services
 
     services.ensure_dockerd()
     services.ensure_registry()
     repo = Project(root=REPO_ROOT)
-    build.build(repo, STACK)  # seconds when nothing changed
+    inputs.build(repo, STACK)  # seconds when nothing changed
     source = image.build_image(repo, STACK).reference
     project = make_project(tmp_path / "checkout", source)
     for name in ("build.json", "image.json"):
         shutil.copy(REPO_ROOT / "build" / STACK / name, project.artifacts(STACK) / name)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
     to = f"{env.address}/servestack-test/copied-{uuid.uuid4().hex[:8]}"
-    record = publish.publish(project, STACK, key=private, to=to, echo=None)
+    record = publish.publish(project, STACK, key=private, to=to)
     copied = ImageRef.parse(record["image"])
     assert copied.digest == ImageRef.parse(source).digest and copied.name == to
     manifest = json.loads(Client(copied.registry, copied.repository).get_manifest(copied.digest)[0])
     assert any(layer["mediaType"].endswith("zstd") for layer in manifest["layers"])
-    out = publish.pull(str(copied), key=public, out=tmp_path / "pulled", echo=None)
+    out = publish.pull(str(copied), key=public, out=tmp_path / "pulled")
     assert (out / "pins" / f"{STACK}.lock").read_bytes() == (REPO_ROOT / "pins" / f"{STACK}.lock").read_bytes()
 
     document = sbom.read_sbom((out / sbom.SBOM_TITLE).read_bytes(), copied, "pulled")

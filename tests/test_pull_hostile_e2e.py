@@ -57,11 +57,11 @@ def _publish_run(project, key, run_id: str) -> dict:
     stage = project.artifacts(STACK) / "runs" / run_id / "throughput"
     stage.mkdir(parents=True, exist_ok=True)
     (stage / "results.json").write_text(json.dumps({"run": run_id}))
-    return publish.publish(project, STACK, key=key, run_id=run_id, echo=None)
+    return publish.publish(project, STACK, key=key, run_id=run_id)
 
 
 def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another_image_pull_takes_the_real_one(
-        env, tmp_path, monkeypatch):
+        env, tmp_path, monkeypatch, capsys):
     """Five publications of one image, all signed with the right key: the real one; one dated 2030;
     one dated `9999`; one an hour older written with a +05:00 offset (as a string it sorts last);
     one whose recipes bind another digest. Pull takes the real one and names why each other is
@@ -70,7 +70,7 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     image, _ = new_image(env)
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
-    real = publish.publish(project, STACK, key=private, echo=None)
+    real = publish.publish(project, STACK, key=private)
     an_hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5)))
     forged = {}
     for run_id, finished_on in (("future", "2030-01-01T00:00:00Z"), ("malformed", "9999"),
@@ -89,8 +89,9 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
         patched.setattr(push, "bundle_files", binding_another_digest)
         forged["rebound"] = _publish_run(project, private, "rebound")
 
-    said: list[str] = []
-    out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=said.append)
+    capsys.readouterr()
+    out = publish.pull(image, key=public, out=tmp_path / "pulled")
+    said = capsys.readouterr().out
     taken = json.loads((out / "publication.json").read_text())
     assert taken["bundle"] == real["bundle_digest"]
     skipped = "\n".join(taken["skipped"])
@@ -100,20 +101,20 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     repository = ImageRef.parse(image).repository
     assert re.search(rf"{forged['rebound']['attestation'].split('@')[1]}: recipes/\S+\.yaml binds "
                      rf"'[^']*{repository}@sha256:{other_hex}', not {repository}@", skipped)
-    assert "recipes bound to the digest and lock" in said[0]
+    assert "recipes bound to the digest and lock" in said
 
     with pytest.raises(ServestackError, match=rf"recipes/\S+ binds '\S+@sha256:{other_hex}'"):
-        publish.pull(image, key=public, out=tmp_path / "rebound", bundle=forged["rebound"]["bundle_digest"], echo=None)
+        publish.pull(image, key=public, out=tmp_path / "rebound", bundle=forged["rebound"]["bundle_digest"])
     floor = parse_rfc3339(taken["published"]) + timedelta(seconds=1)
     with pytest.raises(ServestackError, match="no publication signed by .* is not older than"):
-        publish.pull(image, key=public, out=tmp_path / "floor", not_before_time=floor.isoformat(), echo=None)
-    publish.pull(image, key=public, out=tmp_path / "floor-ok", not_before_time=taken["published"], echo=None)
+        publish.pull(image, key=public, out=tmp_path / "floor", not_before_time=floor.isoformat())
+    publish.pull(image, key=public, out=tmp_path / "floor-ok", not_before_time=taken["published"])
     assert not (tmp_path / "rebound").exists() and not (tmp_path / "floor").exists()
 
 
 # ------------------------------------------------------------------ skip, don't block; a re-run repairs
 
-def test_stray_spdx_referrers_a_replay_and_a_missing_one_are_skipped_with_a_warning(published, tmp_path):
+def test_stray_spdx_referrers_a_replay_and_a_missing_one_are_skipped_with_a_warning(published, tmp_path, capsys):
     """Two SPDX referrers beside the real SBOM: one whose subject is another image (a replay), one
     listed but missing from the registry. Neither blocks the pull; both are named as warnings."""
     client, image = published["client"], ImageRef.parse(published["image"])
@@ -133,15 +134,16 @@ def test_stray_spdx_referrers_a_replay_and_a_missing_one_are_skipped_with_a_warn
     client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)  # the registry checks they exist ...
     client.delete_manifest(missing)  # ... so one is deleted after it is listed
 
-    said: list[str] = []
-    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=said.append)
-    assert re.search(rf"WARNING: .* referrer {sha256_digest(data)} .*its subject is {other}", said[0])
-    assert re.search(rf"WARNING: .* referrer {missing} .*listed as a referrer but missing", said[0])
+    capsys.readouterr()
+    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled")
+    said = capsys.readouterr().out
+    assert re.search(rf"WARNING: .* referrer {sha256_digest(data)} .*its subject is {other}", said)
+    assert re.search(rf"WARNING: .* referrer {missing} .*listed as a referrer but missing", said)
     assert sorted(json.loads((out / "publication.json").read_text())["unsigned_sboms"]) == sorted(
         [sha256_digest(data), missing])
 
 
-def test_a_rerun_of_publish_restores_a_deleted_bundle_blob_and_reports_a_dangling_cosign_layer(published, tmp_path):
+def test_a_rerun_of_publish_restores_a_deleted_bundle_blob_and_reports_a_dangling_cosign_layer(published, tmp_path, capsys):
     """A recipe's blob deleted from the registry breaks the pull; a dangling first layer at the
     `.att` tag (its blob gone, the tag left) is what cosign skips. Publishing again puts the blob
     back, says so, reports the dangling layer and rewrites the tag without it; pull then verifies."""
@@ -149,7 +151,7 @@ def test_a_rerun_of_publish_restores_a_deleted_bundle_blob_and_reports_a_danglin
     recipe = next(f for f in published["record"]["files"] if f["title"].startswith("recipes/"))
     client.delete_blob(recipe["digest"])
     with pytest.raises(ServestackError, match=rf"{recipe['title']}: .*missing"):
-        publish.pull(str(image), key=published["pub"], out=tmp_path / "broken", echo=None)
+        publish.pull(str(image), key=published["pub"], out=tmp_path / "broken")
     att = cosign.attestation_tag(image)
     manifest = json.loads(client.get_manifest(att)[0])
     dangling = client.push_blob(b"another signer's envelope, since lost")
@@ -157,14 +159,15 @@ def test_a_rerun_of_publish_restores_a_deleted_bundle_blob_and_reports_a_danglin
     client.put_manifest(att, json.dumps(manifest).encode(), OCI_MANIFEST)
     client.delete_blob(dangling)
 
-    said: list[str] = []
-    again = publish.publish(published["project"], STACK, key=published["key"], echo=said.append)
+    capsys.readouterr()
+    again = publish.publish(published["project"], STACK, key=published["key"])
+    said = capsys.readouterr().out
     assert again["attestation"] == published["record"]["attestation"]  # repaired, not re-signed
     assert again["repaired"] == [f"blob {recipe['digest']}"]
     assert again["damaged"] == [f"{att}: layer {dangling} is missing from the registry; left out"]
-    assert f"repaired    blob {recipe['digest']}" in said[0] and "damaged     " in said[0]
+    assert f"repaired    blob {recipe['digest']}" in said and "damaged     " in said
     assert dangling not in client.get_manifest(att)[0].decode()
-    publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
+    publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled")
 
 
 # ------------------------------------------------------------------ a hostile registry: bounded reads
@@ -179,7 +182,7 @@ def origin(registry, tmp_path_factory) -> dict:
     image = f"{registry}/{repository}@{digest}"
     project = make_project(root / "checkout", image)
     private, public = signing.keygen(root / "keys" / "publisher.key")
-    record = publish.publish(project, STACK, key=private, echo=None)
+    record = publish.publish(project, STACK, key=private)
     return {"image": ImageRef.parse(image), "client": client, "record": record, "pub": public, "project": project}
 
 

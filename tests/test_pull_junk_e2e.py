@@ -36,7 +36,7 @@ def fresh(registry, tmp_path) -> dict:
     image = f"{registry}/{client.repository}@{push_stack_image(client, (REPO_ROOT / 'pins' / f'{STACK}.lock').read_bytes())}"
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
-    record = publish.publish(project, STACK, key=private, echo=None)
+    record = publish.publish(project, STACK, key=private)
     return {"image": ImageRef.parse(image), "client": client, "project": project, "key": private, "pub": public,
             "record": record}
 
@@ -117,12 +117,12 @@ def test_a_stale_lock_publication_newer_than_the_good_one_is_skipped_and_publish
     (run / "results.json").write_text(json.dumps({"image": f"{fresh['image'].name}@sha256:{'e' * 64}"}))
     with pytest.raises(PublishError, match=r"build/dev-cpu/runs/elsewhere/throughput/results.json: results of "
                                            r"\S+@sha256:e{64}, not of"):
-        publish.publish(project, STACK, key=fresh["key"], run_id="elsewhere", echo=None)
+        publish.publish(project, STACK, key=fresh["key"], run_id="elsewhere")
     lock.write_bytes(lock.read_bytes() + b"\n")  # another lock: the same content, other bytes, another sha256
     with pytest.raises(PublishError, match=rf"{lock}: lock \w+, but .* was built from lock"):
-        publish.publish(project, STACK, key=fresh["key"], echo=None)
+        publish.publish(project, STACK, key=fresh["key"])
     monkeypatch.setattr(push, "check_records_belong", lambda *args: None)
-    stale = publish.publish(project, STACK, key=fresh["key"], echo=None)
+    stale = publish.publish(project, STACK, key=fresh["key"])
     assert stale["bundle"] != fresh["record"]["bundle"]
     good = fresh["record"]["attestation"].split("@")[1]
     for n, extra in enumerate(((), ("--not-before", "2026-01-01"))):
@@ -205,7 +205,7 @@ def test_a_tls_registry_whose_ca_this_machine_lacks_is_named_not_a_bare_http_400
     with pytest.raises(RegistryError, match=rf"registry {tls_registry.address} serves TLS with a certificate this "
                                             rf"machine does not trust .*put its CA in {tmp_path}/certs.d/"
                                             rf"{tls_registry.address}/ca.crt"):
-        publish.pull(reference, key=key, out=tmp_path / "pulled", echo=None)
+        publish.pull(reference, key=key, out=tmp_path / "pulled")
 
 
 def test_an_attestation_listed_without_its_signature_is_still_examined_when_nothing_signed_is_usable(fresh, tmp_path):
@@ -217,7 +217,7 @@ def test_an_attestation_listed_without_its_signature_is_still_examined_when_noth
     unlisted = [{k: v for k, v in m.items() if k != "annotations"} if m.get("artifactType") == ATTESTATION_TYPE else m
                 for m in index["manifests"]]
     client.put_manifest(tag, json.dumps({**index, "manifests": unlisted}).encode(), OCI_INDEX)
-    out = publish.pull(str(image), key=fresh["pub"], out=tmp_path / "pulled", echo=None)
+    out = publish.pull(str(image), key=fresh["pub"], out=tmp_path / "pulled")
     assert json.loads((out / "publication.json").read_text())["bundle"] == fresh["record"]["bundle_digest"]
 
 
@@ -243,6 +243,6 @@ def test_sigterm_as_out_is_staged_leaves_it_whole_and_no_staging_directory(fresh
 
     monkeypatch.setattr(fetch.tempfile, "mkdtemp", mkdtemp_then_sigterm)
     with signals_unwind(), pytest.raises(Terminated):
-        publish.pull(str(fresh["image"]), key=fresh["pub"], out=tmp_path / "out", echo=None)
+        publish.pull(str(fresh["image"]), key=fresh["pub"], out=tmp_path / "out")
     assert (tmp_path / "out" / "publication.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out")) == []

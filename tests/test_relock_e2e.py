@@ -115,14 +115,14 @@ def test_a_release_after_resolved_at_is_never_taken_where_upload_times_are_serve
 
 
 def test_an_index_without_upload_times_is_named_in_the_lock_and_a_relock_still_keeps_its_versions(
-        tmp_path, index, caplog):
+        tmp_path, index, capsys):
     if index.upload_times:
         pytest.skip("the index serves upload times")
     mini = project(tmp_path)
     first = lock.lock(mini, "mini").read_bytes()
     (entry,) = lock.load_lock(mini, "mini").undated_indexes
     assert entry.index == "pypi" and f"resolved_at {RESOLVED_AT} could not be enforced" in entry.why
-    assert f"index 'pypi' ({index.url}, from SERVESTACK_INDEX_PYPI): serves no upload times" in caplog.text
+    assert f"index 'pypi' ({index.url}, from SERVESTACK_INDEX_PYPI): serves no upload times" in capsys.readouterr().err
 
     index.publish(tiny_wheel(index.wheels, "dep", "1.1"), AFTER_IT)  # its date is nowhere to be read
     assert lock.lock(mini, "mini").read_bytes() == first

@@ -64,7 +64,7 @@ def test_smoke_accounts_for_each_pr_of_the_stack_present_and_exercised():
     assert accounts["vllm-project/vllm#45357"]["present"] == "not_run"  # no evidence check in these checks
 
 
-def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why(tmp_path, monkeypatch):
+def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why(tmp_path, monkeypatch, capsys):
     import json
     import shutil
 
@@ -85,9 +85,10 @@ def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why
     write_image_record(project.artifacts("dev-cpu") / "image.json", image)
     write_smoke_record(project.artifacts("dev-cpu") / "smoke.json", image, checks=tuple(disagg("pass")))
     monkeypatch.setattr(inputs, "build", lambda *a, **k: pytest.fail("no variant can be built here"))
-    said: list[str] = []
-    results = {n.pr: n for n in ablate(project, "dev-cpu", echo=said.append)}
+    results = {n.pr: n for n in ablate(project, "dev-cpu")}
+    said = capsys.readouterr().out.splitlines()  # through the console, on stdout: one line for each PR that names a check
     assert {n.necessary for n in results.values()} == {"not run"} and len(said) == 4
+    assert all(line.startswith("ablate dev-cpu: ") and ": not run: " in line for line in said), said
     # The committed lock was made where GitHub did not answer: it holds no diff to take out.
     assert "unreachable when this lock was made" in results["vllm-project/vllm#41869"].detail
     assert results["vllm-project/vllm#41869"].with_pr == "pass"

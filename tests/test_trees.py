@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -330,34 +329,30 @@ def _fake(root: Path, name: str, version: str) -> tuple[Path, str]:
     return _bin(root, name, script=f"#!/bin/sh\nprintf '%s\\n%s\\n' '{binary}' '{version}'\n"), binary
 
 
-def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, caplog):
+def test_the_image_version_compiles_wherever_it_is_on_path(tmp_path, monkeypatch, capsys):
     (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.2"), _fake(tmp_path, "b", "3.11.7")
     monkeypatch.setenv("PATH", _path(first, second))
-    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
-        assert trees.compiler("3.11", "3.11.2") == trees.Compiler(executable=first_binary, version="3.11.2")
-        assert trees.compiler("3.11", "3.11.7") == trees.Compiler(executable=second_binary, version="3.11.7")  # second on PATH
-    assert caplog.records == []
+    assert trees.compiler("3.11", "3.11.2") == trees.Compiler(executable=first_binary, version="3.11.2")
+    assert trees.compiler("3.11", "3.11.7") == trees.Compiler(executable=second_binary, version="3.11.7")  # second on PATH
+    assert capsys.readouterr().err == ""
 
 
-def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, caplog):
+def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_path, monkeypatch, capsys):
     (first, first_binary), (second, second_binary) = _fake(tmp_path, "a", "3.11.7"), _fake(tmp_path, "b", "3.11.2")
     monkeypatch.setenv("PATH", _path(first, second))
-    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
-        chosen = trees.compiler("3.11", "3.11.99")
+    chosen = trees.compiler("3.11", "3.11.99")
     assert chosen == trees.Compiler(executable=first_binary, version="3.11.7")
-    [warning] = caplog.records
-    message = warning.getMessage()
-    assert "Python 3.11.99" in message and f"compiling with {first_binary} (3.11.7)" in message
+    [message] = capsys.readouterr().err.splitlines()
+    assert message.startswith("servestack.image.trees: bytecode: ") and "Python 3.11.99" in message and f"compiling with {first_binary} (3.11.7)" in message
     assert f"{second_binary} (3.11.2)" in message and "image digest" in message
 
 
-def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monkeypatch, caplog):
+def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monkeypatch, capsys):
     first, first_binary = _fake(tmp_path, "a", "3.11.7")
     monkeypatch.setenv("PATH", _path(first))
-    with caplog.at_level(logging.WARNING, logger="servestack.image.trees"):
-        assert trees.compiler("3.11", None) == trees.Compiler(executable=first_binary, version="3.11.7")
-    [warning] = caplog.records
-    assert warning.getMessage().startswith("bytecode: the exact version of the image's Python 3.11 is not known "
+    assert trees.compiler("3.11", None) == trees.Compiler(executable=first_binary, version="3.11.7")
+    [warning] = capsys.readouterr().err.splitlines()
+    assert warning.startswith("servestack.image.trees: bytecode: the exact version of the image's Python 3.11 is not known "
                                            f"(none was given) (found: {first_binary} (3.11.7))")
 
 

@@ -13,8 +13,7 @@ import pytest
 from fixtures.tinystack import github, tinyserve_stack
 from test_evidence import PR1_EVIDENCE, entries, unreachable
 
-from servestack import inputs as build
-from servestack import lock
+from servestack import inputs, lock
 from servestack.errors import ServestackError
 from servestack.lock import check as lockcheck
 from servestack.records.steps import read_build
@@ -55,15 +54,15 @@ def test_without_its_history_the_lock_says_why_there_is_no_variant(tmp_path, wor
     assert entry["status"] == "included" and "patch" not in entry
     assert "unreachable" in entry["diff_unavailable"] and "variant" in entry["diff_unavailable"]
     with pytest.raises(ServestackError, match=r"holds no diff for example/tinyserve#1: .*unreachable"):
-        build.build(project, "tiny.without-1")
+        inputs.build(project, "tiny.without-1")
     assert not project.artifacts("tiny.without-1").exists()
 
 
 def test_the_variant_s_wheel_lacks_the_pr_and_nothing_else_changes(tmp_path, world):
     project = stack_naming_a_check(tmp_path, world)
     lock.lock(project, "tiny", github(world))
-    intact = read_build(build.build(project, "tiny"))
-    variant = read_build(build.build(project, "tiny.without-1"))
+    intact = read_build(inputs.build(project, "tiny"))
+    variant = read_build(inputs.build(project, "tiny.without-1"))
     assert variant.stack == "tiny.without-1" and variant.lock_sha256 == intact.lock_sha256
     assert variant.input_hash != intact.input_hash
     (overlaid,) = variant.overlays
@@ -79,5 +78,5 @@ def test_a_variant_for_a_pr_the_lock_does_not_hold_is_refused_before_anything_ch
     project = stack_naming_a_check(tmp_path, world)
     lock.lock(project, "tiny", github(world))
     with pytest.raises(ServestackError, match=r"must hold exactly one PR numbered 7 .*found: none"):
-        build.build(project, "tiny.without-7")
+        inputs.build(project, "tiny.without-7")
     assert not project.artifacts("tiny.without-7").exists()

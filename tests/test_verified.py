@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_image import make_project
 
-from servestack import inputs as build
+from servestack import inputs
 from servestack.errors import IntegrityError
 from servestack.inputs import overlay, tinymodel
 from servestack.sources import cache
@@ -139,7 +139,7 @@ def isolated_cache(tmp_path, monkeypatch):
 def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tampered_one(tmp_path, world, isolated_cache,
                                                                                          monkeypatch):
     project = make_project(tmp_path / "p", world)
-    first = json.loads(build.build(project, "tinyimg").read_text())
+    first = json.loads(inputs.build(project, "tinyimg").read_text())
     made = {"overlay": 0, "model": 0}
     apply, make = overlay.apply_overlays, tinymodel.make_model
 
@@ -151,7 +151,7 @@ def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tamper
 
     monkeypatch.setattr(overlay, "apply_overlays", counted("overlay", apply))
     monkeypatch.setattr(tinymodel, "make_model", counted("model", make))
-    assert json.loads(build.build(project, "tinyimg").read_text()) == first
+    assert json.loads(inputs.build(project, "tinyimg").read_text()) == first
     assert made == {"overlay": 0, "model": 0}
 
     (applied,) = first["overlays"]
@@ -159,27 +159,27 @@ def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tamper
     wheel.write_bytes(bytes(wheel.stat().st_size))  # same size, other bytes
     config = Path(first["model"]["path"]) / "config.json"
     config.write_text(config.read_text().replace("128", "129"))
-    assert json.loads(build.build(project, "tinyimg").read_text()) == first
+    assert json.loads(inputs.build(project, "tinyimg").read_text()) == first
     assert made == {"overlay": 1, "model": 1}
     assert hashlib.sha256(wheel.read_bytes()).hexdigest() == applied["wheel"]["sha256"]
 
 
 def test_an_edited_patch_stops_the_build_even_when_its_overlay_was_made(tmp_path, world, isolated_cache):
     project = make_project(tmp_path / "p", world)
-    build.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
     (patch,) = (project.root / "pins" / "patches").glob("*.diff")
     patch.write_text(patch.read_text() + "\n")
     with pytest.raises(Exception, match="sha256"):
-        build.build(project, "tinyimg")
+        inputs.build(project, "tinyimg")
 
 
 def test_rehash_reads_every_wheel_and_made_output_in_full(tmp_path, world, isolated_cache, reads):
     project = make_project(tmp_path / "p", world)
-    build.build(project, "tinyimg")
-    build.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
     before = reads["n"]
-    build.build(project, "tinyimg")
+    inputs.build(project, "tinyimg")
     assert reads["n"] == before  # all remembered: nothing read in full
-    build.build(project, "tinyimg", rehash=True)
+    inputs.build(project, "tinyimg", rehash=True)
     # the wheel twice (fetched, and as the overlay's base), the overlaid wheel, the model's five files
     assert reads["n"] - before == 8

@@ -20,6 +20,7 @@ from typing import Any
 
 from servestack import compare
 from servestack.errors import InputError, ServestackError
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json, atomic_write_text
 from servestack.util.project import Project
 
@@ -141,8 +142,7 @@ def write(project: Project, d: Drift) -> Path:
 
 def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[tuple[str, Callable[[], tuple[bool, str]]]]:
     """Each step as (name, action -> (ok, detail)); they run in order and the first failure ends the bump."""
-    from servestack import image
-    from servestack import inputs as build
+    from servestack import image, inputs
     from servestack.lock import relock
     from servestack.lock.preferences import Upgrade
     from servestack.smoke import run_smoke
@@ -159,7 +159,7 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return True, f"{len(d.asked)} asked to move, {len(d.moved_anyway)} moved anyway"
 
     def built() -> tuple[bool, str]:
-        build.build(project, stack)
+        inputs.build(project, stack)
         return True, "every locked input fetched and verified"
 
     def imaged() -> tuple[bool, str]:
@@ -168,7 +168,8 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
         return True, record.reference
 
     def smoked() -> tuple[bool, str]:
-        result = run_smoke(project, stack, d.digest_after, echo=None)
+        with console.quiet():  # the bump says the step's outcome itself
+            result = run_smoke(project, stack, d.digest_after)
         return result.exit_code == 0, f"smoke exit status {result.exit_code}"
 
     def staged() -> tuple[bool, str]:
@@ -207,22 +208,23 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
     """The bumped run against the baseline: measured again beside it (one interleaved session of both
     images), or against its stored results."""
     from servestack.compare import comparisons
+    from servestack.records.imageref import names_a_digest
     from servestack.stages import interleave
 
     policy = _policy(project, stack)
     if not alongside:
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
-    if "@sha256:" not in (d.baseline or ""):
+    if not names_a_digest(d.baseline):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
     out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
-    session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy,
-                                 echo=None)
+    with console.quiet():
+        session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy)
     result = interleave.compared(session, stack, (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
     return result, comparisons.write(result, out, [p.__dict__ for p in session.decided])
 
 
 def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,
-         run_id: str | None = None, echo: Callable[[str], None] | None = print, alongside: bool = False,
+         run_id: str | None = None, alongside: bool = False,
          steps: Callable[[Drift], list[tuple[str, Callable[[], tuple[bool, str]]]]] | None = None,
          ) -> tuple[Drift, Path]:
     """`steps(drift)`: the steps to run, each filling in its part of the drift (default: the real ones)."""
@@ -240,8 +242,7 @@ def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path
         except ServestackError as exc:
             ok, detail = False, str(exc).splitlines()[0]
         d.steps.append(Step(name=name, ok=ok, detail=detail, seconds=round(time.monotonic() - started, 1)))
-        if echo:
-            echo(f"bump {stack}: {name}: {'ok' if ok else 'FAIL'}: {detail}")
+        console.progress(f"bump {stack}: {name}: {'ok' if ok else 'FAIL'}: {detail}")
         if not ok:
             return d, write(project, d)
     run = Path(d.stages[0]["dir"]).parent if d.stages else None

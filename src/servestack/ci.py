@@ -21,6 +21,7 @@ from servestack.errors import ServestackError
 from servestack.records.imageref import ImageRef
 from servestack.records.smokefile import read_smoke
 from servestack.records.steps import read_image
+from servestack.util.console import console
 from servestack.util.project import Project
 
 _OUTPUT_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -94,4 +95,4 @@ def write_step(outputs: dict[str, str], markdown: str, environ: dict[str, str] |
         with Path(env["GITHUB_STEP_SUMMARY"]).open("a", encoding="utf-8") as f:
             f.write(markdown + "\n")
     elif not env.get("GITHUB_ACTIONS"):
-        print(markdown, end="")
+        console.result(markdown.removesuffix("\n"))

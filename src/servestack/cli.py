@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import sys
 import time
 from pathlib import Path
 
 from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
 from servestack.commands import check_stack, platform_arg, same_platform
 from servestack.commands import image_arg as _image_arg
-from servestack.commands import say as _say
 from servestack.errors import InputError, ServestackError, Terminated
+from servestack.util.console import console
 from servestack.util.interrupts import exit_code, signals_unwind
 from servestack.util.project import DEFAULT_STACK, Project
 
@@ -41,17 +39,17 @@ def _lock(args: argparse.Namespace, project: Project) -> int:
     if args.check:
         report = lockcheck.check(project, args.stack)
         for warning in report.warnings:
-            _say(f"warning: {warning}")
+            console.result(f"warning: {warning}")
         for problem in report.problems:
-            _say(f"error: {problem}")
+            console.result(f"error: {problem}")
         online = relock.check_online(project, args.stack) if args.online else None
         for line in online.lines() if online else []:
-            _say(f"  {line}")
+            console.result(f"  {line}")
         ok = report.ok and (online is None or online.ok)
-        _say(f"lock {args.stack}: {'ok' if ok else 'out of date'}")
+        console.result(f"lock {args.stack}: {'ok' if ok else 'out of date'}")
         return 0 if ok else 1
     for line in relock.relock(project, args.stack, upgrade=Upgrade.of(args.upgrade)).summary(project):
-        _say(line)
+        console.result(line)
     return 0
 
 
@@ -67,16 +65,16 @@ def _build_args(p: argparse.ArgumentParser) -> None:
 
 @command("build", "fetch and verify every locked input, apply PR overlays: build/<stack>/build.json", _build_args)
 def _build(args: argparse.Namespace, project: Project) -> int:
-    from servestack import inputs as build
+    from servestack import inputs
 
     started = time.monotonic()
-    path = build.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
-    record = build.load_build(project, args.stack)
+    path = inputs.build(project, args.stack, platform=args.platform, allow_unverified=args.allow_unverified, rehash=args.rehash)
+    record = inputs.load_build(project, args.stack)
     overlays = sum(len(o.prs) for o in record.overlays)
-    _say(f"build {args.stack}: {len(record.inputs)} wheels verified, {overlays} PR overlays applied, "
+    console.result(f"build {args.stack}: {len(record.inputs)} wheels verified, {overlays} PR overlays applied, "
          f"input hash {record.input_hash[:16]} ({time.monotonic() - started:.1f} s) -> {path.relative_to(project.root)}")
     if record.unverified_prs:
-        _say(f"warning: built with {len(record.unverified_prs)} unverified PRs (--allow-unverified): "
+        console.result(f"warning: built with {len(record.unverified_prs)} unverified PRs (--allow-unverified): "
              + ", ".join(record.unverified_prs))
     return 0
 
@@ -102,10 +100,10 @@ def _image(args: argparse.Namespace, project: Project) -> int:
         locked = load_lock(project, args.stack)
         path = image.write_expected(project, args.stack, result, image.interpreter_version(locked, result.platform),
                                     sorted(locked.platforms))
-        _say(f"image {args.stack}: expected digest {digest} for {result.platform} written to {path.relative_to(project.root)}")
+        console.result(f"image {args.stack}: expected digest {digest} for {result.platform} written to {path.relative_to(project.root)}")
     index = image.record_index(project, args.stack, result)
     if index:
-        _say(f"image {args.stack}: image index {index} over every platform of the lock")
+        console.result(f"image {args.stack}: image index {index} over every platform of the lock")
     if args.update_expected:
         return 0
     expected = result.expected
@@ -118,7 +116,7 @@ def _image(args: argparse.Namespace, project: Project) -> int:
         "different": f"DIFFERENT from the expected {expected.digest} of {expected.file} (same lock): this "
                      f"machine or this code made other bytes (bytecode compiled by Python {result.compiled_by}); if the change is deliberate, run `{fix}` and commit it",
     }
-    _say(f"image {args.stack}: {digest} {verdicts[expected.status]}")
+    console.result(f"image {args.stack}: {digest} {verdicts[expected.status]}")
     return 1 if expected.status in ("different", "stale") else 0
 
 
@@ -206,14 +204,14 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
     results = run_pipeline(project, name, image, runner, stages, run_id=run_id,
                            recipes=args.recipes, skip_preflight=args.skip_preflight)
     for result in results:
-        _say(format_verdict(result.verdict))
+        console.result(format_verdict(result.verdict))
         if result.comparison:
-            _say(f"  -> {result.comparison}")
-        _say(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
+            console.result(f"  -> {result.comparison}")
+        console.result(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
     if results:
         client = sum(r.timing.get("client_seconds") or 0.0 for r in results)
         wall = time.monotonic() - started
-        _say(f"{results[0].runner} runner: wall {wall:.1f} s, inside the benchmark clients {client:.1f} s, "
+        console.result(f"{results[0].runner} runner: wall {wall:.1f} s, inside the benchmark clients {client:.1f} s, "
              f"overhead {wall - client:.1f} s")
     failed = [r for r in results if not r.passed]
     if failed:
@@ -249,7 +247,7 @@ def _cancel(args: argparse.Namespace, project: Project) -> int:
 
     run_dir = project.artifacts(args.stack) / "runs" / args.run_id
     cancelled = cancel_recorded(run_dir, lambda kind: _runner(project, args.pipeline or args.stack, kind))
-    _say(f"cancel {args.run_id}: {', '.join(cancelled) if cancelled else 'no live job recorded'}")
+    console.result(f"cancel {args.run_id}: {', '.join(cancelled) if cancelled else 'no live job recorded'}")
     return 0
 
 
@@ -264,7 +262,7 @@ def _outputs(args: argparse.Namespace, project: Project) -> int:
     outputs = workflow.step_outputs(project, args.stack)
     workflow.write_step(outputs, workflow.summary(project, args.stack, args.run_id))
     for name, value in outputs.items():
-        _say(f"{name}={value}")
+        console.result(f"{name}={value}")
     return 0
 
 
@@ -325,23 +323,23 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
         else:
             paths = recipes.render_committed(project)
         for path in paths:
-            _say(str(path.relative_to(project.root) if path.is_relative_to(project.root) else path))
+            console.result(str(path.relative_to(project.root) if path.is_relative_to(project.root) else path))
         return 0
     if args.action == "compare":
         committed = recipes.committed_sets(project)
         ours = args.against or recipes.closest_set(committed, args.theirs)
         comparisons = recipes.compare_dirs(ours, args.theirs)
-        _say(f"ours: {ours}\ntheirs: {args.theirs}")
-        _say(recipes.format_comparisons(comparisons))
+        console.result(f"ours: {ours}\ntheirs: {args.theirs}")
+        console.result(recipes.format_comparisons(comparisons))
         same = sum(c.same for c in comparisons)
-        _say(f"recipes compare: {same} of {len(comparisons)} file(s) the same")
+        console.result(f"recipes compare: {same} of {len(comparisons)} file(s) the same")
         return 0 if same == len(comparisons) else 1
     if args.action == "check":
         notes: list[str] = []
         stale = recipes.check_rendered(project)
         errors = stale + recipes.validate_committed(project, notes=notes, standin=_recipe_standin(project))
         for note in notes:
-            _say(f"note: {note}")
+            console.result(f"note: {note}")
     else:
         stale = []
         committed = recipes.committed_sets(project)
@@ -349,14 +347,14 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
                                         standin=_recipe_standin(project))
         errors = result.errors
         for engine, count in sorted(_count(result.engines.values()).items()):
-            _say(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
+            console.result(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
         for note in result.notes:
-            _say(f"note: {note}")
+            console.result(f"note: {note}")
         for warning in result.warnings:
-            _say(f"warning: {warning}")
+            console.result(f"warning: {warning}")
     for error in errors:
-        _say(f"error: {error}")
-    _say(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
+        console.result(f"error: {error}")
+    console.result(f"recipes {args.action}: {'ok' if not errors else f'{len(errors)} problem(s)'}")
     # A recipe the rules refuse is bad input (README, "Exit codes"); a committed file that differs from
     # its render is a check that failed.
     return InputError.exit_code if len(errors) > len(stale) else (1 if errors else 0)
@@ -404,7 +402,7 @@ def _services(args: argparse.Namespace, project: Project) -> int:
     }
     for name in args.which or ["docker", "registry"]:
         result = starters[name]()
-        _say(f"{name}: {'done' if name == 'nodes-down' else 'up'}{f' ({result})' if isinstance(result, str) else ''}")
+        console.result(f"{name}: {'done' if name == 'nodes-down' else 'up'}{f' ({result})' if isinstance(result, str) else ''}")
     return 0
 
 
@@ -427,18 +425,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
-    if not args.verbose:
-        logging.getLogger("urllib3").setLevel(logging.ERROR)
+    console.configure(verbose=args.verbose)
     project = Project(root=args.project.resolve()) if args.project else Project.find()
     try:
         check_stack(args, project)
         with signals_unwind():
             return COMMANDS[args.command][2](args, project)
     except ServestackError as exc:
-        print(f"servestack {args.command}: {exc}", file=sys.stderr)
+        console.error(f"servestack {args.command}", str(exc))
         return exc.exit_code
     except KeyboardInterrupt as interrupt:
-        print(f"servestack {args.command}: {'terminated' if isinstance(interrupt, Terminated) else 'interrupted'}",
-              file=sys.stderr)
+        console.error(f"servestack {args.command}", "terminated" if isinstance(interrupt, Terminated) else "interrupted")
         return exit_code(interrupt)

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from servestack.commands import command
-from servestack.commands import say as _say
 from servestack.errors import VerdictFailed
+from servestack.util.console import console
 from servestack.util.project import Project
 
 
@@ -68,17 +68,17 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
         out = args.out or comparisons.place(project, args.stack, args.a, run_id, args.b, run_id)
         session = interleave.measure(project, interleave.pair(args.a, args.b, name, args.pipeline_b), out,
-                                     policy=policy, recipes=args.recipes, echo=_say)
+                                     policy=policy, recipes=args.recipes)
         result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
         report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
     else:
         result, report = comparisons.compare_references(project, args.stack, args.a, args.b, key=args.key,
                                                         out=args.out, policy=policy)
-    _say(report.read_text())
-    _say(f"-> {report}")
+    console.result(report.read_text())
+    console.result(f"-> {report}")
     failing = comparisons.failing_points(result)
     for line in failing:
-        _say(line)
+        console.result(line)
     if failing:
         raise VerdictFailed(result.verdict(), f"{result.verdict()}: {len(failing)} gated point(s) fail ({report})")
     return 0
@@ -100,10 +100,10 @@ def _bump(args: argparse.Namespace, project: Project) -> int:
     from servestack import bump
 
     bump.check_inputs(project, args.stack, args.baseline, args.key, args.alongside)  # before anything changes
-    drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id, echo=_say,
+    drift, report = bump.bump(project, args.stack, baseline=args.baseline, key=args.key, run_id=args.run_id,
                               alongside=args.alongside)
-    _say(report.read_text())
-    _say(f"-> {report}")
+    console.result(report.read_text())
+    console.result(f"-> {report}")
     return bump.exit_code(drift)
 
 
@@ -117,8 +117,8 @@ def _ablate_args(p: argparse.ArgumentParser) -> None:
 def _ablate(args: argparse.Namespace, project: Project) -> int:
     from servestack.smoke.ablation import ablate
 
-    results = ablate(project, args.stack, args.pr, echo=_say)
+    results = ablate(project, args.stack, args.pr)
     for n in results:
-        _say(f"  {n.pr:<32} {n.check:<20} with: {n.with_pr:<8} without: {n.without_pr:<8} {n.necessary}")
+        console.result(f"  {n.pr:<32} {n.check:<20} with: {n.with_pr:<8} without: {n.without_pr:<8} {n.necessary}")
     # A check named for a PR that passes without it too is a wrong claim in the stack file.
     return 1 if any(n.necessary == "not shown" for n in results) else 0

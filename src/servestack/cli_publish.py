@@ -7,7 +7,7 @@ from pathlib import Path
 
 from servestack.commands import command
 from servestack.commands import image_arg as _image_arg
-from servestack.commands import say as _say
+from servestack.util.console import console
 from servestack.util.project import Project
 
 
@@ -31,7 +31,7 @@ def _publish(args: argparse.Namespace, project: Project) -> int:
 
         ImageRef.parse(args.image)
     publish.publish(project, args.stack, key=args.key, image=args.image, to=args.to, run_id=args.run_id,
-                    records_dir=args.records, allow_static_smoke=args.allow_static_smoke, echo=_say)
+                    records_dir=args.records, allow_static_smoke=args.allow_static_smoke)
     return 0
 
 
@@ -72,10 +72,10 @@ def _pull(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
     out = publish.pull(args.reference, key=args.key, out=args.out, bundle=args.bundle, repository=args.repository,
-                       echo=_say, not_before_time=args.not_before, platform=args.platform, timeout=args.timeout)
+                       not_before_time=args.not_before, platform=args.platform, timeout=args.timeout)
     verdict = smoke_verdict(out / "build" / "smoke.json") if out is not None else None
     if verdict:
-        _say(verdict)
+        console.result(verdict)
     return 0
 
 
@@ -104,8 +104,7 @@ def _verify_args(p: argparse.ArgumentParser) -> None:
 def _verify(args: argparse.Namespace, project: Project) -> int:
     from servestack import publish
 
-    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, timeout=args.timeout,
-                                       echo=_say)["same"] else 1
+    return 0 if publish.verify_rebuild(project, args.reference, key=args.key, timeout=args.timeout)["same"] else 1
 
 
 def _keygen_args(p: argparse.ArgumentParser) -> None:
@@ -119,7 +118,7 @@ def _keygen(args: argparse.Namespace, project: Project) -> int:
 
     _refuse_committable(project, args.key)
     private, public = signing.keygen(args.key)
-    _say(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")
+    console.result(f"wrote {private} (private, mode 0600: keep it out of the repository) and {public} (give this to pull)")
     return 0
 
 

@@ -26,10 +26,6 @@ def command(name: str, help: str,
     return register
 
 
-def say(text: str = "") -> None:
-    print(text, flush=True)
-
-
 def image_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--image", help="REPO@sha256:<64 hex> (default: the digest the last `image` session recorded)")
 

@@ -22,6 +22,8 @@ from typing import Any
 
 from servestack.compare import verdicts
 from servestack.errors import InputError
+from servestack.records.imageref import names_a_digest
+from servestack.util.console import console
 
 SCHEMA = "servestack.comparison/1"
 STAGE_SCHEMA = "servestack.stage-result/1"  # StageResult.to_dict()
@@ -199,13 +201,14 @@ def load_side(reference: str, *, runs: Path, pulled: Path, key: Path | None = No
     """A side named as the command line and `gate.baseline` name it: an image reference with a
     digest (its verified publication is pulled into `pulled`, which must not exist yet), a run id
     under `runs`, a run directory, or a directory `servestack pull` wrote."""
-    if "@sha256:" in reference:
+    if names_a_digest(reference):
         from servestack.publish import pull
 
         if key is None:
             raise InputError(Path(reference), "key", "a published baseline is verified with its publisher's public key "
                                                      "(--key, or gate.baseline_key)")
-        pull(reference, key=key, out=pulled, echo=None)
+        with console.quiet():  # a side is a comparison's input: the comparison is what is said
+            pull(reference, key=key, out=pulled)
         return load_pulled(pulled, label or reference.rsplit("@", 1)[1][:19])
     path = Path(reference)
     if not path.exists() and (runs / reference).is_dir():

@@ -8,7 +8,6 @@ kept under a name that its packages, its date and this assembly recipe decide.
 
 from __future__ import annotations
 
-import logging
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +21,10 @@ from servestack.platforms import PLATFORMS
 from servestack.records.lockfile import DebianBase, LockedDeb
 from servestack.sources import cache
 from servestack.util import source_closure
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes
 from servestack.util.project import cache_home
 
-log = logging.getLogger("servestack.image")
 
 
 def fetch_debs(base: DebianBase, platform: str) -> list[Path]:
@@ -63,10 +62,10 @@ def tarball(base: DebianBase, platform: str) -> Path:
     paths = fetch_debs(base, platform)
     fetched = time.monotonic()
     done = assemble(paths, ARCH[platform], base.release_date, out)
-    log.info("base %s: %d packages, %.1f MB: fetched in %.1f s, assembled in %.1f s", platform, len(debs),
-             sum(d.size for d in debs) / 1e6, fetched - started, time.monotonic() - fetched)
+    console.detail("servestack.image", f"base {platform}: {len(debs)} packages, {sum(d.size for d in debs) / 1e6:.1f} MB: "
+                                      f"fetched in {fetched - started:.1f} s, assembled in {time.monotonic() - fetched:.1f} s")
     for line in done:
-        log.info("base %s: %s", platform, line)
+        console.detail("servestack.image", f"base {platform}: {line}")
     return out
 
 

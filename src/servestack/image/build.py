@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from servestack import inputs as build_step
-from servestack import services
+from servestack import inputs, services
 from servestack.errors import ServestackError
 from servestack.image import layers, oci, prebuilt, prune
 from servestack.image.base_image import Base, base_layers, debian_base, interpreter_version
@@ -23,14 +21,13 @@ from servestack.lock import load_lock
 from servestack.records.lockfile import DebianBase, Lock
 from servestack.records.steps import BuildRecord, ImageLayer, ImageRecord, read_image, write_image
 from servestack.sources import registry
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.progress import Progress, phase
 from servestack.util.project import Project
 
 if TYPE_CHECKING:
     from servestack.image.spec import ImagePlan
-
-log = logging.getLogger("servestack.image")
 
 
 def _labels(record: BuildRecord, lock: Lock) -> dict[str, str]:
@@ -107,7 +104,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
     out = project.artifacts(stack)
     image_json = out / "image.json"
     image_json.unlink(missing_ok=True)
-    record = build_step.load_build(project, stack)
+    record = inputs.load_build(project, stack)
     lock = load_lock(project, stack)
     if record.lock_sha256 != sha256_file(project.lock_file(stack)):
         raise ServestackError(f"build/{stack}/build.json was made from another lock; run `nox -s build` again")
@@ -129,7 +126,7 @@ def build_image(project: Project, stack: str, registry_address: str | None = Non
                               expected=check_expected(project, stack, platform, digest, record.lock_sha256),
                               manifest_size=len(existing[0]))
         write_image(image_json, result)
-        print(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
+        console.progress(f"{title}: the registry already holds this build ({cache_tag}); nothing built or pushed: {result.reference}")
         return result
 
     from servestack.image.spec import load_plan
@@ -180,8 +177,8 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]
     if too_big:
         raise ServestackError(f"layers over {spec.max_layer_bytes} bytes: {too_big}")
-    print(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
-          f"for {platform}", flush=True)
+    console.progress(f"{title}: {len(planned) + 1} layers ({sum(layer.size for layer in planned) / 1e9:.2f} GB above the base) "
+                    f"for {platform}")
     base, refs, stats = _write_layers(stack, planned, epoch, lock, platform, address, uploads, written_early)
     all_refs = base.layers + refs
     environment = {**spec.environment, **lock.environment}
@@ -215,9 +212,9 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     )
     write_image(out / "image.json", result)
     _prune_caches(title, stack, [t.path for t in trees_made], [r.digest for r in all_refs])
-    print(f"{title}: {result.reference} ({result.total_size / 1e9:.2f} GB in {len(all_refs)} layers; "
-          f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
-          f"{result.seconds:.1f} s)", flush=True)
+    console.progress(f"{title}: {result.reference} ({result.total_size / 1e9:.2f} GB in {len(all_refs)} layers; "
+                    f"{stats['layers_built']} written, {stats['layers_pushed']} pushed, {stats['bytes_pushed'] / 1e6:.1f} MB; "
+                    f"{result.seconds:.1f} s)")
     return result
 
 
@@ -227,12 +224,12 @@ def _prune_caches(title: str, stack: str, trees: list[Path], digests: list[str])
         prune.record_use(stack, trees, digests)
         pruned = prune.prune()
     except OSError as exc:
-        log.warning("%s: the caches were not pruned: %s", title, exc)
+        console.warning("servestack.image", f"{title}: the caches were not pruned: {exc}")
         return
     if pruned.removed:
-        print(f"{title}: cache pruned: {pruned.removed} layer blobs, keys and trees no recent build used, "
-              "and sha256 records of changed or removed files "
-              f"({pruned.freed_bytes / 1e9:.2f} GB freed)", flush=True)
+        console.progress(f"{title}: cache pruned: {pruned.removed} layer blobs, keys and trees no recent build used, "
+                        "and sha256 records of changed or removed files "
+                        f"({pruned.freed_bytes / 1e9:.2f} GB freed)")
 
 
 def load_image(project: Project, stack: str) -> ImageRecord:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import fnmatch
-import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +13,12 @@ from servestack.image import layers
 from servestack.image.trees import VENV, Tree, site_packages
 from servestack.records.lockfile import Lock
 from servestack.records.steps import BuildRecord
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes
 from servestack.wheels import normalize
 
 if TYPE_CHECKING:
     from servestack.image.spec import ImagePlan  # pydantic: a build the registry already holds never reads the plan
-
-log = logging.getLogger("servestack.image")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -99,8 +97,8 @@ def plan(record: BuildRecord, lock: Lock, trees: dict[str, Tree], spec: ImagePla
             entries = [e for e in entries if e.path in kept]
         unique = [e for e in entries if e.path not in seen]
         if len(unique) != len(entries):
-            log.warning("%s: %d files already installed by another package are kept from the first",
-                        item.name, len(entries) - len(unique))
+            console.warning("servestack.image", f"{item.name}: {len(entries) - len(unique)} files already installed by "
+                           "another package are kept from the first")
         seen.update(e.path for e in unique)
         packages.append((normalize(item.name), unique))
 

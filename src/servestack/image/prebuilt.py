@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import shutil
 import time
@@ -33,11 +32,11 @@ from servestack.platforms import host_platform
 from servestack.probe import prebuild as prebuild_script
 from servestack.records.lockfile import Lock
 from servestack.services.dockerd import ensure_image
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.proc import run
 from servestack.util.project import cache_home
 
-log = logging.getLogger("servestack.image")
 
 SCRIPT = Path(prebuild_script.__file__)  # run in the image only; imported so the image's code closure holds it
 RECORD = "prebuilt.json"
@@ -79,14 +78,14 @@ def prebuild(reference: str, platform: str, archs: str, modules: list[str], titl
     key = cache_key(digest, archs, modules)
     done = cache_home() / "prebuilt" / key
     if (done / RECORD).exists():
-        print(f"{title}: prebuilt modules for {archs} taken from the cache ({key[:16]})", flush=True)
+        console.progress(f"{title}: prebuilt modules for {archs} taken from the cache ({key[:16]})")
         return Prebuilt(entries=_entries(done), record=json.loads((done / RECORD).read_text()), cached=True)
     work = done.with_name(f".{key}.{uuid.uuid4().hex[:8]}")
     work.mkdir(parents=True)
     try:
         started = time.monotonic()
-        print(f"{title}: compiling {', '.join(m.split(':')[1] for m in modules)} for {archs} inside the image "
-              f"({platform}); minutes on two cores ...", flush=True)
+        console.progress(f"{title}: compiling {', '.join(m.split(':')[1] for m in modules)} for {archs} inside the image "
+                        f"({platform}); minutes on two cores ...")
         _run(reference, platform, work, archs, modules)
         record = json.loads((work / RECORD).read_text())
         record["seconds"] = round(time.monotonic() - started, 1)
@@ -95,7 +94,7 @@ def prebuild(reference: str, platform: str, archs: str, modules: list[str], titl
         work.rename(done)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{title}: prebuilt {len(record['modules'])} module(s) for {archs} in {record['seconds']:.0f} s", flush=True)
+    console.progress(f"{title}: prebuilt {len(record['modules'])} module(s) for {archs} in {record['seconds']:.0f} s")
     return Prebuilt(entries=_entries(done), record=record, cached=False)
 
 

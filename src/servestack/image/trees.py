@@ -20,7 +20,6 @@ import contextlib
 import functools
 import hashlib
 import io
-import logging
 import os
 import posixpath
 import resource
@@ -39,10 +38,9 @@ from servestack.errors import CommandError, ServestackError
 from servestack.image.bytecode import BytecodePool, Job, Module
 from servestack.image.layers import Entry, load_entries, save_entries
 from servestack.util import proc
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import cache_home
-
-log = logging.getLogger("servestack.image.trees")
 
 VENV = "opt/venv"
 # Part of the installed trees' cache key: bump when the install or bytecode recipe, or the tree's
@@ -115,9 +113,10 @@ def _compiler(python: str, image_version: str | None, path: str) -> Compiler:
     if chosen.version != image_version:
         wanted = (f"the image's interpreter is Python {image_version}, and no python{python} on PATH is" if image_version
                   else f"the exact version of the image's Python {python} is not known (none was given)")
-        log.warning("bytecode: %s (found: %s); compiling with %s (%s), so some pycs, and the image digest, may "
-                    "differ from the ones expected for this lock (pins/<stack>.image.json)", wanted,
-                    ", ".join(f"{c.executable} ({c.version})" for c in found), chosen.executable, chosen.version)
+        found_text = ", ".join(f"{c.executable} ({c.version})" for c in found)
+        console.warning("servestack.image.trees", f"bytecode: {wanted} (found: {found_text}); compiling with {chosen.executable} "
+                       f"({chosen.version}), so some pycs, and the image digest, may differ from the ones expected for "
+                       "this lock (pins/<stack>.image.json)")
     return chosen
 
 
@@ -136,10 +135,10 @@ def interpreters(python: str, path: str) -> list[Compiler]:
             # Standard output alone: a warning on stderr must not become the path or the version.
             executable, version = proc.output_bytes([candidate, "-S", "-c", PROBE], timeout=60).decode().split("\n")[:2]
         except (CommandError, OSError, subprocess.TimeoutExpired, ValueError) as error:
-            log.info("%s is left out as a bytecode compiler: it did not say its version (%s)", candidate, error)
+            console.detail("servestack.image.trees", f"{candidate} is left out as a bytecode compiler: it did not say its version ({error})")
             continue
         if version.rsplit(".", 1)[0] != python:
-            log.info("%s is left out as a bytecode compiler: it is Python %s, not %s", candidate, version, python)
+            console.detail("servestack.image.trees", f"{candidate} is left out as a bytecode compiler: it is Python {version}, not {python}")
             continue
         found.setdefault(executable, Compiler(executable=executable, version=version))
     return list(found.values())
@@ -335,7 +334,7 @@ def _bytecode(job: Job | None, files: _Files, python: str, wheel: Path) -> dict[
     """
     if job is None:
         if any(_is_module(path, python) for path in files):
-            log.warning("no python%s on this host: the image ships no bytecode for %s", python, wheel.name)
+            console.warning("servestack.image.trees", f"no python{python} on this host: the image ships no bytecode for {wheel.name}")
         return {}
     return {module.lstrip("/"): (pyc_path.lstrip("/"), pyc) for module, (pyc_path, pyc) in job.close().result().items()}
 

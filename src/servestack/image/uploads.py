@@ -3,7 +3,6 @@ layers are written while the other trees are still being made."""
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -18,12 +17,11 @@ from servestack.image.layer_plan import Layer, own_layers
 from servestack.image.trees import Tree
 from servestack.records.steps import BuildRecord
 from servestack.sources import registry
+from servestack.util.console import console
 from servestack.wheels import normalize
 
 if TYPE_CHECKING:
     from servestack.image.spec import ImagePlan
-
-log = logging.getLogger("servestack.image")
 
 
 class Uploads:
@@ -65,7 +63,7 @@ class Uploads:
             jobs[digest].result()
         for digest, job in jobs.items():
             if digest not in digests and job.done() and not job.cancelled() and job.exception() is not None:
-                log.warning("push of %s failed; the manifest does not use it: %s", digest, job.exception())
+                console.warning("servestack.image", f"push of {digest} failed; the manifest does not use it: {job.exception()}")
         return [self._pushed[digest] for digest in dict.fromkeys(digests) if digest in self._pushed]
 
     def _push(self, digest: str, path: Path | None, size: int, base: Base | None) -> None:
@@ -136,8 +134,8 @@ class EarlyLayers:
             while (batch := self._queue.get()) is not None:
                 for layer in batch:
                     self._write(layer.entries)
-        except Exception:  # noqa: BLE001 - speculation only: the layer is written again after planning
-            log.warning("writing layers early failed; they are written after planning", exc_info=True)
+        except Exception as failure:  # noqa: BLE001 - speculation only: the layer is written again after planning
+            console.warning("servestack.image", "writing layers early failed; they are written after planning", failure=failure)
             while self._queue.get() is not None:
                 pass
 

@@ -9,7 +9,6 @@ hash that names the image these inputs produce. A failed build records nothing a
 from __future__ import annotations
 
 import dataclasses
-import logging
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +31,10 @@ from servestack.records.steps import (
 )
 from servestack.sources import cache, indexes
 from servestack.util import source_closure, verified
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.project import Project, variant_of
 from servestack.wheels import normalize
-
-log = logging.getLogger("servestack.inputs")
-
 
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
 # version of it (another layout, bytecode recipe, overlay writer, platform table) is never taken for this
@@ -157,7 +154,7 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     if not report.ok:
         raise ServestackError("the lock does not match its stack; fix or re-lock first:\n" + "\n".join(report.problems))
     for warning in report.warnings:
-        log.warning("%s", warning)
+        console.warning("servestack.inputs", f"{warning}")
     document = lock.load_lock(project, stack)
     unverified = [p.label for p in document.pull_requests if p.status == "unverified"]
     if unverified and not allow_unverified:

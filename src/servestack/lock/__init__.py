@@ -7,7 +7,6 @@ bytes and a re-lock shows up in review as a readable diff. Resolving talks to th
 
 from __future__ import annotations
 
-import logging
 import zipfile
 from dataclasses import fields, replace
 from datetime import datetime
@@ -37,6 +36,7 @@ from servestack.records.lockfile import (
     write_lock,
 )
 from servestack.sources import diffs
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from servestack.util.project import Project
 from servestack.wheels import normalize
@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 # The network clients (requests, GitHub, git mirrors, indexes) are imported by the resolving functions
 # that use them: reading and checking a lock, which every build does, needs none of them; reading one
 # (image, smoke) needs no stack model either (pydantic).
-
-log = logging.getLogger("servestack.lock")
 
 LOCK_VERSION = 3  # 3: a Debian base's packages, each by sha256
 
@@ -163,8 +161,8 @@ class _Histories:
         source = self._sources.get(repo)
         name = "GitHub's API" if isinstance(source, GitHub) else "its git mirror"
         self.down[repo] = f"{repo}'s history ({name}) was unreachable when this lock was made"
-        log.warning("%s", exc)
-        log.warning("%s: PRs rest on their evidence alone", self.down[repo])
+        console.warning("servestack.lock", f"{exc}")
+        console.warning("servestack.lock", f"{self.down[repo]}: PRs rest on their evidence alone")
 
 
 def _entry(pr: PullRequest, package: str, info: PullRequestInfo | None, status: str) -> LockedPR:

@@ -10,7 +10,6 @@ stability rests on the previous lock's versions (servestack.lock.preferences).
 
 from __future__ import annotations
 
-import logging
 import re
 from datetime import datetime, timezone
 from pathlib import Path
@@ -18,8 +17,7 @@ from pathlib import Path
 from servestack.errors import InputError, NetworkError, ServestackError
 from servestack.records.lockfile import UndatedIndex
 from servestack.sources.indexes import IndexLocation
-
-log = logging.getLogger("servestack.lock")
+from servestack.util.console import console
 
 FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 JSON_TYPE = "application/vnd.pypi.simple.v1+json"
@@ -80,5 +78,5 @@ def undated(location: IndexLocation, resolved_at: str) -> UndatedIndex:
     entry = UndatedIndex(index=location.name, why=(
         f"serves no upload times (PEP 700 `upload-time`), so resolved_at {resolved_at} could not be enforced "
         "there; the previous lock's versions were kept, and a package new to the lock took its newest release"))
-    log.warning("%s: %s", location.describe(), entry.why)
+    console.warning("servestack.lock", f"{location.describe()}: {entry.why}")
     return entry

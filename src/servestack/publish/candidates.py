@@ -32,7 +32,7 @@ from servestack.publish.listing import is_listed, listing_checker
 from servestack.publish.provenance import PROVENANCE_V1, signed_identity
 from servestack.publish.push import image_client, image_subject
 from servestack.publish.signedtime import published_instant, utc_text
-from servestack.records.imageref import ImageRef
+from servestack.records.imageref import ImageRef, names_a_digest
 from servestack.sources.registry import Client, Descriptor
 from servestack.sources.registry.limits import (
     BUNDLE_FILE_LIMIT,
@@ -219,7 +219,7 @@ def _publication(client: Client, image: ImageRef, attestation: str, envelope: by
     identity = signed_identity(image, repository)
     names = {identity, str(image)}  # publications before the identity left the host out signed the full name
     if not any(subjects.get(n) == image.hex for n in names):
-        signed_for = [n for n in subjects if "@sha256:" in n]
+        signed_for = [n for n in subjects if names_a_digest(n)]
         raise PublishError(f"signed for {', '.join(signed_for)[:300] or 'another image'}, not {identity}"
                            + ("" if repository else " (a copy in another repository: say which one the signature "
                                                     "names, --repository)"))
@@ -231,7 +231,7 @@ def _publication(client: Client, image: ImageRef, attestation: str, envelope: by
     if bundle_bytes is None:
         raise PublishError(f"the signed bundle {bundle_digest} is missing from {client.registry}")
     files = _bundle_files(client, image, bundle_digest, json.loads(bundle_bytes[0]), subjects)
-    signed_files = {n for n in subjects if "@sha256:" not in n} - names - {"publication"}
+    signed_files = {n for n in subjects if not names_a_digest(n)} - names - {"publication"}
     if signed_files != {f.title for f in files}:
         missing = sorted(signed_files - {f.title for f in files})
         raise PublishError(f"bundle {bundle_digest}: signed files missing from it: {', '.join(missing)[:500]}")

@@ -8,7 +8,6 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from servestack.publish.signedtime import not_before
 from servestack.records.imageref import ImageRef
 from servestack.sources.registry import OCI_INDEX, sha256_digest, transfer
 from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
+from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.interrupts import held
 from servestack.util.project import Project
@@ -154,7 +154,7 @@ def _check_recipes(staging: Path) -> list[str]:
 
 def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | None = None,
          repository: str | None = None, not_before_time: str | None = None, platform: str | None = None,
-         timeout: float = transfer.DEFAULT_TIMEOUT, echo: Callable[[str], None] | None = print) -> Path:
+         timeout: float = transfer.DEFAULT_TIMEOUT) -> Path:
     """Verify the image's publication and write its recipes, lock and results to OUT (untouched on any
     error). NOT_BEFORE_TIME (RFC 3339) refuses every publication signed as made before it: a rollback floor.
     An image index: PLATFORM's manifest (default: this machine's) must be named by the index's signed
@@ -214,21 +214,20 @@ def pull(reference: str, *, key: Path, out: Path | None = None, bundle: str | No
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    if echo:
-        echo(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
-             f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
-             + f"  published   {published_at(publication)} (the newest that verifies, of "
-             f"{len(publication.skipped) + 1} candidate{'s' if publication.skipped else ''})\n"
-             + "".join(f"  skipped     {line}\n" for line in publication.skipped[:MAX_SKIPPED_SHOWN])
-             + (f"  skipped     ... and {len(publication.skipped) - MAX_SKIPPED_SHOWN} more (publication.json)\n"
-                if len(publication.skipped) > MAX_SKIPPED_SHOWN else "")
-             + "".join(f"  image       {line}\n" for line in checked)
-             + "".join(f"  sbom        {line}\n" for line in sbom_checked)
-             + f"  source      commit {publication.repository.get('commit')}"
-             f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"
-             f"  wrote       {out}: {publication.recipes} recipes bound to the digest and lock (srtctl apply -f), lock, records "
-             f"({time.monotonic() - started:.1f} s)"
-             + "".join(f"\n  warning     {w}" for w in warnings))
+    console.progress(f"pull {image}\n  signature   attestation {publication.attestation_digest} verifies with {key}\n"
+                     f"  bundle      {publication.bundle_digest}: {len(publication.files)} files match the signed statement\n"
+                     + f"  published   {published_at(publication)} (the newest that verifies, of "
+                     f"{len(publication.skipped) + 1} candidate{'s' if publication.skipped else ''})\n"
+                     + "".join(f"  skipped     {line}\n" for line in publication.skipped[:MAX_SKIPPED_SHOWN])
+                     + (f"  skipped     ... and {len(publication.skipped) - MAX_SKIPPED_SHOWN} more (publication.json)\n"
+                        if len(publication.skipped) > MAX_SKIPPED_SHOWN else "")
+                     + "".join(f"  image       {line}\n" for line in checked)
+                     + "".join(f"  sbom        {line}\n" for line in sbom_checked)
+                     + f"  source      commit {publication.repository.get('commit')}"
+                     f"{' (dirty tree)' if publication.repository.get('dirty') else ''}\n"
+                     f"  wrote       {out}: {publication.recipes} recipes bound to the digest and lock (srtctl apply -f), lock, records "
+                     f"({time.monotonic() - started:.1f} s)"
+                     + "".join(f"\n  warning     {w}" for w in warnings))
     return out
 
 

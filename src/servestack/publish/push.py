@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from servestack.records.lockfile import read_lock
 from servestack.records.steps import read_build
 from servestack.sources import registry
 from servestack.sources.registry import OCI_MANIFEST, Client, Descriptor, sha256_digest
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project
 
@@ -274,8 +274,7 @@ def platform_sbom_title(platform: str) -> str:
 
 
 def publish(project: Project, stack: str, *, key: Path, image: str | None = None, to: str | None = None,
-            run_id: str | None = None, records_dir: Path | None = None, allow_static_smoke: bool = False,
-            echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+            run_id: str | None = None, records_dir: Path | None = None, allow_static_smoke: bool = False) -> dict[str, Any]:
     """Push the signed bundle as referrers of the image; writes build/<stack>/publish.json.
 
     The image is IMAGE, or the one build/<stack>/image.json records: its image index when it records
@@ -297,8 +296,8 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
                 allow_static_smoke)
     signer = signing.load_signer(key)  # a bad key fails before anything is pushed
     unprotected = signing.key_permission_problem(key)
-    if unprotected and echo:
-        echo(unprotected)
+    if unprotected:
+        console.progress(unprotected)
     target = copy_image(source_image, to) if to else source_image
     if is_index:
         record = _publish_index(project, stack, records, target, signer, run_id, source_manifest)
@@ -307,8 +306,7 @@ def publish(project: Project, stack: str, *, key: Path, image: str | None = None
         del record["sbom"]["document"]
     record["seconds"] = round(time.monotonic() - started, 2)
     atomic_write_json(project.artifacts(stack) / "publish.json", record)
-    if echo:
-        echo(_said(stack, record))
+    console.progress(_said(stack, record))
     return record
 
 

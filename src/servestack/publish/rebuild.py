@@ -8,7 +8,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from servestack.records.imageref import ImageRef
 from servestack.sources.registry import Client, transfer
 from servestack.sources.registry.limits import CONFIG_LIMIT, declared_problem
 from servestack.util import proc
+from servestack.util.console import console
 from servestack.util.project import Project, cache_home
 
 VERIFY_REGISTRY = "127.0.0.1:5098"  # its own registry: a rebuild never replaces what others pull
@@ -50,13 +51,12 @@ def _manifest_platform(client: Client, manifest: dict[str, Any]) -> str:
     return f"{value.get('os')}/{value.get('architecture')}"
 
 
-def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: float = transfer.DEFAULT_TIMEOUT,
-                   echo: Callable[[str], None] | None = print) -> dict[str, Any]:
+def verify_rebuild(project: Project, reference: str, *, key: Path,
+                   timeout: float = transfer.DEFAULT_TIMEOUT) -> dict[str, Any]:
     """Rebuild the image from the bundle's lock at the bundle's commit in a scratch worktree; same digest?
     The publication is read from the registry within TIMEOUT seconds; the rebuild has no deadline."""
     from servestack import image as image_step
-    from servestack import inputs as build
-    from servestack import services
+    from servestack import inputs, services
 
     started = time.monotonic()
     with transfer.deadline(timeout):
@@ -80,10 +80,9 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
         # The bundle's lock and stack file are what is verified, even when published from a dirty tree.
         for title in (f"pins/{stack}.lock", f"pins/{stack}.yaml"):
             (worktree / title).write_bytes(publication.file(title).data)
-        if echo:
-            echo(f"verify {reference}: rebuilding {stack} from its lock at commit {commit[:12]} in {worktree}")
+        console.progress(f"verify {reference}: rebuilding {stack} from its lock at commit {commit[:12]} in {worktree}")
         with _derived_caches_fresh(scratch / "cache"):
-            build.build(rebuilt_project, stack, platform=platform)
+            inputs.build(rebuilt_project, stack, platform=platform)
             result = image_step.build_image(rebuilt_project, stack, rebuild=True,
                                             registry_address=services.ensure_registry(VERIFY_REGISTRY))
     finally:
@@ -95,7 +94,6 @@ def verify_rebuild(project: Project, reference: str, *, key: Path, timeout: floa
     record = {"image": str(publication.image), "rebuilt": str(rebuilt), "same": rebuilt.digest == expected,
               "commit": commit, "seconds": round(time.monotonic() - started, 1),
               **({"platform": result.platform, "expected": expected} if entries else {})}
-    if echo:
-        echo(f"verify {expected}: rebuilt {rebuilt.digest} in {record['seconds']:.0f} s: "
-             + ("SAME digest" if record["same"] else "DIFFERENT digest"))
+    console.progress(f"verify {expected}: rebuilt {rebuilt.digest} in {record['seconds']:.0f} s: "
+                     + ("SAME digest" if record["same"] else "DIFFERENT digest"))
     return record

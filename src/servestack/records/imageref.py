@@ -28,6 +28,15 @@ def split_registry(name: str) -> tuple[str | None, str]:
     return None, name
 
 
+def names_a_digest(text: str | None) -> bool:
+    """Whether TEXT names an image by digest (`...@sha256:...`), well formed or not.
+
+    What tells an image reference from a run id, a directory or a tag where a value may be any of
+    them; `ImageRef.parse` then says whether it is a good one.
+    """
+    return "@sha256:" in (text or "")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ImageRef:
     name: str  # registry host (when there is one) and repository, e.g. 127.0.0.1:5000/servestack/dev-cpu
@@ -47,7 +56,7 @@ class ImageRef:
             return f"expected an image reference {EXPECTED}"
         if _DIGEST_REFERENCE.match(text):
             return None
-        if "@sha256:" in text:
+        if names_a_digest(text):
             return f"malformed digest reference {text!r}: expected {EXPECTED}"
         if "@" in text:
             return f"unsupported digest in {text!r}: expected {EXPECTED}"

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import time
@@ -27,10 +26,9 @@ from pathlib import Path
 
 from servestack.errors import Terminated
 from servestack.runners.interface import RETRYABLE, JobHandle, JobSpec, JobState, Runner
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.interrupts import held, signals_unwind
-
-log = logging.getLogger("servestack.runners")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,7 +83,7 @@ def _record_live(runner: Runner, handle: JobHandle) -> None:
             "runner": runner.name, "job_id": handle.job_id, "name": handle.spec.name, "pid": os.getpid(),
             "pid_started": process_started(os.getpid())})
     except OSError as exc:  # the in-process cancel still works; only the backstop loses this job
-        log.warning("could not record live %s job %s: %s", runner.name, handle.job_id, exc)
+        console.warning("servestack.runners", f"could not record live {runner.name} job {handle.job_id}: {exc}")
 
 
 def _record_path(runner: Runner, handle: JobHandle) -> Path:
@@ -114,7 +112,7 @@ def recorded_jobs(root: Path) -> list[RecordedJob]:
             found.append(RecordedJob(path=path, runner=str(data["runner"]), job_id=str(data["job_id"]), name=str(data.get("name", "")),
                                      pid=int(data.get("pid", 0)), pid_started=int(started) if started is not None else None))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("%s: unreadable live-job record (%s); skipped", path, exc)
+            console.warning("servestack.runners", f"{path}: unreadable live-job record ({exc}); skipped")
     return found
 
 
@@ -146,7 +144,7 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
     owners = {job.pid: job for job in recorded_jobs(root) if job.pid not in (0, os.getpid())}
     alive = {pid for pid, job in owners.items() if _owner_alive(job)}
     for pid in alive:
-        log.warning("stopping servestack process %d, which has live jobs under %s", pid, root)
+        console.warning("servestack.runners", f"stopping servestack process {pid}, which has live jobs under {root}")
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while alive and time.monotonic() < deadline:
@@ -158,7 +156,7 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
         runner.cancel(JobHandle(runner=job.runner, job_id=job.job_id, spec=JobSpec(name=job.name, points=(), out_dir=job.path.parent, command=())))
         job.path.unlink(missing_ok=True)
         cancelled.append(job.job_id)
-        log.warning("cancelled %s job %s (%s)", job.runner, job.job_id, job.name)
+        console.warning("servestack.runners", f"cancelled {job.runner} job {job.job_id} ({job.name})")
     return cancelled
 
 
@@ -166,10 +164,10 @@ def _cancel_for(signalled: KeyboardInterrupt, runner: Runner, handle: JobHandle)
     try:
         handle.cancelled_by_us = True
         runner.cancel(handle)
-        log.warning("%s: cancelled %s job %s", "SIGTERM" if isinstance(signalled, Terminated) else "SIGINT",
-                    runner.name, handle.job_id)
+        signal_name = "SIGTERM" if isinstance(signalled, Terminated) else "SIGINT"
+        console.warning("servestack.runners", f"{signal_name}: cancelled {runner.name} job {handle.job_id}")
     except Exception as exc:  # the signal still ends the process; the CI backstop may get the job
-        log.error("could not cancel %s job %s: %s", runner.name, handle.job_id, exc)
+        console.error("servestack.runners", f"could not cancel {runner.name} job {handle.job_id}: {exc}")
 
 
 def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
@@ -180,7 +178,7 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
     if not remaining:
         outcome.skipped = True
         outcome.final_state = "SKIPPED"
-        log.info("%s: every point already has a result, nothing to run", spec.name)
+        console.detail("servestack.runners", f"{spec.name}: every point already has a result, nothing to run")
         return outcome
     with signals_unwind():
         for attempt in range(1, policy.max_attempts + 1):
@@ -192,8 +190,8 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                 with held():  # a signal during the submission waits for the job id, to cancel the job
                     handle = runner.submit(todo)
                     _record_live(runner, handle)
-                log.info("%s: attempt %d submitted as %s job %s for points %s",
-                         spec.name, attempt, runner.name, handle.job_id, ",".join(remaining))
+                console.detail("servestack.runners", f"{spec.name}: attempt {attempt} submitted as {runner.name} job "
+                                                    f"{handle.job_id} for points {','.join(remaining)}")
                 state = runner.wait(handle, timeout=timeout_s)
                 if not state.terminal:  # our own deadline passed
                     handle.cancelled_by_us = True
@@ -212,15 +210,15 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                     except Exception as exc:
                         if not interrupted:
                             raise
-                        log.warning("%s: could not collect job %s after the interruption: %s",
-                                    spec.name, handle.job_id, exc)
+                        console.warning("servestack.runners", f"{spec.name}: could not collect job {handle.job_id} "
+                                                             f"after the interruption: {exc}")
             where = getattr(runner, "placement", None)
             outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value, seconds=round(time.monotonic() - t0, 2),
                                             placement=where(handle) if where else {}))
             remaining = spec.remaining()
             outcome.final_state = state.value
-            log.info("%s: job %s ended %s; %d point(s) remaining", spec.name, handle.job_id, state.value,
-                     len(remaining))
+            console.detail("servestack.runners", f"{spec.name}: job {handle.job_id} ended {state.value}; "
+                                                f"{len(remaining)} point(s) remaining")
             if not remaining:
                 break
             retryable = state in policy.retry_on and not handle.cancelled_by_us

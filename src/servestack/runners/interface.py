@@ -15,13 +15,13 @@ In `command`, the token "{points}" is replaced by the comma-separated remaining 
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
 from servestack.runners.preflight import NodePreflight
+from servestack.util.console import console
 
 
 class JobState(str, enum.Enum):
@@ -155,12 +155,12 @@ class PollingWait:
             time.sleep(self.poll_seconds)
 
 
-def check_recipe_before_submit(job: JobSpec, log: logging.Logger) -> None:
+def check_recipe_before_submit(job: JobSpec, source: str) -> None:
     """A recipe that cannot run is refused here, before an allocation loads the model on every node: the
-    same checks as `recipes validate` (InputErrors); what runs but costs is logged."""
+    same checks as `recipes validate` (InputErrors); what runs but costs is a warning from `source`."""
     if job.recipe_file is None:
         return
     from servestack.recipes import check_before_run
 
     for warning in check_before_run([job.recipe_file]):
-        log.warning("%s: %s", job.name, warning)
+        console.warning(source, f"{job.name}: {warning}")

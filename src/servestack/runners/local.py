@@ -6,20 +6,19 @@ server is started inside the container by the job's command (clients/run_points.
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from servestack.errors import ServestackError
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
-
-log = logging.getLogger("servestack.runners.local")
 
 LABEL = "servestack.job"
 
@@ -60,7 +59,7 @@ class LocalRunner(PollingWait):
         # The SDK types a Model's id as optional (an unsaved model); a container the daemon started has one.
         assert container.id is not None
         self._deadline[container.id] = time.monotonic() + job.time_limit_s
-        log.info("started container %s (%s) for %s", container.short_id, job.image, job.name)
+        console.detail("servestack.runners.local", f"started container {container.short_id} ({job.image}) for {job.name}")
         return JobHandle(runner=self.name, job_id=container.id, spec=job, output_dir=job.out_dir)
 
     def _container(self, handle: JobHandle) -> Container | None:
@@ -80,7 +79,7 @@ class LocalRunner(PollingWait):
             return JobState.PENDING
         if status in ("running", "restarting", "paused"):
             if time.monotonic() > self._deadline.get(handle.job_id, float("inf")):
-                log.warning("%s: time limit reached, stopping container", handle.spec.name)
+                console.warning("servestack.runners.local", f"{handle.spec.name}: time limit reached, stopping container")
                 c.kill()
                 c.wait()
                 self._save_logs(handle, c)
@@ -95,10 +94,8 @@ class LocalRunner(PollingWait):
     def _save_logs(self, handle: JobHandle, c: Container) -> None:
         path = handle.spec.jobs_dir / f"{handle.spec.name}.{handle.job_id[:12]}.log"
         if not path.exists():
-            try:
+            with contextlib.suppress(Exception):  # logs are a convenience
                 atomic_write_text(path, c.logs().decode(errors="replace"))
-            except Exception as exc:  # logs are a convenience
-                log.debug("no logs for %s: %s", handle.job_id, exc)
 
     def cancel(self, handle: JobHandle) -> None:
         handle.cancelled_by_us = True
@@ -110,8 +107,6 @@ class LocalRunner(PollingWait):
         c = self._container(handle)
         if c is not None and c.status != "running":
             self._save_logs(handle, c)
-            try:
+            with contextlib.suppress(Exception):
                 c.remove()
-            except Exception as exc:
-                log.debug("could not remove %s: %s", handle.job_id, exc)
         return handle.spec.out_dir

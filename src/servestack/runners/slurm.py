@@ -9,7 +9,6 @@ shares with the nodes (the job's out_dir), so `collect` only checks them.
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import time
@@ -25,8 +24,6 @@ from servestack.runners.preflight import SCRIPT as PREFLIGHT_SCRIPT
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import run
 from servestack.util.yamlfile import UserModel
-
-log = logging.getLogger("servestack.runners.slurm")
 
 
 def pull_reference(image: str, registry_map: dict[str, str] | None = None) -> str:
@@ -195,7 +192,7 @@ class SlurmRunner(PollingWait):
 
     # -- interface -----------------------------------------------------------------------------
     def submit(self, job: JobSpec) -> JobHandle:
-        check_recipe_before_submit(job, log)
+        check_recipe_before_submit(job, "servestack.runners.slurm")
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         job.out_dir.mkdir(parents=True, exist_ok=True)
         if job.preflight is not None and job.preflight.runs:

@@ -26,7 +26,6 @@ Binding (a copy of the recipe; the original stays untouched):
 from __future__ import annotations
 
 import json
-import logging
 import shutil
 import time
 from pathlib import Path
@@ -43,11 +42,10 @@ from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWa
 from servestack.runners.preflight import SCRIPT_NAME, NodePreflight
 from servestack.runners.slurm import pull_reference, scancel, slurm_state
 from servestack.runners.srtlogs import find_srt_results
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_text
 from servestack.util.proc import run
 from servestack.util.yamlfile import RelativePath, UserModel, relative_to_base
-
-log = logging.getLogger("servestack.runners.srtctl")
 
 GSM8K_IN_CONTAINER = "/srtctl-gsm8k"
 # Where a recipe's custom benchmark finds servestack's clients (the oracle: agreement.py), and where
@@ -163,7 +161,7 @@ class SrtctlRunner(PollingWait):
     def submit(self, job: JobSpec) -> JobHandle:
         if job.recipe_file is None:
             raise ServestackError(f"{job.name}: the srtctl runner needs the job's srt-slurm recipe")
-        check_recipe_before_submit(job, log)
+        check_recipe_before_submit(job, "servestack.runners.srtctl")
         recipe = load_recipe(job.recipe_file).data
         job.jobs_dir.mkdir(parents=True, exist_ok=True)
         image = pull_reference(job.image, self.registry_map) if job.image else None
@@ -189,7 +187,7 @@ class SrtctlRunner(PollingWait):
         rec = submitted[0]
         job_id = str(rec["slurm_job_id"])
         output_dir = Path(rec.get("output_dir") or base / job_id)
-        log.info("srtctl submitted %s as Slurm job %s (outputs in %s)", bound_file.name, job_id, output_dir)
+        console.detail("servestack.runners.srtctl", f"srtctl submitted {bound_file.name} as Slurm job {job_id} (outputs in {output_dir})")
         return JobHandle(runner=self.name, job_id=job_id, spec=job, output_dir=output_dir)
 
     def state(self, handle: JobHandle) -> JobState:
@@ -220,7 +218,7 @@ class SrtctlRunner(PollingWait):
             path = found.get(point) or (found.get(point.split("-r")[0]) if repeated else None)
             if path is not None and not (out / f"{point}.json").exists():
                 atomic_write_bytes(out / f"{point}.json", path.read_bytes())
-                log.info("collected %s -> %s", path, out / f"{point}.json")
+                console.detail("servestack.runners.srtctl", f"collected {path} -> {out / f'{point}.json'}")
         # Keep where srt-slurm put its logs, for the report.
         if handle.output_dir is not None:
             marker = handle.spec.jobs_dir / f"srtctl-{handle.job_id}.txt"

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from servestack.errors import ServestackError
 from servestack.services.daemons import exclusive, log_tail, require, spawn_detached, wait_until
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import TimeoutExpired, run
 from servestack.util.project import state_home
 
 if TYPE_CHECKING:
     from docker import DockerClient
-
-log = logging.getLogger("servestack.services")
 
 SNAPSHOTTER_DRIVER = "io.containerd.snapshotter.v1"
 DOCKER_DAEMON_JSON = Path("/etc/docker/daemon.json")
@@ -111,7 +109,7 @@ def ensure_image(client: DockerClient, reference: str, platform: str) -> None:
 
     if ImageRef.parse(reference).registry == DEFAULT_REGISTRY:
         ensure_registry()
-    log.info("pulling %s (%s)", reference, platform)
+    console.detail("servestack.services", f"pulling {reference} ({platform})")
     repo, digest = reference.split("@", 1)
     try:
         # The low-level pull: ImageCollection.pull() ends with images.get(), which the containerd

@@ -29,6 +29,7 @@ import urllib.parse
 import uuid
 from pathlib import Path
 
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.proc import output_bytes, run
 from servestack.util.project import state_home
@@ -81,7 +82,7 @@ def _serve(host: str, port: int, key: Path, cert: Path) -> None:
             self.wfile.write(body)
 
         def log_message(self, fmt: str, *args: object) -> None:
-            print(f"{self.address_string()} {fmt % args}", flush=True)
+            console.progress(f"{self.address_string()} {fmt % args}")
 
     http.server.ThreadingHTTPServer((host, port), Handler).serve_forever()
 

@@ -31,7 +31,6 @@ Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any
 
 from servestack import services
@@ -51,7 +50,8 @@ from servestack.smoke.checklist import (
     serve_command,
     serve_plan,
 )
-from servestack.smoke.containers import ensure_image, host_docker_platform
+from servestack.services.dockerd import ensure_image
+from servestack.smoke.containers import host_docker_platform
 from servestack.smoke.gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, host_gpus
 from servestack.smoke.junit import render_junit
 from servestack.smoke.nvidia_hook import check_nvidia_hook
@@ -64,6 +64,7 @@ from servestack.smoke.serving import (
 )
 from servestack.smoke.static import DEFAULT_STATIC_TIMEOUT, PROBE_PACKAGE, run_static_probe
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check, SmokeResult
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_text, sha256_file
 from servestack.util.interrupts import signals_unwind
 from servestack.util.project import Project
@@ -80,7 +81,6 @@ def run_smoke(
     serve_plan_override: ServePlan | None = None,
     disagg_override: DisaggPlan | None = None,
     require_serving: bool = False,
-    echo: Callable[[str], None] | None = print,
 ) -> SmokeResult:
     """Smoke-test the stack's image by digest; writes smoke.json + smoke-junit.xml; see module doc.
 
@@ -118,20 +118,17 @@ def run_smoke(
             services.ensure_binfmt_aarch64()
         try:
             t0 = time.monotonic()
-            if echo:
-                echo(f"smoke {stack}: pulling {reference} ...")
+            console.progress(f"smoke {stack}: pulling {reference} ...")
             ensure_image(client, reference, platform)
             pulled = True
             metrics["pull_s"] = round(time.monotonic() - t0, 2)
-            if echo:
-                echo(f"smoke {stack}: pulled ({metrics['pull_s']:.0f} s)")
+            console.progress(f"smoke {stack}: pulled ({metrics['pull_s']:.0f} s)")
         except ServestackError as e:
             pulled = False
             checks.append(Check(probe="static", name="pull", status=FAIL, detail=str(e)))
             checks += _not_run_serving("the image could not be pulled") + _not_run_disagg("the image could not be pulled")
         if pulled:
-            if echo:
-                echo(f"smoke {stack}: static probe in {reference} ({platform}) ...")
+            console.progress(f"smoke {stack}: static probe in {reference} ({platform}) ...")
             t0 = time.monotonic()
             config = probe_config(project, stack, lock, platform, lock_sha256)
             checks += run_static_probe(client, reference, platform, config, stack=stack, timeout=static_timeout)
@@ -139,8 +136,7 @@ def run_smoke(
                 image_env = (client.images.get(reference).attrs.get("Config") or {}).get("Env") or []
                 checks.append(check_nvidia_hook(image_env, lock.gpu_node))
             metrics["static_probe_s"] = round(time.monotonic() - t0, 2)
-            if echo:
-                echo(f"smoke {stack}: static probe done ({metrics['static_probe_s']:.0f} s)")
+            console.progress(f"smoke {stack}: static probe done ({metrics['static_probe_s']:.0f} s)")
         if not pulled:
             pass  # serving checks are already recorded as not run
         elif serve:
@@ -152,15 +148,14 @@ def run_smoke(
                  "disagg"),
             )
             for label, plan, run, key in shapes:
-                if echo:
-                    echo(f"smoke {stack}: {label} " + ("..." if plan.runnable else f"not run: {plan.reason}"))
+                console.progress(f"smoke {stack}: {label} " + ("..." if plan.runnable else f"not run: {plan.reason}"))
                 # The disaggregated shape is held to the aggregated server's oracle answers.
                 held_to = {"baseline": metrics.get("agreement_reference")} if key == "disagg" else {}
                 found, measured = run(client, reference, platform, plan, stack=stack, ready_timeout=ready_timeout, **held_to)
                 checks += found
                 metrics.update({key: measured} if key else measured)
-                if echo and plan.runnable:
-                    echo(f"smoke {stack}: {label} done ({time.monotonic() - started:.0f} s since start)")
+                if plan.runnable:
+                    console.progress(f"smoke {stack}: {label} done ({time.monotonic() - started:.0f} s since start)")
         else:
             checks += _not_run_serving("serving probe disabled (--no-serve)") + _not_run_disagg("serving probe disabled (--no-serve)")
     if require_serving:
@@ -172,8 +167,7 @@ def run_smoke(
     result = SmokeResult(record=record, smoke_json=out_dir / "smoke.json", junit_xml=out_dir / "smoke-junit.xml")
     write_smoke(result.smoke_json, record)
     atomic_write_text(result.junit_xml, render_junit(stack, checks, wall))
-    if echo:
-        echo(result.summary())
+    console.progress(result.summary())
     return result
 
 

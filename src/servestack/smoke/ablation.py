@@ -25,6 +25,7 @@ from servestack.records.smokefile import Check
 from servestack.records.stack import load_stack
 from servestack.records.steps import ImageRecord
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project, variant_name
 
@@ -124,7 +125,7 @@ def layers_differ(intact: ImageRecord, variant: ImageRecord) -> tuple[str, ...]:
     return tuple(layer.title for layer in variant.layers if ours.get(layer.title) != layer.digest)
 
 
-def ablate(project: Project, stack: str, numbers: Iterable[int] = (), *, echo: Callable[[str], None] = print) -> list[Necessity]:
+def ablate(project: Project, stack: str, numbers: Iterable[int] = ()) -> list[Necessity]:
     """Each PR with a check (or those numbered), on the image and its variant; writes build/<stack>/prs.json."""
     from servestack import inputs
     from servestack.image import build_image, load_image
@@ -156,16 +157,16 @@ def ablate(project: Project, stack: str, numbers: Iterable[int] = (), *, echo: C
             why = ("not built: the image has no passing verdict" if with_pr[0] != PASS else
                    entry.diff_unavailable if entry and entry.diff_unavailable else "the lock holds no diff for it")
             results.append(judge(pr.label, pr.check, with_pr, (NOT_RUN, f"no variant: {why}")))
-            echo(f"ablate {stack}: {pr.label}: not run: {results[-1].detail[:300]}")
+            console.progress(f"ablate {stack}: {pr.label}: not run: {results[-1].detail[:300]}")
             continue
         name = variant_name(stack, pr.number)
-        echo(f"ablate {stack}: {pr.label}: building {name} ...")
+        console.progress(f"ablate {stack}: {pr.label}: building {name} ...")
         inputs.build(project, name, platform=intact.platform)
         variant = build_image(project, name)
-        result = run_smoke(project, name, echo=echo)
+        result = run_smoke(project, name)
         results.append(judge(pr.label, pr.check, with_pr, verdict(pr.check, result.record.checks),
                              variant=variant.reference, layers_differ=layers_differ(intact, variant)))
-        echo(f"ablate {stack}: {pr.label}: {results[-1].necessary}: {results[-1].detail[:300]}")
+        console.progress(f"ablate {stack}: {pr.label}: {results[-1].necessary}: {results[-1].detail[:300]}")
     atomic_write_json(project.artifacts(stack) / REPORT,
                       {"stack": stack, "image": intact.reference, "prs": [asdict(n) for n in results]})
     return results

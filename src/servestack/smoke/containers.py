@@ -5,19 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import contextlib
-import logging
 import re
 import uuid
 
 from servestack import platforms
-from servestack.errors import ServestackError
-from servestack.services.dockerd import ensure_image
 
 if TYPE_CHECKING:
     from docker import DockerClient
     from docker.models.containers import Container
-
-log = logging.getLogger("servestack.smoke")
 
 
 def host_docker_platform() -> str:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import struct
 import threading
@@ -34,7 +33,7 @@ from typing import Any, TYPE_CHECKING
 if TYPE_CHECKING:
     from docker.models.containers import Container
 
-log = logging.getLogger("servestack.smoke")
+from servestack.util.console import console
 
 LEASE_REFRESH_S = 1.0
 # How far ahead of now the holder sets each entry's mtime. Refreshing to now left a 10 s margin: in
@@ -115,11 +114,11 @@ class DiscoveryLeases:
                     _set_immutable(folder, True)
                     self._pinned.append(folder)
             except OSError as e:
-                log.warning("cannot pin Dynamo's discovery entries in %s (%s): only refreshing them", self.directory,
-                            e.strerror)
+                console.warning("servestack.smoke", f"cannot pin Dynamo's discovery entries in {self.directory} "
+                               f"({e.strerror}): only refreshing them")
                 self._unpin()
                 return False
-        log.info("Dynamo discovery pinned: no entry can expire while every container runs")
+        console.detail("servestack.smoke", "Dynamo discovery pinned: no entry can expire while every container runs")
         return True
 
     def _unpin(self) -> None:
@@ -144,10 +143,10 @@ class DiscoveryLeases:
             try:
                 alive = self._running()
             except Exception as e:  # noqa: BLE001 - a slow or failing daemon must not end the holder
-                log.warning("cannot tell whether the disaggregated containers run (%s): still holding the leases", e)
+                console.warning("servestack.smoke", f"cannot tell whether the disaggregated containers run ({e}): still holding the leases")
                 alive = True
             if not alive:
-                log.warning("a disaggregated container stopped: no longer holding the Dynamo discovery leases")
+                console.warning("servestack.smoke", "a disaggregated container stopped: no longer holding the Dynamo discovery leases")
                 with self._pin_lock:
                     self._stop.set()
                     self._unpin()
@@ -165,7 +164,7 @@ class DiscoveryLeases:
                     try:
                         os.utime(os.path.join(folder, name), (ahead, ahead))
                     except PermissionError:
-                        log.warning("cannot refresh Dynamo discovery entries in %s (owned by the containers' "
-                                    "user): the workers hold their own leases", self.directory)
+                        console.warning("servestack.smoke", f"cannot refresh Dynamo discovery entries in {self.directory} "
+                                       "(owned by the containers' user): the workers hold their own leases")
                         return False
         return True

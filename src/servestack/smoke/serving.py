@@ -17,7 +17,6 @@ Every container is removed on every exit path.
 
 from __future__ import annotations
 
-import logging
 import shutil
 import tempfile
 import time
@@ -32,13 +31,13 @@ from servestack.smoke.engines import record_engines
 from servestack.smoke.firstrequest import FirstRequest
 from servestack.smoke.readiness import DynamoWorkers
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
+from servestack.util.console import console
 
 if TYPE_CHECKING:
     import requests
     from docker import DockerClient
     from docker.models.containers import Container
 
-log = logging.getLogger("servestack.smoke")
 
 # How long each shape may take to serve, when the stack's `smoke_model.ready_timeout_s` does not say.
 # A cold start of the production image's smoke model on an H100 took 234 s (120 s of them FlashInfer
@@ -154,7 +153,7 @@ def run_serving_probe(
             return _failed_to_start("serving", SERVING_CHECKS, f"cannot start the server container: {e.explanation or e}",
                                     "the server container did not start"), metrics
         metrics["container"] = name
-        log.info("serving probe: %s (deadline %.0f s)", name, ready_timeout)
+        console.detail("servestack.smoke", f"serving probe: {name} (deadline {ready_timeout:.0f} s)")
         problem = _await_ready(http, {"server": container}, lambda: _published(container, port), _health_ok,
                                start, ready_timeout, "GET /health returned 200")
         if problem:
@@ -228,7 +227,8 @@ def run_disagg_probe(
                                         f"the {role.name} container did not start"), metrics
             frontend_id = frontend_id or containers[role.name].id
         metrics["containers"] = {role: c.name for role, c in containers.items()}
-        log.info("disaggregated serving probe: %s (deadline %.0f s)", ", ".join(metrics["containers"].values()), ready_timeout)
+        console.detail("servestack.smoke", f"disaggregated serving probe: {', '.join(metrics['containers'].values())} "
+                      f"(deadline {ready_timeout:.0f} s)")
         frontend = containers[plan.roles[0].name]
         # Ready is what the frontend's own API says (readiness.py), whatever DYN_LOG keeps out of its log.
         workers = DynamoWorkers(model=plan.model, started=start)

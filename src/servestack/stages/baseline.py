@@ -14,6 +14,7 @@ from pathlib import Path
 from servestack import compare
 from servestack.compare import comparisons, verdicts
 from servestack.errors import InputError
+from servestack.records.imageref import names_a_digest
 from servestack.stages.gates import Check, Failure, evaluate_throughput
 from servestack.stages.pipeline import Pipeline, Stage
 from servestack.stages.results import StageResult
@@ -63,7 +64,7 @@ def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stag
     from servestack.stages import interleave
 
     gate = stage.gate
-    if "@sha256:" not in gate.baseline:
+    if not names_a_digest(gate.baseline):
         raise InputError(pipeline.file, "stages.throughput.gate.baseline",
                          f"{gate.baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
     out = comparisons.place(project, pipeline.stack, gate.baseline, run_id, image_ref, run_id)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -52,10 +51,9 @@ from servestack.stages.results import (
     parse_throughput_point,
     parse_vllm_result,
 )
+from servestack.util.console import console
 from servestack.util.progress import phase
 from servestack.util.project import Project
-
-log = logging.getLogger("servestack.stages")
 
 
 def run_id_for(pipeline: Pipeline, image_ref: str) -> str:
@@ -214,7 +212,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         result = measure_alongside_baseline(project, pipeline, settings, image_ref, rid, stage_dir, recipes)
         _finish_timing(result.timing, time.monotonic() - t0)
         report.write_stage(result)
-        log.info("%s", format_verdict(result.verdict))
+        console.detail("servestack.stages", format_verdict(result.verdict))
         return result
     runner = runner or make_runner(pipeline)
     # Plan for the runner that runs the jobs (the CLI's --runner may differ from the pipeline's).
@@ -236,7 +234,7 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         hold_to_baseline(project, pipeline, settings, result, rid)
     _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
-    log.info("%s", format_verdict(result.verdict))
+    console.detail("servestack.stages", format_verdict(result.verdict))
     return result
 
 

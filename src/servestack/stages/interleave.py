@@ -20,7 +20,6 @@ other to end, and srtctl's jobs are whole deployments.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -28,9 +27,8 @@ from pathlib import Path
 
 from servestack.compare import verdicts
 from servestack.errors import InputError, ServestackError
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
-
-log = logging.getLogger("servestack.stages.interleave")
 
 SIDES = ("a", "b")  # a comparison's two arms: the reference and the image under test
 ORDERS = ".orders"  # in each job's result directory: run_points' orders and answers
@@ -176,8 +174,7 @@ def _measured(planned: list, arm_dir: Path) -> list:
 
 
 def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Policy,
-            recipes: tuple[str, ...] | None = None, runner=None,
-            echo: Callable[[str], None] | None = print) -> Session:
+            recipes: tuple[str, ...] | None = None, runner=None) -> Session:
     """Every arm's throughput stage, interleaved, into `out/<arm>`. The first arm's pipeline says
     the recipes, points and workload, and which runner holds the servers."""
     from servestack.runners.selection import RUNNERS, make_runner
@@ -203,14 +200,14 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
                 raise InputError(first.file, "stages.throughput.recipes",
                                  f"{p.key} is started by {p.runner_kind}, not a server this session can hold")
         logs += _measure_recipe(runner, dict(zip(planned, recipe_jobs)), stages[arms[0].name], policy,
-                                write_job_files, echo)
+                                write_job_files)
     atomic_write_json(out / "measuring.json", [p.__dict__ for p in logs])
     return Session(arms=arms, points={name: _measured(planned[name], out / name) for name in planned},
                    conditions={name: {p.key: conditions(p, stages[name]) for p in planned[name]} for name in planned},
                    decided=logs)
 
 
-def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write_job_files, echo) -> list[PointLog]:
+def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write_job_files) -> list[PointLog]:
     from servestack.stages.jobs import RESULTS
     from servestack.stages.results import parse_throughput_point, throughput_point
 
@@ -252,9 +249,8 @@ def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write
                     open_points[c].discard(arm)
                     logs.append(PointLog(recipe=key, concurrency=c, arm=arm, rounds=k + 1,
                                          seconds=round(seconds[c], 1), verdict=d.verdict, reason=d.reason))
-                    if echo:
-                        echo(f"{key} c={c} {arm}: {d.verdict} after {k + 1} rounds ({seconds[c]:.0f} s measuring): "
-                             f"{d.reason}")
+                    console.progress(f"{key} c={c} {arm}: {d.verdict} after {k + 1} rounds ({seconds[c]:.0f} s measuring): "
+                                     f"{d.reason}")
             if not any(open_points.values()):
                 break
         for arm in names:

@@ -46,6 +46,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateA
 
 from servestack.clients import agreement
 from servestack.errors import FieldProblem
+from servestack.records.imageref import names_a_digest
 from servestack.runners.driver import RetryPolicy
 from servestack.runners.interface import RETRYABLE, JobState
 from servestack.runners.selection import RUNNERS, starting
@@ -168,7 +169,7 @@ class ThroughputGate(UserModel):
 
     @model_validator(mode="after")
     def _alongside_needs_an_image(self) -> "ThroughputGate":
-        if self.alongside and "@sha256:" not in (self.baseline or ""):
+        if self.alongside and not names_a_digest(self.baseline):
             raise FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
                                "baseline: REGISTRY/REPO@sha256:<64 hex>")
         return self

@@ -1,8 +1,7 @@
-"""The one place that runs external commands (docker, skopeo, sbatch, git, uv), logging each."""
+"""The one place that runs external commands (docker, skopeo, sbatch, git, uv), each shown with `-v`."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shlex
 import subprocess
@@ -11,8 +10,7 @@ from pathlib import Path
 from typing import IO
 
 from servestack.errors import CommandError
-
-log = logging.getLogger("servestack.util.proc")
+from servestack.util.console import console
 
 _SECRET_ENV_MARKERS = ("TOKEN", "PASSWORD", "SECRET")
 
@@ -24,7 +22,7 @@ TimeoutExpired = subprocess.TimeoutExpired
 def _prepare(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None,
              base_env: Mapping[str, str] | None = None) -> tuple[list[str], dict[str, str]]:
     """The argv as strings and the full environment (`base_env`, default this process's, plus `env`),
-    logging the command with secrets hidden."""
+    the command shown (with `-v`) with secrets hidden."""
     args = [os.fspath(a) for a in argv]
     full_env = dict(os.environ if base_env is None else base_env)
     if env:
@@ -33,7 +31,7 @@ def _prepare(argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | No
         f"{k}=***" if any(m in k.upper() for m in _SECRET_ENV_MARKERS) else f"{k}={shlex.quote(v)}"
         for k, v in (env or {}).items()
     )
-    log.info("$ %s%s", f"{shown_env} " if shown_env else "", shlex.join(args))
+    console.detail("servestack.util.proc", f"$ {f'{shown_env} ' if shown_env else ''}{shlex.join(args)}")
     return args, full_env
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import random
 import re
@@ -35,8 +34,8 @@ from servestack.sources.registry.limits import (
 )
 from servestack.sources.registry.model import DIGEST, MANIFEST_TYPES, OCI_INDEX, Descriptor, Reference, sha256_digest
 from servestack.sources.registry.trust import basic_credentials, ca_file, certs_d, loopback
+from servestack.util.console import console
 
-log = logging.getLogger("servestack.registry")
 T = TypeVar("T")
 
 
@@ -176,7 +175,7 @@ class Client:
                     if attempt == self.retries:
                         raise NetworkError(f"{what}: could not reach registry {self.registry} after {attempt + 1} "
                                            f"attempts (last: {retry.reason})") from None
-                    log.info("%s: %s; retrying in %.1f s", what, retry.reason, delay)
+                    console.detail("servestack.registry", f"{what}: {retry.reason}; retrying in {delay:.1f} s")
                     transfer.pause(delay, what)
                     delay *= 2
             except Stalled as stalled:
@@ -407,7 +406,8 @@ class Client:
             if any(e.digest == referrer.digest for e in self._fallback_index(subject)[0]):
                 # Still there after the settle delay: any racing writer read it before writing.
                 return "tag"
-            log.info("referrers index %s lost entry %s to a concurrent write; merging again", tag, referrer.digest[:19])
+            console.detail("servestack.registry", f"referrers index {tag} lost entry {referrer.digest[:19]} to a concurrent write; "
+                          "merging again")
         raise RegistryError(f"{self.registry}/{self.repository}:{tag}: could not add {referrer.digest} to the "
                             f"referrers index after {attempts} rounds of concurrent updates")
 
