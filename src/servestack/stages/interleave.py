@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servestack.compare import verdicts
+from servestack.compare import Comparison, verdicts
 from servestack.errors import InputError, ServestackError
 from servestack.util.fsutil import atomic_write_json
 
@@ -145,7 +145,7 @@ def _gated(recipe: str, c: int, dirs: dict[str, Path], arms: tuple[str, str], ro
 
 
 def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, policy: verdicts.Policy,
-             arms: tuple[str, str] = SIDES):
+             arms: tuple[str, str] = SIDES) -> Comparison:
     """Two arms of the session compared paired (compare.py), as a Comparison."""
     from servestack import compare
     from servestack.stages.results import StageResult
@@ -156,7 +156,7 @@ def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, p
         measured = StageResult(stack=stack, pipeline=by_name[arm].pipeline, stage="throughput",
                                image=by_name[arm].image, runner="local", out_dir=out / arm,
                                throughput=session.points[arm], conditions=session.conditions[arm])
-        sides.append(compare.side_from_results({"stages": [measured.to_dict()]}, label, out / arm)[0])
+        sides.append(compare.side_from_stages([measured], label)[0])
     return compare.compare(sides[0], sides[1], policy, alongside=True)
 
 
