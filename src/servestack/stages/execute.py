@@ -14,24 +14,16 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from servestack.errors import InputError, StageFailed
 from servestack.records.imageref import ImageRef
-from servestack.records.stageresults import AccuracyRun, Failure, StageResult, ThroughputPoint
+from servestack.records.stageresults import Failure, StageResult
 from servestack.runners.driver import run_job
 from servestack.runners.interface import Runner
 from servestack.runners.selection import RUNNERS, make_runner
 from servestack.stages.baseline import hold_to_baseline, measure_alongside_baseline
-from servestack.stages.gates import (
-    Verdict,
-    evaluate_accuracy,
-    evaluate_agreement,
-    evaluate_throughput,
-    format_verdict,
-    placement_failures,
-)
+from servestack.stages.gates import Verdict, format_verdict, placement_failures
 from servestack.stages.jobs import (  # noqa: F401  (re-exported: where callers have always found the planner)
     PYCACHE,
     PYCACHE_ENV,
@@ -39,19 +31,12 @@ from servestack.stages.jobs import (  # noqa: F401  (re-exported: where callers 
     _Planned,
     _recipe,
     _selected,
-    conditions,
     plan_stage,
     pycache_dir,
     write_job_files,
 )
+from servestack.stages.kinds import Reading, kind_of
 from servestack.stages.pipeline import STAGES, Pipeline, Stage, ThroughputStage, load_pipeline
-from servestack.stages.results import (
-    compare_answers,
-    load_answers,
-    parse_gsm8k_result,
-    parse_throughput_point,
-    parse_vllm_result,
-)
 from servestack.util.progress import phase
 from servestack.util.project import Project
 
@@ -110,14 +95,13 @@ def _reported_client_seconds(f: Path) -> float | None:
 
 def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], image_ref: str,
                   runner_name: str, stage_dir: Path, jobs: list[dict], since: float = 0.0) -> StageResult:
+    kind = kind_of(stage)
     bench = 0.0
     measured_now: list[str] = []
     reported_client: dict[str, float] = {}
     problems: list[str] = []
     missing: list[str] = []
-    throughput: list[ThroughputPoint] = []
-    accuracy: list[AccuracyRun] = []
-    answers: dict[str, dict] = {}  # the oracle's, by recipe
+    readings: list[tuple[str, Reading]] = []
     for p in planned:
         for point in p.points:
             f = p.spec.point_file(point)
@@ -126,22 +110,10 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
                 continue
             fresh = f.stat().st_mtime >= since
             try:
-                if stage.name == "throughput":
-                    conc, repeat = parse_throughput_point(point)
-                    tp = replace(parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=conc), repeat=repeat)
-                    throughput.append(tp)
-                    secs = tp.duration_s
-                elif stage.gate.agreement_with is not None:
-                    answers[p.key] = load_answers(f)
-                    secs = float(answers[p.key].get("seconds") or 0.0)
-                else:
-                    runs = parse_gsm8k_result(f, recipe=p.key)
-                    idx = int(point.rsplit("-", 1)[-1])
-                    runs = [r if len(runs) > 1 else replace(r, repeat=idx) for r in runs]
-                    accuracy += runs
-                    secs = sum(float(r.seconds or 0.0) for r in runs)
+                reading = kind.read(f, point, p)
+                readings.append((p.key, reading))
                 if fresh:
-                    bench += secs
+                    bench += reading.seconds
                     measured_now.append(f"{p.key}/{point}")
                     reported = _reported_client_seconds(f)
                     if reported is not None:  # e.g. from the srtctl runner's result files
@@ -160,23 +132,14 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
         "server_startup_seconds": round(server, 3),
         "benchmark_seconds": round(bench, 3),  # the benchmarks' own durations (vLLM duration, gsm8k seconds)
     }
-    agreement: list[dict] = []
-    recipe_conditions: dict[str, dict] = {}
-    if stage.name == "throughput":
-        recipe_conditions = {p.key: conditions(p, stage) for p in planned}
-        expected = {p.key: sorted({parse_throughput_point(x)[0] for x in p.points}) for p in planned}
-        verdict = evaluate_throughput(throughput, expected, stage.gate.config(), repeats=stage.repeats)
-    elif stage.gate.agreement_with is not None:
-        agreement, accuracy = compare_answers(answers, stage.gate.agreement_with)
-        verdict = evaluate_agreement(agreement, stage.gate.agreement_with, [p.key for p in planned], set(answers))
-    else:
-        verdict = evaluate_accuracy(accuracy, {p.key: len(p.points) for p in planned}, stage.gate.config())
+    judged = kind.judge(stage, planned, readings)
+    verdict = judged.verdict
     verdict.failures.extend(Failure(gate="unreadable", recipe="-", point=None, message=msg) for msg in problems)
     verdict.failures.extend(placement_failures(jobs))
     return StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
-                       runner=runner_name, out_dir=stage_dir, jobs=jobs, throughput=throughput, accuracy=accuracy,
-                       agreement=agreement, missing=missing, verdict=verdict, timing=timing,
-                       conditions=recipe_conditions)
+                       runner=runner_name, out_dir=stage_dir, jobs=jobs, throughput=judged.throughput,
+                       accuracy=judged.accuracy, agreement=judged.agreement, missing=missing, verdict=verdict,
+                       timing=timing, conditions=judged.conditions)
 
 
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,

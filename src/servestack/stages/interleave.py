@@ -181,7 +181,8 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
     """Every arm's throughput stage, interleaved, into `out/<arm>`. The first arm's pipeline says
     the recipes, points and workload, and which runner holds the servers."""
     from servestack.runners.selection import RUNNERS, make_runner
-    from servestack.stages.jobs import _selected, conditions, plan_stage, write_job_files
+    from servestack.stages.jobs import _selected, plan_stage, write_job_files
+    from servestack.stages.kinds import conditions
     from servestack.stages.pipeline import load_pipeline
 
     pipelines = {arm.name: load_pipeline(project.pipelines / f"{arm.pipeline}.yaml", project.root) for arm in arms}

@@ -189,6 +189,11 @@ class _Stage(UserModel):
     time_limit: Seconds = 3600
     gpus: Positive | None = None  # over the recipe-derived GPU count
 
+    @property
+    def kind(self) -> str:
+        """What it measures and how it is judged: its entry in stages.kinds.STAGE_KINDS."""
+        return self.name
+
 
 class AccuracyStage(_Stage):
     name: ClassVar[str] = "accuracy"
@@ -202,6 +207,11 @@ class AccuracyStage(_Stage):
             raise FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
                                f"({', '.join(self.recipes)}), beside at least one other to hold to it")
         return self
+
+    @property
+    def kind(self) -> str:
+        """GSM8K held to a threshold, or the oracle: held to the reference recipe's answers."""
+        return "accuracy" if self.gate.agreement_with is None else "agreement"
 
     @property
     def points(self) -> tuple[str, ...]:
