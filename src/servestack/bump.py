@@ -203,7 +203,8 @@ def exit_code(d: Drift) -> int:
     return 1 if failed or not d.steps else 0
 
 
-def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None, alongside: bool):
+def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None,
+             alongside: bool) -> tuple[compare.Comparison, Path]:
     """The bumped run against the baseline: measured again beside it (one interleaved session of both
     images), or against its stored results."""
     from servestack.compare import comparisons
@@ -214,11 +215,9 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
     if "@sha256:" not in (d.baseline or ""):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
-    out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
-    session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy,
-                                 echo=None)
-    result = interleave.compared(session, stack, (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
-    return result, comparisons.write(result, out, [p.__dict__ for p in session.decided])
+    _, result, report = interleave.measure_and_compare(project, stack, interleave.pair(d.baseline, d.digest_after, stack),
+                                                       run.name, ("baseline", "bumped"), policy, echo=None)
+    return result, report
 
 
 def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,

@@ -66,11 +66,9 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
     policy = _policy(project, name, args)
     if args.measure:
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
-        out = args.out or comparisons.place(project, args.stack, args.a, run_id, args.b, run_id)
-        session = interleave.measure(project, interleave.pair(args.a, args.b, name, args.pipeline_b), out,
-                                     policy=policy, recipes=args.recipes, echo=_say)
-        result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
-        report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
+        _, result, report = interleave.measure_and_compare(
+            project, args.stack, interleave.pair(args.a, args.b, name, args.pipeline_b), run_id, ("A", "B"), policy,
+            out=args.out, recipes=args.recipes, echo=_say)
     else:
         result, report = comparisons.compare_references(project, args.stack, args.a, args.b, key=args.key,
                                                         out=args.out, policy=policy)

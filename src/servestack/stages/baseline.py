@@ -76,12 +76,9 @@ def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Thro
     if "@sha256:" not in baseline:
         raise InputError(pipeline.file, "stages.throughput.gate.baseline",
                          f"{baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
-    out = comparisons.place(project, pipeline.stack, baseline, run_id, image_ref, run_id)
-    policy = gate.policy()
-    session = interleave.measure(project, interleave.pair(baseline, image_ref, pipeline.name), out,
-                                 policy=policy, recipes=recipes)
-    comparison = interleave.compared(session, pipeline.stack, (f"baseline {run_id}", f"this run {run_id}"), out, policy)
-    report = comparisons.write(comparison, out, [d.__dict__ for d in session.decided])
+    session, comparison, report = interleave.measure_and_compare(
+        project, pipeline.stack, interleave.pair(baseline, image_ref, pipeline.name), run_id,
+        ("baseline", "this run"), gate.policy(), recipes=recipes)
     verdict = evaluate_throughput(session.points["b"], {}, gate.config())
     _judged(comparison, verdict, baseline)
     return StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,

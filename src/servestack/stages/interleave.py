@@ -29,6 +29,7 @@ from pathlib import Path
 from servestack.compare import Comparison, verdicts
 from servestack.errors import InputError, ServestackError
 from servestack.util.fsutil import atomic_write_json
+from servestack.util.project import Project
 
 log = logging.getLogger("servestack.stages.interleave")
 
@@ -158,6 +159,20 @@ def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, p
                                throughput=session.points[arm], conditions=session.conditions[arm])
         sides.append(compare.side_from_stages([measured], label)[0])
     return compare.compare(sides[0], sides[1], policy, alongside=True)
+
+
+def measure_and_compare(project: Project, stack: str, arms: tuple[Arm, Arm], run_id: str, labels: tuple[str, str],
+                        policy: verdicts.Policy, *, out: Path | None = None, recipes: tuple[str, ...] | None = None,
+                        echo: Callable[[str], None] | None = print) -> tuple[Session, Comparison, Path]:
+    """Both arms measured alongside, compared paired and written where comparisons.place puts the
+    pair (or `out`): the session, the comparison and its Markdown report. `labels` name the sides,
+    each followed by the run id."""
+    from servestack.compare import comparisons
+
+    out = out or comparisons.place(project, stack, arms[0].image, run_id, arms[1].image, run_id)
+    session = measure(project, arms, out, policy=policy, recipes=recipes, echo=echo)
+    comparison = compared(session, stack, (f"{labels[0]} {run_id}", f"{labels[1]} {run_id}"), out, policy)
+    return session, comparison, comparisons.write(comparison, out, [d.__dict__ for d in session.decided])
 
 
 def _measured(planned: list, arm_dir: Path) -> list:
