@@ -182,17 +182,6 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
     return [("lock --upgrade", relocked), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
 
 
-def _policy(project: Project, stack: str):
-    """The stack's pipeline's throughput gate's verdict policy, else the defaults."""
-    from servestack.compare.verdicts import Policy
-    from servestack.stages.pipeline import load_pipeline
-
-    pipeline = load_pipeline(project.pipelines / f"{stack}.yaml", project.root) \
-        if (project.pipelines / f"{stack}.yaml").exists() else None
-    gate = pipeline.stages.throughput.gate if pipeline and pipeline.stages.throughput else None
-    return gate.policy() if gate else Policy()
-
-
 def exit_code(d: Drift) -> int:
     """A failed step is 1; a bump whose only failure is the comparison exits with its verdict's code."""
     from servestack.errors import verdict_exit_code
@@ -209,8 +198,9 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
     images), or against its stored results."""
     from servestack.compare import comparisons
     from servestack.stages import interleave
+    from servestack.stages.pipeline import regression_policy
 
-    policy = _policy(project, stack)
+    policy = regression_policy(project, stack)
     if not alongside:
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
     if "@sha256:" not in (d.baseline or ""):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from servestack.commands import command
 from servestack.commands import say as _say
+from servestack.compare.verdicts import Policy
 from servestack.errors import VerdictFailed
 from servestack.util.project import Project
 
@@ -40,15 +41,12 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="each one-sided bound's level (default 0.05)")
 
 
-def _policy(project: Project, name: str, args: argparse.Namespace):
-    from servestack.compare import verdicts
-    from servestack.stages.pipeline import load_pipeline
+def _policy(project: Project, name: str, args: argparse.Namespace) -> Policy:
+    """The pipeline's regression policy, with the command line's threshold and alpha over it."""
+    from servestack.stages.pipeline import regression_policy
 
-    file = project.pipelines / f"{name}.yaml"
-    stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
-    policy = stage.gate.policy() if stage is not None else verdicts.Policy()
     changes = {k: v for k, v in (("threshold", args.threshold), ("alpha", args.alpha)) if v is not None}
-    return verdicts.Policy(**{**policy.__dict__, **changes})
+    return Policy(**{**regression_policy(project, name).__dict__, **changes})
 
 
 @command("compare", "two images side by side, measured alongside (--measure) or from stored results; "

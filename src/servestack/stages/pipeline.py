@@ -45,12 +45,14 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, create_model, model_validator
 
 from servestack.clients import agreement
+from servestack.compare.verdicts import Policy
 from servestack.errors import FieldProblem
 from servestack.runners.driver import RetryPolicy
 from servestack.runners.interface import RETRYABLE, JobState
 from servestack.runners.selection import RUNNERS, starting
 from servestack.stages.gates import GateConfig
 from servestack.util import yamlfile
+from servestack.util.project import Project
 from servestack.util.yamlfile import UserModel, exactly_one
 
 
@@ -176,9 +178,7 @@ class ThroughputGate(UserModel):
     def config(self) -> GateConfig:
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
 
-    def policy(self):
-        from servestack.compare.verdicts import Policy
-
+    def policy(self) -> Policy:
         return Policy(threshold=self.regression_threshold, alpha=self.regression_alpha, min_rounds=self.min_rounds,
                       max_rounds=max(self.max_rounds, self.min_rounds), undecided_fails=self.undecided_fails)
 
@@ -318,3 +318,11 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
                                    base=root)
     pipeline._file = file
     return pipeline
+
+
+def regression_policy(project: Project, name: str) -> Policy:
+    """pipelines/<name>.yaml's throughput gate's verdict policy: what `compare` and `bump` judge by;
+    the defaults where there is no such file or it has no throughput stage."""
+    file = project.pipelines / f"{name}.yaml"
+    stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
+    return stage.gate.policy() if stage is not None else Policy()
