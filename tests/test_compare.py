@@ -34,7 +34,7 @@ def measured(c: int, factors: list[float], recipe: str = "agg"):
 def run_results(points, conditions=CONDITIONS, image="127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64) -> dict:
     stage = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image=image, runner="local", out_dir=Path("."), throughput=points,
                         conditions={"agg": conditions})
-    return {"passed": True, "stages": [stage.to_dict()]}
+    return {"passed": True, "stages": [stage.to_json()]}
 
 
 def side(points, label, **kw):

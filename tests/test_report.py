@@ -26,8 +26,8 @@ def test_plots_render(tmp_path):
 
 def test_markdown_has_tables_and_verdict(tmp_path):
     pts = points()
-    r = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image="img@sha256:" + "0" * 64, runner="local", out_dir=tmp_path, throughput=pts)
-    r.verdict = evaluate_throughput(pts, {"agg": [1, 4, 16, 64]}, GateConfig())
+    r = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image="img@sha256:" + "0" * 64, runner="local", out_dir=tmp_path, throughput=pts,
+                    verdict=evaluate_throughput(pts, {"agg": [1, 4, 16, 64]}, GateConfig()))
     md = markdown_stage(r)
     assert md.startswith("## throughput: FAIL") and "| recipe | concurrency |" in md
     assert "FAIL missing       agg c=64: no result for this point" in md

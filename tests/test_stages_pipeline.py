@@ -111,3 +111,18 @@ def test_the_gate_says_the_verdicts_budget_and_whether_undecided_fails(tmp_path)
                  "min_rounds: 4, max_rounds: 6, undecided_fails: false}\n")
     policy = load_pipeline(f, tmp_path).stages.throughput.gate.policy()
     assert (policy.threshold, policy.min_rounds, policy.max_rounds, policy.undecided_fails) == (0.05, 4, 6, False)
+
+
+def test_compare_and_bump_judge_by_the_pipelines_gate_else_the_defaults(tmp_path):
+    from servestack.compare.verdicts import Policy
+    from servestack.stages.pipeline import regression_policy
+    from servestack.util.project import Project
+
+    project = Project(root=tmp_path)
+    (tmp_path / "pipelines").mkdir()
+    (tmp_path / "pipelines" / "gated.yaml").write_text(
+        "stack: x\nstages:\n  throughput:\n    recipes: [a]\n    gate: {regression_threshold: 0.05}\n")
+    (tmp_path / "pipelines" / "accuracy-only.yaml").write_text(
+        "stack: x\nstages:\n  accuracy:\n    recipes: [a]\n    gate: {threshold: 0.5}\n")
+    assert regression_policy(project, "gated") == Policy(threshold=0.05)
+    assert regression_policy(project, "accuracy-only") == regression_policy(project, "absent") == Policy()

@@ -183,17 +183,6 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
     return [("lock --upgrade", relocked), ("build", built), ("image", imaged), ("smoke", smoked), ("stages", staged)]
 
 
-def _policy(project: Project, stack: str):
-    """The stack's pipeline's throughput gate's verdict policy, else the defaults."""
-    from servestack.compare.verdicts import Policy
-    from servestack.stages.pipeline import load_pipeline
-
-    pipeline = load_pipeline(project.pipelines / f"{stack}.yaml", project.root) \
-        if (project.pipelines / f"{stack}.yaml").exists() else None
-    gate = pipeline.stages.throughput.gate if pipeline and pipeline.stages.throughput else None
-    return gate.policy() if gate else Policy()
-
-
 def exit_code(d: Drift) -> int:
     """A failed step is 1; a bump whose only failure is the comparison exits with its verdict's code."""
     from servestack.errors import verdict_exit_code
@@ -204,23 +193,24 @@ def exit_code(d: Drift) -> int:
     return 1 if failed or not d.steps else 0
 
 
-def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None, alongside: bool):
+def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None,
+             alongside: bool) -> tuple[compare.Comparison, Path]:
     """The bumped run against the baseline: measured again beside it (one interleaved session of both
     images), or against its stored results."""
     from servestack.compare import comparisons
     from servestack.records.imageref import names_a_digest
     from servestack.stages import interleave
+    from servestack.stages.pipeline import regression_policy
 
-    policy = _policy(project, stack)
+    policy = regression_policy(project, stack)
     if not alongside:
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
     if not names_a_digest(d.baseline):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
-    out = comparisons.place(project, stack, d.baseline, run.name, d.digest_after, run.name)
-    with console.quiet():
-        session = interleave.measure(project, interleave.pair(d.baseline, d.digest_after, stack), out, policy=policy)
-    result = interleave.compared(session, stack, (f"baseline {run.name}", f"bumped {run.name}"), out, policy)
-    return result, comparisons.write(result, out, [p.__dict__ for p in session.decided])
+    with console.quiet():  # bump reports the verdict, not the session's progress
+        _, result, report = interleave.measure_and_compare(project, stack, interleave.pair(d.baseline, d.digest_after, stack),
+                                                           run.name, ("baseline", "bumped"), policy)
+    return result, report
 
 
 def bump(project: Project, stack: str, *, baseline: str | None = None, key: Path | None = None,

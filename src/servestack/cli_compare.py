@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from servestack.commands import command
+from servestack.compare.verdicts import Policy
 from servestack.errors import VerdictFailed
 from servestack.util.console import console
 from servestack.util.project import Project
@@ -40,15 +41,12 @@ def _compare_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=None, help="each one-sided bound's level (default 0.05)")
 
 
-def _policy(project: Project, name: str, args: argparse.Namespace):
-    from servestack.compare import verdicts
-    from servestack.stages.pipeline import load_pipeline
+def _policy(project: Project, name: str, args: argparse.Namespace) -> Policy:
+    """The pipeline's regression policy, with the command line's threshold and alpha over it."""
+    from servestack.stages.pipeline import regression_policy
 
-    file = project.pipelines / f"{name}.yaml"
-    stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
-    policy = stage.gate.policy() if stage is not None else verdicts.Policy()
     changes = {k: v for k, v in (("threshold", args.threshold), ("alpha", args.alpha)) if v is not None}
-    return verdicts.Policy(**{**policy.__dict__, **changes})
+    return Policy(**{**regression_policy(project, name).__dict__, **changes})
 
 
 @command("compare", "two images side by side, measured alongside (--measure) or from stored results; "
@@ -66,11 +64,9 @@ def _compare(args: argparse.Namespace, project: Project) -> int:
     policy = _policy(project, name, args)
     if args.measure:
         run_id = args.run_id or time.strftime("%Y%m%d-%H%M%S")  # a fresh session unless one is named
-        out = args.out or comparisons.place(project, args.stack, args.a, run_id, args.b, run_id)
-        session = interleave.measure(project, interleave.pair(args.a, args.b, name, args.pipeline_b), out,
-                                     policy=policy, recipes=args.recipes)
-        result = interleave.compared(session, args.stack, (f"A {run_id}", f"B {run_id}"), out, policy)
-        report = comparisons.write(result, out, [d.__dict__ for d in session.decided])
+        _, result, report = interleave.measure_and_compare(
+            project, args.stack, interleave.pair(args.a, args.b, name, args.pipeline_b), run_id, ("A", "B"), policy,
+            out=args.out, recipes=args.recipes)
     else:
         result, report = comparisons.compare_references(project, args.stack, args.a, args.b, key=args.key,
                                                         out=args.out, policy=policy)

@@ -24,9 +24,11 @@ from servestack.compare import verdicts
 from servestack.errors import InputError
 from servestack.records.imageref import names_a_digest
 from servestack.util.console import console
+from servestack.records.fields import Fields
+from servestack.records.stageresults import SCHEMA as STAGE_SCHEMA
+from servestack.records.stageresults import StageResult, ThroughputPoint
 
 SCHEMA = "servestack.comparison/1"
-STAGE_SCHEMA = "servestack.stage-result/1"  # StageResult.to_dict()
 MIN_REPEATS = verdicts.Policy().min_rounds  # the fewest repeats a verdict reads
 DEFAULT_THRESHOLD = verdicts.Policy().threshold
 DEFAULT_ALPHA = verdicts.Policy().alpha
@@ -62,7 +64,7 @@ class Side:
     label: str
     image: str
     stack: str
-    points: dict[tuple[str, int], list[dict[str, Any]]] = field(default_factory=dict)
+    points: dict[tuple[str, int], list[ThroughputPoint]] = field(default_factory=dict)
     accuracy: dict[str, list[float]] = field(default_factory=dict)
     conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
@@ -128,37 +130,44 @@ def _side_dict(s: Side) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- reading a side
 
-def invalid_reason(point: dict[str, Any]) -> str | None:
+def invalid_reason(point: ThroughputPoint) -> str | None:
     """Why a measured point is not a result (None: it is one)."""
-    if point.get("failed"):
-        return f"{point['failed']} failed requests"
-    if point.get("completed") != point.get("requested"):
-        return f"completed {point.get('completed')} of {point.get('requested')} requests"
-    if not point.get("output_tokens"):
+    if point.failed:
+        return f"{point.failed} failed requests"
+    if point.completed != point.requested:
+        return f"completed {point.completed} of {point.requested} requests"
+    if not point.output_tokens:
         return "no output tokens"
     return None
 
 
-def side_from_results(results: dict[str, Any], label: str, where: Path) -> tuple[Side, list[str]]:
-    """A side from a run's results.json (write_run's), and the points it holds that are not results."""
-    stages = results.get("stages")
-    if not isinstance(stages, list):
-        raise InputError(where, "stages", "expected a run's results.json (servestack pipeline, report.write_run)")
-    images = {s.get("image") for s in stages if s.get("image")}
-    side = Side(label=label, image=", ".join(sorted(images)) or "-", stack=next((s.get("stack") for s in stages if s.get("stack")), "-"))
+def side_from_stages(stages: list[StageResult], label: str) -> tuple[Side, list[str]]:
+    """A side from a run's stage results, and the points they hold that are not results."""
+    images = {s.image for s in stages if s.image}
+    side = Side(label=label, image=", ".join(sorted(images)) or "-", stack=next((s.stack for s in stages if s.stack), "-"))
     invalid = []
     for stage in stages:
-        for recipe, cond in (stage.get("conditions") or {}).items():
-            side.conditions[f"{stage.get('stage')}/{recipe}"] = cond
-        for p in stage.get("throughput") or []:
+        for recipe, cond in stage.conditions.items():
+            side.conditions[f"{stage.stage}/{recipe}"] = cond
+        for p in stage.points_in_order:
             reason = invalid_reason(p)
             if reason:
-                invalid.append(f"{label}: {p['recipe']} c={p['concurrency']} repeat {p.get('repeat', 0)}: {reason}")
+                invalid.append(f"{label}: {p.recipe} c={p.concurrency} repeat {p.repeat}: {reason}")
                 continue
-            side.points.setdefault((p["recipe"], int(p["concurrency"])), []).append(p)
-        for a in stage.get("accuracy") or []:
-            side.accuracy.setdefault(a["recipe"], []).append(float(a["accuracy"]))
+            side.points.setdefault((p.recipe, p.concurrency), []).append(p)
+        for a in stage.runs_in_order:
+            side.accuracy.setdefault(a.recipe, []).append(float(a.accuracy))
     return side, invalid
+
+
+def side_from_results(results: dict[str, Any], label: str, where: Path) -> tuple[Side, list[str]]:
+    """A side from a run's results.json (write_run's), and the points it holds that are not results."""
+    run = Fields(results, where)
+    if not isinstance(results.get("stages"), list):
+        raise InputError(where, "stages", "expected a run's results.json (servestack pipeline, report.write_run)")
+    out_dir = where if where.is_dir() else where.parent
+    stages = run.items("stages", lambda stage: StageResult.from_json(stage, out_dir=out_dir))
+    return side_from_stages(list(stages), label)
 
 
 def _read(f: Path) -> dict[str, Any]:
@@ -223,9 +232,9 @@ def load_side(reference: str, *, runs: Path, pulled: Path, key: Path | None = No
 
 # ----------------------------------------------------------------------------- the verdicts
 
-def _values(points: list[dict[str, Any]], key: str, alongside: bool) -> dict[int, float]:
+def _values(points: list[ThroughputPoint], key: str, alongside: bool) -> dict[int, float]:
     """{repeat: value}: measured alongside, repeat k of A pairs with repeat k of B."""
-    values = [(int(p.get("repeat", 0)), float(p[key])) for p in points if p.get(key) is not None]
+    values = [(p.repeat, float(getattr(p, key))) for p in points if getattr(p, key) is not None]
     return dict(values) if alongside else dict(enumerate(v for _, v in values))
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from servestack import compare
 from servestack.compare import GATED, METRICS, Change, Comparison, verdicts
+from servestack.records.stageresults import ThroughputPoint
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 
@@ -115,11 +116,11 @@ def markdown(c: Comparison, plot: str | None = None, measuring: list[dict] | Non
 Spread = tuple[int, float, float, float]  # concurrency, median, lowest, highest
 
 
-def spread_by_concurrency(points: dict[tuple[str, int], list[dict]], key: str) -> dict[str, list[Spread]]:
+def spread_by_concurrency(points: dict[tuple[str, int], list[ThroughputPoint]], key: str) -> dict[str, list[Spread]]:
     """{recipe: [(concurrency, median, lowest, highest)]} over each point's repeats."""
     out: dict[str, list[Spread]] = {}
     for (recipe, conc), ps in sorted(points.items()):
-        xs = [float(p[key]) for p in ps if p.get(key) is not None]
+        xs = [float(getattr(p, key)) for p in ps if getattr(p, key) is not None]
         if xs:
             out.setdefault(recipe, []).append((conc, statistics.median(xs), min(xs), max(xs)))
     return out

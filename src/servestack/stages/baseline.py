@@ -9,77 +9,84 @@ each gated point's regression (and undecided, when `undecided_fails`) is a failu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from servestack import compare
 from servestack.compare import comparisons, verdicts
 from servestack.errors import InputError
 from servestack.records.imageref import names_a_digest
-from servestack.stages.gates import Check, Failure, evaluate_throughput
-from servestack.stages.pipeline import Pipeline, Stage
-from servestack.stages.results import StageResult
+from servestack.records.stageresults import Check, Failure, StageResult, Verdict
+from servestack.stages.gates import evaluate_throughput
+from servestack.stages.pipeline import Pipeline, ThroughputStage
 from servestack.util.project import Project
 
 
-def _judged(comparison: compare.Comparison, result: StageResult, gate_baseline: str) -> None:
+def _judged(comparison: compare.Comparison, verdict: Verdict, gate_baseline: str) -> None:
     failing = {(ch.recipe, ch.concurrency, ch.metric): msg for ch, msg in compare.gate_failures(comparison)}
     for ch in comparison.gated():
         where = f"c={ch.concurrency}"
         msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
         measured = 0.0 if ch.change is None else ch.change
-        result.verdict.checks.append(Check(gate="regression", recipe=ch.recipe, point=where, measured=measured, required=-comparison.policy.threshold,
-                                           passed=msg is None))
+        verdict.checks.append(Check(gate="regression", recipe=ch.recipe, point=where, measured=measured, required=-comparison.policy.threshold,
+                                    passed=msg is None))
         if msg is not None:
-            result.verdict.failures.append(Failure(gate=ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
-                                                   recipe=ch.recipe, point=where, message=msg, measured=measured, required=-comparison.policy.threshold))
+            verdict.failures.append(Failure(gate=ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
+                                            recipe=ch.recipe, point=where, message=msg, measured=measured, required=-comparison.policy.threshold))
     if not comparison.gated():
-        result.verdict.failures.append(Failure(gate="regression", recipe="-", point=None, message=f"nothing to hold to {gate_baseline}: "
-                                               + ("; ".join(comparison.not_compared) or "no point in common")))
+        verdict.failures.append(Failure(gate="regression", recipe="-", point=None, message=f"nothing to hold to {gate_baseline}: "
+                                        + ("; ".join(comparison.not_compared) or "no point in common")))
 
 
-def hold_to_baseline(project: Project, pipeline: Pipeline, stage: Stage, result: StageResult, run_id: str) -> None:
-    """This run's measured points against a stored baseline's."""
-    gate = stage.gate
+def _baseline(pipeline: Pipeline, stage: ThroughputStage) -> str:
+    if stage.gate.baseline is None:
+        raise InputError(pipeline.file, "stages.throughput.gate.baseline", "not set: no image to hold the stage to")
+    return stage.gate.baseline
+
+
+def hold_to_baseline(project: Project, pipeline: Pipeline, stage: ThroughputStage, result: StageResult,
+                     run_id: str) -> StageResult:
+    """This run's measured points against a stored baseline's: the result with their verdicts and the comparison."""
+    gate, baseline = stage.gate, _baseline(pipeline, stage)
     key = None if gate.baseline_key is None else (project.root / gate.baseline_key)
-    base_run = compare.slug(gate.baseline)
-    out = comparisons.place(project, pipeline.stack, gate.baseline, base_run, result.image, run_id)
+    base_run = compare.slug(baseline)
+    out = comparisons.place(project, pipeline.stack, baseline, base_run, result.image, run_id)
     if out.exists():
         import shutil
 
         shutil.rmtree(out / "pulled", ignore_errors=True)  # judged afresh: the publication is pulled again
     try:
-        base, invalid = compare.load_side(gate.baseline, runs=project.artifacts(pipeline.stack) / "runs",
+        base, invalid = compare.load_side(baseline, runs=project.artifacts(pipeline.stack) / "runs",
                                           pulled=out / "pulled", key=key, label=f"baseline {base_run}")
     except InputError as exc:
         raise InputError(pipeline.file, "stages.throughput.gate.baseline", str(exc)) from exc
-    here, _ = compare.side_from_results({"stages": [result.to_dict()]}, f"this run {run_id}", result.out_dir)
+    here, _ = compare.side_from_stages([result], f"this run {run_id}")
     comparison = compare.compare(base, here, gate.policy(), invalid=invalid)
-    result.comparison = str(comparisons.write(comparison, out))
-    _judged(comparison, result, gate.baseline)
+    report = comparisons.write(comparison, out)
+    verdict = result.verdict or Verdict(stage=result.stage)
+    _judged(comparison, verdict, baseline)
+    return replace(result, verdict=verdict, comparison=str(report))
 
 
-def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: Stage, image_ref: str, run_id: str,
+def measure_alongside_baseline(project: Project, pipeline: Pipeline, stage: ThroughputStage, image_ref: str, run_id: str,
                                stage_dir: Path, recipes: tuple[str, ...] | None) -> StageResult:
     """The stage as one interleaved session of the baseline image (A) and this one (B)."""
     from servestack.stages import interleave
 
-    gate = stage.gate
-    if not names_a_digest(gate.baseline):
+    gate, baseline = stage.gate, _baseline(pipeline, stage)
+    if not names_a_digest(baseline):
         raise InputError(pipeline.file, "stages.throughput.gate.baseline",
-                         f"{gate.baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
-    out = comparisons.place(project, pipeline.stack, gate.baseline, run_id, image_ref, run_id)
-    policy = gate.policy()
-    session = interleave.measure(project, interleave.pair(gate.baseline, image_ref, pipeline.name), out,
-                                 policy=policy, recipes=recipes)
-    comparison = interleave.compared(session, pipeline.stack, (f"baseline {run_id}", f"this run {run_id}"), out, policy)
-    result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,
-                         runner="local", out_dir=stage_dir, throughput=session.points["b"],
-                         conditions=session.conditions["b"],
-                         timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}"
-                                                     for p in session.points["b"]],
-                                 "client_seconds": sum(d.seconds for d in session.decided),
-                                 "server_startup_seconds": 0.0, "benchmark_seconds": 0.0})
-    result.verdict = evaluate_throughput(result.throughput, {}, stage.gate.config())
-    result.comparison = str(comparisons.write(comparison, out, [d.__dict__ for d in session.decided]))
-    _judged(comparison, result, gate.baseline)
-    return result
+                         f"{baseline!r}: measured alongside (gate.alongside) needs an image by digest to run")
+    session, comparison, report = interleave.measure_and_compare(
+        project, pipeline.stack, interleave.pair(baseline, image_ref, pipeline.name), run_id,
+        ("baseline", "this run"), gate.policy(), recipes=recipes)
+    verdict = evaluate_throughput(session.points["b"], {}, gate.config())
+    _judged(comparison, verdict, baseline)
+    return StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage="throughput", image=image_ref,
+                       runner="local", out_dir=stage_dir, throughput=session.points["b"],
+                       conditions=session.conditions["b"],
+                       timing={"measured_points": [f"{p.recipe}/{p.concurrency}-r{p.repeat}"
+                                                   for p in session.points["b"]],
+                               "client_seconds": sum(d.seconds for d in session.decided),
+                               "server_startup_seconds": 0.0, "benchmark_seconds": 0.0},
+                       verdict=verdict, comparison=str(report))

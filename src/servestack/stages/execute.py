@@ -13,23 +13,16 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from servestack.errors import InputError, StageFailed
 from servestack.records.imageref import ImageRef
+from servestack.records.stageresults import Failure, StageResult
 from servestack.runners.driver import run_job
 from servestack.runners.interface import Runner
 from servestack.runners.selection import RUNNERS, make_runner
 from servestack.stages.baseline import hold_to_baseline, measure_alongside_baseline
-from servestack.stages.gates import (
-    Verdict,
-    evaluate_accuracy,
-    evaluate_agreement,
-    evaluate_throughput,
-    format_verdict,
-    placement_failures,
-)
+from servestack.stages.gates import Verdict, format_verdict, placement_failures
 from servestack.stages.jobs import (  # noqa: F401  (re-exported: where callers have always found the planner)
     PYCACHE,
     PYCACHE_ENV,
@@ -37,20 +30,12 @@ from servestack.stages.jobs import (  # noqa: F401  (re-exported: where callers 
     _Planned,
     _recipe,
     _selected,
-    conditions,
     plan_stage,
     pycache_dir,
     write_job_files,
 )
-from servestack.stages.pipeline import STAGES, Pipeline, Stage, load_pipeline
-from servestack.stages.results import (
-    StageResult,
-    compare_answers,
-    load_answers,
-    parse_gsm8k_result,
-    parse_throughput_point,
-    parse_vllm_result,
-)
+from servestack.stages.kinds import Reading, kind_of
+from servestack.stages.pipeline import STAGES, Pipeline, Stage, ThroughputStage, load_pipeline
 from servestack.util.console import console
 from servestack.util.progress import phase
 from servestack.util.project import Project
@@ -108,48 +93,36 @@ def _reported_client_seconds(f: Path) -> float | None:
 
 def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], image_ref: str,
                   runner_name: str, stage_dir: Path, jobs: list[dict], since: float = 0.0) -> StageResult:
-    result = StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
-                         runner=runner_name, out_dir=stage_dir, jobs=jobs)
+    kind = kind_of(stage)
     bench = 0.0
     measured_now: list[str] = []
     reported_client: dict[str, float] = {}
     problems: list[str] = []
-    answers: dict[str, dict] = {}  # the oracle's, by recipe
+    missing: list[str] = []
+    readings: list[tuple[str, Reading]] = []
     for p in planned:
         for point in p.points:
             f = p.spec.point_file(point)
             if not f.exists():
-                result.missing.append(f"{p.recipe.name}/{point}")
+                missing.append(f"{p.recipe.name}/{point}")
                 continue
             fresh = f.stat().st_mtime >= since
             try:
-                if stage.name == "throughput":
-                    conc, repeat = parse_throughput_point(point)
-                    tp = replace(parse_vllm_result(f, recipe=p.key, gpus=p.gpus, concurrency=conc), repeat=repeat)
-                    result.throughput.append(tp)
-                    secs = tp.duration_s
-                elif stage.gate.agreement_with is not None:
-                    answers[p.key] = load_answers(f)
-                    secs = float(answers[p.key].get("seconds") or 0.0)
-                else:
-                    runs = parse_gsm8k_result(f, recipe=p.key)
-                    idx = int(point.rsplit("-", 1)[-1])
-                    runs = [r if len(runs) > 1 else replace(r, repeat=idx) for r in runs]
-                    result.accuracy += runs
-                    secs = sum(float(r.seconds or 0.0) for r in runs)
+                reading = kind.read(f, point, p)
+                readings.append((p.key, reading))
                 if fresh:
-                    bench += secs
+                    bench += reading.seconds
                     measured_now.append(f"{p.key}/{point}")
                     reported = _reported_client_seconds(f)
                     if reported is not None:  # e.g. from the srtctl runner's result files
                         reported_client[f"{p.key}/{point}"] = reported
             except InputError as exc:
                 problems.append(str(exc))
-                result.missing.append(f"{p.key}/{point}")
+                missing.append(f"{p.key}/{point}")
     client, server, per_point = _read_timing(planned, since)
     if client is None and reported_client and len(reported_client) == len(measured_now):
         client, per_point = sum(reported_client.values()), reported_client
-    result.timing = {
+    timing = {
         "started": round(since, 3),
         "measured_points": measured_now,  # points this invocation ran (the rest were on disk)
         "client_seconds": None if client is None else round(client, 3),  # client processes, per run_points
@@ -157,22 +130,14 @@ def collect_stage(pipeline: Pipeline, stage: Stage, planned: list[_Planned], ima
         "server_startup_seconds": round(server, 3),
         "benchmark_seconds": round(bench, 3),  # the benchmarks' own durations (vLLM duration, gsm8k seconds)
     }
-    if stage.name == "throughput":
-        result.conditions = {p.key: conditions(p, stage) for p in planned}
-        expected = {p.key: sorted({parse_throughput_point(x)[0] for x in p.points}) for p in planned}
-        verdict = evaluate_throughput(result.throughput, expected, stage.gate.config(), repeats=stage.repeats)
-    elif stage.gate.agreement_with is not None:
-        result.agreement, result.accuracy = compare_answers(answers, stage.gate.agreement_with)
-        verdict = evaluate_agreement(result.agreement, stage.gate.agreement_with, [p.key for p in planned], set(answers))
-    else:
-        verdict = evaluate_accuracy(result.accuracy, {p.key: len(p.points) for p in planned}, stage.gate.config())
-    for msg in problems:
-        from servestack.stages.gates import Failure
-
-        verdict.failures.append(Failure(gate="unreadable", recipe="-", point=None, message=msg))
-    verdict.failures += placement_failures(result.jobs)
-    result.verdict = verdict
-    return result
+    judged = kind.judge(stage, planned, readings)
+    verdict = judged.verdict
+    verdict.failures.extend(Failure(gate="unreadable", recipe="-", point=None, message=msg) for msg in problems)
+    verdict.failures.extend(placement_failures(jobs))
+    return StageResult(stack=pipeline.stack, pipeline=pipeline.name, stage=stage.name, image=image_ref,
+                       runner=runner_name, out_dir=stage_dir, jobs=jobs, throughput=judged.throughput,
+                       accuracy=judged.accuracy, agreement=judged.agreement, missing=missing, verdict=verdict,
+                       timing=timing, conditions=judged.conditions)
 
 
 def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
@@ -202,13 +167,13 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
     settings = _selected(pipeline, recipes).get(stage)
     if settings is None:
         raise InputError(pipeline.file, f"stages.{stage}.recipes", f"runs none of {', '.join(recipes or ())}")
-    if stage == "throughput" and settings.repeats < min_repeats:
+    if isinstance(settings, ThroughputStage) and settings.repeats < min_repeats:
         settings = settings.model_copy(update={"repeats": min_repeats})
     rid = run_id or run_id_for(pipeline, image_ref)
     stage_dir = project.artifacts(pipeline.stack) / "runs" / rid / stage
     stage_dir.mkdir(parents=True, exist_ok=True)
     started, t0 = time.time(), time.monotonic()
-    if settings.name == "throughput" and settings.gate.baseline and settings.gate.alongside:
+    if isinstance(settings, ThroughputStage) and settings.gate.baseline and settings.gate.alongside:
         result = measure_alongside_baseline(project, pipeline, settings, image_ref, rid, stage_dir, recipes)
         _finish_timing(result.timing, time.monotonic() - t0)
         report.write_stage(result)
@@ -230,8 +195,8 @@ def run_stage(project: Project, pipeline_name: str, stage: str, image_ref: str,
         jobs.append({**outcome.to_dict(), "runner": job_runner.name})
     used = "+".join(dict.fromkeys(j["runner"] for j in jobs)) or runner.name
     result = collect_stage(pipeline, settings, planned, image_ref, used, stage_dir, jobs, since=started)
-    if settings.name == "throughput" and settings.gate.baseline:
-        hold_to_baseline(project, pipeline, settings, result, rid)
+    if isinstance(settings, ThroughputStage) and settings.gate.baseline:
+        result = hold_to_baseline(project, pipeline, settings, result, rid)
     _finish_timing(result.timing, time.monotonic() - t0)
     report.write_stage(result)
     console.detail("servestack.stages", format_verdict(result.verdict))

@@ -25,10 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servestack.compare import verdicts
+from servestack.compare import Comparison, verdicts
 from servestack.errors import InputError, ServestackError
 from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
+from servestack.util.project import Project
 
 SIDES = ("a", "b")  # a comparison's two arms: the reference and the image under test
 ORDERS = ".orders"  # in each job's result directory: run_points' orders and answers
@@ -143,7 +144,7 @@ def _gated(recipe: str, c: int, dirs: dict[str, Path], arms: tuple[str, str], ro
 
 
 def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, policy: verdicts.Policy,
-             arms: tuple[str, str] = SIDES):
+             arms: tuple[str, str] = SIDES) -> Comparison:
     """Two arms of the session compared paired (compare.py), as a Comparison."""
     from servestack import compare
     from servestack.stages.results import StageResult
@@ -154,8 +155,22 @@ def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, p
         measured = StageResult(stack=stack, pipeline=by_name[arm].pipeline, stage="throughput",
                                image=by_name[arm].image, runner="local", out_dir=out / arm,
                                throughput=session.points[arm], conditions=session.conditions[arm])
-        sides.append(compare.side_from_results({"stages": [measured.to_dict()]}, label, out / arm)[0])
+        sides.append(compare.side_from_stages([measured], label)[0])
     return compare.compare(sides[0], sides[1], policy, alongside=True)
+
+
+def measure_and_compare(project: Project, stack: str, arms: tuple[Arm, Arm], run_id: str, labels: tuple[str, str],
+                        policy: verdicts.Policy, *, out: Path | None = None, recipes: tuple[str, ...] | None = None
+                        ) -> tuple[Session, Comparison, Path]:
+    """Both arms measured alongside, compared paired and written where comparisons.place puts the
+    pair (or `out`): the session, the comparison and its Markdown report. `labels` name the sides,
+    each followed by the run id."""
+    from servestack.compare import comparisons
+
+    out = out or comparisons.place(project, stack, arms[0].image, run_id, arms[1].image, run_id)
+    session = measure(project, arms, out, policy=policy, recipes=recipes)
+    comparison = compared(session, stack, (f"{labels[0]} {run_id}", f"{labels[1]} {run_id}"), out, policy)
+    return session, comparison, comparisons.write(comparison, out, [d.__dict__ for d in session.decided])
 
 
 def _measured(planned: list, arm_dir: Path) -> list:
@@ -178,7 +193,8 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
     """Every arm's throughput stage, interleaved, into `out/<arm>`. The first arm's pipeline says
     the recipes, points and workload, and which runner holds the servers."""
     from servestack.runners.selection import RUNNERS, make_runner
-    from servestack.stages.jobs import _selected, conditions, plan_stage, write_job_files
+    from servestack.stages.jobs import _selected, plan_stage, write_job_files
+    from servestack.stages.kinds import conditions
     from servestack.stages.pipeline import load_pipeline
 
     pipelines = {arm.name: load_pipeline(project.pipelines / f"{arm.pipeline}.yaml", project.root) for arm in arms}

@@ -1,14 +1,12 @@
 """A stage as jobs: one per recipe (and per repeat, through srtctl), for the runner that starts it.
 
 Planning writes nothing (`write_job_files` does, when the jobs are about to run). The in-container
-layout: results at RESULTS, the model at MODEL or a directory in the image, GSM8K at DATA, the
-bytecode cache at PYCACHE.
+layout: results at RESULTS, the model at MODEL or a directory in the image, GSM8K at kinds.DATA,
+the bytecode cache at PYCACHE. What differs between the stage kinds is kinds.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,16 +16,14 @@ from servestack.recipes.read import RecipeView
 from servestack.runners.interface import JobSpec, Mount
 from servestack.runners.preflight import NodePreflight
 from servestack.runners.selection import RUNNERS, starting
-from servestack.stages.datasets import gsm8k_dir
+from servestack.stages.kinds import PointCommand, kind_of
 from servestack.stages.pipeline import Pipeline, Stage
-from servestack.stages.results import parse_throughput_point, throughput_point
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project
 from servestack.util.vllm_command import server_argv
 
 RESULTS = "/results"
 MODEL = "/model"
-DATA = "/data/gsm8k"
 # The image ships sources without bytecode, so every fresh container compiles torch and vLLM again
 # (three processes per server, one per client): about a minute per job on 2 cores. Jobs keep the
 # bytecode outside the image, in a host directory per image digest (the image is not changed).
@@ -129,6 +125,7 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
     runner.disaggregated where that runner cannot start the recipe's shape, as data: nothing is
     written (`write_job_files` does, when the jobs are about to run)."""
     default_kind = runner_kind or pipeline.runner.kind
+    stage_kind = kind_of(stage)
     planned = []
     base_url = f"http://127.0.0.1:{pipeline.server.port}"
     python = pipeline.runner.python
@@ -138,19 +135,9 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
         out_dir = stage_dir / name
         preflight = _preflight(project, pipeline, recipe, skip_preflight) if RUNNERS[kind].allocates_nodes else None
         gpus = stage.gpus or recipe.gpus
-        if stage.name == "throughput":
-            concs = list(stage.concurrencies or recipe.concurrencies)
-            if not concs:
-                raise InputError(recipe.file, "benchmark.concurrencies",
-                                 f"no concurrency points (set them here or in {pipeline.file} stages.throughput)")
-            # Round by round (1, 4, 1-r1, 4-r1, ...): a server slower for a minute (its first
-            # requests, a noisy neighbour) then costs every concurrency a little instead of
-            # every repeat of one point, which a baseline gate would read as its regression.
-            points = tuple(throughput_point(c, k) for k in range(stage.repeats) for c in concs)
-        else:
-            points = stage.points
+        points = stage_kind.points(pipeline, stage, recipe)
         if RUNNERS[kind].submits_recipes:
-            extra: dict[str, object] = {"points_field": "benchmark.concurrencies" if stage.name == "throughput" else None}
+            extra: dict[str, object] = {"points_field": stage_kind.points_field}
             if pipeline.model_dir is not None or recipe.model_path in pipeline.model_paths:
                 # srtctl mounts a host model directory at /model: the pipeline's, else the model
                 # the stack's build wrote.
@@ -159,15 +146,8 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
                     raise InputError(pipeline.file, "model_dir", f"{host} is not a directory "
                                      f"(`nox -s build -- --stack {pipeline.stack}` writes the stack's model)")
                 extra["model_dir"] = str(host)
-            if stage.name == "accuracy" and stage.gate.agreement_with is None:
-                extra["gsm8k_dir"] = str(gsm8k_dir(project.root, pipeline.data_dir, pipeline.file))
-            elif stage.name == "accuracy":
-                extra["clients_dir"] = str(CLIENTS_DIR)  # the recipe's custom benchmark runs agreement.py
-            # The recipe's job sweeps each concurrency once: one job per repeat (a fresh deployment each,
-            # so the repeats also show how much one deployment differs from the next).
-            repeats = stage.repeats if stage.name == "throughput" else 1
-            for k in range(repeats):
-                mine = tuple(p for p in points if repeats == 1 or parse_throughput_point(p)[1] == k)
+            extra.update(stage_kind.srtctl_inputs(project, pipeline))
+            for k, mine in enumerate(stage_kind.srtctl_jobs(stage, points)):
                 spec = JobSpec(
                     name=f"{stage.name}-{name}" + (f"-r{k}" if k else ""), points=mine, out_dir=out_dir, command=(),
                     image=image_ref, time_limit_s=stage.time_limit,
@@ -178,48 +158,10 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
             continue
         model, mounts = _model_mount(pipeline, recipe)
         pycache = pycache_dir(project, pipeline.stack, image_ref)
+        point, inputs = stage_kind.command(PointCommand(project=project, pipeline=pipeline, stage=stage, recipe=recipe,
+                                                        key=name, model=model, gpus=gpus, base_url=base_url))
         mounts = [*mounts, Mount(host=CLIENTS_DIR, container=CONTAINER_DIR), Mount(host=out_dir, container=RESULTS, read_only=False),
-                  Mount(host=pycache, container=PYCACHE, read_only=False)]
-        if stage.name == "throughput":
-            isl = stage.input_len or int(recipe.benchmark.get("isl") or 128)
-            osl = stage.output_len or int(recipe.benchmark.get("osl") or 32)
-            mult = stage.prompts_per_concurrency or int(recipe.benchmark.get("num_prompts_mult") or 10)
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/vllm_bench_serve.py",
-                         "--backend", "vllm", "--base-url", base_url, "--endpoint", "/v1/completions",
-                         "--model", model, "--served-model-name", recipe.served_model_name,
-                         "--tokenizer", model, "--dataset-name", "random",
-                         "--random-input-len", str(isl), "--random-output-len", str(osl),
-                         "--num-prompts", "{num_prompts}", "--max-concurrency", "{concurrency}",
-                         "--request-rate", "inf", "--ignore-eos", "--seed", "0", "--temperature", "0",
-                         "--ready-check-timeout-sec", "60",
-                         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-                         "--disable-tqdm", "--save-result", "--result-dir", "{out_dir}",
-                         "--result-filename", "{out_name}",
-                         "--metadata", f"servestack_recipe={name}", f"servestack_gpus={gpus}"],
-                "prompts_per_point": mult, "min_prompts": stage.min_prompts,
-                "timeout": stage.time_limit,
-            }
-        elif stage.gate.agreement_with is not None:
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/agreement.py", "collect", "--base-url", base_url,
-                         "--model", recipe.served_model_name, "--vocab-size", str(_oracle_vocab(project, pipeline)),
-                         "--out", "{out}"],
-                "timeout": stage.time_limit,
-            }
-        else:
-            data = gsm8k_dir(project.root, pipeline.data_dir, pipeline.file)
-            mounts.append(Mount(host=data, container=DATA))
-            g = stage.gsm8k
-            point = {
-                "argv": [python, f"{CONTAINER_DIR}/gsm8k.py", "--base-url", base_url,
-                         "--model", recipe.served_model_name, "--dataset", f"{DATA}/test.jsonl",
-                         "--fewshot-from", f"{DATA}/train.jsonl", "--num-questions", str(g.num_questions),
-                         "--shots", str(g.shots), "--repeats", "1", "--first-repeat", "{index}",
-                         "--concurrency", str(g.concurrency), "--max-tokens", str(g.max_tokens),
-                         "--out", "{out}"],
-                "timeout": stage.time_limit,
-            }
+                  Mount(host=pycache, container=PYCACHE, read_only=False), *inputs]
         job = {"server": _server(pipeline, recipe, model), "point": point, "out_dir": RESULTS}
         spec = JobSpec(
             name=f"{stage.name}-{name}", points=points, out_dir=out_dir,
@@ -234,37 +176,11 @@ def plan_stage(project: Project, pipeline: Pipeline, stage: Stage, image_ref: st
     return planned
 
 
-def _oracle_vocab(project: Project, pipeline: Pipeline) -> int:
-    from servestack.lock import load_lock
-    from servestack.smoke.checklist import oracle_vocab
-
-    vocab = oracle_vocab(load_lock(project, pipeline.stack))
-    if vocab is None:
-        raise InputError(pipeline.file, "stages.accuracy.gate.agreement_with",
-                         f"the oracle needs a smoke model the project makes; {pipeline.stack}'s is a checkpoint (use threshold)")
-    return vocab
-
-
 def write_job_files(planned: list[_Planned]) -> None:
     """The in-container job specs, next to each job's results (where its command reads them)."""
     for p in planned:
         if p.job is not None:
             atomic_write_json(p.job_file, p.job)
-
-
-def conditions(p: _Planned, stage: Stage) -> dict[str, object]:
-    """What makes two throughput runs of a recipe the same experiment (compare.py holds them equal):
-    the workload and the hardware it ran on. Not the serving flags: changing those, like changing
-    the image, is what a comparison is for."""
-    bench = p.recipe.benchmark
-    resources = p.recipe.raw.get("resources") or {}
-    placement = json.dumps({"resources": resources, "benchmark": {k: v for k, v in bench.items() if k != "concurrencies"}},
-                           sort_keys=True, default=str)
-    return {"isl": stage.input_len or int(bench.get("isl") or 128),
-            "osl": stage.output_len or int(bench.get("osl") or 32),
-            "prompts_per_concurrency": stage.prompts_per_concurrency or int(bench.get("num_prompts_mult") or 10),
-            "gpus": p.gpus, "gpu_type": resources.get("gpu_type"), "runner": p.runner_kind,
-            "resources_and_benchmark_sha256": hashlib.sha256(placement.encode()).hexdigest()}
 
 
 def _selected(pipeline: Pipeline, recipes: tuple[str, ...] | None) -> dict[str, Stage]:

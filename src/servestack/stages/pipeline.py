@@ -45,6 +45,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, create_model, model_validator
 
 from servestack.clients import agreement
+from servestack.compare.verdicts import Policy
 from servestack.errors import FieldProblem
 from servestack.records.imageref import names_a_digest
 from servestack.runners.driver import RetryPolicy
@@ -52,6 +53,7 @@ from servestack.runners.interface import RETRYABLE, JobState
 from servestack.runners.selection import RUNNERS, starting
 from servestack.stages.gates import GateConfig
 from servestack.util import yamlfile
+from servestack.util.project import Project
 from servestack.util.yamlfile import UserModel, exactly_one
 
 
@@ -177,9 +179,7 @@ class ThroughputGate(UserModel):
     def config(self) -> GateConfig:
         return GateConfig(baselines=self.baselines, tolerance=self.tolerance)
 
-    def policy(self):
-        from servestack.compare.verdicts import Policy
-
+    def policy(self) -> Policy:
         return Policy(threshold=self.regression_threshold, alpha=self.regression_alpha, min_rounds=self.min_rounds,
                       max_rounds=max(self.max_rounds, self.min_rounds), undecided_fails=self.undecided_fails)
 
@@ -189,6 +189,11 @@ class _Stage(UserModel):
     recipes: Annotated[tuple[Name, ...], Field(min_length=1)]
     time_limit: Seconds = 3600
     gpus: Positive | None = None  # over the recipe-derived GPU count
+
+    @property
+    def kind(self) -> str:
+        """What it measures and how it is judged: its entry in stages.kinds.STAGE_KINDS."""
+        return self.name
 
 
 class AccuracyStage(_Stage):
@@ -203,6 +208,11 @@ class AccuracyStage(_Stage):
             raise FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
                                f"({', '.join(self.recipes)}), beside at least one other to hold to it")
         return self
+
+    @property
+    def kind(self) -> str:
+        """GSM8K held to a threshold, or the oracle: held to the reference recipe's answers."""
+        return "accuracy" if self.gate.agreement_with is None else "agreement"
 
     @property
     def points(self) -> tuple[str, ...]:
@@ -309,3 +319,11 @@ def load_pipeline(file: Path, project_root: Path | None = None) -> Pipeline:
                                    base=root)
     pipeline._file = file
     return pipeline
+
+
+def regression_policy(project: Project, name: str) -> Policy:
+    """pipelines/<name>.yaml's throughput gate's verdict policy: what `compare` and `bump` judge by;
+    the defaults where there is no such file or it has no throughput stage."""
+    file = project.pipelines / f"{name}.yaml"
+    stage = load_pipeline(file, project.root).stages.throughput if file.exists() else None
+    return stage.gate.policy() if stage is not None else Policy()

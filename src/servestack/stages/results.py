@@ -15,160 +15,27 @@ output_throughput / concurrency. Per-GPU throughput is total_token_throughput / 
 
 Accuracy: servestack's gsm8k client writes `repeats[]` with accuracy_strict (gated) and
 accuracy_flexible; srt-slurm's gsm8k_eval.py writes {accuracy, num_questions, invalid_rate}.
+
+The normalized results themselves are records/stageresults.py's (results.json's schema).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from servestack.clients import agreement
 from servestack.errors import InputError
+from servestack.records.stageresults import (  # noqa: F401  (re-exported: where the stages have always found them)
+    AccuracyRun,
+    Check,
+    Failure,
+    StageResult,
+    ThroughputPoint,
+    Verdict,
+)
 from servestack.runners.srtlogs import SRT_RESULT_RE
-
-
-@dataclass(frozen=True, kw_only=True)
-class ThroughputPoint:
-    recipe: str
-    concurrency: int
-    requested: int  # num_prompts
-    completed: int
-    failed: int
-    input_tokens: int
-    output_tokens: int
-    duration_s: float
-    request_throughput: float
-    output_throughput: float  # output tokens/s, whole deployment
-    total_token_throughput: float  # (input + output) tokens/s, whole deployment
-    gpus: int
-    tokens_per_s_per_gpu: float  # total_token_throughput / gpus
-    tokens_per_s_per_user: float  # 1000 / median TPOT, else output_throughput / concurrency
-    per_user_source: str  # "median_tpot" | "output_throughput/concurrency"
-    median_ttft_ms: float | None
-    median_tpot_ms: float | None
-    median_itl_ms: float | None
-    p99_ttft_ms: float | None = None
-    p99_tpot_ms: float | None = None
-    p99_itl_ms: float | None = None
-    source: str = ""
-    repeat: int = 0  # the point measured again (stages.throughput.repeats): 0, 1, ...
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AccuracyRun:
-    recipe: str
-    repeat: int
-    accuracy: float  # the gated number (strict match)
-    n: int
-    accuracy_flexible: float | None = None
-    invalid: int = 0
-    errors: int = 0
-    seconds: float | None = None
-    source: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Failure:
-    """A gate that did not hold, by how much."""
-    gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
-    recipe: str
-    point: str | None  # "c=16", "repeat 0", None for recipe-wide
-    message: str
-    measured: float | None = None
-    required: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    """One gate applied to one measurement."""
-    gate: str
-    recipe: str
-    point: str | None
-    measured: float
-    required: float
-    passed: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(kw_only=True)
-class Verdict:
-    stage: str
-    failures: list[Failure] = field(default_factory=list)
-    checks: list[Check] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.failures
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"stage": self.stage, "passed": self.passed,
-                "failures": [f.to_dict() for f in self.failures],
-                "checks": [c.to_dict() for c in self.checks]}
-
-
-@dataclass(kw_only=True)
-class StageResult:
-    """What one stage measured and how it was judged; `results.json` is its `to_dict()`."""
-
-    stack: str
-    pipeline: str
-    stage: str
-    image: str
-    runner: str
-    out_dir: Path
-    throughput: list[ThroughputPoint] = field(default_factory=list)
-    accuracy: list[AccuracyRun] = field(default_factory=list)
-    # The oracle's comparisons (clients/agreement.py compare, plus "recipe" and "reference"), one per
-    # recipe held to the reference; its AccuracyRun is the fraction of prompts that agree.
-    agreement: list[dict[str, Any]] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)  # "<recipe>/<point>" with no result
-    verdict: Verdict | None = None
-    jobs: list[dict[str, Any]] = field(default_factory=list)  # job ids, attempts, end states
-    # wall_seconds, client_seconds (inside the benchmark clients), server_startup_seconds,
-    # benchmark_seconds, overhead_seconds (wall - client): see stages.run
-    timing: dict[str, Any] = field(default_factory=dict)
-    # {recipe: what makes two runs of it the same experiment}: input and output lengths, prompts,
-    # accelerators, the runner, the recipe's resources and benchmark (stages.jobs.conditions;
-    # compare.py compares only recipes whose conditions match)
-    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
-    comparison: str = ""  # a baseline gate's comparison.md (comparisons.place), when held to one
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.verdict is not None and self.verdict.passed)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": "servestack.stage-result/1",
-            "stack": self.stack,
-            "pipeline": self.pipeline,
-            "stage": self.stage,
-            "image": self.image,
-            "runner": self.runner,
-            "passed": self.passed,
-            "throughput": [p.to_dict() for p in sorted(self.throughput, key=lambda p: (p.recipe, p.concurrency, p.repeat))],
-            "accuracy": [a.to_dict() for a in sorted(self.accuracy, key=lambda a: (a.recipe, a.repeat))],
-            "agreement": self.agreement,
-            "missing": sorted(self.missing),
-            "verdict": self.verdict.to_dict() if self.verdict is not None else None,
-            "jobs": self.jobs,
-            "timing": self.timing,
-            "conditions": self.conditions,
-            "comparison": self.comparison,
-        }
 
 
 def _load_json(source: Path | dict[str, Any]) -> tuple[dict[str, Any], str]:

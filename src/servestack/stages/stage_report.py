@@ -204,7 +204,7 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
 def write_stage(result: StageResult) -> Path:
     """results.json + report.md (+ plots) in the stage directory; returns the report path."""
     out = result.out_dir
-    atomic_write_json(out / "results.json", result.to_dict())
+    atomic_write_json(out / "results.json", result.to_json())
     plots = plot_throughput(result.throughput, out, f"({result.stack})")
     report = out / "report.md"
     atomic_write_text(report, f"# servestack {result.stage} report\n\n" + markdown_stage(result, plots))
@@ -227,5 +227,5 @@ def write_run(run_dir: Path, results: list[StageResult], timing: dict | None = N
     report = run_dir / "report.md"
     atomic_write_text(report, "\n".join(parts))
     atomic_write_json(run_dir / "results.json", {"passed": overall, "timing": timing or {},
-                                                 "stages": [r.to_dict() for r in results]})
+                                                 "stages": [r.to_json() for r in results]})
     return report
