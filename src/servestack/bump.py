@@ -54,6 +54,13 @@ class Drift:
     def passed(self) -> bool:
         return bool(self.steps) and all(s.ok for s in self.steps)
 
+    @property
+    def image_after(self) -> str:
+        """The bumped image: the steps after `image` run only once it is made."""
+        if self.digest_after is None:
+            raise ServestackError(f"bump {self.stack}: a step after `image` ran before the bumped image was made")
+        return self.digest_after
+
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "stack": self.stack, "passed": self.passed, "baseline": self.baseline,
                 "digest_before": self.digest_before, "digest_after": self.digest_after,
@@ -169,13 +176,13 @@ def _steps(project: Project, stack: str, d: Drift, run_id: str | None) -> list[t
 
     def smoked() -> tuple[bool, str]:
         with console.quiet():  # the bump says the step's outcome itself
-            result = run_smoke(project, stack, d.digest_after)
+            result = run_smoke(project, stack, d.image_after)
         return result.exit_code == 0, f"smoke exit status {result.exit_code}"
 
     def staged() -> tuple[bool, str]:
         from servestack.compare import MIN_REPEATS
 
-        results = run_pipeline(project, stack, d.digest_after, run_id=run_id, min_repeats=MIN_REPEATS)
+        results = run_pipeline(project, stack, d.image_after, run_id=run_id, min_repeats=MIN_REPEATS)
         d.stages = [{"stage": r.stage, "passed": r.passed, "dir": str(r.out_dir)} for r in results]
         return bool(results) and all(r.passed for r in results), ", ".join(
             f"{r.stage} {'pass' if r.passed else 'FAIL'}" for r in results)
@@ -203,12 +210,14 @@ def _compare(project: Project, stack: str, d: Drift, run: Path, key: Path | None
     from servestack.stages.pipeline import regression_policy
 
     policy = regression_policy(project, stack)
+    if d.baseline is None:  # the step is planned only with a baseline
+        raise InputError(Path("-"), "--baseline", "no baseline to compare the bumped run with")
     if not alongside:
         return comparisons.compare_references(project, stack, d.baseline, str(run), key=key, policy=policy)
     if not names_a_digest(d.baseline):
         raise InputError(Path(d.baseline or "-"), "--baseline", "measured alongside needs the baseline image by digest")
     with console.quiet():  # bump reports the verdict, not the session's progress
-        _, result, report = interleave.measure_and_compare(project, stack, interleave.pair(d.baseline, d.digest_after, stack),
+        _, result, report = interleave.measure_and_compare(project, stack, interleave.pair(d.baseline, d.image_after, stack),
                                                            run.name, ("baseline", "bumped"), policy)
     return result, report
 

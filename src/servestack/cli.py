@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
 from servestack.commands import check_stack, platform_arg, same_platform
@@ -13,6 +16,9 @@ from servestack.errors import InputError, ServestackError, Terminated
 from servestack.util.console import console
 from servestack.util.interrupts import exit_code, signals_unwind
 from servestack.util.project import DEFAULT_STACK, Project
+
+if TYPE_CHECKING:
+    from servestack.runners.interface import Runner
 
 # --------------------------------------------------------------------------- lock
 
@@ -165,7 +171,7 @@ class _RunnerNames:
     def __contains__(self, name: object) -> bool:
         return name in self._names()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._names())
 
 
@@ -185,7 +191,7 @@ def _stage_args(p: argparse.ArgumentParser) -> None:
                         "on CPU nodes")
 
 
-def _runner(project: Project, pipeline_name: str, kind: str):
+def _runner(project: Project, pipeline_name: str, kind: str) -> Runner:
     """The pipeline's runner, of another kind than the file says (the CLI's --runner)."""
     from servestack.runners.selection import make_runner
     from servestack.stages.pipeline import load_pipeline
@@ -291,7 +297,7 @@ def _recipes_args(p: argparse.ArgumentParser) -> None:
     compare.add_argument("--against", type=Path, help="our recipe directory (default: the committed set sharing the most file names)")
 
 
-def _recipe_standin(project: Project):
+def _recipe_standin(project: Project) -> Callable[[str], dict | None]:
     """The model the engine judges a stack's recipes with: its smoke model's config.json (the checkpoint's
     architecture and head shapes at toy size; no weights are read), as the build makes it."""
     def standin(stack: str) -> dict | None:
@@ -346,7 +352,7 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
         result = recipes.validate_files(project, args.paths or committed, engine=args.engine, stack=args.stack,
                                         standin=_recipe_standin(project))
         errors = result.errors
-        for engine, count in sorted(_count(result.engines.values()).items()):
+        for engine, count in sorted(Counter(result.engines.values()).items()):
             console.result(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
         for note in result.notes:
             console.result(f"note: {note}")
@@ -358,13 +364,6 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
     # A recipe the rules refuse is bad input (README, "Exit codes"); a committed file that differs from
     # its render is a check that failed.
     return InputError.exit_code if len(errors) > len(stale) else (1 if errors else 0)
-
-
-def _count(items) -> dict:
-    out: dict = {}
-    for item in items:
-        out[item] = out.get(item, 0) + 1
-    return out
 
 
 # --------------------------------------------------------------------------- services
@@ -393,7 +392,7 @@ def _services(args: argparse.Namespace, project: Project) -> int:
     from servestack import services
     from servestack.services import slurm_nodes
 
-    starters = {
+    starters: dict[str, Callable[[], object]] = {
         "docker": services.ensure_dockerd,
         "registry": services.ensure_registry,
         "slurm": lambda: services.ensure_slurm(nodes=args.nodes)["SLURM_CONF"],

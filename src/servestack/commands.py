@@ -14,11 +14,11 @@ from servestack.errors import InputError
 from servestack.util.project import DEFAULT_STACK, Project
 
 Command = Callable[[argparse.Namespace, Project], int]
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], object], Command]] = {}
 
 
 def command(name: str, help: str,
-            configure: Callable[[argparse.ArgumentParser], None] = lambda p: None) -> Callable[[Command], Command]:
+            configure: Callable[[argparse.ArgumentParser], object] = lambda p: None) -> Callable[[Command], Command]:
     def register(fn: Command) -> Command:
         COMMANDS[name] = (help, configure, fn)
         return fn

@@ -264,15 +264,15 @@ def compare(a: Side, b: Side, policy: verdicts.Policy = verdicts.Policy(), *,
         if diffs:
             differing.add(key.split("/", 1)[1])
             out.not_compared.append(f"{key}: not the same experiment: " + "; ".join(diffs))
-    for key in sorted(set(a.points) | set(b.points)):
-        recipe, conc = key
+    for point in sorted(set(a.points) | set(b.points)):
+        recipe, conc = point
         if recipe in differing:
             continue
-        if key not in a.points or key not in b.points:
-            out.not_compared.append(f"{recipe} c={conc}: measured only in {a.label if key in a.points else b.label}")
+        if point not in a.points or point not in b.points:
+            out.not_compared.append(f"{recipe} c={conc}: measured only in {a.label if point in a.points else b.label}")
             continue
         for metric in METRICS:
-            va, vb = (_values(side.points[key], metric.key, alongside) for side in (a, b))
+            va, vb = (_values(side.points[point], metric.key, alongside) for side in (a, b))
             if va and vb:
                 out.changes.append(judge(recipe, conc, metric, va, vb, policy, alongside))
     for recipe in sorted(set(a.accuracy) & set(b.accuracy)):

@@ -21,6 +21,7 @@ from servestack import compare
 from servestack.compare import GATED, METRICS, Change, Comparison, verdicts
 from servestack.records.stageresults import ThroughputPoint
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+from servestack.util.project import Project
 
 
 def _digest12(reference: str) -> str:
@@ -34,7 +35,7 @@ def name(a_image: str, a_run: str, b_image: str, b_run: str) -> str:
     return f"{one(a_image, a_run)}-vs-{one(b_image, b_run)}"
 
 
-def place(project, stack: str, a_image: str, a_run: str, b_image: str, b_run: str) -> Path:
+def place(project: Project, stack: str, a_image: str, a_run: str, b_image: str, b_run: str) -> Path:
     return project.artifacts(stack) / "comparisons" / name(a_image, a_run, b_image, b_run)
 
 
@@ -165,7 +166,7 @@ def write(c: Comparison, out_dir: Path, measuring: list[dict] | None = None) -> 
     return report
 
 
-def compare_references(project, stack: str, a: str, b: str, *, key: Path | None = None, out: Path | None = None,
+def compare_references(project: Project, stack: str, a: str, b: str, *, key: Path | None = None, out: Path | None = None,
                        policy: verdicts.Policy = verdicts.Policy()) -> tuple[Comparison, Path]:
     """`servestack compare A B` of two stored results: both sides resolved (published ones pulled
     and verified into the output directory), compared apart ("not measured alongside"), written

@@ -31,6 +31,7 @@ Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from servestack import services
@@ -142,16 +143,19 @@ def run_smoke(
         elif serve:
             gpus = host_gpus(client)
             metrics["gpu_host"] = {"devices": list(gpus.devices), "via": gpus.via, "evidence": gpus.evidence}
-            shapes = (
-                ("serving probe", serve_plan_override or serve_plan(lock, platform, gpus), run_serving_probe, None),
-                ("disaggregated serving probe", disagg_override or disagg_plan(lock, platform, gpus), run_disagg_probe,
-                 "disagg"),
+            served = serve_plan_override or serve_plan(lock, platform, gpus)
+            split = disagg_override or disagg_plan(lock, platform, gpus)
+            shapes: tuple[tuple[str, ServePlan | DisaggPlan, Callable[[], tuple[list[Check], dict[str, Any]]], str | None], ...] = (
+                ("serving probe", served, lambda: run_serving_probe(
+                    client, reference, platform, served, stack=stack, ready_timeout=ready_timeout), None),
+                # The disaggregated shape is held to the aggregated server's oracle answers (read when it starts).
+                ("disaggregated serving probe", split, lambda: run_disagg_probe(
+                    client, reference, platform, split, stack=stack, ready_timeout=ready_timeout,
+                    baseline=metrics.get("agreement_reference")), "disagg"),
             )
             for label, plan, run, key in shapes:
                 console.progress(f"smoke {stack}: {label} " + ("..." if plan.runnable else f"not run: {plan.reason}"))
-                # The disaggregated shape is held to the aggregated server's oracle answers.
-                held_to = {"baseline": metrics.get("agreement_reference")} if key == "disagg" else {}
-                found, measured = run(client, reference, platform, plan, stack=stack, ready_timeout=ready_timeout, **held_to)
+                found, measured = run()
                 checks += found
                 metrics.update({key: measured} if key else measured)
                 if plan.runnable:

@@ -249,8 +249,8 @@ def _finish_timing(timing: dict, wall: float) -> None:
 
 def stage_failed(result: StageResult) -> StageFailed:
     """The error a failed stage ends the command with: its verdict, and a baseline verdict's exit code."""
-    return StageFailed(format_verdict(result.verdict), failed_gates={f.gate for f in result.verdict.failures},
-                       result=result)
+    failures = result.verdict.failures if result.verdict else ()
+    return StageFailed(format_verdict(result.verdict), failed_gates={f.gate for f in failures}, result=result)
 
 
 def raise_for_verdict(result: StageResult) -> StageResult:

@@ -141,8 +141,10 @@ def placement_failures(jobs: list[dict]) -> list[Failure]:
     return out
 
 
-def format_verdict(v: Verdict) -> str:
+def format_verdict(v: Verdict | None) -> str:
     """One readable line per failure (and a one-line summary when all passed)."""
+    if v is None:  # a stage that failed before it was gated
+        return "no verdict: the stage was not gated"
     if v.passed:
         n = len(v.checks)
         return f"{v.stage}: PASS ({n} numeric check{'s' if n != 1 else ''}, structural gates met)"

@@ -19,8 +19,10 @@ other to end, and srtctl's jobs are whole deployments.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from typing import TYPE_CHECKING
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -30,6 +32,11 @@ from servestack.errors import InputError, ServestackError
 from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json
 from servestack.util.project import Project
+
+if TYPE_CHECKING:
+    from servestack.runners.interface import JobHandle, Runner
+    from servestack.stages.jobs import _Planned
+    from servestack.stages.pipeline import Stage
 
 SIDES = ("a", "b")  # a comparison's two arms: the reference and the image under test
 ORDERS = ".orders"  # in each job's result directory: run_points' orders and answers
@@ -188,8 +195,8 @@ def _measured(planned: list, arm_dir: Path) -> list:
     return points
 
 
-def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Policy,
-            recipes: tuple[str, ...] | None = None, runner=None) -> Session:
+def measure(project: Project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Policy,
+            recipes: tuple[str, ...] | None = None, runner: Runner | None = None) -> Session:
     """Every arm's throughput stage, interleaved, into `out/<arm>`. The first arm's pipeline says
     the recipes, points and workload, and which runner holds the servers."""
     from servestack.runners.selection import RUNNERS, make_runner
@@ -198,11 +205,13 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
     from servestack.stages.pipeline import load_pipeline
 
     pipelines = {arm.name: load_pipeline(project.pipelines / f"{arm.pipeline}.yaml", project.root) for arm in arms}
-    stages = {name: _selected(p, recipes).get("throughput") for name, p in pipelines.items()}
     first = pipelines[arms[0].name]
-    for name, stage in stages.items():
+    stages: dict[str, Stage] = {}
+    for name, p in pipelines.items():
+        stage = _selected(p, recipes).get("throughput")
         if stage is None:
-            raise InputError(pipelines[name].file, "stages.throughput", "no throughput stage to measure alongside")
+            raise InputError(p.file, "stages.throughput", "no throughput stage to measure alongside")
+        stages[name] = stage
     runner = runner or make_runner(first)
     if RUNNERS[runner.name].allocates_nodes or RUNNERS[runner.name].submits_recipes:
         raise InputError(first.file, "runner.kind", f"arms are measured alongside by a runner that holds their servers "
@@ -223,7 +232,12 @@ def measure(project, arms: tuple[Arm, ...], out: Path, *, policy: verdicts.Polic
                    decided=logs)
 
 
-def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write_job_files) -> list[PointLog]:
+def _still_running(runner: Runner, handle: JobHandle) -> bool:
+    return not runner.state(handle).terminal
+
+
+def _measure_recipe(runner: Runner, planned: dict[str, _Planned], stage: Stage, policy: verdicts.Policy,
+                    write_job_files: Callable[[list[_Planned]], None]) -> list[PointLog]:
     from servestack.stages.jobs import RESULTS
     from servestack.stages.results import parse_throughput_point, throughput_point
 
@@ -242,7 +256,7 @@ def _measure_recipe(runner, planned: dict, stage, policy: verdicts.Policy, write
         for arm in names:
             handles[arm] = runner.submit(specs[arm])
             queues[arm] = Orders(directory=specs[arm].out_dir / ORDERS,
-                                 still_running=lambda h=handles[arm]: not runner.state(h).terminal)
+                                 still_running=functools.partial(_still_running, runner, handles[arm]))
         deadline = time.monotonic() + stage.time_limit
         while not all(q.serving() for q in queues.values()):
             if not all(q.still_running() for q in queues.values()) or time.monotonic() > deadline:

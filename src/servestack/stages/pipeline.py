@@ -104,10 +104,11 @@ Name = Annotated[str, Field(min_length=1)]
 
 
 class RunnerSettings(UserModel):
-    """`runner:`; `pipeline_model()` adds `kind` as the registry's names and one section per runner
-    that has settings."""
+    """`runner:`; `pipeline_model()` narrows `kind` and `disaggregated` to the registry's names and adds
+    one section per runner that has settings."""
 
     kind: str = "local"
+    disaggregated: str | None = None
     python: str = "python3"
 
 
@@ -299,9 +300,10 @@ def _model(runners: tuple[tuple[str, type[BaseModel] | None], ...], disaggregate
     sections: dict[str, Any] = {name: (settings, settings()) for name, settings in runners if settings}
     kinds = tuple(name for name, _ in runners)
     runner = create_model("RunnerSettings", __base__=RunnerSettings,
-                          kind=(Literal[kinds], "local"),  # type: ignore[valid-type]
+                          # The names come from the runner table at run time: pydantic reads them, mypy cannot.
+                          kind=(Literal[kinds], "local"),  # type: ignore[arg-type]
                           # the runner for the disaggregated recipes when `kind` cannot start them
-                          disaggregated=(Literal[disaggregated] | None, None),  # type: ignore[valid-type]
+                          disaggregated=(Literal[disaggregated] | None, None),  # type: ignore[arg-type]
                           **sections)
     return create_model("Pipeline", __base__=Pipeline, runner=(runner, runner()))
 

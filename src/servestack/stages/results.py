@@ -53,15 +53,20 @@ def _load_json(source: Path | dict[str, Any]) -> tuple[dict[str, Any], str]:
     return data, str(path)
 
 
-def _num(data: dict[str, Any], key: str, where: str, *, required: bool = True) -> float | None:
+def _num_or_none(data: dict[str, Any], key: str, where: str) -> float | None:
     value = data.get(key)
     if value is None:
-        if required:
-            raise InputError(where, key, "missing from the benchmark result")
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(where, key, f"expected a number, got {value!r}")
     return float(value)
+
+
+def _num(data: dict[str, Any], key: str, where: str) -> float:
+    value = _num_or_none(data, key, where)
+    if value is None:
+        raise InputError(where, key, "missing from the benchmark result")
+    return value
 
 
 def throughput_point(concurrency: int, repeat: int = 0) -> str:
@@ -96,12 +101,12 @@ def parse_vllm_result(source: Path | dict[str, Any], *, recipe: str, gpus: int,
     requested = int(requested) if isinstance(requested, (int, float)) else completed
     failed = data.get("failed")
     failed = int(failed) if isinstance(failed, (int, float)) else max(0, requested - completed)
-    total_tput = _num(data, "total_token_throughput", where, required=False)
+    total_tput = _num_or_none(data, "total_token_throughput", where)
     out_tput = _num(data, "output_throughput", where)
     if total_tput is None:  # very old results: derive from input throughput
         in_tput = _num(data, "input_throughput", where)
         total_tput = in_tput + out_tput
-    tpot = _num(data, "median_tpot_ms", where, required=False)
+    tpot = _num_or_none(data, "median_tpot_ms", where)
     if tpot and tpot > 0:
         per_user, per_user_source = 1000.0 / tpot, "median_tpot"
     else:
@@ -122,12 +127,12 @@ def parse_vllm_result(source: Path | dict[str, Any], *, recipe: str, gpus: int,
         tokens_per_s_per_gpu=total_tput / gpus,
         tokens_per_s_per_user=per_user,
         per_user_source=per_user_source,
-        median_ttft_ms=_num(data, "median_ttft_ms", where, required=False),
+        median_ttft_ms=_num(data, "median_ttft_ms", where),
         median_tpot_ms=tpot,
-        median_itl_ms=_num(data, "median_itl_ms", where, required=False),
-        p99_ttft_ms=_num(data, "p99_ttft_ms", where, required=False),
-        p99_tpot_ms=_num(data, "p99_tpot_ms", where, required=False),
-        p99_itl_ms=_num(data, "p99_itl_ms", where, required=False),
+        median_itl_ms=_num(data, "median_itl_ms", where),
+        p99_ttft_ms=_num(data, "p99_ttft_ms", where),
+        p99_tpot_ms=_num(data, "p99_tpot_ms", where),
+        p99_itl_ms=_num(data, "p99_itl_ms", where),
         source=where,
     )
 

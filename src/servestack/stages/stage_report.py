@@ -11,10 +11,15 @@ Plots (matplotlib, Agg backend, written only when there are throughput points):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servestack.stages.gates import format_verdict
 from servestack.stages.results import StageResult, ThroughputPoint
 from servestack.util.fsutil import atomic_write_bytes, atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 
 def _fmt(v: float | None, digits: int = 1) -> str:
@@ -73,9 +78,9 @@ def markdown_stage(result: StageResult, plots: dict[str, str] | None = None) -> 
         checks = result.verdict.checks
         if checks:
             lines += ["| gate | recipe | point | measured | required | |", "|---|---|---|---:|---:|---|"]
-            for c in checks:
-                lines.append(f"| {c.gate} | {c.recipe} | {c.point or '-'} | {c.measured:,.4g} | {c.required:,.4g} "
-                             f"| {'pass' if c.passed else '**FAIL**'} |")
+            for check in checks:
+                lines.append(f"| {check.gate} | {check.recipe} | {check.point or '-'} | {check.measured:,.4g} "
+                             f"| {check.required:,.4g} | {'pass' if check.passed else '**FAIL**'} |")
             lines.append("")
         lines += ["```", format_verdict(result.verdict), "```", ""]
     if result.timing:
@@ -162,7 +167,7 @@ def plot_throughput(points: list[ThroughputPoint], out_dir: Path, title: str = "
         by_recipe.setdefault(p.recipe, []).append(p)
     written: dict[str, str] = {}
 
-    def finish(fig, ax, xlabel: str, heading: str, name: str, label: str) -> None:
+    def finish(fig: Figure, ax: Axes, xlabel: str, heading: str, name: str, label: str) -> None:
         """Both plots: tokens/s per GPU up the side, the stack in the title, a grid, a legend; then the PNG."""
         ax.set_xlabel(xlabel)
         ax.set_ylabel("total tokens/s per GPU")
