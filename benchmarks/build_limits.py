@@ -1,4 +1,5 @@
-"""What the image build is held against: the physical limit of this machine (tar | zstd | sha256 and the same push) and the Debian base alone."""
+"""What the image build is held against: the physical limit of this machine (tar | zstd | sha256 and the
+same push) and the Debian base alone."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def physical_limit(project: Project, stack: str, base_tar: Path, work: Path, add
     wheel_paths = {i.sha256: Path(i.path) for i in record.inputs}
     wheel_paths.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
     trees = dict(zip(wheel_paths, install_all([(p, s) for s, p in wheel_paths.items()], locked.python,
-                                                 image.interpreter_version(locked, record.platform))))
+                                                 image.interpreter_version(locked, record.platform)), strict=True))
     planned = image.plan(record, locked, trees, load_plan(project.containers / "image.yaml"), work / "gen")
     dirs = []
     for index, layer in enumerate(planned):

@@ -58,7 +58,7 @@ def main() -> int:
             print(f"run {run}: {row[0]:.1f} s wall, {row[1]:.1f} CPU-s self, {row[2]:.1f} CPU-s compilers, "
                   f"{sum(len(t.entries) for t in trees)} files (sha256 {made[:12]}), load {load:.2f}", flush=True)
             shutil.rmtree(cache / "installed", ignore_errors=True)
-    wall, own, compilers = (statistics.median(column) for column in zip(*rows))
+    wall, own, compilers = (statistics.median(column) for column in zip(*rows, strict=True))
     print(f"median: {wall:.1f} s wall, {own:.1f} CPU-s self, {compilers:.1f} CPU-s compilers")
     return 0
 

@@ -62,11 +62,22 @@ class Drift:
         return self.digest_after
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "stack": self.stack, "passed": self.passed, "baseline": self.baseline,
-                "digest_before": self.digest_before, "digest_after": self.digest_after,
-                "lock_changes": self.lock_changes, "asked": self.asked, "moved_anyway": self.moved_anyway, "steps": [s.__dict__ for s in self.steps],
-                "stages": self.stages, "comparison": self.comparison, "comparison_report": self.comparison_report,
-                "verdict": self.verdict}
+        return {
+            "schema": SCHEMA,
+            "stack": self.stack,
+            "passed": self.passed,
+            "baseline": self.baseline,
+            "digest_before": self.digest_before,
+            "digest_after": self.digest_after,
+            "lock_changes": self.lock_changes,
+            "asked": self.asked,
+            "moved_anyway": self.moved_anyway,
+            "steps": [s.__dict__ for s in self.steps],
+            "stages": self.stages,
+            "comparison": self.comparison,
+            "comparison_report": self.comparison_report,
+            "verdict": self.verdict,
+        }
 
 
 def last_published(project: Project, stack: str) -> str:

@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servestack.commands import COMMANDS, command  # noqa: F401  (COMMANDS: tests)
-from servestack.commands import check_stack, platform_arg, same_platform
+from servestack.commands import COMMANDS, check_stack, command, platform_arg, same_platform
 from servestack.commands import image_arg as _image_arg
 from servestack.errors import InputError, ServestackError, Terminated
 from servestack.util.console import console
@@ -120,7 +119,8 @@ def _image(args: argparse.Namespace, project: Project) -> int:
         "none": f"no expected digest committed ({expected.file}); record one with `{fix}`",
         "stale": f"{expected.file} is for another lock: if the image changed on purpose, run `{fix}` and commit it",
         "different": f"DIFFERENT from the expected {expected.digest} of {expected.file} (same lock): this "
-                     f"machine or this code made other bytes (bytecode compiled by Python {result.compiled_by}); if the change is deliberate, run `{fix}` and commit it",
+                     f"machine or this code made other bytes (bytecode compiled by Python {result.compiled_by}); "
+                     f"if the change is deliberate, run `{fix}` and commit it",
     }
     console.result(f"image {args.stack}: {digest} {verdicts[expected.status]}")
     return 1 if expected.status in ("different", "stale") else 0
@@ -213,7 +213,8 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
         console.result(format_verdict(result.verdict))
         if result.comparison:
             console.result(f"  -> {result.comparison}")
-        console.result(f"  -> {result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir}")
+        shown = result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir
+        console.result(f"  -> {shown}")
     if results:
         client = sum(r.timing.get("client_seconds") or 0.0 for r in results)
         wall = time.monotonic() - started
@@ -353,7 +354,8 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
                                         standin=_recipe_standin(project))
         errors = result.errors
         for engine, count in sorted(Counter(result.engines.values()).items()):
-            console.result(f"{count} file(s) checked against {engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine}")
+            shown = engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine
+            console.result(f"{count} file(s) checked against {shown}")
         for note in result.notes:
             console.result(f"note: {note}")
         for warning in result.warnings:

@@ -117,7 +117,7 @@ def _request(base_url: str, model: str, prompt: list[int] | str, max_tokens: int
             "ignore_eos": True, "return_tokens_as_token_ids": True}
     req = urllib.request.Request(base_url.rstrip("/") + "/v1/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - the server under test
+    with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read())
 
 
@@ -144,7 +144,7 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
     loaded round (when `lengths` has the carrier's and the pairs' lengths); a prompt the server refused
     as unavailable (HTTP 503) is asked again after `unavailable_pause` s, while the prompts' pauses
     together stay within `unavailable_retry` s."""
-    sequential = dict(zip(lengths, token_prompts(vocab_size, lengths)))
+    sequential = dict(zip(lengths, token_prompts(vocab_size, lengths), strict=True))
     partners = token_prompts(vocab_size, PAIR_LENGTHS, seed=PARTNER_SEED)
     loaded = CARRIER_LENGTH in sequential and all(n in sequential for n in PAIR_LENGTHS)
     work = [("tokens", p) for p in sequential.values()] + [("text", t) for t in texts]
@@ -183,7 +183,7 @@ def collect(base_url: str, model: str, vocab_size: int, *, concurrency: int = CO
               "max_tokens": max_tokens, "seconds": round(time.monotonic() - origin, 3), "answers": answers}
     if loaded:
         head_start = next(a.get("seconds") or 1.0 for a in answers if a["prompt"] == sequential[CARRIER_LENGTH])
-        pairs = [p for n, partner in zip(PAIR_LENGTHS, partners) for p in (sequential[n], partner)]
+        pairs = [p for n, partner in zip(PAIR_LENGTHS, partners, strict=False) for p in (sequential[n], partner)]
         with ThreadPoolExecutor(max_workers=1 + len(pairs)) as pool:
             carrier = pool.submit(one, ("carrier", sequential[CARRIER_LENGTH]), CARRIER_TOKENS)
             time.sleep(head_start)
@@ -280,9 +280,9 @@ def compare(reference: dict, candidate: dict, *, bound: float = LOGPROB_BOUND, l
     """Every prompt compared, and the loaded round; `passed` when none disagrees and none failed. The
     controls (1-token prompts move no state) are counted apart from the transferred prompts."""
     refs, cands = reference.get("answers") or [], candidate.get("answers") or []
-    if len(refs) != len(cands) or any(r.get("prompt") != c.get("prompt") for r, c in zip(refs, cands)):
+    if len(refs) != len(cands) or any(r.get("prompt") != c.get("prompt") for r, c in zip(refs, cands, strict=True)):
         raise ValueError("the two runs did not answer the same prompts")
-    rows = [compare_answer(r, c, bound=bound, later=later, tie=tie) for r, c in zip(refs, cands)]
+    rows = [compare_answer(r, c, bound=bound, later=later, tie=tie) for r, c in zip(refs, cands, strict=True)]
     bad = [i for i, row in enumerate(rows) if row["verdict"] != "agree"]
     transferred = [row for row in rows if not row["control"]]
     first_diffs = [row["first_token_diff"] for row in transferred if row["first_token_diff"] is not None]
@@ -387,7 +387,7 @@ def _wait_ready(base_url: str, model: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=5) as r:  # noqa: S310
+            with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=5) as r:
                 if any(m.get("id") == model for m in json.loads(r.read()).get("data", [])):
                     return
         except (OSError, ValueError):

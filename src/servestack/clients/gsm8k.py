@@ -93,7 +93,7 @@ def read_jsonl(path: str) -> list[dict]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise SystemExit(f"{path}:{lineno}: not JSON: {exc}")
+                raise SystemExit(f"{path}:{lineno}: not JSON: {exc}") from None
             if "question" not in row or "answer" not in row:
                 raise SystemExit(f"{path}:{lineno}: needs 'question' and 'answer'")
             rows.append(row)
@@ -139,7 +139,7 @@ def score(completions: list[str | None], golds: list[str]) -> dict:
     """Score completions (None = the request failed) against gold answers."""
     n = len(golds)
     strict_ok = flex_ok = strict_invalid = flex_invalid = errors = 0
-    for text, gold in zip(completions, golds):
+    for text, gold in zip(completions, golds, strict=False):
         if text is None:
             errors += 1
             strict_invalid += 1

@@ -22,11 +22,11 @@ from typing import Any
 
 from servestack.compare import verdicts
 from servestack.errors import InputError
-from servestack.records.imageref import names_a_digest
-from servestack.util.console import console
 from servestack.records.fields import Fields
+from servestack.records.imageref import names_a_digest
 from servestack.records.stageresults import SCHEMA as STAGE_SCHEMA
 from servestack.records.stageresults import StageResult, ThroughputPoint
+from servestack.util.console import console
 
 SCHEMA = "servestack.comparison/1"
 MIN_REPEATS = verdicts.Policy().min_rounds  # the fewest repeats a verdict reads

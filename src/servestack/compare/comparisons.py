@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import statistics
+from collections.abc import Sequence
 from pathlib import Path
 
 from servestack import compare
@@ -72,7 +73,10 @@ def failing_points(c: Comparison) -> list[str]:
 def _row(ch: Change, labels: dict[str, str]) -> str:
     interval = "-" if ch.low is None else f"{_pct(ch.low)} .. {_pct(ch.high)}"
     mark = ch.verdict if ch.verdict == verdicts.NO_REGRESSION else f"**{ch.verdict}**"
-    median = (lambda xs: f"{statistics.median(xs):,.2f}" if xs else "-")
+
+    def median(xs: Sequence[float]) -> str:
+        return f"{statistics.median(xs):,.2f}" if xs else "-"
+
     return (f"| {ch.recipe} | {ch.concurrency} | {labels[ch.metric]} | {median(ch.a)} | {median(ch.b)} | {len(ch.b)} "
             f"| {_pct(ch.change)} | {interval} | {mark} | {ch.reason} |")
 
@@ -137,7 +141,7 @@ def plot(c: Comparison, out_dir: Path, name_: str = "comparison.png") -> str | N
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    for (side, colour), shift in zip(series, (0.97, 1.03)):  # apart by a hair, so both bars show
+    for (side, colour), shift in zip(series, (0.97, 1.03), strict=False):  # apart by a hair, so both bars show
         for recipe, rows in spread_by_concurrency(side.points, GATED[0]).items():
             xs = [r[0] * shift for r in rows]
             ax.errorbar(xs, [r[1] for r in rows], yerr=[[r[1] - r[2] for r in rows], [r[3] - r[1] for r in rows]],

@@ -92,7 +92,7 @@ def paired(a: Sequence[float], b: Sequence[float], alpha: float) -> Estimate | N
         raise ValueError(f"paired samples need one A per B: {len(a)} against {len(b)}")
     if len(a) < 2 or min(*a, *b) <= 0:
         return None
-    d = [math.log(y / x) for x, y in zip(a, b)]
+    d = [math.log(y / x) for x, y in zip(a, b, strict=True)]
     mean, sd = _mean_sd(d)
     half = _t(alpha, len(d) - 1) * sd / math.sqrt(len(d))
     return Estimate(change=math.expm1(mean), low=math.expm1(mean - half), high=math.expm1(mean + half),

@@ -155,7 +155,8 @@ def unpack(root: Root, package: DebPackage) -> list[str]:
         existing = root.nodes.get(where)
         if kind == "dir":
             if existing is None:
-                root.add(where, Node(kind="dir", mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname, mtime=info.mtime,
+                root.add(where, Node(kind="dir", mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname,
+                                     mtime=info.mtime,
                                      owner=package.name))
             elif existing.kind not in ("dir", "symlink"):
                 raise ServestackError(f"{package.name}: {name} is a directory, but {existing.owner} ships a file there")
@@ -165,7 +166,8 @@ def unpack(root: Root, package: DebPackage) -> list[str]:
             link = root.canonical(info.linkname)
             if root.nodes.get(link, Node(kind="")).kind != "file":
                 raise ServestackError(f"{package.name}: {name} is a hard link to {info.linkname}, which is not a file")
-        node = Node(kind=kind, mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname, mtime=info.mtime, data=member.data or b"",
+        node = Node(kind=kind, mode=info.mode, uid=info.uid, gid=info.gid, uname=info.uname, gname=info.gname, mtime=info.mtime,
+                    data=member.data or b"",
                     link=link, owner=package.name)
         if existing is not None and existing.kind != "dir":
             same = (existing.kind, existing.data, existing.link, existing.mode) == (kind, node.data, link, node.mode)
@@ -210,10 +212,12 @@ def _members(root: Root) -> list[tuple[str, Node]]:
             carrier = first[target]
             data = root.nodes[target]
             if carrier == path:
-                node = Node(kind="file", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname, mtime=data.mtime, data=data.data,
+                node = Node(kind="file", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname, mtime=data.mtime,
+                            data=data.data,
                             link="", owner=data.owner)
             else:
-                node = Node(kind="hardlink", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname, mtime=data.mtime,
+                node = Node(kind="hardlink", mode=data.mode, uid=data.uid, gid=data.gid, uname=data.uname, gname=data.gname,
+                            mtime=data.mtime,
                             link=carrier, owner=data.owner)
         out.append((path, node))
     return out

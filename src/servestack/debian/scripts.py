@@ -312,7 +312,8 @@ _CONF_HEADER = """\
 def _python_config(c: Context) -> list[str]:
     if c.root.exists("etc/python3/debian_config"):
         return []
-    c.root.file("etc/python3/debian_config", b"[DEFAULT]\n# how to byte-compile (comma separated: standard, optimize)\nbyte-compile = standard\n")
+    c.root.file("etc/python3/debian_config",
+                b"[DEFAULT]\n# how to byte-compile (comma separated: standard, optimize)\nbyte-compile = standard\n")
     return ["/etc/python3/debian_config"]
 
 

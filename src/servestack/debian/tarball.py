@@ -26,7 +26,6 @@ from servestack.util.fsutil import canonical_json, sha256_bytes
 from servestack.util.project import cache_home
 
 
-
 def fetch_debs(base: DebianBase, platform: str) -> list[Path]:
     """Every .deb of the platform's base in the cache, verified against the lock's sha256."""
     from servestack.sources import debian

@@ -62,7 +62,7 @@ def _image_base(base: ImageBase, platform: str, address: str) -> Base:
         manifest = json.loads(found[0])
     config = json.loads(registry.get_blob(ref.registry, ref.repository, manifest["config"]["digest"]))
     refs = [oci.LayerRef(name="base", digest=layer["digest"], diff_id=diff_id, size=layer["size"], media_type=layer["mediaType"])
-            for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]
+            for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"], strict=True)]
     return Base(layers=refs, paths={}, config=config, source=(ref.registry, ref.repository))
 
 
@@ -74,10 +74,11 @@ def base_layers(lock: Lock, platform: str, address: str, progress: Progress) -> 
     if layers.cached(key) is None:  # as a rule EarlyLayers compressed it already; if not, its bytes count here
         progress.expect(tarball.stat().st_size)
     blob = layers.compress_tarball(tarball, lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n), key)
-    return Base(layers=[oci.LayerRef(name="base", digest=blob.digest, diff_id=blob.diff_id, size=blob.size)], paths={blob.digest: blob.path}, config=None)
+    return Base(layers=[oci.LayerRef(name="base", digest=blob.digest, diff_id=blob.diff_id, size=blob.size)],
+                paths={blob.digest: blob.path}, config=None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base_key(tarball: Path) -> str:
     """The Debian base tarball's layer key, found once per process: finding it reads all its 225 MB, and
     EarlyLayers and `base_layers` both need it in every build. A base tarball never changes under its name

@@ -54,11 +54,19 @@ def image_input_hash(record: BuildRecord, compiled_by: str) -> str:
 
 def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: BuildRecord,
                  compiled_by: str, **extra: Any) -> ImageRecord:
-    layer_list = tuple(ImageLayer(digest=layer["digest"], size=layer["size"], title=name) for layer, name in zip(manifest["layers"], names))
+    layer_list = tuple(ImageLayer(digest=layer["digest"], size=layer["size"], title=name) for layer, name in zip(manifest["layers"], names,
+                                                                                                                 strict=True))
     return ImageRecord(
-        reference=reference, stack=record.stack, platforms=(platform,), lock_sha256=record.lock_sha256,
-        input_hash=image_input_hash(record, compiled_by), compiled_by=compiled_by, total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
-        layers=layer_list, layer_names=tuple(names), **extra,
+        reference=reference,
+        stack=record.stack,
+        platforms=(platform,),
+        lock_sha256=record.lock_sha256,
+        input_hash=image_input_hash(record, compiled_by),
+        compiled_by=compiled_by,
+        total_size=sum(layer.size for layer in layer_list) + manifest["config"]["size"],
+        layers=layer_list,
+        layer_names=tuple(names),
+        **extra,
     )
 
 
@@ -69,7 +77,7 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
     may already be pushing them."""
     members = [layers.with_parents(layer.entries) for layer in planned]  # once: keyed, sized and written
     keys = [layers.layer_key(m, epoch) for m in members]
-    todo = [m for m, key in zip(members, keys) if layers.cached(key) is None]
+    todo = [m for m, key in zip(members, keys, strict=True) if layers.cached(key) is None]
     early = {key: early[key] for key in keys if key in early}
     stats = {"layers_built": len(todo) + len(early), "bytes_tarred": 0, "layers_pushed": 0, "bytes_pushed": 0}
     title = f"image {stack}"
@@ -83,7 +91,7 @@ def _write_layers(stack: str, planned: list[Layer], epoch: int, lock: Lock, plat
         for ref in base.layers:
             uploads.send(ref.digest, base.paths.get(ref.digest), ref.size, base)
         refs: list[oci.LayerRef] = []
-        for index, (layer, layer_members, key) in enumerate(zip(planned, members, keys), 1):
+        for index, (layer, layer_members, key) in enumerate(zip(planned, members, keys, strict=True), 1):
             progress.set_step(f"layer {index} of {len(planned)}: {layer.name}")
             blob = layers.write_layer(layer_members, epoch, key,
                                       lambda n: progress.add("tarred", n), lambda n: progress.add("compressed", n))
@@ -171,7 +179,7 @@ def _build_and_push(project: Project, stack: str, record: BuildRecord, lock: Loc
     finally:
         written_early = early.finish()
     bytecode_cpu, trees_seconds = children_cpu_seconds() - children, time.monotonic() - trees_started
-    trees = dict(zip(wheels, trees_made))
+    trees = dict(zip(wheels, trees_made, strict=True))
     work = out / "generated"
     planned = plan(record, lock, trees, spec, work)
     too_big = [layer.name for layer in planned if layer.size > spec.max_layer_bytes]

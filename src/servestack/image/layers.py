@@ -72,7 +72,8 @@ def entry_for(source: Path, path: str) -> Entry:
         return Entry(path=path, kind="symlink", mode=0o777, link=os.readlink(source))
     if not stat.S_ISREG(info.st_mode):
         raise ValueError(f"{source}: only regular files and symlinks go into a layer")
-    return Entry(path=path, kind="file", mode=0o755 if info.st_mode & 0o100 else 0o644, size=info.st_size, sha256=sha256_file(source), source=source)
+    return Entry(path=path, kind="file", mode=0o755 if info.st_mode & 0o100 else 0o644, size=info.st_size, sha256=sha256_file(source),
+                 source=source)
 
 
 def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
@@ -271,7 +272,7 @@ def _pax_records(fields: dict[str, str]) -> bytes:
     except UnicodeEncodeError:
         values = [os.fsencode(value) for value in fields.values()]
         records = b"21 hdrcharset=BINARY\n"
-    for keyword, value in zip(fields, values):
+    for keyword, value in zip(fields, values, strict=True):
         bare = len(keyword) + len(value) + 3  # " ", "=", "\n"
         length = 0
         while (longer := bare + len(str(length))) != length:  # as tarfile finds it
@@ -415,7 +416,8 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    blob = Blob(key=key, digest=f"sha256:{packed.sha256.hexdigest()}", diff_id=f"sha256:{plain.sha256.hexdigest()}", size=packed.count, uncompressed=plain.count, path=path)
+    blob = Blob(key=key, digest=f"sha256:{packed.sha256.hexdigest()}", diff_id=f"sha256:{plain.sha256.hexdigest()}", size=packed.count,
+                uncompressed=plain.count, path=path)
     atomic_write_json(_index(key), blob.to_json())
     return blob
 

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import requests
-
 from docker.models.containers import Container
 
 from servestack import services
@@ -36,7 +35,6 @@ from servestack.util.console import console
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.proc import run
 from servestack.util.project import cache_home
-
 
 SCRIPT = Path(prebuild_script.__file__)  # run in the image only; imported so the image's code closure holds it
 RECORD = "prebuilt.json"
@@ -161,5 +159,5 @@ def _run(reference: str, platform: str, out: Path, archs: str, modules: list[str
 def _tail(container: Container) -> str:
     try:
         return container.logs(tail=40).decode(errors="replace")
-    except Exception as e:  # noqa: BLE001 - a container removed or dead answers no logs; say so, keep the real error
+    except Exception as e:
         return f"(no log: {e})"

@@ -24,7 +24,7 @@ class LayerSource(UserModel):
     shared_layers: int | None = Field(default=None, gt=0, le=64)
 
     @model_validator(mode="after")
-    def _package_options(self) -> "LayerSource":
+    def _package_options(self) -> LayerSource:
         options = self.own_layer_above is not None or self.shared_layers is not None
         if self.source == "packages" and not (self.own_layer_above and self.shared_layers):
             raise ValueError("`from: packages` needs `own_layer_above` (bytes) and `shared_layers` (a count)")
@@ -39,7 +39,7 @@ class ImagePlan(UserModel):
     environment: dict[str, str] = {}
 
     @model_validator(mode="after")
-    def _each_source_once(self) -> "ImagePlan":
+    def _each_source_once(self) -> ImagePlan:
         names = [layer.source for layer in self.layers]
         if sorted(names) != sorted(SOURCES):
             raise ValueError(f"list each of {', '.join(SOURCES)} exactly once (got {', '.join(names)})")

@@ -104,7 +104,7 @@ def compiler(python: str, image_version: str | None) -> Compiler:
     return _compiler(python, image_version, os.environ.get("PATH", os.defpath))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _compiler(python: str, image_version: str | None, path: str) -> Compiler:
     found = interpreters(python, path)
     if not found:
@@ -135,10 +135,12 @@ def interpreters(python: str, path: str) -> list[Compiler]:
             # Standard output alone: a warning on stderr must not become the path or the version.
             executable, version = proc.output_bytes([candidate, "-S", "-c", PROBE], timeout=60).decode().split("\n")[:2]
         except (CommandError, OSError, subprocess.TimeoutExpired, ValueError) as error:
-            console.detail("servestack.image.trees", f"{candidate} is left out as a bytecode compiler: it did not say its version ({error})")
+            console.detail("servestack.image.trees",
+                           f"{candidate} is left out as a bytecode compiler: it did not say its version ({error})")
             continue
         if version.rsplit(".", 1)[0] != python:
-            console.detail("servestack.image.trees", f"{candidate} is left out as a bytecode compiler: it is Python {version}, not {python}")
+            console.detail("servestack.image.trees",
+                           f"{candidate} is left out as a bytecode compiler: it is Python {version}, not {python}")
             continue
         found.setdefault(executable, Compiler(executable=executable, version=version))
     return list(found.values())

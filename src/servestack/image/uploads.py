@@ -134,7 +134,7 @@ class EarlyLayers:
             while (batch := self._queue.get()) is not None:
                 for layer in batch:
                     self._write(layer.entries)
-        except Exception as failure:  # noqa: BLE001 - speculation only: the layer is written again after planning
+        except Exception as failure:
             console.warning("servestack.image", "writing layers early failed; they are written after planning", failure=failure)
             while self._queue.get() is not None:
                 pass

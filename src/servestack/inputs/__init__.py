@@ -64,7 +64,8 @@ def _alias_wheel(wheel: LockedWheel, alias: str, out: Path, epoch: int) -> Build
         )
         (dist_info / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: servestack\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         path = wheelfiles.pack_wheel(Path(tmp), out, epoch=epoch, tag="py3-none-any")
-    return BuildInput(name=alias, version=version, filename=path.name, sha256=sha256_file(path), path=str(path), declared=False, replaced_by=None,
+    return BuildInput(name=alias, version=version, filename=path.name, sha256=sha256_file(path), path=str(path), declared=False,
+                      replaced_by=None,
                       alias_of=wheel.name)
 
 
@@ -97,7 +98,7 @@ def fetch_wheels(project: Project, stack_name: str, document: Lock, platform: st
         return cache.fetch(urls.get(w.filename, ""), w.sha256, w.filename, origin=origins.get(w.filename, ""), rehash=rehash)
 
     with ThreadPoolExecutor(max_workers=4) as pool:
-        return {w.filename: p for w, p in zip(wheels, pool.map(one, wheels))}
+        return {w.filename: p for w, p in zip(wheels, pool.map(one, wheels), strict=True)}
 
 
 def _containers_hash(project: Project) -> str:
@@ -124,9 +125,15 @@ def _overlaid(package: str, wheel: Path, patches: list[overlay.Overlay], out: Pa
         return BuiltOverlay.from_json(Fields(held, record))
     result = overlay.apply_overlays(wheel, patches, out / "overlays", epoch)
     applied = result.to_json()
-    built = BuiltOverlay(package=package, path=str(result.wheel), wheel=WheelFile(filename=result.filename, sha256=result.sha256, version=result.version),
-                         base=WheelFile(filename=result.base_wheel, sha256=result.base_sha256), label=result.label, prs=tuple(applied["prs"]),
-                         files=applied["files"])
+    built = BuiltOverlay(
+        package=package,
+        path=str(result.wheel),
+        wheel=WheelFile(filename=result.filename, sha256=result.sha256, version=result.version),
+        base=WheelFile(filename=result.base_wheel, sha256=result.base_sha256),
+        label=result.label,
+        prs=tuple(applied["prs"]),
+        files=applied["files"],
+    )
     verified.remember(record, key, [result.wheel], built.to_json())
     return built
 
@@ -215,13 +222,14 @@ def build(project: Project, stack: str, *, platform: str | None = None, allow_un
     shutil.rmtree(aliases_dir, ignore_errors=True)
     inputs += [dataclasses.replace(_alias_wheel(w, DIST_ALIASES[normalize(w.name)], aliases_dir, epoch), license=i.license,
                        license_text=i.license_text)
-               for w, i in zip(wheels, inputs)
+               for w, i in zip(wheels, inputs, strict=True)
                if normalize(w.name) in DIST_ALIASES and DIST_ALIASES[normalize(w.name)] not in present]
     lock_sha256 = lock.lock_digest(project, stack)
     identity = input_hash(lock_sha256=lock_sha256, platform=platform, containers=_containers_hash(project),
                           overlays=[(o.package, o.wheel.sha256) for o in overlays_out],
                           model_files=model.files if model else None)
-    record = BuildRecord(stack=stack, platform=platform, lock_sha256=lock_sha256, source_date_epoch=epoch, inputs=tuple(inputs), overlays=tuple(overlays_out), unverified_prs=tuple(unverified),
+    record = BuildRecord(stack=stack, platform=platform, lock_sha256=lock_sha256, source_date_epoch=epoch, inputs=tuple(inputs),
+                         overlays=tuple(overlays_out), unverified_prs=tuple(unverified),
                          model=model, input_hash=identity)
     write_build(record_path, record)
     return record_path

@@ -10,6 +10,7 @@ Qwen2Tokenizer) give the same ids.
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections import Counter
 from typing import Any, Protocol
@@ -103,7 +104,7 @@ def bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(256 + n)
             n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+    return {b: chr(c) for b, c in zip(bs, cs, strict=True)}
 
 
 def learn_merges(corpus: str, max_tokens: int) -> list[tuple[str, str]]:
@@ -122,7 +123,7 @@ def learn_merges(corpus: str, max_tokens: int) -> list[tuple[str, str]]:
     while new_tokens < max_tokens and live:
         pairs: Counter[tuple[str, str]] = Counter()
         for w, c in live.items():
-            for a, b in zip(w, w[1:]):
+            for a, b in itertools.pairwise(w):
                 pairs[(a, b)] += c
         best_count = max(pairs.values())
         a, b = min(p for p, c in pairs.items() if c == best_count)

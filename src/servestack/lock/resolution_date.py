@@ -11,7 +11,7 @@ stability rests on the previous lock's versions (servestack.lock.preferences).
 from __future__ import annotations
 
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from servestack.errors import InputError, NetworkError, ServestackError
@@ -24,14 +24,14 @@ JSON_TYPE = "application/vnd.pypi.simple.v1+json"
 
 
 def stamp(now: datetime | None = None) -> str:
-    return (now or datetime.now(timezone.utc)).strftime(FORMAT)
+    return (now or datetime.now(UTC)).strftime(FORMAT)
 
 
 def refuse_future(resolved_at: str | None, stack_file: Path, now: datetime | None = None) -> None:
     if resolved_at is None:
         return
-    moment = datetime.strptime(resolved_at, FORMAT).replace(tzinfo=timezone.utc)
-    current = now or datetime.now(timezone.utc)
+    moment = datetime.strptime(resolved_at, FORMAT).replace(tzinfo=UTC)
+    current = now or datetime.now(UTC)
     if moment > current:
         raise InputError(stack_file, "resolved_at",
                          f"is {resolved_at}, later than now ({stamp(current)}): a lock resolved as of a moment that "

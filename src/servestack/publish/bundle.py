@@ -95,7 +95,8 @@ class Records:
 
     @classmethod
     def of_project(cls, project: Project, stack: str) -> Records:
-        return cls(lock=project.lock_file(stack), stack_file=project.stack_file(stack), steps=project.artifacts(stack), shown=f"build/{stack}")
+        return cls(lock=project.lock_file(stack), stack_file=project.stack_file(stack), steps=project.artifacts(stack),
+                   shown=f"build/{stack}")
 
     @classmethod
     def pulled(cls, directory: Path, stack: str) -> Records:

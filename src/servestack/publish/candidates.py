@@ -11,7 +11,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,6 @@ from servestack.sources.registry.limits import (
     declared_problem,
 )
 from servestack.util.fsutil import sha256_bytes
-
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,7 +107,7 @@ def fetch_publication(reference: str, key: Path, bundle: str | None = None, repo
     bundles = {r.digest for r in referrers if r.artifact_type == PUBLICATION_TYPE}
     if not attestations:
         raise PublishError(f"{image}: no signed publication ({len(bundles)} bundle(s), no attestation in {found_in})")
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     check = listing_checker(public_key, image.digest)
     signed: dict[str, Descriptor] = {}  # envelope digest -> the first attestation listing it
     junk = 0

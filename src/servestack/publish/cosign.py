@@ -37,7 +37,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from cryptography.hazmat.primitives import serialization
@@ -177,7 +177,7 @@ def attach_bundle(client: Client, image: ImageRef, subject: Descriptor, signer: 
     client.push_blob(EMPTY_JSON)
     layer = {"mediaType": SIGSTORE_BUNDLE, "digest": client.push_blob(bundle), "size": len(bundle)}
     annotations = {BUNDLE_CONTENT: "dsse-envelope", BUNDLE_PREDICATE_TYPE: predicate_type,
-                   CREATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+                   CREATED: datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
     manifest = referrer_manifest(SIGSTORE_BUNDLE, [layer], subject, annotations)
     digest = sha256_digest(manifest)
     headers = client.put_manifest(digest, manifest, OCI_MANIFEST)

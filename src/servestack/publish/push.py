@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +16,8 @@ from servestack.publish.bundle import (
     ATTESTATION_TYPE,
     BUNDLE_ANNOTATION,
     CREATED,
-    BundleFile,
     PUBLICATION_TYPE,
+    BundleFile,
     Records,
     attestation_manifest,
     bundle_files,
@@ -176,7 +176,7 @@ def _sign_and_push(client: Client, target: ImageRef, subject: Descriptor, files:
     if already is not None:  # the same files, signed by this key: re-signing would add a second publication
         attestation, envelope = already
     else:
-        published = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        published = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         envelope = signing.sign_statement(provenance(stack, target, bundle_digest, files, Source.of(project.root),
                                                      run_id, created, published, platforms, smoke_served), signer)
         attestation = attestation_manifest(envelope, subject, bundle_digest, created,

@@ -21,7 +21,7 @@ import json
 import re
 import tempfile
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +36,19 @@ from servestack.records.steps import BuildInput, BuildRecord, BuiltOverlay, Imag
 from servestack.sources.registry import Client
 from servestack.wheels import normalize
 
-__all__ = ["SBOM_TITLE", "SPDX_JSON", "SPDX_PREDICATE", "BaseSystem", "DebianPackage", "base_system", "parse_dpkg_status",
-           "lock_build", "python_distributions", "read_sbom", "spdx_document"]
+__all__ = [
+    "SBOM_TITLE",
+    "SPDX_JSON",
+    "SPDX_PREDICATE",
+    "BaseSystem",
+    "DebianPackage",
+    "base_system",
+    "lock_build",
+    "parse_dpkg_status",
+    "python_distributions",
+    "read_sbom",
+    "spdx_document",
+]
 
 SPDX_PREDICATE = "https://spdx.dev/Document"  # what `cosign verify-attestation --type spdxjson` asks for
 DPKG_STATUS = "var/lib/dpkg/status"
@@ -77,7 +88,8 @@ def parse_dpkg_status(text: str) -> tuple[DebianPackage, ...]:
         if fields.get("Status", "").split()[2:] != ["installed"] or "Package" not in fields:
             continue
         source, _, source_version = fields.get("Source", fields["Package"]).partition(" ")
-        packages.append(DebianPackage(name=fields["Package"], version=fields.get("Version", ""), architecture=fields.get("Architecture", ""),
+        packages.append(DebianPackage(name=fields["Package"], version=fields.get("Version", ""), architecture=fields.get("Architecture",
+                                                                                                                         ""),
                                       source=source, source_version=source_version.strip("()") or fields.get("Version", "")))
     return tuple(sorted(packages, key=lambda p: (p.name, p.architecture)))
 
@@ -99,7 +111,7 @@ def base_layers(client: Client, manifest: dict[str, Any], record: ImageRecord) -
         return set()
     history = json.loads(client.get_blob(config["digest"], size=config["size"])).get("history") or []
     made = [h for h in history if not h.get("empty_layer")]
-    return {digest for digest, h in zip(layers, made) if h.get("created_by") == f"servestack layer {BASE_LAYER}"}
+    return {digest for digest, h in zip(layers, made, strict=False) if h.get("created_by") == f"servestack layer {BASE_LAYER}"}
 
 
 def lock_build(build: BuildRecord, lock: Lock, platform: str) -> BuildRecord:
@@ -186,7 +198,7 @@ class _Document:
         # No version in the creator: the document is a function of the image's inputs, so
         # republishing after an upgrade of servestack adds no second SBOM for the same image.
         info = m.CreationInfo("SPDX-2.3", "SPDXRef-DOCUMENT", name, namespace, [m.Actor(m.ActorType.TOOL, TOOL)],
-                              datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=timezone.utc),
+                              datetime.strptime(created, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC),
                               document_comment=comment)
         rels = [m.Relationship(a, m.RelationshipType[kind], b) for a, kind, b in sorted(self.relationships)]
         return m.Document(info, packages=list(self.packages.values()), relationships=rels)

@@ -18,7 +18,7 @@ rollback floor, set by the one who knows it.
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 from servestack.errors import InputError, OutOfRange, PublishError
@@ -48,7 +48,7 @@ def parse_rfc3339(text: str) -> datetime | None:
     except ValueError:
         return None
     try:
-        return local.astimezone(timezone.utc)
+        return local.astimezone(UTC)
     except OverflowError:
         raise OutOfRange(f"{text} is outside years 1 to 9999 in UTC") from None
 
@@ -89,4 +89,4 @@ def not_before(text: str | None) -> datetime | None:
 
 
 def utc_text(instant: datetime) -> str:
-    return instant.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return instant.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")

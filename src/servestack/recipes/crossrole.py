@@ -80,7 +80,8 @@ def check_roles(c: Checker, root: Any) -> None:
             continue
         p, d = prefill.setting(cost.setting), decode.setting(cost.setting)
         if _norm(p.value) != _norm(d.value):
-            c.warn(d.node, d.path, f"{cost.setting.partition(':')[2]} differs: prefill sets {_shown(p)} (line {c.line(p.node)}), decode sets {_shown(d)} "
+            c.warn(d.node, d.path,
+                   f"{cost.setting.partition(':')[2]} differs: prefill sets {_shown(p)} (line {c.line(p.node)}), decode sets {_shown(d)} "
                                    f"(line {c.line(d.node)}): {cost.cost}")
 
 
@@ -94,7 +95,7 @@ def _apply(c: Checker, rule: KvRule, setting: str, prefill: Role, decode: Role) 
     if rule.policy == "value":
         wrong = [(role, f) for role, f in (("prefill", p), ("decode", d)) if f.value != rule.value]
         if wrong:
-            role, f = wrong[0]
+            _, f = wrong[0]
             c.err(f.node, f.path, f"{name} must be {rule.value!r} on both roles exchanging KV; prefill sets {_shown(p)} "
                                   f"(line {c.line(p.node)}), decode sets {_shown(d)} (line {c.line(d.node)}): "
                                   f"{_reason(rule)}")

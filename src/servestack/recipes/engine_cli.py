@@ -183,7 +183,7 @@ def _dynamo_worker_actions() -> list[Any] | None:
 
 
 def _env_spec(name: str, getter: Callable[[], Any]) -> dict:
-    free = dict(zip(getter.__code__.co_freevars, (c.cell_contents for c in getter.__closure__ or ())))
+    free = dict(zip(getter.__code__.co_freevars, (c.cell_contents for c in getter.__closure__ or ()), strict=True))
     if "choices" in free:
         choices = free["choices"]() if callable(free["choices"]) else free["choices"]
         spec: dict[str, Any] = {"kind": "choice-list" if "list" in getter.__qualname__ or "set" in getter.__qualname__ else "choice",
@@ -399,12 +399,13 @@ def load_engine(path: Path | str) -> EngineSpec:
     try:
         data = json.loads(path.read_text())
     except FileNotFoundError:
-        raise InputError(path, "", "engine description not found (produce it with servestack.recipes.engine_cli)")
+        raise InputError(path, "", "engine description not found (produce it with servestack.recipes.engine_cli)") from None
     except json.JSONDecodeError as e:
         raise InputError(path, "", f"not valid JSON: {e}") from e
     for key, kind in (("engine", str), ("version", str), ("parsers", dict), ("environment", dict)):
         if not isinstance(data.get(key), kind):
-            hint = " (an engine description from before value checks: regenerate it with servestack.recipes.engine_cli)" if key in ("parsers", "environment") else ""
+            hint = (" (an engine description from before value checks: regenerate it with servestack.recipes.engine_cli)"
+                    if key in ("parsers", "environment") else "")
             raise InputError(path, key, f"expected a {kind.__name__}{hint}")
     parsers = {}
     for name, p in data["parsers"].items():

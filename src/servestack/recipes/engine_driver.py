@@ -105,7 +105,7 @@ def _message(e: BaseException) -> str:
             text = "; ".join(": ".join(p for p in (".".join(str(part) for part in x.get("loc") or ()),
                                                     str(x.get("msg", "")).removeprefix("Value error, ")) if p)
                              for x in errors())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return f"{type(e).__name__}: {text}".strip()
 
@@ -140,7 +140,7 @@ def _judge(argv: list[str], model_dir: str) -> dict:
         return {"ok": True, "served_model_name": served, **_nixl(vllm_config)}
     except SystemExit as e:  # argparse's refusal: its message went to stderr
         return {"ok": False, "stage": stage, "error": f"argument parser refused the command line (exit {e.code})"}
-    except BaseException as e:  # noqa: BLE001 - what the engine refuses is the answer
+    except BaseException as e:
         return {"ok": False, "stage": stage, "error": _message(e), "trace": traceback.format_exc()[-2000:]}
 
 

@@ -185,7 +185,7 @@ def hash_rules(sources: Sources) -> list[KvRule]:
         for node in ast.walk(fn):
             keys = [k for k in node.keys if isinstance(k, ast.Constant)] if isinstance(node, ast.Dict) else []
             if isinstance(node, ast.Dict) and len(keys) == len(node.keys) and len(keys) > 2:
-                for key, value in zip(keys, node.values):
+                for key, value in zip(keys, node.values, strict=True):
                     rules.append(KvRule(name=str(key.value), kind="hash", policy="equal",
                                         settings=factors.settings(value, fn), source=f"{path}:{fn.name}",
                                         reason=f"compatibility hash factor {key.value!r} = {ast.unparse(value)}"))

@@ -119,7 +119,7 @@ class RecipeView:
             raise InputError(where, "benchmark.concurrencies", str(e)) from None
 
     @classmethod
-    def load(cls, file: Path) -> "RecipeView":
+    def load(cls, file: Path) -> RecipeView:
         file = Path(file)
         document = load_recipe(file)
         data = document.data

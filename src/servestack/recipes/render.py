@@ -80,7 +80,8 @@ def load_family(path: Path) -> Family:
         for i, item in enumerate(_need(data, key, list, path)):
             node = root.value[key].value[i]
             if not isinstance(item, dict) or not isinstance(item.get("id"), str):
-                raise InputError(Location(file=path, line=node.line, column=node.column), f"{key}[{i}]", "expected a mapping with a string id")
+                raise InputError(Location(file=path, line=node.line, column=node.column), f"{key}[{i}]",
+                                 "expected a mapping with a string id")
             over = node.get("set")
             if over is None or over.value is None:
                 over = Node(value={}, line=node.line, column=node.column)
@@ -311,11 +312,17 @@ def check_rendered(project: Project, stacks: list[str] | None = None) -> list[In
             actual = path.read_text()
             if actual != text:
                 a, b = actual.splitlines(), text.splitlines()
-                line = next((i + 1 for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)) + 1)
-                errors.append(InputError(Location(file=path, line=line), "",
-                                         f"differs from its render of {fpath.relative_to(project.root)} (hand edit?): re-render, or edit the family"))
+                line = next((i + 1 for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)) + 1)
+                errors.append(
+                    InputError(
+                        Location(file=path, line=line),
+                        "",
+                        f"differs from its render of {fpath.relative_to(project.root)} (hand edit?): re-render, or edit the family",
+                    )
+                )
         if out_dir.is_dir():
             for path in sorted(out_dir.glob("*.yaml")):
                 if path.name not in expected:
-                    errors.append(InputError(path, "", f"not rendered from {fpath.relative_to(project.root)}: remove it or add it to the family"))
+                    errors.append(InputError(path, "",
+                                             f"not rendered from {fpath.relative_to(project.root)}: remove it or add it to the family"))
     return errors

@@ -230,7 +230,8 @@ class Checker:
     def roles(self, node: Node, path: tuple[str, ...], *, keys_only: bool = False) -> None:
         for name, role in node.value.items():
             if name not in S.ROLE_NAMES:
-                self.err(role, path + (name,), "unknown role" + suggest(name, S.ROLE_NAMES) + " (roles are prefill, decode, agg)", at_key=True)
+                self.err(role, path + (name,), "unknown role" + suggest(name, S.ROLE_NAMES) + " (roles are prefill, decode, agg)",
+                         at_key=True)
                 continue
             self.walk(role, S.ROLE_V2, path + (name,), keys_only=keys_only)
 

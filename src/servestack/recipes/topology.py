@@ -87,7 +87,7 @@ def parallel(c: Checker, engine_type: str, args: Node | None, per: int | None, w
     elif engine_type == "trtllm":
         tp, tpn, tpk = size("tensor_parallel_size")
         pp, ppn, _ = size("pipeline_parallel_size")
-        cp, cpn, _ = size("context_parallel_size")
+        cp, _, _ = size("context_parallel_size")
         ep, epn, epk = size("moe_expert_parallel_size")
         if -1 in (tp, pp, cp, ep):
             return

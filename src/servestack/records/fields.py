@@ -95,21 +95,21 @@ class Fields:
         """A field whose content another owner defines (kept as plain JSON data)."""
         return self._get(key, lambda v: True, "a value", default)
 
-    def obj(self, key: builtins.str) -> "Fields":
+    def obj(self, key: builtins.str) -> Fields:
         return Fields(self._get(key, lambda v: isinstance(v, dict), "an object", _MISSING), self.file, self.path(key))
 
-    def obj_or_none(self, key: builtins.str) -> "Fields | None":
+    def obj_or_none(self, key: builtins.str) -> Fields | None:
         value = self._get(key, lambda v: v is None or isinstance(v, dict), "an object or null", None)
         return None if value is None else Fields(value, self.file, self.path(key))
 
-    def items(self, key: builtins.str, read: Callable[["Fields"], T], default: Any = _MISSING) -> tuple[T, ...]:
+    def items(self, key: builtins.str, read: Callable[[Fields], T], default: Any = _MISSING) -> tuple[T, ...]:
         """A list of objects, each read by `read`."""
         value = self._get(key, lambda v: isinstance(v, list), "a list of objects", default)
         if not isinstance(value, list):
             return value
         return tuple(read(Fields(item, self.file, f"{self.path(key)}[{i}]")) for i, item in enumerate(value))
 
-    def entries(self, key: builtins.str, read: Callable[["Fields"], T], default: Any = _MISSING) -> dict[builtins.str, T]:
+    def entries(self, key: builtins.str, read: Callable[[Fields], T], default: Any = _MISSING) -> dict[builtins.str, T]:
         """An object of objects, each read by `read`."""
         value = self._get(key, lambda v: isinstance(v, dict), "an object", default)
         return {name: read(Fields(item, self.file, f"{self.path(key)}.{name}")) for name, item in value.items()}

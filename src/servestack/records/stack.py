@@ -41,7 +41,7 @@ class Evidence(UserModel):
     env: Annotated[str | None, Field(pattern=r"^[A-Z_][A-Z0-9_]*$")] = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "Evidence":
+    def _one_kind(self) -> Evidence:
         exactly_one(self, {"file": "with `contains` or `pattern`", "attribute": "", "flag": "", "env": ""})
         if self.file is not None:
             exactly_one(self, {"contains": "a string", "pattern": "a regular expression"}, lead="`file` needs")
@@ -110,7 +110,7 @@ class Package(UserModel):
     patches: list[LocalPatch] = []
 
     @model_validator(mode="after")
-    def _one_source(self) -> "Package":
+    def _one_source(self) -> Package:
         exactly_one(self, {"version": "from a package index", "git": "url + commit"})
         if self.if_unavailable is not None and (self.index in (None, "pypi") or self.version is None):
             raise ValueError("`if_unavailable` is for a `version` pinned on a named index other than pypi (`index`)")
@@ -151,7 +151,7 @@ class BaseImage(UserModel):
     debian: DebianBase | None = None
 
     @model_validator(mode="after")
-    def _one_kind(self) -> "BaseImage":
+    def _one_kind(self) -> BaseImage:
         exactly_one(self, {"image": "a registry reference", "debian": "a base built here"})
         return self
 
@@ -183,7 +183,7 @@ class SmokeModel(UserModel):
     ready_timeout_s: Annotated[float | None, Field(gt=0)] = None
 
     @model_validator(mode="after")
-    def _an_origin(self) -> "SmokeModel":
+    def _an_origin(self) -> SmokeModel:
         if self.make is None and self.path is None:
             raise ValueError("give `make` (a tiny model built offline), `path` (a checkpoint on the GPU host), or both")
         return self
@@ -268,7 +268,7 @@ class Stack(UserModel):
         return value
 
     @model_validator(mode="after")
-    def _indexes_exist(self) -> "Stack":
+    def _indexes_exist(self) -> Stack:
         known = {i.name for i in self.indexes} | {"pypi"}
         for package in self.packages:
             if package.index is not None and package.index not in known:
@@ -279,7 +279,7 @@ class Stack(UserModel):
         return self
 
     @model_validator(mode="after")
-    def _prebuilt_for_every_platform(self) -> "Stack":
+    def _prebuilt_for_every_platform(self) -> Stack:
         prebuilt = self.gpu_node.prebuilt if self.gpu_node else None
         missing = [p for p in self.platforms if prebuilt and p not in prebuilt.archs]
         if missing:

@@ -153,7 +153,8 @@ def cancel_recorded(root: Path, runner_for: Callable[[str], Runner], grace_s: fl
     cancelled = []
     for job in recorded_jobs(root):  # what the owners did not get to
         runner = runner_for(job.runner)
-        runner.cancel(JobHandle(runner=job.runner, job_id=job.job_id, spec=JobSpec(name=job.name, points=(), out_dir=job.path.parent, command=())))
+        runner.cancel(JobHandle(runner=job.runner, job_id=job.job_id, spec=JobSpec(name=job.name, points=(), out_dir=job.path.parent,
+                                                                                   command=())))
         job.path.unlink(missing_ok=True)
         cancelled.append(job.job_id)
         console.warning("servestack.runners", f"cancelled {job.runner} job {job.job_id} ({job.name})")
@@ -213,7 +214,8 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                         console.warning("servestack.runners", f"{spec.name}: could not collect job {handle.job_id} "
                                                              f"after the interruption: {exc}")
             where = getattr(runner, "placement", None)
-            outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value, seconds=round(time.monotonic() - t0, 2),
+            outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value, seconds=round(time.monotonic() - t0,
+                                                                                                                     2),
                                             placement=where(handle) if where else {}))
             remaining = spec.remaining()
             outcome.final_state = state.value

@@ -46,7 +46,7 @@ class JobState(str, enum.Enum):
         return self.terminal and self is not JobState.COMPLETED
 
     @classmethod
-    def parse(cls, text: str) -> "JobState":
+    def parse(cls, text: str) -> JobState:
         """Slurm spellings: 'CANCELLED by 0', 'CANCELLED+', 'CONFIGURING', 'COMPLETING', 'OOM'..."""
         word = text.strip().split()[0].rstrip("+").upper() if text.strip() else ""
         aliases = {
@@ -107,7 +107,7 @@ class JobSpec:
     def remaining(self) -> tuple[str, ...]:
         return tuple(p for p in self.points if not self.point_file(p).exists())
 
-    def with_points(self, points: tuple[str, ...]) -> "JobSpec":
+    def with_points(self, points: tuple[str, ...]) -> JobSpec:
         return replace(self, points=points)
 
     def argv(self) -> list[str]:

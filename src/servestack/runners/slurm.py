@@ -73,7 +73,7 @@ def choose_container(wanted: str, *, srun_help: str, enroot_version: str | None,
     return "docker"
 
 
-def preflight(cfg: "SlurmConfig") -> str:
+def preflight(cfg: SlurmConfig) -> str:
     """Probe this submit host (srun's options, `enroot version`, docker) and choose the mode."""
     import shutil
 

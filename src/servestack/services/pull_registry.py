@@ -67,7 +67,7 @@ def _serve(host: str, port: int, key: Path, cert: Path) -> None:
     cert_der = output_bytes(["openssl", "x509", "-in", cert, "-outform", "DER"])
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             url = urllib.parse.urlparse(self.path)
             if url.path != "/token":
                 self.send_error(404)

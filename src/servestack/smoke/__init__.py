@@ -22,7 +22,8 @@ Two probes, each a list of checks {name, status: pass|fail|not_run, detail}:
 3. disagg: the production shape from the same image: Dynamo's frontend, a prefill and a decode
    worker (vLLM's NixlConnector, KV on CPU), everything on loopback; ready when the frontend lists
    both workers and has routed a first completion through both (its /health and /metrics, never its
-   log, which production's DYN_LOG=error keeps quiet); completions and chat through the frontend, and the decode worker's count of NIXL transfers as evidence the KV cache moved;
+   log, which production's DYN_LOG=error keeps quiet); completions and chat through the frontend, and
+   the decode worker's count of NIXL transfers as evidence the KV cache moved;
    each engine on CPUs of its own, and a failure naming it if a worker left Dynamo's discovery.
 
 Writes build/<stack>/smoke.json and build/<stack>/smoke-junit.xml atomically and prints a summary.
@@ -41,6 +42,7 @@ from servestack.lock import load_lock
 from servestack.records.imageref import ImageRef
 from servestack.records.smokefile import SmokeRecord, write_smoke
 from servestack.records.steps import ImageRecord
+from servestack.services.dockerd import ensure_image
 from servestack.smoke.ablation import pr_accounts
 from servestack.smoke.checklist import (
     DisaggPlan,
@@ -51,7 +53,6 @@ from servestack.smoke.checklist import (
     serve_command,
     serve_plan,
 )
-from servestack.services.dockerd import ensure_image
 from servestack.smoke.containers import host_docker_platform
 from servestack.smoke.gpu import GpuHost, detect_gpu_host, gpu_container_kwargs, host_gpus
 from servestack.smoke.junit import render_junit
@@ -194,13 +195,13 @@ __all__ = [
     "PROBE_PACKAGE",
     "Check",
     "DisaggPlan",
+    "GpuHost",
     "ServePlan",
     "SmokeResult",
-    "GpuHost",
     "detect_gpu_host",
-    "gpu_container_kwargs",
     "disagg_plan",
     "engine_usage",
+    "gpu_container_kwargs",
     "host_docker_platform",
     "render_junit",
     "run_disagg_probe",

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from servestack.inputs.tinymodel import TinyModelSpec
-from servestack.smoke.engine_settings import QWEN35_FLAGS, VLLM_CPU_ENV
 from servestack.recipes.read import engine_settings, load_recipe
 from servestack.recipes.validate import recipe_files
 from servestack.records.lockfile import Lock
 from servestack.records.stack import normalize
 from servestack.smoke.containers import host_docker_platform
+from servestack.smoke.engine_settings import QWEN35_FLAGS, VLLM_CPU_ENV
 from servestack.smoke.gpu import GpuHost, GpuRole, gpu_container_kwargs, no_gpu
 from servestack.smoke.gpuplan import GPU_KV_TRANSFER_CONFIG, GPU_SHM_SIZE, gpu_engine_flags, gpu_environment, placement
 from servestack.util.project import Project
@@ -229,7 +229,8 @@ def serve_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> ServeP
                          container=gpu_container_kwargs(gpus, "server"))
     path = model.path
     if not path or not Path(path).exists():
-        return ServePlan(command=None, reason=f"{gpus.count} GPU(s) found, but the smoke model path {path!r} does not exist on this host", model=name)
+        return ServePlan(command=None, reason=f"{gpus.count} GPU(s) found, but the smoke model path {path!r} does not exist on this host",
+                         model=name)
     return ServePlan(
         command=serve_command(lock, {"tensor-parallel-size": gpus.count}),
         model=name,
@@ -378,7 +379,8 @@ def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> Disag
     locked = {normalize(w.name) for w in lock.wheels(platform)}
     missing = [d for d in ("ai-dynamo", "nixl") if d not in locked]
     if _engine(lock) is None or missing:
-        return DisaggPlan(roles=(), reason=f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve", model=name)
+        return DisaggPlan(roles=(), reason=f"the stack locks no {' or '.join(missing) or 'vllm'}: no disaggregated shape to serve",
+                          model=name)
     host = host_docker_platform()
     if platform != host:
         return DisaggPlan(roles=(), reason=f"the image is {platform} and this host is {host}: not started under emulation", model=name)

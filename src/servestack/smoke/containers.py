@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import re
 import uuid
+from typing import TYPE_CHECKING
 
 from servestack import platforms
 
@@ -42,7 +41,7 @@ def _container_name(stack: str, probe: str) -> str:
 def _log_tail(container: Container, lines: int = 40) -> str:
     try:
         text = container.logs(stdout=True, stderr=True, tail=lines).decode(errors="replace")
-    except Exception as e:  # noqa: BLE001 - the container may be gone already
+    except Exception as e:
         return f"(no log: {e})"
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -57,7 +56,7 @@ _VLLM_PREFIX = re.compile(r"^(?:\([\w-]+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR
 def _log_excerpt(container: Container, lines: int = 40) -> str:
     try:
         text = container.logs(stdout=True, stderr=True).decode(errors="replace")
-    except Exception as e:  # noqa: BLE001 - the container may be gone already
+    except Exception as e:
         return f"(no log: {e})"
     return log_excerpt(text, lines)
 

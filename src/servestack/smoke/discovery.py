@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
@@ -142,7 +142,7 @@ class DiscoveryLeases:
             self.longest_gap, self._last = max(self.longest_gap, now - self._last), now
             try:
                 alive = self._running()
-            except Exception as e:  # noqa: BLE001 - a slow or failing daemon must not end the holder
+            except Exception as e:
                 console.warning("servestack.smoke", f"cannot tell whether the disaggregated containers run ({e}): still holding the leases")
                 alive = True
             if not alive:

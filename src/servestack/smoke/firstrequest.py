@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from servestack.records.codec import Record, json_quirks
 from servestack.smoke.endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
@@ -74,12 +74,12 @@ class FirstRequest:
             # Served when the answer carries sane usage (no text is asked of it); 200 characters of a
             # failed one, as every attempt is listed.
             outcome = post_completion(http, base, self.model, FIRST_REQUEST, timeout, shown=200)[1]
-        except Exception as e:  # noqa: BLE001 - a refused, reset or timed-out request is a failed attempt
+        except Exception as e:
             outcome = f"{type(e).__name__}: {str(e)[:200]}"
         if outcome is None and self.routed is not None:
             try:
                 outcome = self.routed(http, base)
-            except Exception as e:  # noqa: BLE001 - metrics that cannot be read prove nothing
+            except Exception as e:
                 outcome = f"served, but the frontend's /metrics could not be read: {type(e).__name__}: {str(e)[:200]}"
         if outcome is None:
             self.served_s = round(time.monotonic() - self.started, 2)

@@ -69,14 +69,16 @@ def check_nvidia_hook(image_env: list[str], gpu_node: dict, archive: Path | None
         archive = archive or vendor_archive("enroot")
     except ClusterToolsMissing as e:
         # enroot's hook is vendored source, not part of a clone: without it nothing can be said either way.
-        return Check(probe="static", name="gpu-node:nvidia-hook", status=NOT_RUN, detail=f"enroot's nvidia hook is not on this machine: {e}")
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=NOT_RUN,
+                     detail=f"enroot's nvidia hook is not on this machine: {e}")
     try:
         code, called, stderr = run_hook(image_env, archive)
     except (ClusterToolsMissing, OSError, subprocess.SubprocessError) as e:
         return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL, detail=f"cannot run enroot's nvidia hook: {e}")
     nvidia = sorted(v for v in image_env if v.startswith("NVIDIA_"))
     if code != 0:
-        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL, detail=f"enroot's {HOOK} exited with {code}: {stderr.strip()[-500:]}")
+        return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL,
+                     detail=f"enroot's {HOOK} exited with {code}: {stderr.strip()[-500:]}")
     if called is None:
         return Check(probe="static", name="gpu-node:nvidia-hook", status=FAIL,
                      detail=f"enroot's {HOOK} injected nothing (NVIDIA_VISIBLE_DEVICES unset or void): the container would "

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from servestack.smoke.checklist import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from servestack.smoke.containers import _container_name, _log_excerpt, _remove_named
@@ -59,7 +59,8 @@ def _not_run_disagg(reason: str) -> list[Check]:
 
 def _failed_to_start(probe: str, names: tuple[str, ...], problem: str, skipped: str, elapsed: float | None = None) -> list[Check]:
     """`ready` failed with the problem; every later check is not run, saying why."""
-    return [Check(probe=probe, name="ready", status=FAIL, detail=problem, time_s=elapsed)] + [Check(probe=probe, name=n, status=NOT_RUN, detail=skipped) for n in names[1:]]
+    return [Check(probe=probe, name="ready", status=FAIL, detail=problem, time_s=elapsed)] + [Check(probe=probe, name=n, status=NOT_RUN,
+                                                                                                    detail=skipped) for n in names[1:]]
 
 
 def _http() -> requests.Session:
@@ -76,7 +77,7 @@ def _run_checks(probe: str, table: tuple[ServingCheck, ...], target: Target) -> 
         start = time.monotonic()
         try:
             status, detail = fn(target)
-        except Exception as e:  # noqa: BLE001 - a broken endpoint is a failed check
+        except Exception as e:
             status, detail = FAIL, f"{type(e).__name__}: {e}"
         checks.append(Check(probe=probe, name=name, status=status, detail=detail, time_s=round(time.monotonic() - start, 3)))
     return checks
@@ -102,7 +103,7 @@ def _await_ready(http: requests.Session, containers: dict[str, Any], base: Calla
             url = base()
             if url and ready(http, url):
                 return None
-        except Exception:  # noqa: BLE001,S110 - not listening yet
+        except Exception:
             pass
         for role, container in containers.items():
             container.reload()
@@ -166,7 +167,8 @@ def run_serving_probe(
                         logs=logs, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers, gpus=plan.gpus,
                         ready_s={"server": round(ready_s, 2)}, logged_at_ready={"server": len(logs["server"]())})
         record_engines(target)
-        return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s", time_s=round(ready_s, 3)),
+        return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s", time_s=round(ready_s,
+                                                                                                                                3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
         http.close()
@@ -246,14 +248,16 @@ def run_disagg_probe(
         metrics["discovery_pinned"] = leases.pin()
         logs = {role: _log_reader(c) for role, c in containers.items()}
         at_ready = {role: len(read()) for role, read in logs.items() if role != "frontend"}
-        target = Target(base=_published(frontend, plan.port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics, logs=logs,
+        target = Target(base=_published(frontend, plan.port), model=plan.model, http=http, timeout=request_timeout, metrics=metrics,
+                        logs=logs,
                         decode_log_at_ready=at_ready["decode"], oracle_vocab=plan.oracle_vocab, baseline=baseline,
                         gdn_layers=plan.gdn_layers, gpus=plan.gpus, ready_s=dict(workers.registered_s), logged_at_ready=at_ready,
                         workers=workers)
         record_engines(target)
         if plan.placement:
             metrics["placement"] = plan.placement
-        return [Check(probe="disagg", name="ready", status=PASS, detail=f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
+        return [Check(probe="disagg", name="ready", status=PASS,
+                      detail=f"frontend + prefill + decode ready after {ready_s:.1f} s: {first.passed()}",
                       time_s=round(ready_s, 3)),
                 *_run_checks("disagg", DISAGGREGATED_CHECKS, target)], metrics
     finally:

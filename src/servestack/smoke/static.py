@@ -8,7 +8,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from servestack.smoke.checklist import VENV_PYTHON
 from servestack.smoke.containers import _container_name, _log_tail, _remove, host_docker_platform
@@ -51,7 +51,13 @@ def _emulated_arm64_cpus(tmp: Path) -> str:
 
 
 def run_static_probe(
-    client: DockerClient, reference: str, platform: str, config: dict[str, Any], *, stack: str = "stack", timeout: float = DEFAULT_STATIC_TIMEOUT
+    client: DockerClient,
+    reference: str,
+    platform: str,
+    config: dict[str, Any],
+    *,
+    stack: str = "stack",
+    timeout: float = DEFAULT_STATIC_TIMEOUT,
 ) -> list[Check]:
     """Run the probe/static package inside the image (read-only mount, no network) and return its checks."""
     import docker.errors
@@ -86,7 +92,8 @@ def run_static_probe(
             try:
                 status = container.wait(timeout=2 * timeout + 300)  # two isolated sections + the scans
             except requests.exceptions.RequestException:
-                return [Check(probe="static", name="probe", status=FAIL, detail=f"the static probe did not finish within {timeout:.0f} s\n{_log_tail(container)}",
+                return [Check(probe="static", name="probe", status=FAIL,
+                              detail=f"the static probe did not finish within {timeout:.0f} s\n{_log_tail(container)}",
                               time_s=time.monotonic() - start)]
             out = container.logs(stdout=True, stderr=False).decode(errors="replace")
             code = status.get("StatusCode")
@@ -94,10 +101,12 @@ def run_static_probe(
                 report = json.loads(out.strip().splitlines()[-1])
             except (ValueError, IndexError):
                 err = container.logs(stdout=False, stderr=True, tail=30).decode(errors="replace")
-                return [Check(probe="static", name="probe", status=FAIL, detail=f"the static probe exited with {code} and printed no report:\n{err}",
+                return [Check(probe="static", name="probe", status=FAIL,
+                              detail=f"the static probe exited with {code} and printed no report:\n{err}",
                               time_s=time.monotonic() - start)]
         except docker.errors.APIError as e:
-            return [Check(probe="static", name="probe", status=FAIL, detail=f"cannot run the static probe in {reference}: {e.explanation or e}",
+            return [Check(probe="static", name="probe", status=FAIL,
+                          detail=f"cannot run the static probe in {reference}: {e.explanation or e}",
                           time_s=time.monotonic() - start)]
         finally:
             if container is not None:

@@ -139,7 +139,8 @@ def resolve(stack: Stack, stack_file: Path, platform: str, *, preferences: dict[
             if sentence:
                 raise InputError(stack_file, "packages", f"{sentence} (platform {platform}, Python {stack.python})")
             if re.search(r"(?i)(failed to fetch|connect|dns|timed out|network)", result.stdout):
-                raise NetworkError(f"resolving wheels for {platform}: the package index could not be reached:\n{result.stdout.strip()[-800:]}")
+                raise NetworkError(f"resolving wheels for {platform}: the package index could not be reached:\n"
+                                   f"{result.stdout.strip()[-800:]}")
             raise ServestackError(f"resolving wheels for {platform} failed:\n{result.stdout.strip()[-1500:]}")
         pylock = tomllib.loads((work / "pylock.toml").read_text())
     return _pick_wheels(pylock, stack, stack_file, platform, locations)

@@ -28,11 +28,20 @@ def _judged(comparison: compare.Comparison, verdict: Verdict, gate_baseline: str
         where = f"c={ch.concurrency}"
         msg = failing.get((ch.recipe, ch.concurrency, ch.metric))
         measured = 0.0 if ch.change is None else ch.change
-        verdict.checks.append(Check(gate="regression", recipe=ch.recipe, point=where, measured=measured, required=-comparison.policy.threshold,
+        verdict.checks.append(Check(gate="regression", recipe=ch.recipe, point=where, measured=measured,
+                                    required=-comparison.policy.threshold,
                                     passed=msg is None))
         if msg is not None:
-            verdict.failures.append(Failure(gate=ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
-                                            recipe=ch.recipe, point=where, message=msg, measured=measured, required=-comparison.policy.threshold))
+            verdict.failures.append(
+                Failure(
+                    gate=ch.verdict if ch.verdict == verdicts.UNDECIDED else "regression",
+                    recipe=ch.recipe,
+                    point=where,
+                    message=msg,
+                    measured=measured,
+                    required=-comparison.policy.threshold,
+                )
+            )
     if not comparison.gated():
         verdict.failures.append(Failure(gate="regression", recipe="-", point=None, message=f"nothing to hold to {gate_baseline}: "
                                         + ("; ".join(comparison.not_compared) or "no point in common")))

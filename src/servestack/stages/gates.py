@@ -34,9 +34,11 @@ def _structural(points: list[ThroughputPoint], out: list[Failure]) -> None:
             out.append(Failure(gate="completed", recipe=p.recipe, point=where,
                                message=f"completed {p.completed} of {p.requested} requests", measured=p.completed, required=p.requested))
         if p.failed != 0:
-            out.append(Failure(gate="failed", recipe=p.recipe, point=where, message=f"{p.failed} failed requests", measured=p.failed, required=0))
+            out.append(Failure(gate="failed", recipe=p.recipe, point=where, message=f"{p.failed} failed requests", measured=p.failed,
+                               required=0))
         if p.output_tokens <= 0:
-            out.append(Failure(gate="output_tokens", recipe=p.recipe, point=where, message="no output tokens", measured=p.output_tokens, required=1))
+            out.append(Failure(gate="output_tokens", recipe=p.recipe, point=where, message="no output tokens", measured=p.output_tokens,
+                               required=1))
 
 
 def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[int]], gate: GateConfig,
@@ -57,7 +59,8 @@ def evaluate_throughput(points: list[ThroughputPoint], expected: dict[str, list[
             continue
         floor = base * (1.0 - gate.tolerance)
         ok = p.tokens_per_s_per_gpu >= floor
-        v.checks.append(Check(gate="throughput", recipe=p.recipe, point=_where(p), measured=p.tokens_per_s_per_gpu, required=floor, passed=ok))
+        v.checks.append(Check(gate="throughput", recipe=p.recipe, point=_where(p), measured=p.tokens_per_s_per_gpu, required=floor,
+                              passed=ok))
         if not ok:
             v.failures.append(Failure(
                 gate="throughput", recipe=p.recipe, point=_where(p),
@@ -81,7 +84,8 @@ def evaluate_accuracy(runs: list[AccuracyRun], expected: dict[str, int], gate: G
     for recipe, rs in by_recipe.items():
         for r in rs:
             if r.n <= 0:
-                v.failures.append(Failure(gate="completed", recipe=recipe, point=f"repeat {r.repeat}", message="no questions asked", measured=r.n, required=1))
+                v.failures.append(Failure(gate="completed", recipe=recipe, point=f"repeat {r.repeat}", message="no questions asked",
+                                          measured=r.n, required=1))
             elif r.errors >= r.n:
                 v.failures.append(Failure(gate="errors", recipe=recipe, point=f"repeat {r.repeat}",
                                           message=f"all {r.n} requests failed", measured=r.errors, required=0))
@@ -110,7 +114,8 @@ def evaluate_agreement(comparisons: list[dict], reference: str, recipes: list[st
                                       + (" (the reference: nothing can be compared)" if recipe == reference else "")))
     for c in comparisons:
         agreed, asked = c["requests"] - c["disagreeing"], c["requests"]  # one at a time and under load
-        v.checks.append(Check(gate="agreement", recipe=c["recipe"], point=f"vs {reference}", measured=agreed, required=asked, passed=c["passed"]))
+        v.checks.append(Check(gate="agreement", recipe=c["recipe"], point=f"vs {reference}", measured=agreed, required=asked,
+                              passed=c["passed"]))
         if not c["passed"]:
             v.failures.append(Failure(gate="agreement", recipe=c["recipe"], point=f"vs {reference}",
                                       message=f"{c['disagreeing']} of {asked} requests disagree with {reference}: "

@@ -22,10 +22,10 @@ from __future__ import annotations
 import functools
 import json
 import time
-from typing import TYPE_CHECKING
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from servestack.compare import Comparison, verdicts
 from servestack.errors import InputError, ServestackError
@@ -158,7 +158,7 @@ def compared(session: Session, stack: str, labels: tuple[str, str], out: Path, p
 
     by_name = {a.name: a for a in session.arms}
     sides = []
-    for arm, label in zip(arms, labels):
+    for arm, label in zip(arms, labels, strict=True):
         measured = StageResult(stack=stack, pipeline=by_name[arm].pipeline, stage="throughput",
                                image=by_name[arm].image, runner="local", out_dir=out / arm,
                                throughput=session.points[arm], conditions=session.conditions[arm])
@@ -219,12 +219,12 @@ def measure(project: Project, arms: tuple[Arm, ...], out: Path, *, policy: verdi
     planned = {arm.name: plan_stage(project, pipelines[arm.name], stages[arm.name], arm.image, out / arm.name,
                                     runner.name) for arm in arms}
     logs: list[PointLog] = []
-    for recipe_jobs in zip(*planned.values()):
+    for recipe_jobs in zip(*planned.values(), strict=False):
         for p in recipe_jobs:
             if p.job is None:
                 raise InputError(first.file, "stages.throughput.recipes",
                                  f"{p.key} is started by {p.runner_kind}, not a server this session can hold")
-        logs += _measure_recipe(runner, dict(zip(planned, recipe_jobs)), stages[arms[0].name], policy,
+        logs += _measure_recipe(runner, dict(zip(planned, recipe_jobs, strict=True)), stages[arms[0].name], policy,
                                 write_job_files)
     atomic_write_json(out / "measuring.json", [p.__dict__ for p in logs])
     return Session(arms=arms, points={name: _measured(planned[name], out / name) for name in planned},

@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import re
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, PrivateAttr, create_model, model_validator
 
@@ -144,7 +144,7 @@ class AccuracyGate(UserModel):
     agreement_with: Name | None = None
 
     @model_validator(mode="after")
-    def _one_gate(self) -> "AccuracyGate":
+    def _one_gate(self) -> AccuracyGate:
         exactly_one(self, {"threshold": "GSM8K", "agreement_with": "the oracle's reference recipe"})
         return self
 
@@ -171,7 +171,7 @@ class ThroughputGate(UserModel):
     undecided_fails: bool = True  # a point the budget could not decide fails the gate
 
     @model_validator(mode="after")
-    def _alongside_needs_an_image(self) -> "ThroughputGate":
+    def _alongside_needs_an_image(self) -> ThroughputGate:
         if self.alongside and not names_a_digest(self.baseline):
             raise FieldProblem(("alongside",), "measuring alongside runs the baseline: name it as "
                                "baseline: REGISTRY/REPO@sha256:<64 hex>")
@@ -203,7 +203,7 @@ class AccuracyStage(_Stage):
     gsm8k: Gsm8kSettings = Gsm8kSettings()
 
     @model_validator(mode="after")
-    def _reference_is_run(self) -> "AccuracyStage":
+    def _reference_is_run(self) -> AccuracyStage:
         ref = self.gate.agreement_with
         if ref is not None and (ref not in self.recipes or len(self.recipes) < 2):
             raise FieldProblem(("gate", "agreement_with"), f"the reference must be one of this stage's recipes "
@@ -244,7 +244,7 @@ class ThroughputStage(_Stage):
     repeats: Positive = 1
 
     @model_validator(mode="after")
-    def _baselines_for_own_recipes(self) -> "ThroughputStage":
+    def _baselines_for_own_recipes(self) -> ThroughputStage:
         for recipe in self.gate.baselines:
             if recipe not in self.recipes:
                 raise FieldProblem(("gate", "baselines", recipe), "baseline for a recipe this stage "
@@ -252,7 +252,7 @@ class ThroughputStage(_Stage):
         return self
 
 
-Stage = Union[AccuracyStage, ThroughputStage]
+Stage = AccuracyStage | ThroughputStage
 
 
 class Stages(UserModel):
@@ -260,7 +260,7 @@ class Stages(UserModel):
     throughput: ThroughputStage | None = None
 
     @model_validator(mode="after")
-    def _at_least_one(self) -> "Stages":
+    def _at_least_one(self) -> Stages:
         if not self.defined():
             raise ValueError(f"expected at least one of {', '.join(STAGES)}")
         return self

@@ -80,8 +80,7 @@ def output_bytes(
     """A command's standard output as bytes (a signature, a DER certificate), its error output kept apart
     so it cannot corrupt them; a failure raises CommandError with that error output."""
     args, full_env = _prepare(argv, env)
-    proc = subprocess.run(args, env=full_env, input=input, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          timeout=timeout)
+    proc = subprocess.run(args, env=full_env, input=input, capture_output=True, timeout=timeout)
     if proc.returncode != 0:
         raise CommandError(args, proc.returncode, proc.stderr.decode(errors="replace"))
     return proc.stdout

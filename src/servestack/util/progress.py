@@ -92,7 +92,7 @@ class Progress:
         while not self._stop.wait(self.interval):
             self._show()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
         self._thread.start()
         return self

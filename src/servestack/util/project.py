@@ -46,7 +46,7 @@ class Project:
     root: Path
 
     @classmethod
-    def find(cls, start: Path | None = None) -> "Project":
+    def find(cls, start: Path | None = None) -> Project:
         here = (start or Path.cwd()).resolve()
         for candidate in (here, *here.parents):
             if (candidate / "pins").is_dir():

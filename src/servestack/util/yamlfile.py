@@ -54,7 +54,7 @@ class Node:
     def is_list(self) -> bool:
         return isinstance(self.value, list)
 
-    def get(self, key: str) -> "Node | None":
+    def get(self, key: str) -> Node | None:
         return self.value.get(key) if isinstance(self.value, dict) else None
 
     def plain(self) -> Any:

@@ -149,7 +149,7 @@ def _parse_record(text: str) -> tuple[RecordEntry, ...]:
 
 def read_wheel(path: Path) -> WheelInfo:
     path = Path(path)
-    name, version, build, tag = parse_wheel_filename(path.name)
+    _, version, build, tag = parse_wheel_filename(path.name)
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()

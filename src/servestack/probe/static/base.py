@@ -69,10 +69,10 @@ def check_libraries() -> dict:
         checked += 1
         code, out = _run([loader, "--list", path], timeout=60)
         if "not found" in out:
-            unresolved.append(f"{path}: {', '.join(l.split()[0] for l in out.splitlines() if 'not found' in l)}")
+            unresolved.append(f"{path}: {', '.join(line.split()[0] for line in out.splitlines() if 'not found' in line)}")
     if unresolved:
         return check("base:libraries", FAIL, f"{len(unresolved)} of {checked} ELF files: " + "; ".join(unresolved[:6]))
-    entries = len([l for l in cache.splitlines() if "=>" in l])
+    entries = len([line for line in cache.splitlines() if "=>" in line])
     return check("base:libraries", PASS, f"{checked} ELF files resolve; the loader cache lists {entries} libraries")
 
 

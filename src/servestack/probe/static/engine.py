@@ -85,11 +85,11 @@ def section_engine(config: dict) -> list[dict]:
     results = [check_vllm_command()]
     try:
         parser, where = vllm_parser()
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         text = f"{type(e).__name__}: {e}"
         status = NOT_RUN if any(m in text.lower() for m in GPU_MARKERS) else FAIL
         return [check("engine:parser", status, f"cannot build vLLM's server argument parser: {text}")]
-    options = parser._option_string_actions  # noqa: SLF001 - the parser's own table of flags
+    options = parser._option_string_actions
     results.append(check("engine:parser", PASS, f"{where} builds; {len(options)} option strings"))
 
     def error(message: str) -> NoReturn:  # argparse calls this instead of raising on a bad value
@@ -112,7 +112,7 @@ def section_engine(config: dict) -> list[dict]:
             try:
                 parsed = parser.parse_known_args(argv)[0]
                 got = getattr(parsed, action.dest, None)
-            except (_ParseError, SystemExit, Exception) as e:  # noqa: BLE001
+            except (_ParseError, SystemExit, Exception) as e:
                 results.append(check(label, FAIL, f"{' '.join(argv)} is rejected by vLLM's parser: {e}{used}"))
                 continue
             results.append(check(label, PASS, f"known ({action.dest}); {' '.join(argv)} parses to {_short(got)}" + used))
@@ -123,7 +123,7 @@ def section_engine(config: dict) -> list[dict]:
         import vllm.envs as envs
 
         registry = envs.environment_variables
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         results.append(check("engine:env-registry", FAIL, f"cannot read vllm.envs.environment_variables: {type(e).__name__}: {e}"))
         return results
     for name, spec in sorted((engine.get("env") or {}).items()):
@@ -144,7 +144,7 @@ def section_engine(config: dict) -> list[dict]:
         os.environ[name] = str(value)
         try:
             parsed = getter()
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             results.append(check(label, FAIL, f"{name}={value} is rejected by vLLM: {type(e).__name__}: {e}{used}"))
             continue
         finally:

@@ -94,7 +94,7 @@ def section_loads(config: dict) -> list[dict]:
         label = f"fast-path:loads:{module}"
         try:
             importlib.import_module(module)
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:
             status, detail = classify_import_error(f"{type(e).__name__}: {e}", excluded)
             if detail.startswith("needs the excluded"):  # needing an excluded twin is what this check catches
                 status = FAIL
@@ -116,8 +116,14 @@ def section_loads(config: dict) -> list[dict]:
                                               f"{shown or 'nothing'} ({len(by_dist)} distributions in all)"))
         else:
             first = (native or by_dist[normalize(wanted)])[0]
-            results.append(check(label, PASS, f"import {module} loads {wanted} ({first}); of {len(by_dist)} distributions "
-                                              f"with files loaded, {shown}; nothing of the excluded {', '.join(sorted(excluded)) or '(none)'}"))
+            results.append(
+                check(
+                    label,
+                    PASS,
+                    f"import {module} loads {wanted} ({first}); of {len(by_dist)} distributions "
+                    f"with files loaded, {shown}; nothing of the excluded {', '.join(sorted(excluded)) or '(none)'}",
+                )
+            )
     return results
 
 
@@ -139,7 +145,7 @@ def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[
         try:
             from vllm.platforms.cuda import CudaPlatformBase as Base
             platform_from = "vLLM's CUDA platform"
-        except BaseException as e:  # noqa: BLE001 - without a CUDA driver (libcuda) it cannot load
+        except BaseException as e:
             import torch
 
             class Base(Platform):  # type: ignore[no-redef]
@@ -157,7 +163,7 @@ def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[
                 break
             except ModuleNotFoundError:
                 continue
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         _, detail = classify_import_error(f"{type(e).__name__}: {e}", {normalize(x["name"]) for x in excluded})
         return f"cannot load vLLM's platform or GDN layer: {detail}"
     resolver = getattr(module, "_resolve_gdn_prefill_backend", None) if module else None
@@ -180,7 +186,7 @@ def ask_gdn_resolver(*, major: int, minor: int, head_k_dim: int, excluded: list[
     try:
         requested, chosen = resolver(vllm_config)
         runtime = SimulatedDevice.get_cuda_runtime_major()
-    except BaseException as e:  # noqa: BLE001
+    except BaseException as e:
         return f"vLLM's GDN prefill resolver failed on the simulated device: {type(e).__name__}: {e}"
     finally:
         module.current_platform = saved

@@ -116,7 +116,7 @@ def build_link_probe(source: str) -> dict:
     try:
         spec.build(verbose=False)
         problem = None
-    except Exception as e:  # noqa: BLE001 - the build's failure, with ninja's output, is the finding
+    except Exception as e:
         problem = f"{type(e).__name__}: {e}"
     ninja = spec.ninja_path.read_text() if spec.ninja_path.exists() else ""
     return {"problem": problem, "seconds": time.monotonic() - start, "ninja": ninja,

@@ -90,7 +90,7 @@ def check_caches(config: dict, locations: tuple[tuple[str, str, Callable[[], str
             continue
         try:
             path = ask()
-        except Exception as e:  # noqa: BLE001 - the library's own failure is the finding
+        except Exception as e:
             problems.append(f"{who}: cannot say where it caches ({type(e).__name__}: {e})")
             continue
         why = _writable(path)

@@ -13,8 +13,8 @@ import ast
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from .report import FAIL, PASS, check, site_packages
 

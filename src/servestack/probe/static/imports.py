@@ -22,7 +22,7 @@ def section_imports(config: dict) -> list[dict]:
         start = time.monotonic()
         try:
             importlib.import_module(module)
-        except BaseException as e:  # noqa: BLE001 - SystemExit and friends are failures too
+        except BaseException as e:
             text = f"{type(e).__name__}: {e}".strip()
             status, detail = classify_import_error(text, excluded)
             last = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []

@@ -138,7 +138,10 @@ def check_excluded(config: dict, site: str) -> list[dict]:
         mod = normalize(e["name"]).replace("-", "_")
         patterns[e["name"]] = (
             mod.encode(),
-            re.compile(rf"^[ \t]*(?:from[ \t]+{mod}(?:\.[\w.]+)?[ \t]+import\b|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*{mod}\b)", re.M),
+            re.compile(
+                rf"^[ \t]*(?:from[ \t]+{mod}(?:\.[\w.]+)?[ \t]+import\b|import[ \t]+(?:[\w.]+[ \t]*(?:as[ \t]+\w+)?[ \t]*,[ \t]*)*{mod}\b)",
+                re.M,
+            ),
         )
     importers: dict[str, list[str]] = {name: [] for name in patterns}
     for root, dirs, files in os.walk(site):

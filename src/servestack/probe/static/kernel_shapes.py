@@ -39,7 +39,7 @@ class Shapes:
     linear_value_head_dim: int
 
     @classmethod
-    def from_config(cls, *, model: str, source: str, config: dict) -> "Shapes":
+    def from_config(cls, *, model: str, source: str, config: dict) -> Shapes:
         text = config.get("text_config") or config  # multimodal checkpoints nest the text model
         heads = text.get("num_attention_heads") or 1
         return cls(model=model, source=source,
@@ -177,8 +177,12 @@ def read_flashinfer_attention(site: str) -> AttentionBackend:
                 if len(sizes) == len(constants):  # a list literal of int constants only
                     return AttentionBackend(name="FLASHINFER", sizes=sizes,
                                             where=f"{_FLASHINFER_ATTENTION}:{node.lineno} get_supported_head_sizes")
-    return AttentionBackend(name="FLASHINFER", sizes=_FLASHINFER_SIZES,
-                            where=f"recorded from {VLLM_RELEASE} {_FLASHINFER_ATTENTION} ({'not in this image' if not os.path.exists(path) else 'no list literal'})")
+    return AttentionBackend(
+        name="FLASHINFER",
+        sizes=_FLASHINFER_SIZES,
+        where=f"recorded from {VLLM_RELEASE} {_FLASHINFER_ATTENTION} "
+              f"({'not in this image' if not os.path.exists(path) else 'no list literal'})",
+    )
 
 
 def attention_priorities(site: str) -> dict[int, tuple[AttentionBackend, ...]]:

@@ -110,7 +110,7 @@ def _build_with(package: str) -> tuple[str, str]:
             elapsed = time.monotonic() - start
             undefined = undefined_symbols(module.__file__)
             problem = None
-        except BaseException as e:  # noqa: BLE001 - a failed build is this check's finding
+        except BaseException as e:
             problem = f"{type(e).__name__}: {e}"
         finally:
             sys.setdlopenflags(flags)
@@ -143,7 +143,7 @@ def section_runtime_build(config: dict) -> list[dict]:
         package = TRITONS[name]
         try:
             status, detail = _build_with(package)
-        except BaseException as e:  # noqa: BLE001 - the package or its driver does not load
+        except BaseException as e:
             status, detail = FAIL, f"cannot load {package}'s build helper or NVIDIA driver module: {type(e).__name__}: {e}"
         results.append(check(f"runtime-build:{name}", status,
                              f"{name} {version} compiles its CUDA driver module at the first kernel launch on a GPU: {detail}"))

@@ -100,7 +100,7 @@ def chunks(response: requests.Response, where: str) -> Iterator[bytes]:
     while True:
         try:
             data = raw.read1(READ_SIZE, decode_content=True) if hasattr(raw, "read1") else raw.read(READ_SIZE)
-        except (urllib3.exceptions.ReadTimeoutError, socket.timeout):
+        except (TimeoutError, urllib3.exceptions.ReadTimeoutError):
             if limit is None:
                 raise requests.exceptions.ConnectionError(f"{where}: read timed out") from None
             raise Stalled(f"{where}: no byte for {STALL_SECONDS:g} s after {received} bytes") from None
