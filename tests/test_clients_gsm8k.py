@@ -102,10 +102,13 @@ def test_whole_run_against_a_fake_server(tmp_path):
     assert not list(tmp_path.glob(".*tmp"))  # written atomically, nothing left behind
 
 
-def test_unreachable_server_is_an_error_not_a_zero(tmp_path):
+def test_unreachable_server_is_an_error_not_a_zero(tmp_path, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(gsm8k, "sleep", waits.append)
     out = tmp_path / "r.json"
     rc = gsm8k.main(["--base-url", "http://127.0.0.1:9", "--model", "m", "--dataset", str(DATA / "test.jsonl"),
                      "--fewshot-from", str(DATA / "train.jsonl"), "--num-questions", "2", "--timeout", "2",
                      "--out", str(out)])
     assert rc == 2
     assert json.loads(out.read_text())["repeats"][0]["errors"] == 2
+    assert sorted(waits) == [1, 1, 2, 2, 4, 4]  # each question's three attempts, backing off

@@ -18,6 +18,7 @@ from servestack import lock
 from servestack.errors import InputError, InputErrors, NetworkError
 from servestack.lock import check as lockcheck
 from servestack.sources.github import GitHub
+from servestack.sources.registry import transfer
 from servestack.util.project import Project
 
 
@@ -107,7 +108,9 @@ def test_a_pr_that_does_not_exist_names_it_and_keeps_the_previous_lock(tmp_path,
     assert project.lock_file("tiny").read_bytes() == before
 
 
-def test_an_unreachable_registry_is_reported_after_retries_and_keeps_the_previous_lock(tmp_path, world):
+def test_an_unreachable_registry_is_reported_after_retries_and_keeps_the_previous_lock(tmp_path, world, monkeypatch):
+    waits: list[float] = []
+    monkeypatch.setattr(transfer, "sleep", waits.append)
     project = make_project(tmp_path, world)
     before = lock.lock(project, "tiny", github(world)).read_bytes()
     with socket.socket() as s:
@@ -117,6 +120,7 @@ def test_an_unreachable_registry_is_reported_after_retries_and_keeps_the_previou
     stack.write_text(stack.read_text().replace(DEBIAN_BASE, f"  image: 127.0.0.1:{closed_port}/nothing:1"))
     with pytest.raises(NetworkError, match=rf"image 127.0.0.1:{closed_port}/nothing:1: could not reach"):
         lock.lock(project, "tiny", github(world))
+    assert waits == [0.5, 1.0, 2.0, 4.0]  # each retry waits twice as long as the one before
     assert project.lock_file("tiny").read_bytes() == before
 
 
