@@ -7,45 +7,14 @@ history is served by a GitHub stand-in speaking the REST protocol, or refused by
 
 from __future__ import annotations
 
-import socket
-
 import pytest
-from fixtures.tinystack import github, tinyserve_stack
+from fixtures.tinystack import PR1_EVIDENCE, PR2_EVIDENCE, entries, github, stack_with, unreachable
 
 from servestack import inputs as build
 from servestack import lock
 from servestack.errors import InputErrors, ServestackError
 from servestack.lock import check as lockcheck
 from servestack.probe.static.evidence import evidence_problem
-from servestack.sources.github import GitHub
-from servestack.util.project import Project
-
-PR1_EVIDENCE = '          - {file: tinyserve/util.py, contains: "max(low, min(value, high))"}\n'
-PR2_EVIDENCE = "          - {attribute: 'tinyserve.extra:extra_feature'}\n"
-
-
-def stack_with(tmp_path, world, prs: dict[int, str]) -> Project:
-    """The tiny stack with PRs given as {number: evidence YAML lines ('' for none)}."""
-    (tmp_path / "pins").mkdir(exist_ok=True)
-    lines = ""
-    for number, evidence in prs.items():
-        lines += f"      - repo: {world['pkg'].repo_name}\n        number: {number}\n        title: PR {number}\n"
-        if evidence:
-            lines += "        evidence:\n" + evidence
-    (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", lines))
-    return Project(root=tmp_path)
-
-
-def unreachable() -> GitHub:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return GitHub(api=f"http://127.0.0.1:{port}", token="", retries=0)
-
-
-def entries(project: Project) -> dict[int, dict]:
-    return {e["number"]: e for e in lock.load_lock(project, "tiny").to_json()["pull_requests"]}
-
 
 def test_evidence_alone_makes_a_pr_included_without_any_history(tmp_path, world):
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE})

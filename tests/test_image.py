@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -22,8 +21,9 @@ from types import SimpleNamespace
 
 import pytest
 import requests
+from fixtures.paths import ROOT
 from fixtures.records import write_image_record
-from fixtures.tinystack import debian_base, github, pr_items, tinyserve_stack
+from fixtures.tinystack import image_project
 
 from servestack import image, lock, services
 from servestack import inputs as build
@@ -33,20 +33,6 @@ from servestack.image.spec import load_plan
 from servestack.image.trees import install_all
 from servestack.util.project import Project
 
-ROOT = Path(__file__).resolve().parents[1]
-IMAGE_BASE = debian_base("python3", "python3-venv", "ca-certificates", "libnuma1", "libgomp1")
-
-
-def make_project(root: Path, world, prs=(1, 2)) -> Project:
-    (root / "pins").mkdir(parents=True)
-    shutil.copytree(ROOT / "containers", root / "containers")
-    (root / "pins" / "tinyimg.yaml").write_text(tinyserve_stack(
-        world, "tinyimg", pr_items(world, prs), base=IMAGE_BASE, top="environment:\n  TINYSERVE_MODE: smoke\n"))
-    project = Project(root=root)
-    lock.lock(project, "tinyimg", github(world))
-    return project
-
-
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache"))
@@ -54,7 +40,7 @@ def isolated_cache(tmp_path, monkeypatch):
 
 
 def test_a_tampered_cache_file_stops_the_build_naming_it(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     build.build(project, "tinyimg")
     (wheel,) = isolated_cache.glob("blobs/sha256/*/tinyserve-1.0.0-py3-none-any.whl")
     wheel.write_bytes(wheel.read_bytes() + b"tampered")
@@ -64,7 +50,7 @@ def test_a_tampered_cache_file_stops_the_build_naming_it(tmp_path, world, isolat
 
 
 def test_a_native_code_pr_is_refused_in_overlay_mode_naming_its_files(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world, prs=(3,))
+    project = image_project(tmp_path / "p", world, prs=(3,))
     with pytest.raises(ServestackError, match=r"csrc/kernel\.cu") as info:
         build.build(project, "tinyimg")
     assert "source build" in str(info.value)
@@ -72,7 +58,7 @@ def test_a_native_code_pr_is_refused_in_overlay_mode_naming_its_files(tmp_path, 
 
 
 def test_a_patch_that_does_not_apply_names_the_pr_file_and_hunk(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world, prs=(4,))
+    project = image_project(tmp_path / "p", world, prs=(4,))
     with pytest.raises(ServestackError) as info:
         build.build(project, "tinyimg")
     message = str(info.value)
@@ -81,7 +67,7 @@ def test_a_patch_that_does_not_apply_names_the_pr_file_and_hunk(tmp_path, world,
 
 
 def test_build_records_every_input_and_each_overlaid_file(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     record = json.loads(build.build(project, "tinyimg").read_text())
     (wheel,) = record["inputs"]
     assert wheel["sha256"] == hashlib.sha256(world["pkg"].wheel.read_bytes()).hexdigest()
@@ -113,7 +99,7 @@ def _build_and_push(project: Project) -> dict:
 @pytest.mark.e2e
 def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_layer(tmp_path, world, monkeypatch):
     monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache-1"))
-    first_project = make_project(tmp_path / "one", world)
+    first_project = image_project(tmp_path / "one", world)
     first = _build_and_push(first_project)
     assert first["reference"].split("@")[1].startswith("sha256:")
     assert first["layer_names"][:2] == ["base", "venv"] and first["layer_names"][-1] == "top"
@@ -121,7 +107,7 @@ def test_the_image_is_reproducible_and_a_changed_patch_changes_only_the_top_laye
     # A second build from clean state: another checkout, an empty cache, the image gone from the registry.
     _delete_from_registry(first["reference"])
     monkeypatch.setenv("SERVESTACK_CACHE", str(tmp_path / "cache-2"))
-    second_project = make_project(tmp_path / "two", world)
+    second_project = image_project(tmp_path / "two", world)
     second = _build_and_push(second_project)
     assert second["reference"] == first["reference"]
     assert not second["skipped"]
@@ -181,7 +167,7 @@ def _planned(project: Project, tmp_path: Path) -> list:
 
 
 def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_path, world, isolated_cache):
-    layers = _planned(make_project(tmp_path / "p", world), tmp_path)
+    layers = _planned(image_project(tmp_path / "p", world), tmp_path)
     names = [layer.name for layer in layers]
     assert names[0] == "venv" and names[-1] == "top" and names[-2] == "model"
     targets = [e.path for layer in layers for e in layer.entries]
@@ -197,7 +183,7 @@ def test_the_layer_plan_stores_every_file_once_with_overlaid_files_on_top(tmp_pa
 
 
 def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_its_own(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     plan_file = tmp_path / "image.yaml"
     text = (ROOT / "containers" / "image.yaml").read_text()
     plan_file.write_text(text.replace("own_layer_above: 50000000", "own_layer_above: 1"))
@@ -218,7 +204,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     it, so the layer step finds it cached; an overlaid package is left to the plan (its files split)."""
     from servestack.image import layers
 
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     plan_file = tmp_path / "image.yaml"
     plan_file.write_text((ROOT / "containers" / "image.yaml").read_text().replace("own_layer_above: 50000000", "own_layer_above: 1"))
     spec = load_plan(plan_file)
@@ -354,7 +340,7 @@ def test_made_trees_record_their_cpu_seconds_and_come_back_cached(tmp_path, worl
     from servestack.image import layers
     from servestack.image.trees import children_cpu_seconds
 
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     build.build(project, "tinyimg")
     record = build.load_build(project, "tinyimg")
     wheels = [(Path(i.path), i.sha256) for i in record.inputs] + [(Path(o.path), o.wheel.sha256) for o in record.overlays]

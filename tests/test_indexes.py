@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 
 import pytest
 from fixtures.records import committed_lock
-from test_evidence import PR1_EVIDENCE, stack_with, unreachable
+from fixtures.tinystack import PR1_EVIDENCE, stack_with, unreachable
 
 from servestack import inputs as build
 from servestack import lock

@@ -7,20 +7,13 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from fixtures.tinypkg import TinyPkg, build_tinypkg
 
-try:
-    import servestack  # noqa: F401
-except ImportError:  # running without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-sys.path.insert(0, str(Path(__file__).parent))
-
-from fixtures.tinypkg import TinyPkg, build_tinypkg  # noqa: E402
-
-from servestack.errors import InputError, OverlayError, PatchDoesNotApply  # noqa: E402
-from servestack.inputs.overlay import Overlay, apply_overlays, overlay_set_digest  # noqa: E402
-from servestack.sources.diffs import diff_native_files, is_python_only, map_path, parse_diff, touched_files  # noqa: E402
-from servestack.util.fsutil import sha256_bytes, sha256_file  # noqa: E402
-from servestack.wheels import read_wheel, verify_record  # noqa: E402
+from servestack.errors import InputError, OverlayError, PatchDoesNotApply
+from servestack.inputs.overlay import Overlay, apply_overlays, overlay_set_digest
+from servestack.sources.diffs import diff_native_files, is_python_only, map_path, parse_diff, touched_files
+from servestack.util.fsutil import sha256_bytes, sha256_file
+from servestack.wheels import read_wheel, verify_record
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_smoke import _probe, _wheel, fake_site  # noqa: F401 - the module-scoped fixture
+from fixtures.fake_site import probe, site_with_torch, wheel
 
 from servestack import lock, services
 from servestack.smoke.checklist import probe_config
 from servestack.smoke.static import run_static_probe
 from servestack.util.fsutil import sha256_file
 from servestack.util.project import Project
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},
@@ -32,49 +32,39 @@ def _with_evidence(config: dict) -> dict:
     return {**config, "pull_requests": prs}
 
 
-def test_included_prs_are_reported_with_their_evidence_found_in_the_image(fake_site) -> None:  # noqa: F811
-    check = _probe(fake_site["tmp"], _with_evidence(fake_site["config"]))["pr:o/beta#3"]
+def test_included_prs_are_reported_with_their_evidence_found_in_the_image(fake_site) -> None:
+    check = probe(fake_site["tmp"], _with_evidence(fake_site["config"]))["pr:o/beta#3"]
     assert check["status"] == "pass"
     assert "evidence in the image: beta_pkg/server.py contains \"return 'patched'\" (beta_pkg/server.py:2)" in check["detail"]
     assert "attribute beta_pkg.server:serve (beta_pkg/server.py)" in check["detail"]
 
 
-def test_evidence_missing_in_the_image_fails_the_pr(fake_site, tmp_path: Path) -> None:  # noqa: F811
+def test_evidence_missing_in_the_image_fails_the_pr(fake_site, tmp_path: Path) -> None:
     site = tmp_path / "site"
     shutil.copytree(fake_site["site"], site)
     (site / "beta_pkg" / "server.py").write_text("def handle():\n    return 'other'\n")
     config = {**_with_evidence(fake_site["config"]), "site_packages": str(site)}
-    check = _probe(fake_site["tmp"], config)["pr:o/beta#3"]
+    check = probe(fake_site["tmp"], config)["pr:o/beta#3"]
     assert check["status"] == "fail"
     assert "evidence missing in the image" in check["detail"] and "beta_pkg.server defines no serve" in check["detail"]
-
-
-def _site_with_torch(tmp: Path, cuda: str | None, extra: list[Path]) -> Path:
-    spelled = repr(cuda) if cuda else "None"
-    wheel = _wheel(tmp, "torch", "2.13.0", {"torch/__init__.py": "", "torch/version.py":
-                                            f"from typing import Optional\n__version__ = '2.13.0'\ncuda: Optional[str] = {spelled}\n"})
-    site = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
-                    "--target", str(site), str(wheel), *map(str, extra)], check=True)
-    return site
 
 
 FAST_PATH = {"torch_cuda_major": 13, "packages": ["nvidia-cutlass-dsl-libs-cu13"]}
 
 
-def test_a_cuda_13_torch_and_the_cu13_cutlass_dsl_pass(fake_site, tmp_path: Path) -> None:  # noqa: F811
-    dsl = _wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu13", "4.7.1", {"nvidia_cutlass_dsl/cu13/__init__.py": ""})
-    site = _site_with_torch(tmp_path, "13.0", [dsl])
-    checks = _probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
+def test_a_cuda_13_torch_and_the_cu13_cutlass_dsl_pass(fake_site, tmp_path: Path) -> None:
+    dsl = wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu13", "4.7.1", {"nvidia_cutlass_dsl/cu13/__init__.py": ""})
+    site = site_with_torch(tmp_path, "13.0", [dsl])
+    checks = probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
                                "wheels": [], "pull_requests": [], "excluded": []})
     assert checks["fast-path:torch-cuda"]["status"] == "pass" and "CUDA 13.0" in checks["fast-path:torch-cuda"]["detail"]
     assert checks["fast-path:package:nvidia-cutlass-dsl-libs-cu13"]["status"] == "pass"
 
 
-def test_a_cuda_12_9_twin_is_caught(fake_site, tmp_path: Path) -> None:  # noqa: F811
-    dsl12 = _wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu12", "4.7.1", {"nvidia_cutlass_dsl/cu12/__init__.py": ""})
-    site = _site_with_torch(tmp_path, "12.9", [dsl12])
-    checks = _probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
+def test_a_cuda_12_9_twin_is_caught(fake_site, tmp_path: Path) -> None:
+    dsl12 = wheel(tmp_path, "nvidia_cutlass_dsl_libs_cu12", "4.7.1", {"nvidia_cutlass_dsl/cu12/__init__.py": ""})
+    site = site_with_torch(tmp_path, "12.9", [dsl12])
+    checks = probe(tmp_path, {**fake_site["config"], "site_packages": str(site), "fast_path": FAST_PATH, "modules": [],
                                "wheels": [], "pull_requests": [], "excluded": []})
     torch = checks["fast-path:torch-cuda"]
     assert torch["status"] == "fail" and "CUDA 12.9" in torch["detail"] and "needs CUDA >= 13" in torch["detail"]
@@ -90,30 +80,30 @@ _pkg = importlib.import_module("twinpick_cu" + re.search(r"cuda[^=]*= '(\\d+)", 
 
 
 def _twin_probe(tmp: Path, fake_site: dict, cuda: str, builds: list[str]) -> dict:
-    wheels = [_wheel(tmp, "twinpick", "1.4.1", {"twinpick/__init__.py": TWIN_LOADER})]
-    wheels += [_wheel(tmp, f"twinpick_{b}", "1.4.1", {f"twinpick_{b}/__init__.py": "", f"twinpick_{b}/_bindings.py": ""})
+    wheels = [wheel(tmp, "twinpick", "1.4.1", {"twinpick/__init__.py": TWIN_LOADER})]
+    wheels += [wheel(tmp, f"twinpick_{b}", "1.4.1", {f"twinpick_{b}/__init__.py": "", f"twinpick_{b}/_bindings.py": ""})
                for b in builds]
-    site = _site_with_torch(tmp, cuda, wheels)
+    site = site_with_torch(tmp, cuda, wheels)
     fast_path = {"loads": {"twinpick": "twinpick-cu13"}}
     excluded = [{"name": "twinpick-cu12", "reason": "the CUDA 12 twin"}]
-    return _probe(tmp, {**fake_site["config"], "site_packages": str(site), "fast_path": fast_path, "modules": [],
+    return probe(tmp, {**fake_site["config"], "site_packages": str(site), "fast_path": fast_path, "modules": [],
                         "wheels": [], "pull_requests": [], "excluded": excluded})["fast-path:loads:twinpick"]
 
 
-def test_a_package_that_loads_its_cu13_build_passes(fake_site, tmp_path: Path) -> None:  # noqa: F811
+def test_a_package_that_loads_its_cu13_build_passes(fake_site, tmp_path: Path) -> None:
     check = _twin_probe(tmp_path, fake_site, "13.0", ["cu13"])
     assert check["status"] == "pass", check
     assert "import twinpick loads twinpick-cu13 (twinpick_cu13/__init__.py)" in check["detail"]
     assert "twinpick (1 files), twinpick-cu13 (1 files); nothing of the excluded twinpick-cu12" in check["detail"]
 
 
-def test_a_package_that_loads_the_excluded_cuda_12_twin_fails(fake_site, tmp_path: Path) -> None:  # noqa: F811
+def test_a_package_that_loads_the_excluded_cuda_12_twin_fails(fake_site, tmp_path: Path) -> None:
     # A CUDA 12.9 torch makes the package pick its cu12 build: installed, it is caught loading it ...
     check = _twin_probe(tmp_path, fake_site, "12.9", ["cu12", "cu13"])
     assert check["status"] == "fail" and "loaded files of the excluded twinpick-cu12" in check["detail"], check
 
 
-def test_a_package_that_needs_the_excluded_twin_fails_to_import(fake_site, tmp_path: Path) -> None:  # noqa: F811
+def test_a_package_that_needs_the_excluded_twin_fails_to_import(fake_site, tmp_path: Path) -> None:
     # ... and excluded (as the image has it), the import fails for want of it: a failure, not "not run".
     check = _twin_probe(tmp_path, fake_site, "12.9", ["cu13"])
     assert check["status"] == "fail", check

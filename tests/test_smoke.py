@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from dataclasses import replace
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
+from fixtures.fake_site import probe
 from fixtures.records import committed_lock
 
 from servestack import smoke
 from servestack.errors import ServestackError
 from servestack.records.lockfile import Lock, LockedPackage, LockedWheel, SmokeModel
-from servestack.util.fsutil import canonical_json, sha256_file
+from servestack.util.fsutil import sha256_file
 from servestack.util.project import Project
-from servestack.wheels import pack_wheel
 
 DIGEST = "127.0.0.1:5000/servestack/dev-cpu@sha256:" + "ab" * 32
 
@@ -123,70 +120,8 @@ def test_engine_usage_collects_recipe_flags_the_stack_environment_and_the_smoke_
 # --------------------------------------------------------------------------- the static probe on a fake site
 
 
-def _wheel(tmp: Path, name: str, version: str, files: dict[str, str]) -> Path:
-    root = tmp / f"src-{name}"
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    di = root / f"{name}-{version}.dist-info"
-    di.mkdir(parents=True)
-    (di / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-    (di / "WHEEL").write_text("Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-    return pack_wheel(root, tmp / "wheels", epoch=1_700_000_000)
-
-
-@pytest.fixture(scope="module")
-def fake_site(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("site")
-    w1 = _wheel(tmp, "alpha", "1.0.0", {"alpha/__init__.py": "X = 1\n", "alpha/core.py": "import aisimulate\n"})
-    w2 = _wheel(tmp, "beta_pkg", "2.1+ss.pr7", {"beta_pkg/__init__.py": "", "beta_pkg/planner.py": "from aisimulate.x import y\n",
-                                               "beta_pkg/server.py": "def serve():\n    return 'patched'\n"})
-    site = tmp / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
-                    "--no-compile", "--target", str(site), str(w1), str(w2)], check=True)
-    lock = {"stack": {"name": "fake"}, "platforms": {"linux/amd64": []}, "pull_requests": []}
-    lock_sha = hashlib.sha256(canonical_json(lock).encode()).hexdigest()
-    stack_json = {
-        "lock": lock,
-        "lock_sha256": lock_sha,
-        "overlays": {"beta-pkg": {"version": "2.1+ss.pr7",
-                                  "files": {"beta_pkg/server.py": sha256_file(site / "beta_pkg" / "server.py")}}},
-    }
-    (tmp / "stack.json").write_text(json.dumps(stack_json))
-    config = {
-        "stack": "fake",
-        "platform": "linux/amd64",
-        "expected_lock_sha256": lock_sha,
-        "stack_json": str(tmp / "stack.json"),
-        "site_packages": str(site),
-        "wheels": [{"name": "alpha", "version": "1.0.0"}, {"name": "beta-pkg", "version": "2.1"}],
-        "pull_requests": [
-            {"repo": "o/beta", "number": 7, "package": "beta-pkg", "status": "overlay", "title": "fix",
-             "patch": {"sha256": "f" * 64}},
-            {"repo": "o/beta", "number": 3, "package": "beta-pkg", "status": "included", "title": "old"},
-            {"repo": "o/beta", "number": 9, "package": "beta-pkg", "status": "unverified", "title": "?",
-             "unverified_reason": "GitHub unreachable"},
-        ],
-        "excluded": [{"name": "aisimulate", "reason": "stub sdist"}],
-        "modules": ["alpha", "beta_pkg.server", "not_a_module_xyz"],
-        "engine": None,
-    }
-    return {"tmp": tmp, "site": site, "config": config}
-
-
-def _probe(tmp: Path, config: dict) -> dict[str, dict]:
-    path = tmp / f"config-{len(list(tmp.glob('config-*')))}.json"
-    path.write_text(json.dumps(config))
-    proc = subprocess.run([sys.executable, str(smoke.PROBE_PACKAGE), str(path)], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    report = json.loads(proc.stdout)  # stdout is exactly one JSON document
-    assert report["probe"] == "static"
-    return {c["name"]: c for c in report["checks"]}
-
-
 def test_static_probe_passes_a_matching_site(fake_site) -> None:
-    checks = _probe(fake_site["tmp"], fake_site["config"])
+    checks = probe(fake_site["tmp"], fake_site["config"])
     for name in ("lock", "version:alpha", "version:beta-pkg", "overlay:beta-pkg:beta_pkg/server.py",
                  "pr:o/beta#7", "pr:o/beta#3", "import:alpha", "import:beta_pkg.server"):
         assert checks[name]["status"] == "pass", checks[name]
@@ -206,7 +141,7 @@ def test_static_probe_finds_version_mismatch_and_altered_overlay(fake_site, tmp_
     (site / "beta_pkg" / "server.py").write_text("def serve():\n    return 'tampered'\n")
     config = {**fake_site["config"], "site_packages": str(site),
               "wheels": [{"name": "alpha", "version": "1.0.1"}, {"name": "beta-pkg", "version": "2.1"}]}
-    checks = _probe(fake_site["tmp"], config)
+    checks = probe(fake_site["tmp"], config)
     version = checks["version:alpha"]
     assert version["status"] == "fail" and "installed as 1.0.0, the lock says 1.0.1" in version["detail"]
     overlay = checks["overlay:beta-pkg:beta_pkg/server.py"]
@@ -217,7 +152,7 @@ def test_static_probe_finds_version_mismatch_and_altered_overlay(fake_site, tmp_
 
 def test_static_probe_finds_a_foreign_lock(fake_site) -> None:
     config = {**fake_site["config"], "expected_lock_sha256": "0" * 64}
-    checks = _probe(fake_site["tmp"], config)
+    checks = probe(fake_site["tmp"], config)
     assert checks["lock"]["status"] == "fail" and "different lock" in checks["lock"]["detail"]
 
 
@@ -229,7 +164,7 @@ def test_gpu_import_errors_are_not_run_with_the_reason(fake_site, tmp_path: Path
     (site / "needs_gpu.py").write_text("raise RuntimeError('Found no NVIDIA driver on your system.')\n")
     (site / "needs_excluded.py").write_text("import aisimulate\n")
     config = {**fake_site["config"], "site_packages": str(site), "modules": ["needs_gpu", "needs_excluded"]}
-    checks = _probe(fake_site["tmp"], config)
+    checks = probe(fake_site["tmp"], config)
     gpu = checks["import:needs_gpu"]
     assert gpu["status"] == "not_run" and "Found no NVIDIA driver on your system." in gpu["detail"]
     excl = checks["import:needs_excluded"]

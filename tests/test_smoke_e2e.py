@@ -20,7 +20,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from servestack import services, smoke
 from servestack.debian.tarball import tarball
 from servestack.lock.debian_base import resolve_suite
@@ -119,11 +118,11 @@ def _alter(client, reference: str, entries: dict[str, bytes | str | None], repo:
 @pytest.fixture(scope="module")
 def fake_stack(client, base_image, debian_base, tmp_path_factory):
     """A project whose lock names two tiny wheels, and an image made from it, pushed by digest."""
-    from test_smoke import _wheel  # the same tiny wheels the fast tests use
+    from fixtures.fake_site import wheel as tiny_wheel  # the same tiny wheels the fast tests use
 
     tmp = tmp_path_factory.mktemp("smoke-e2e")
-    w1 = _wheel(tmp, "alpha", "1.0.0", {"alpha/__init__.py": "X = 1\n", "alpha/core.py": "import aisimulate\n"})
-    w2 = _wheel(tmp, "beta_pkg", "2.1+ss.pr7", {"beta_pkg/__init__.py": "",
+    w1 = tiny_wheel(tmp, "alpha", "1.0.0", {"alpha/__init__.py": "X = 1\n", "alpha/core.py": "import aisimulate\n"})
+    w2 = tiny_wheel(tmp, "beta_pkg", "2.1+ss.pr7", {"beta_pkg/__init__.py": "",
                                                "beta_pkg/server.py": "def serve():\n    return 'patched'\n"})
     site = tmp / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--no-compile",
@@ -200,10 +199,9 @@ def test_static_probe_by_digest_passes(fake_stack, client) -> None:
 def test_an_image_without_a_c_compiler_fails_tritons_runtime_build(fake_stack, client, tmp_path) -> None:
     """The fake stack's base is Debian's essential set with python3 (no compiler, no Python.h), as
     qwen35-gb200's was: with a CUDA torch and a Triton in it, the static probe fails naming both."""
-    from test_probe_evidence import _site_with_torch
-    from test_probe_runtime_build import _triton
+    from fixtures.fake_site import site_with_torch, triton
 
-    site = _site_with_torch(tmp_path, "13.0", [_triton(tmp_path)])
+    site = site_with_torch(tmp_path, "13.0", [triton(tmp_path)])
     # Its own repository: committing to the fake stack's would move the tag its reference resolves by.
     repo = f"{fake_stack['repo']}-triton"
     with_triton = _alter(client, fake_stack["reference"], _site_entries(site, fake_stack["site_path"]), repo)

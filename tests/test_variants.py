@@ -10,8 +10,7 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from fixtures.tinystack import github, tinyserve_stack
-from test_evidence import PR1_EVIDENCE, entries, unreachable
+from fixtures.tinystack import PR1_EVIDENCE, entries, github, tinyserve_stack, unreachable
 
 from servestack import inputs as build
 from servestack import lock

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from test_image import make_project
+from fixtures.tinystack import image_project
 
 from servestack import inputs as build
 from servestack.errors import IntegrityError
@@ -138,7 +138,7 @@ def isolated_cache(tmp_path, monkeypatch):
 
 def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tampered_one(tmp_path, world, isolated_cache,
                                                                                          monkeypatch):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     first = json.loads(build.build(project, "tinyimg").read_text())
     made = {"overlay": 0, "model": 0}
     apply, make = overlay.apply_overlays, tinymodel.make_model
@@ -165,7 +165,7 @@ def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tamper
 
 
 def test_an_edited_patch_stops_the_build_even_when_its_overlay_was_made(tmp_path, world, isolated_cache):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     build.build(project, "tinyimg")
     (patch,) = (project.root / "pins" / "patches").glob("*.diff")
     patch.write_text(patch.read_text() + "\n")
@@ -174,7 +174,7 @@ def test_an_edited_patch_stops_the_build_even_when_its_overlay_was_made(tmp_path
 
 
 def test_rehash_reads_every_wheel_and_made_output_in_full(tmp_path, world, isolated_cache, reads):
-    project = make_project(tmp_path / "p", world)
+    project = image_project(tmp_path / "p", world)
     build.build(project, "tinyimg")
     build.build(project, "tinyimg")
     before = reads["n"]

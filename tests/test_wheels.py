@@ -2,16 +2,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
-try:
-    import servestack  # noqa: F401
-except ImportError:  # running without an installed package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+from fixtures.tinypkg import build_tinypkg
 
 from servestack.errors import InputError
 from servestack.wheels import (
@@ -212,9 +207,6 @@ def test_commit_table_is_pluggable(tmp_path, monkeypatch):
 
 
 def test_commit_of_tinyserve_fixture(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parent))
-    from fixtures.tinypkg import build_tinypkg
-
     pkg = build_tinypkg(tmp_path)
     commit = read_wheel_commit(pkg.wheel)
     assert commit and pkg.base.startswith(commit)
