@@ -1,0 +1,278 @@
+"""Pull under attack, against real registries: publications signed with the right key that lie
+about their time or bind another image, a hostile registry serving 2 GiB bodies and a 10,000-entry
+referrers index, stray SPDX referrers, and a damaged publication that a re-run of publish repairs.
+
+The size attacks go through a small hostile registry (fixtures/hostile_registry.py) in front of the
+plain loopback registry; pull runs as the command line in a child process, so its peak memory is
+measured alone (os.wait4) and compared with the bounds the issue sets: 30 s and 200 MB."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from fixtures.hostile_registry import HostileRegistry, endless, exactly
+from fixtures.paths import ROOT
+from fixtures.tls_registry import push_stack_image
+from test_publish_e2e import STACK, env, make_project, new_image, published, tls_registry  # noqa: F401 - fixtures
+
+from servestack import publish
+from servestack.errors import PublishError, RegistryError, ServestackError
+from servestack.publish import cosign, push, sbom, signing
+from servestack.publish.bundle import ATTESTATION_TYPE, BundleFile
+from servestack.publish.signedtime import parse_rfc3339
+from servestack.records.imageref import ImageRef
+from servestack.sources.registry import OCI_INDEX, OCI_MANIFEST, Client, sha256_digest
+
+pytestmark = pytest.mark.e2e
+GiB = 1 << 30
+SECONDS, MEGABYTES = 30, 200  # what one pull may cost on any hostile input
+
+
+# ------------------------------------------------------------------ signed with the right key, lying
+
+def _signed_at(finished_on: str):
+    """publish's statement, with finishedOn set to FINISHED_ON (what a careless or hostile signer writes)."""
+    real = push.provenance
+
+    def forged(*args):
+        statement = real(*args)
+        statement["predicate"]["runDetails"]["metadata"]["finishedOn"] = finished_on
+        return statement
+    return forged
+
+
+def _publish_run(project, key, run_id: str) -> dict:
+    """A publication of its own (a run's results make the bundle differ)."""
+    stage = project.artifacts(STACK) / "runs" / run_id / "throughput"
+    stage.mkdir(parents=True, exist_ok=True)
+    (stage / "results.json").write_text(json.dumps({"run": run_id}))
+    return publish.publish(project, STACK, key=key, run_id=run_id, echo=None)
+
+
+def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another_image_pull_takes_the_real_one(
+        env, tmp_path, monkeypatch):
+    """Five publications of one image, all signed with the right key: the real one; one dated 2030;
+    one dated `9999`; one an hour older written with a +05:00 offset (as a string it sorts last);
+    one whose recipes bind another digest. Pull takes the real one and names why each other is
+    skipped; --bundle on the one binding another digest refuses it, naming the recipe and the
+    reference; --not-before after the real one refuses everything (a rollback floor)."""
+    image, _ = new_image(env)
+    project = make_project(tmp_path / "checkout", image)
+    private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
+    real = publish.publish(project, STACK, key=private, echo=None)
+    an_hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5)))
+    forged = {}
+    for run_id, finished_on in (("future", "2030-01-01T00:00:00Z"), ("malformed", "9999"),
+                                ("offset", an_hour_ago.isoformat(timespec="microseconds"))):
+        with monkeypatch.context() as patched:
+            patched.setattr(push, "provenance", _signed_at(finished_on))
+            forged[run_id] = _publish_run(project, private, run_id)
+    other_hex = "0" * 64
+    rendered = push.bundle_files
+
+    def binding_another_digest(*args, **kwargs):
+        return [BundleFile(title=f.title, data=f.data.replace(ImageRef.parse(image).hex.encode(), other_hex.encode()))
+                if f.title.startswith("recipes/") else f for f in rendered(*args, **kwargs)]
+
+    with monkeypatch.context() as patched:
+        patched.setattr(push, "bundle_files", binding_another_digest)
+        forged["rebound"] = _publish_run(project, private, "rebound")
+
+    said: list[str] = []
+    out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=said.append)
+    taken = json.loads((out / "publication.json").read_text())
+    assert taken["bundle"] == real["bundle_digest"]
+    skipped = "\n".join(taken["skipped"])
+    assert f"{forged['future']['attestation'].split('@')[1]}: finishedOn 2030-01-01T00:00:00Z is in the future" in skipped
+    assert f"{forged['malformed']['attestation'].split('@')[1]}: finishedOn '9999' is not an RFC 3339 time" in skipped
+    assert re.search(rf"{forged['offset']['attestation'].split('@')[1]}: verifies, published .*older than", skipped)
+    repository = ImageRef.parse(image).repository
+    assert re.search(rf"{forged['rebound']['attestation'].split('@')[1]}: recipes/\S+\.yaml binds "
+                     rf"'[^']*{repository}@sha256:{other_hex}', not {repository}@", skipped)
+    assert "recipes bound to the digest and lock" in said[0]
+
+    with pytest.raises(ServestackError, match=rf"recipes/\S+ binds '\S+@sha256:{other_hex}'"):
+        publish.pull(image, key=public, out=tmp_path / "rebound", bundle=forged["rebound"]["bundle_digest"], echo=None)
+    floor = parse_rfc3339(taken["published"]) + timedelta(seconds=1)
+    with pytest.raises(ServestackError, match="no publication signed by .* is not older than"):
+        publish.pull(image, key=public, out=tmp_path / "floor", not_before_time=floor.isoformat(), echo=None)
+    publish.pull(image, key=public, out=tmp_path / "floor-ok", not_before_time=taken["published"], echo=None)
+    assert not (tmp_path / "rebound").exists() and not (tmp_path / "floor").exists()
+
+
+# ------------------------------------------------------------------ skip, don't block; a re-run repairs
+
+def test_stray_spdx_referrers_a_replay_and_a_missing_one_are_skipped_with_a_warning(published, tmp_path):
+    """Two SPDX referrers beside the real SBOM: one whose subject is another image (a replay), one
+    listed but missing from the registry. Neither blocks the pull; both are named as warnings."""
+    client, image = published["client"], ImageRef.parse(published["image"])
+    genuine = published["record"]["sbom"]["referrer"].split("@")[1]
+    replay = json.loads(client.get_manifest(genuine)[0])
+    other = push_stack_image(client, (ROOT / "pins" / f"{STACK}.lock").read_bytes(), tag="other", salt=b"o")
+    replay["subject"] = {"mediaType": OCI_MANIFEST, "digest": other, "size": 1}
+    data = json.dumps(replay).encode()
+    client.put_manifest(sha256_digest(data), data, OCI_MANIFEST)
+    gone = json.dumps({**replay, "annotations": {"deleted": "soon"}}).encode()
+    missing = sha256_digest(gone)
+    client.put_manifest(missing, gone, OCI_MANIFEST)
+    tag = client.fallback_tag(image.digest)
+    index = json.loads(client.get_manifest(tag)[0])
+    index["manifests"] += [{"mediaType": OCI_MANIFEST, "digest": d, "size": len(d_bytes), "artifactType": sbom.SPDX_JSON}
+                           for d, d_bytes in ((sha256_digest(data), data), (missing, gone))]
+    client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)  # the registry checks they exist ...
+    client.delete_manifest(missing)  # ... so one is deleted after it is listed
+
+    said: list[str] = []
+    out = publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=said.append)
+    assert re.search(rf"WARNING: .* referrer {sha256_digest(data)} .*its subject is {other}", said[0])
+    assert re.search(rf"WARNING: .* referrer {missing} .*listed as a referrer but missing", said[0])
+    assert sorted(json.loads((out / "publication.json").read_text())["unsigned_sboms"]) == sorted(
+        [sha256_digest(data), missing])
+
+
+def test_a_rerun_of_publish_restores_a_deleted_bundle_blob_and_reports_a_dangling_cosign_layer(published, tmp_path):
+    """A recipe's blob deleted from the registry breaks the pull; a dangling first layer at the
+    `.att` tag (its blob gone, the tag left) is what cosign skips. Publishing again puts the blob
+    back, says so, reports the dangling layer and rewrites the tag without it; pull then verifies."""
+    client, image = published["client"], ImageRef.parse(published["image"])
+    recipe = next(f for f in published["record"]["files"] if f["title"].startswith("recipes/"))
+    client.delete_blob(recipe["digest"])
+    with pytest.raises(ServestackError, match=rf"{recipe['title']}: .*missing"):
+        publish.pull(str(image), key=published["pub"], out=tmp_path / "broken", echo=None)
+    att = cosign.attestation_tag(image)
+    manifest = json.loads(client.get_manifest(att)[0])
+    dangling = client.push_blob(b"another signer's envelope, since lost")
+    manifest["layers"].insert(0, {"mediaType": cosign.DSSE_LAYER, "digest": dangling, "size": 38})
+    client.put_manifest(att, json.dumps(manifest).encode(), OCI_MANIFEST)
+    client.delete_blob(dangling)
+
+    said: list[str] = []
+    again = publish.publish(published["project"], STACK, key=published["key"], echo=said.append)
+    assert again["attestation"] == published["record"]["attestation"]  # repaired, not re-signed
+    assert again["repaired"] == [f"blob {recipe['digest']}"]
+    assert again["damaged"] == [f"{att}: layer {dangling} is missing from the registry; left out"]
+    assert f"repaired    blob {recipe['digest']}" in said[0] and "damaged     " in said[0]
+    assert dangling not in client.get_manifest(att)[0].decode()
+    publish.pull(str(image), key=published["pub"], out=tmp_path / "pulled", echo=None)
+
+
+# ------------------------------------------------------------------ a hostile registry: bounded reads
+
+@pytest.fixture(scope="module")
+def origin(registry, tmp_path_factory) -> dict:
+    """One image published once to the plain loopback registry."""
+    root = tmp_path_factory.mktemp("origin")
+    repository = f"servestack-test/hostile-{uuid.uuid4().hex[:8]}"
+    client = Client(registry, repository)
+    digest = push_stack_image(client, (ROOT / "pins" / f"{STACK}.lock").read_bytes())
+    image = f"{registry}/{repository}@{digest}"
+    project = make_project(root / "checkout", image)
+    private, public = signing.keygen(root / "keys" / "publisher.key")
+    record = publish.publish(project, STACK, key=private, echo=None)
+    return {"image": ImageRef.parse(image), "client": client, "record": record, "pub": public, "project": project}
+
+
+@pytest.fixture
+def hostile(registry):
+    server = HostileRegistry.start(upstream=registry)
+    yield server
+    server.stop()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Measured:
+    returncode: int
+    seconds: float
+    peak_mb: float
+    output: str
+
+
+# The pull runs under a small parent of its own: a child forked from pytest starts with pytest's
+# resident pages counted in its peak (Linux keeps the largest RSS across fork and exec), so wait4
+# from here reported pytest's 756 MB in CI, whatever pull used. Forked from this small parent, the
+# pull's peak is its own.
+MEASURE = """
+import os, subprocess, sys
+child = subprocess.Popen(sys.argv[2:])
+_, status, usage = os.wait4(child.pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def pull_measured(reference: str, key: Path, out: Path, project: Path, give_up_s: float = 90,
+                  extra: tuple[str, ...] = ()) -> Measured:
+    """`servestack pull` in a child process: its exit code, wall time and peak RSS (its own, by wait4)."""
+    log, peak = out.with_suffix(".log"), out.with_suffix(".peak")
+    started = time.monotonic()
+    with log.open("w") as sink:
+        child = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak), sys.executable, "-m", "servestack",
+                                  "--project", str(project), "pull", reference, "--key", str(key), "--out", str(out), *extra],
+                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        child.wait(timeout=give_up_s)
+    except subprocess.TimeoutExpired:  # what the code before the bounds did: report, not hang CI
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait()
+    peak_kb = int(peak.read_text()) if peak.exists() else 0
+    measured = Measured(returncode=child.returncode, seconds=round(time.monotonic() - started, 2),
+                        peak_mb=round(peak_kb / 1024, 1), output=log.read_text()[-4000:])
+    print(f"pull {out.name}: rc {measured.returncode}, {measured.seconds} s, peak RSS {measured.peak_mb} MB")
+    return measured
+
+
+def _through(hostile: HostileRegistry, image: ImageRef) -> str:
+    return f"{hostile.address}/{image.repository}@{image.digest}"
+
+
+def test_a_normal_publication_pulls_through_the_relay_within_the_same_bounds(origin, hostile, tmp_path):
+    measured = pull_measured(_through(hostile, origin["image"]), origin["pub"], tmp_path / "normal",
+                             origin["project"].root)
+    assert measured.returncode == 0, measured.output
+    assert measured.seconds < SECONDS and measured.peak_mb < MEGABYTES
+
+
+@pytest.mark.parametrize("where", ["referrers index", "attestation envelope", "bundle file"])
+def test_a_2_gib_body_is_cut_off_at_its_limit_in_seconds_and_megabytes(origin, hostile, tmp_path, where):
+    image, client = origin["image"], origin["client"]
+    attestation = json.loads(client.get_manifest(origin["record"]["attestation"].split("@")[1])[0])
+    recipe = next(f for f in origin["record"]["files"] if f["title"].startswith("recipes/"))
+    path = {"referrers index": f"manifests/{client.fallback_tag(image.digest)}",
+            "attestation envelope": f"blobs/{attestation['layers'][0]['digest']}",
+            "bundle file": f"blobs/{recipe['digest']}"}[where]
+    hostile.answer(f"/v2/{image.repository}/{path}", endless(2 * GiB))
+    measured = pull_measured(_through(hostile, image), origin["pub"], tmp_path / where.replace(" ", "-"),
+                             origin["project"].root)
+    # The referrers index is read before any candidate, so the registry's error ends the pull; a
+    # candidate's unreadable part only disqualifies it, and no publication verifying is the error.
+    code = {"referrers index": RegistryError.exit_code}.get(where, PublishError.exit_code)
+    assert measured.returncode == code, measured.output
+    assert "not read further" in measured.output and "Traceback" not in measured.output
+    assert measured.seconds < SECONDS and measured.peak_mb < MEGABYTES
+
+
+def test_an_index_listing_the_real_attestation_6000_times_is_deduplicated_and_pulls(origin, hostile, tmp_path):
+    """6,000 copies of its entry (with its signed listing, 580 bytes each) is what fits in the 4 MiB a
+    referrers index may have."""
+    image, client = origin["image"], origin["client"]
+    tag = client.fallback_tag(image.digest)
+    index = json.loads(client.get_manifest(tag)[0])
+    [attestation] = [m for m in index["manifests"] if m.get("artifactType") == ATTESTATION_TYPE]
+    flooded = json.dumps({**index, "manifests": index["manifests"] + [attestation] * 6_000}).encode()
+    hostile.answer(f"/v2/{image.repository}/manifests/{tag}", exactly(flooded))
+    measured = pull_measured(_through(hostile, image), origin["pub"], tmp_path / "flooded", origin["project"].root)
+    assert measured.returncode == 0, measured.output
+    assert "of 1 candidate)" in measured.output
+    assert measured.seconds < SECONDS and measured.peak_mb < MEGABYTES
