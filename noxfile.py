@@ -130,15 +130,21 @@ def outputs(session: nox.Session) -> None:
     _servestack(session, "outputs")
 
 
+# What ruff reads: the package, its tests, the sessions and the benchmark scripts (pyproject says which
+# rules and why). mypy reads src/ (pyproject's [tool.mypy]): the tests call it, with fixtures as values.
+LINTED = ("src", "tests", "noxfile.py", "benchmarks")
+
+
 @nox.session
 def lint(session: nox.Session) -> None:
-    """actionlint (with shellcheck) on .github/: the workflows CI and the clusters run."""
+    """ruff and mypy on the code, actionlint (with shellcheck) on .github/: the gate before any test runs."""
     if shutil.which("shellcheck") is None:  # actionlint would skip every run: script silently
         session.error("shellcheck is not on PATH (Debian: apt-get install shellcheck; .ci/bootstrap installs it)")
     _install(session, "lint")
+    session.run("ruff", "check", "--no-cache", *LINTED)
+    session.run("mypy")
     workflows = sorted(str(p) for p in Path(".github/workflows").glob("*.yml"))
-    session.run("actionlint", "-shellcheck", "shellcheck", "-config-file", ".github/actionlint.yaml",
-                *(session.posargs or workflows))
+    session.run("actionlint", "-shellcheck", "shellcheck", "-config-file", ".github/actionlint.yaml", *workflows)
 
 
 @nox.session

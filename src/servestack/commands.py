@@ -17,7 +17,8 @@ Command = Callable[[argparse.Namespace, Project], int]
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Command]] = {}
 
 
-def command(name: str, help: str, configure: Callable[[argparse.ArgumentParser], None] = lambda p: None):
+def command(name: str, help: str,
+            configure: Callable[[argparse.ArgumentParser], None] = lambda p: None) -> Callable[[Command], Command]:
     def register(fn: Command) -> Command:
         COMMANDS[name] = (help, configure, fn)
         return fn

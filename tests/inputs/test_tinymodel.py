@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from servestack.errors import InputError
-from servestack.inputs.tinymodel import VLLM_CPU_ENV, TinyModelSpec, make_model, vllm_server_argv
+from servestack.inputs.tinymodel import TinyModelSpec, make_model
+from servestack.smoke.engine_settings import VLLM_CPU_ENV, vllm_server_argv
 from servestack.inputs.tinytokenizer import CORPUS, SPECIAL_TOKENS, tokenizer_vocab
 from servestack.inputs.tinyweights import GDN_DECAYS, head_decays, tensor_shapes
 from servestack.util.fsutil import sha256_file

@@ -75,7 +75,7 @@ DEV_CPU_ENV_DEPARTURES = {
 
 
 def test_dev_cpu_carries_every_production_qwen35_setting_or_says_why_not():
-    from servestack.inputs.tinymodel import QWEN35_ENV, QWEN35_FLAGS
+    from servestack.smoke.engine_settings import QWEN35_ENV, QWEN35_FLAGS
 
     production = yaml.safe_load((ROOT / "recipes/families/qwen35-gb200.yaml").read_text())["base"]["backend"]
     departures = []

@@ -21,11 +21,9 @@ from servestack.errors import ServestackError
 from servestack.platforms import PLATFORMS
 from servestack.records.lockfile import DebianBase, LockedDeb
 from servestack.sources import cache
-from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
+from servestack.util import source_closure
+from servestack.util.fsutil import canonical_json, sha256_bytes
 from servestack.util.project import cache_home
-
-# The modules whose code decides a base's bytes: their sources are part of its name (and of the image's inputs).
-ASSEMBLY = ("debfile", "dpkgdb", "ldcache", "rootfs", "scripts", "tarball")
 
 log = logging.getLogger("servestack.image")
 
@@ -55,7 +53,7 @@ def _debs(base: DebianBase, platform: str) -> tuple[LockedDeb, ...]:
 def tarball(base: DebianBase, platform: str) -> Path:
     """The base's root file system as a tar, assembled once per package set."""
     debs = _debs(base, platform)
-    code = {m: sha256_file(Path(__file__).with_name(f"{m}.py")) for m in ASSEMBLY}
+    code = source_closure.closure_hash([__name__])  # an assembly by other code is another base
     key = sha256_bytes(canonical_json({"debs": [d.sha256 for d in debs], "epoch": base.release_date,
                                        "code": code}).encode())[:24]
     out = cache_home() / "bases" / f"{base.suite}-{ARCH[platform]}-{key}.tar"

@@ -56,7 +56,10 @@ def _image_base(base: ImageBase, platform: str, address: str) -> Base:
         digest = next((m["digest"] for m in manifest["manifests"] if (m.get("platform") or {}).get("architecture") == arch), None)
         if digest is None:
             raise ServestackError(f"base image {base.reference}: no manifest for {platform}")
-        manifest = json.loads(registry.get_manifest(ref.registry, ref.repository, digest)[0])
+        found = registry.get_manifest(ref.registry, ref.repository, digest)
+        if found is None:
+            raise ServestackError(f"base image {base.reference}: its index names {digest} for {platform}, which is not in its registry")
+        manifest = json.loads(found[0])
     config = json.loads(registry.get_blob(ref.registry, ref.repository, manifest["config"]["digest"]))
     refs = [oci.LayerRef(name="base", digest=layer["digest"], diff_id=diff_id, size=layer["size"], media_type=layer["mediaType"])
             for layer, diff_id in zip(manifest["layers"], config["rootfs"]["diff_ids"])]

@@ -34,6 +34,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from servestack.errors import ServestackError
 from servestack.util import proc
@@ -153,6 +154,13 @@ class Job:
             self.done.set_result(self.pycs)
 
 
+def _pipes(worker: subprocess.Popen[bytes]) -> tuple[IO[bytes], IO[bytes]]:
+    """The compiler's standard input and output (proc.pipe makes both)."""
+    if worker.stdin is None or worker.stdout is None:
+        raise ServestackError("bytecode: the compiler was started without its pipes")
+    return worker.stdin, worker.stdout
+
+
 class BytecodePool:
     """`workers` compiling interpreters (`executable -S`), fed modules from one queue, a few at a time each.
 
@@ -168,7 +176,7 @@ class BytecodePool:
         self._jobs = itertools.count()
         self._failure: ServestackError | None = None
         self._threads: list[threading.Thread] = []
-        self._running: list[subprocess.Popen] = []  # the compilers, killed by stop()
+        self._running: list[subprocess.Popen[bytes]] = []  # the compilers, killed by stop()
         self._running_lock = threading.Lock()
 
     def __enter__(self) -> BytecodePool:
@@ -178,7 +186,7 @@ class BytecodePool:
             self._threads.append(thread)
         return self
 
-    def __exit__(self, kind, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         if kind is not None:
             self.stop()
         for _ in self._threads:
@@ -258,9 +266,9 @@ class BytecodePool:
                             try:
                                 if worker is None:
                                     worker = self._start(errors)
-                                    answers = _Answers(worker.stdout.fileno())
-                                worker.stdin.write(line)
-                                worker.stdin.flush()
+                                    answers = _Answers(_pipes(worker)[1].fileno())
+                                _pipes(worker)[0].write(line)
+                                _pipes(worker)[0].flush()
                             except BaseException as error:
                                 # The compiler died on the oldest module it was handed, not this one.
                                 self._fail_all(in_flight, self._failed(worker, in_flight[0][1].path, error, errors))
@@ -286,10 +294,10 @@ class BytecodePool:
                     self._fail_queued(failure)
                 if worker is not None:
                     with contextlib.suppress(OSError):
-                        worker.stdin.close()
+                        _pipes(worker)[0].close()
                     worker.wait()
 
-    def _start(self, errors) -> subprocess.Popen:
+    def _start(self, errors: IO[bytes]) -> subprocess.Popen[bytes]:
         worker = proc.pipe([self.executable, "-S", "-c", WORKER], env=WORKER_ENV, base_env=worker_base_env(),
                            stderr=errors)
         with self._running_lock:
@@ -299,13 +307,15 @@ class BytecodePool:
         # A pipe as big as an unprivileged process may make it (Linux; 64 KB by default): a compiler
         # writing a large pyc, or several answers, does not block until this thread next gets the GIL.
         with contextlib.suppress(OSError, AttributeError):
-            fcntl.fcntl(worker.stdout.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(_pipes(worker)[1].fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         return worker
 
     @staticmethod
-    def _answer(answers: _Answers) -> tuple[str, bytes] | None:
+    def _answer(answers: _Answers | None) -> tuple[str, bytes] | None:
         """The compiler's answer about its oldest module: its pyc's path in the image and bytes, None when
         it does not compile; _Unreadable when its pack could not be read."""
+        if answers is None:  # a module is in flight only once a compiler started
+            raise ServestackError("bytecode: an answer was awaited from a compiler that never started")
         header = answers.line()
         if header == b"S\n":
             return None
@@ -314,7 +324,8 @@ class BytecodePool:
         cfile, length = header.split()
         return os.fsdecode(bytes.fromhex(cfile.decode())), answers.exactly(int(length))
 
-    def _failed(self, worker: subprocess.Popen | None, path: str, error: BaseException, errors) -> ServestackError:
+    def _failed(self, worker: subprocess.Popen[bytes] | None, path: str, error: BaseException,
+                errors: IO[bytes]) -> ServestackError:
         """What went wrong speaking to the compiler about `path`; the compiler is then killed and reaped."""
         if isinstance(error, ServestackError) or worker is None:  # it did not start
             return error if isinstance(error, ServestackError) else ServestackError(

@@ -37,6 +37,8 @@ def push_index(project: Project, stack: str, address: str, repository: str, lock
 def record_index(project: Project, stack: str, result: ImageRecord) -> str | None:
     """Push the index when it can be made, and note it in build/<stack>/image.json."""
     ref = ImageRef.parse(result.reference)
+    if ref.registry is None:  # the image step pushes every image it makes: its reference names where
+        raise ServestackError(f"{result.reference}: names no registry to push {stack}'s index to")
     index = push_index(project, stack, ref.registry, ref.repository, result.lock_sha256)
     if index:
         write_image(project.artifacts(stack) / "image.json", dataclasses.replace(result, index=index))

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii as _json_string  # what json.dumps quotes a str with
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, cast
 
 import zstandard
 
@@ -33,6 +33,10 @@ from servestack.util.project import cache_home
 TAR_RECIPE = 1
 ZSTD_LEVEL = 3
 BLOB_NAME = "layer.tar.zst"
+
+
+class Writer(Protocol):  # where a layer's bytes go: a file, a hash, a compressor
+    def write(self, data: bytes | memoryview, /) -> object: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +56,12 @@ class Entry:
 
     def identity(self) -> list[object]:
         return [self.path, self.kind, self.mode, self.size, self.sha256, self.link]
+
+    def host_file(self) -> Path:
+        """Where this file's bytes are read from; an entry without one was made wrong, not given wrong."""
+        if self.source is None:
+            raise ValueError(f"{self.path}: a {self.kind} entry with content names no host file")
+        return self.source
 
 
 def entry_for(source: Path, path: str) -> Entry:
@@ -78,7 +88,7 @@ def scan_tree(root: Path, prefix: str = "") -> list[Entry]:
 def copy_content(e: Entry, out: BinaryIO) -> None:
     """A file entry's bytes, from its host file or its tree's pack, into `out`, a MB at a time (a GPU
     stack's libraries are GBs)."""
-    with open(e.source, "rb") as source:
+    with open(e.host_file(), "rb") as source:
         source.seek(max(e.offset, 0))
         left = e.size
         while left:
@@ -199,12 +209,12 @@ class _Sink:
     """A write-only stream that hashes and counts what passes through it on its way to `out` (write_tar
     and compress_tarball hand it MB-sized chunks)."""
 
-    def __init__(self, out, on_write: Callable[[int], None] | None = None):
+    def __init__(self, out: Writer, on_write: Callable[[int], None] | None = None):
         self.out, self.on_write = out, on_write
         self.sha256 = hashlib.sha256()
         self.count = 0
 
-    def write(self, data) -> int:
+    def write(self, data: bytes | memoryview) -> int:
         n = len(data)
         self.count += n
         self.sha256.update(data)
@@ -292,7 +302,7 @@ class _Chunks:
 
     CHUNK = 1 << 20
 
-    def __init__(self, out):
+    def __init__(self, out: Writer):
         self.out = out
         self.view = memoryview(bytearray(self.CHUNK))
         self.fill = 0
@@ -326,7 +336,7 @@ class _Chunks:
             self.fill = 0
 
 
-def write_tar(entries: Iterable[Entry], out, epoch: int) -> None:
+def write_tar(entries: Iterable[Entry], out: Writer, epoch: int) -> None:
     """The layer's tar stream into `out` (anything with write() that has used or copied the bytes by the
     time it returns), byte for byte what tarfile writes in PAX_FORMAT for the same members."""
     if not 0 <= epoch < 8 ** 11:
@@ -338,7 +348,7 @@ def write_tar(entries: Iterable[Entry], out, epoch: int) -> None:
             tar.add(tar_header(e, epoch))
             if e.kind != "file" or not e.size:
                 continue
-            source = os.fspath(e.source)
+            source = os.fspath(e.host_file())
             if e.offset < 0:  # a file of its own
                 fd = os.open(source, os.O_RDONLY)
                 try:
@@ -399,7 +409,8 @@ def _compress(key: str, feed: Callable[[_Sink], None], tarred: Callable[[int], N
             packed = _Sink(raw, compressed)
             # threads=-1: one worker per core; multi-threaded zstd output is the same for any count.
             compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=-1)
-            with compressor.stream_writer(packed, closefd=False, write_size=1 << 20) as zstd_out:
+            # A file to zstd, which only calls write() on it.
+            with compressor.stream_writer(cast(BinaryIO, packed), closefd=False, write_size=1 << 20) as zstd_out:
                 plain = _Sink(zstd_out, tarred)
                 feed(plain)
         path = blob_path(packed.sha256.hexdigest(), BLOB_NAME, _root())

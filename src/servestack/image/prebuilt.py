@@ -24,10 +24,13 @@ from typing import Any
 
 import requests
 
+from docker.models.containers import Container
+
 from servestack import services
 from servestack.errors import CommandError, ServestackError
 from servestack.image import layers
 from servestack.platforms import host_platform
+from servestack.probe import prebuild as prebuild_script
 from servestack.records.lockfile import Lock
 from servestack.services.dockerd import ensure_image
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
@@ -36,7 +39,7 @@ from servestack.util.project import cache_home
 
 log = logging.getLogger("servestack.image")
 
-SCRIPT = Path(__file__).parents[1] / "probe" / "prebuild.py"
+SCRIPT = Path(prebuild_script.__file__)  # run in the image only; imported so the image's code closure holds it
 RECORD = "prebuilt.json"
 DEADLINE_S = 3600  # a native compile takes minutes; an emulated one that hangs must not hold the build forever
 MIN_QEMU = 10
@@ -156,7 +159,7 @@ def _run(reference: str, platform: str, out: Path, archs: str, modules: list[str
             container.remove(force=True)
 
 
-def _tail(container) -> str:
+def _tail(container: Container) -> str:
     try:
         return container.logs(tail=40).decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - a container removed or dead answers no logs; say so, keep the real error

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Literal
 
 from servestack.errors import CommandError, ServestackError
 from servestack.image.bytecode import BytecodePool, Job, Module
@@ -238,7 +238,8 @@ class _Files(dict[str, _Packed]):
 
     def __init__(self, wheel: Path):
         super().__init__()
-        self.wheel, self.directories = wheel, set()
+        self.wheel = wheel
+        self.directories: set[str] = set()
 
     def claim(self, path: str, what: str) -> None:
         clash = path if path in self or path in self.directories else None
@@ -271,7 +272,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
     files = _Files(wheel)
 
     class Packing(SchemeDictionaryDestination):
-        def write_to_fs(self, scheme, path, stream, is_executable):
+        def write_to_fs(self, scheme: Scheme, path: str, stream: BinaryIO, is_executable: bool) -> RecordEntry:
             # Where installer would write it: normalized, and refused outside the scheme's directory.
             directory = self.scheme_dict[scheme]
             target = posixpath.normpath(posixpath.join(directory, path))
@@ -293,7 +294,7 @@ def _install(wheel: Path, pack: BinaryIO, python: str, packed: Callable[[str, _P
             packed(target, files[target])
             return RecordEntry(path, Hash(self.hash_algorithm, hash_), size)
 
-        def write_script(self, name, module, attr, section):
+        def write_script(self, name: str, module: str, attr: str, section: Literal["console", "gui"]) -> RecordEntry:
             script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
             return self.write_to_fs(Scheme("scripts"), script_name, io.BytesIO(data), is_executable=True)
 

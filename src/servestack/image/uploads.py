@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from servestack.errors import PushStopped
+from servestack.errors import PushStopped, ServestackError
 from servestack.image import layers
 from servestack.image.base_image import Base, base_key, send_base_blob
 from servestack.image.layer_plan import Layer, own_layers
@@ -46,7 +46,7 @@ class Uploads:
     def __enter__(self) -> Uploads:
         return self
 
-    def __exit__(self, kind, *exc) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self._stopping.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
@@ -71,10 +71,12 @@ class Uploads:
     def _push(self, digest: str, path: Path | None, size: int, base: Base | None) -> None:
         if self._stopping.is_set() or registry.blob_exists(self.address, self.repository, digest):
             return
-        if path is None and base is not None:
+        if path is not None:
+            registry.push_blob(self.address, self.repository, digest, path, self._count)
+        elif base is not None:
             send_base_blob(base, self.address, self.repository, digest)
         else:
-            registry.push_blob(self.address, self.repository, digest, path, self._count)
+            raise ServestackError(f"blob {digest}: neither a file here nor a base image's layer")
         self._pushed[digest] = size
 
     def _count(self, n: int) -> None:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from servestack import lock, platforms
 from servestack import wheels as wheelfiles
-from servestack.debian.tarball import ASSEMBLY
 from servestack.errors import ServestackError
 from servestack.inputs import overlay, tinymodel
 from servestack.records.fields import Fields
@@ -32,7 +31,7 @@ from servestack.records.steps import (
     write_build,
 )
 from servestack.sources import cache, indexes
-from servestack.util import verified
+from servestack.util import source_closure, verified
 from servestack.util.fsutil import canonical_json, sha256_bytes, sha256_file
 from servestack.util.project import Project, variant_of
 from servestack.wheels import normalize
@@ -41,19 +40,13 @@ log = logging.getLogger("servestack.inputs")
 
 
 # The code that decides an image's bytes is one of its inputs: a registry copy made by another
-# version of it (another layout, bytecode recipe, overlay writer) is never taken for this build.
-IMAGE_MAKERS = ("inputs/__init__.py", "inputs/overlay.py", "inputs/tinymodel.py", "inputs/tinyweights.py",
-                "inputs/tinytokenizer.py", "sources/diffs.py", "wheels/__init__.py", "wheels/zipread.py",
-                "records/lockfile.py", "records/steps.py",
-                *(f"image/{m}.py" for m in ("build", "layer_plan", "base_image", "uploads", "spec", "layers", "oci", "trees",
-                                            "bytecode", "prebuilt")),
-                "probe/prebuild.py",
-                *(f"debian/{m}.py" for m in ASSEMBLY))
+# version of it (another layout, bytecode recipe, overlay writer, platform table) is never taken for this
+# build. It is the build and image steps with everything they import (util/source_closure.py says why).
+IMAGE_STEPS = ("servestack.inputs", "servestack.image")
 
 
 def _makers_hash() -> str:
-    here = Path(__file__).parents[1]
-    return sha256_bytes(canonical_json({name: sha256_file(here / name) for name in IMAGE_MAKERS}).encode())
+    return source_closure.closure_hash(IMAGE_STEPS)
 
 
 # Distributions that ship another project's code under their own name. The code still asks

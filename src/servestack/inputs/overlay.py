@@ -194,7 +194,10 @@ def _git_env(root: Path) -> dict[str, str]:
 
 
 def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str]) -> AppliedPR:
-    added, modified, deleted, skipped = [], [], [], []
+    added: list[str] = []
+    modified: list[str] = []
+    deleted: list[str] = []
+    skipped: list[str] = []
     parts: list[str] = []
     sections: dict[str, FileDiff] = {}
     to_repo: dict[str, str] = {}
@@ -218,11 +221,12 @@ def _apply_one(o: Overlay, diff: list[FileDiff], root: Path, wheel_tops: set[str
             if src and dst:
                 sections[dst] = f
                 to_repo[dst] = src
-        if f.added:
+        # Past the checks above, a side the diff has is a path in the wheel.
+        if f.added and new is not None:
             added.append(new)
-        elif f.deleted:
+        elif f.deleted and old is not None:
             deleted.append(old)
-        else:
+        elif old is not None and new is not None:
             if old != new:
                 deleted.append(old)
                 added.append(new)
@@ -335,8 +339,9 @@ def apply_overlays(wheel: Path, patches: list[Overlay], out_dir: Path, epoch: in
             files[p] = sha256_file(target) if target.is_file() else None
 
         dist_info = wheels.relabel_tree(root, new_version)
+        base_sha256 = sha256_file(wheel)
         provenance = {
-            "base": {"filename": wheel.name, "sha256": sha256_file(wheel)},
+            "base": {"filename": wheel.name, "sha256": base_sha256},
             "overlays": [{**o.identity(), "repo": o.repo} for o in patches],
         }
         (root / dist_info / "servestack-overlays.json").write_text(canonical_json(provenance))
@@ -348,7 +353,7 @@ def apply_overlays(wheel: Path, patches: list[Overlay], out_dir: Path, epoch: in
         sha256=sha256_file(out),
         version=new_version,
         base_wheel=wheel.name,
-        base_sha256=provenance["base"]["sha256"],
+        base_sha256=base_sha256,
         label=label,
         prs=tuple(applied),
         files=files,

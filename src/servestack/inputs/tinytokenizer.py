@@ -84,10 +84,13 @@ _PRETOKENIZE = re.compile(r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|(?:[^\r\n\w]|_)?[^\W\
 
 
 class TokenizerSpec(Protocol):
-    """What the tokenizer reads of tinymodel.TinyModelSpec (tinymodel imports this module)."""
+    """What the tokenizer reads of tinymodel.TinyModelSpec (tinymodel imports this module),
+    read-only as in its frozen record."""
 
-    vocab_size: int
-    max_position_embeddings: int
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
 
 
 def bytes_to_unicode() -> dict[int, str]:

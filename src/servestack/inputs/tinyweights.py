@@ -31,23 +31,39 @@ from typing import Any, Protocol
 
 
 class TinyModelSpec(Protocol):
-    """The fields of tinymodel.TinyModelSpec the weights read (tinymodel imports this module)."""
+    """The fields of tinymodel.TinyModelSpec the weights read (tinymodel imports this module),
+    read-only as in its frozen record."""
 
-    seed: int
-    dtype: str
-    hidden_size: int
-    head_dim: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    linear_num_key_heads: int
-    linear_num_value_heads: int
-    linear_key_head_dim: int
-    linear_value_head_dim: int
-    linear_conv_kernel_dim: int
-    num_experts: int
-    moe_intermediate_size: int
-    shared_expert_intermediate_size: int
-    vocab_size: int
+    @property
+    def seed(self) -> int: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def linear_num_key_heads(self) -> int: ...
+    @property
+    def linear_num_value_heads(self) -> int: ...
+    @property
+    def linear_key_head_dim(self) -> int: ...
+    @property
+    def linear_value_head_dim(self) -> int: ...
+    @property
+    def linear_conv_kernel_dim(self) -> int: ...
+    @property
+    def num_experts(self) -> int: ...
+    @property
+    def moe_intermediate_size(self) -> int: ...
+    @property
+    def shared_expert_intermediate_size(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
 
     @property
     def layer_types(self) -> list[str]: ...

@@ -46,16 +46,16 @@ def check(project: Project, stack_name: str) -> CheckReport:
     if document.lock_version != LOCK_VERSION:
         problems.append(f"{where}: lock_version: is {document.lock_version}, this servestack writes {LOCK_VERSION}; re-lock")
     let_go = {u.package: u for u in document.unavailable}
-    for i, entry in enumerate(document.unavailable):
-        package = stack.package(entry.package)
+    for i, gone in enumerate(document.unavailable):
+        package = stack.package(gone.package)
         if package is None or package.if_unavailable is None:
             problems.append(
-                f"{where}: unavailable[{i}]: {entry.package} {entry.version} could not be had from index "
-                f"{entry.index!r} ({entry.why[:200]}), and {relative(project, stack_file)} does not accept that: "
+                f"{where}: unavailable[{i}]: {gone.package} {gone.version} could not be had from index "
+                f"{gone.index!r} ({gone.why[:200]}), and {relative(project, stack_file)} does not accept that: "
                 f"configure the index and re-lock, or state the package's `if_unavailable`")
         else:
-            warnings.append(f"{where}: unavailable[{i}]: {entry.package} {entry.version} is not in the image "
-                            f"(index {entry.index!r}: {entry.why[:160]}); accepted because: {entry.accepted_because[:200]}")
+            warnings.append(f"{where}: unavailable[{i}]: {gone.package} {gone.version} is not in the image "
+                            f"(index {gone.index!r}: {gone.why[:160]}); accepted because: {gone.accepted_because[:200]}")
     for platform in stack.platforms:
         wheels_here = document.wheels(platform)
         if not wheels_here:
@@ -99,13 +99,13 @@ def check(project: Project, stack_name: str) -> CheckReport:
     for package in stack.packages:
         for patch in package.patches:
             rel = relative(project, project.patches / patch.file)
-            entry = locked_patches.get(rel)
+            held = locked_patches.get(rel)
             label = f"local_patches[{rel}]"
             path = project.root / rel
-            if entry is None:
+            if held is None:
                 problems.append(f"{where}: {label}: entry missing")
             elif not path.is_file():
                 problems.append(f"{where}: {label}: file {rel} is missing")
-            elif sha256_file(path) != entry.sha256:
-                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {entry.sha256}")
+            elif sha256_file(path) != held.sha256:
+                problems.append(f"{where}: {label}: {rel} has sha256 {sha256_file(path)}, the lock says {held.sha256}")
     return CheckReport(problems=problems, warnings=warnings)

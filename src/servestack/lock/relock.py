@@ -19,7 +19,7 @@ from servestack.lock import drift
 from servestack.lock.drift import Move
 from servestack.lock.preferences import Upgrade
 from servestack.lock.resolution_date import set_resolved_at, stamp
-from servestack.records.lockfile import read_lock
+from servestack.records.lockfile import Lock, read_lock
 from servestack.util.fsutil import atomic_write_text
 from servestack.util.project import Project
 
@@ -98,7 +98,7 @@ def check_online(project: Project, stack_name: str, github: GitHub | None = None
     return Online(relock=drift_now(project, stack_name, github), upgrade=upgraded["moves"])
 
 
-def _with_cause(project: Project, stack_name: str, move: Move, previous) -> Move:
+def _with_cause(project: Project, stack_name: str, move: Move, previous: Lock | None) -> Move:
     """A version the resolver did not keep: is its locked file still on its index (yanked or removed
     files are not offered), or did the closure need another?"""
     from dataclasses import replace

@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from servestack.inputs.tinymodel import QWEN35_FLAGS, VLLM_CPU_ENV, TinyModelSpec
+from servestack.inputs.tinymodel import TinyModelSpec
+from servestack.smoke.engine_settings import QWEN35_FLAGS, VLLM_CPU_ENV
 from servestack.recipes.read import engine_settings, load_recipe
 from servestack.recipes.validate import recipe_files
 from servestack.records.lockfile import Lock
 from servestack.records.stack import normalize
 from servestack.smoke.containers import host_docker_platform
-from servestack.smoke.gpu import GpuHost, gpu_container_kwargs, no_gpu
+from servestack.smoke.gpu import GpuHost, GpuRole, gpu_container_kwargs, no_gpu
 from servestack.smoke.gpuplan import GPU_KV_TRANSFER_CONFIG, GPU_SHM_SIZE, gpu_engine_flags, gpu_environment, placement
 from servestack.util.project import Project
 from servestack.util.vllm_command import DYNAMO_FRONTEND_MODULE, DYNAMO_WORKER_MODULE, module_argv, server_argv
@@ -117,7 +118,7 @@ def _serve_flags(lock: Lock) -> dict[str, Any]:
         # compiler needed in the image, and ~30 s less start-up on 2 cores). vLLM's sampler compiles
         # regardless; the stack's TORCHDYNAMO_DISABLE turns that off.
         # The tiny model is the production's Qwen3.5 class: production's settings for it, as far as
-        # the CPU build takes them (tinymodel.QWEN35_FLAGS). GDN on CPU runs only in bfloat16.
+        # the CPU build takes them (engine_settings.QWEN35_FLAGS). GDN on CPU runs only in bfloat16.
         flags.update({"max-model-len": 4096, "dtype": "bfloat16", "enforce-eager": True, **QWEN35_FLAGS})
     return flags
 
@@ -351,7 +352,8 @@ def _disagg_roles(lock: Lock, gpus: GpuHost | None = None) -> tuple[Role, ...]:
     })), environment=base)
     workers = []
     # Each worker: its own NIXL side channel and metrics port, and its own core for the CPU engine.
-    for index, mode in enumerate(("prefill", "decode")):
+    modes: tuple[GpuRole, GpuRole] = ("prefill", "decode")
+    for index, mode in enumerate(modes):
         cpus = None if gpus else engine_cpus(mode)
         workers.append(Role(name=mode, command=tuple(module_argv(VENV_PYTHON, DYNAMO_WORKER_MODULE, {
             **engine, "disaggregation-mode": mode, "kv-transfer-config": GPU_KV_TRANSFER_CONFIG if gpus else KV_TRANSFER_CONFIG,
@@ -383,14 +385,13 @@ def disagg_plan(lock: Lock, platform: str, gpus: GpuHost | None = None) -> Disag
     if lock.smoke_model.make is None:
         return DisaggPlan(roles=(), reason="the disaggregated shape is served with a made smoke model; this stack's smoke model "
                               "is a checkpoint on the cluster (its recipes run the shape there)", model=name)
-    made = {"model": name, "oracle_vocab": oracle_vocab(lock), "gdn_layers": gdn_layers(lock)}
     if not _cuda_engine(lock):
-        return DisaggPlan(roles=_disagg_roles(lock), **made)
+        return DisaggPlan(roles=_disagg_roles(lock), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
     gpus = gpus or no_gpu("GPUs were not looked for")
     if not gpus.count:
         return DisaggPlan(roles=(), reason=f"the disaggregated shape of {name} runs on NVIDIA GPUs and {gpus.evidence}", model=name)
     return DisaggPlan(roles=_disagg_roles(lock, gpus), shm_size=GPU_SHM_SIZE, gpus=min(gpus.count, 2),
-                      placement=placement(gpus), **made)
+                      placement=placement(gpus), model=name, oracle_vocab=oracle_vocab(lock), gdn_layers=gdn_layers(lock))
 
 
 def _made_model(lock: Lock) -> TinyModelSpec | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 import re
@@ -11,6 +13,10 @@ from servestack import platforms
 from servestack.errors import ServestackError
 from servestack.services.dockerd import ensure_image
 
+if TYPE_CHECKING:
+    from docker import DockerClient
+    from docker.models.containers import Container
+
 log = logging.getLogger("servestack.smoke")
 
 
@@ -18,14 +24,14 @@ def host_docker_platform() -> str:
     return platforms.host_platform()
 
 
-def _remove(container) -> None:
+def _remove(container: Container) -> None:
     import docker.errors
 
     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
         container.remove(force=True)
 
 
-def _remove_named(client, name: str) -> None:
+def _remove_named(client: DockerClient, name: str) -> None:
     """Remove a container by the name it was started under: also the one an interrupt caught while
     `containers.run` was starting it (created, listed, not yet returned)."""
     import docker.errors
@@ -38,7 +44,7 @@ def _container_name(stack: str, probe: str) -> str:
     return f"servestack-smoke-{re.sub(r'[^a-zA-Z0-9_.-]', '-', stack)}-{probe}-{uuid.uuid4().hex[:8]}"
 
 
-def _log_tail(container, lines: int = 40) -> str:
+def _log_tail(container: Container, lines: int = 40) -> str:
     try:
         text = container.logs(stdout=True, stderr=True, tail=lines).decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - the container may be gone already
@@ -53,7 +59,7 @@ _VLLM_PREFIX = re.compile(r"^(?:\([\w-]+ pid=\d+\) )?(?:DEBUG|INFO|WARNING|ERROR
                           r"\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?")
 
 
-def _log_excerpt(container, lines: int = 40) -> str:
+def _log_excerpt(container: Container, lines: int = 40) -> str:
     try:
         text = container.logs(stdout=True, stderr=True).decode(errors="replace")
     except Exception as e:  # noqa: BLE001 - the container may be gone already

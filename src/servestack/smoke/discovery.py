@@ -29,7 +29,10 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
 
 log = logging.getLogger("servestack.smoke")
 
@@ -47,7 +50,7 @@ _FS_IOC_SETFLAGS = 0x40086602
 _FS_IMMUTABLE_FL = 0x00000010
 
 
-def container_alive(container) -> bool:
+def container_alive(container: Container) -> bool:
     """Whether the container's init process still runs, from /proc when the daemon is local (no
     daemon round trip: under load a docker API call can take seconds, and the holder must not wait
     on one between refreshes); else from the daemon."""

@@ -26,7 +26,7 @@ def usage_problem(usage: dict[str, Any] | None) -> str | None:
     if not isinstance(usage, dict):
         return "no usage in the response"
     p, c, t = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("total_tokens")
-    if not all(isinstance(x, int) for x in (p, c, t)):
+    if not (isinstance(p, int) and isinstance(c, int) and isinstance(t, int)):
         return f"usage counts missing: {usage}"
     if c <= 0:
         return f"completion_tokens is {c}"
@@ -69,7 +69,7 @@ def _completion(t: Target, metric: str, request: dict[str, Any]) -> tuple[str, s
     """A completion passes with text and sane usage, recorded as t.metrics[metric]."""
     body, problem = post_completion(t.http, t.base, t.model, request, t.timeout)
     if body is None:
-        return FAIL, problem
+        return FAIL, problem or "no body"
     text = (body.get("choices") or [{}])[0].get("text")
     if not isinstance(text, str):
         problem = f"no text in choices: {body.get('choices')}"
@@ -146,7 +146,7 @@ def _stream(t: Target) -> tuple[float | None, int, float, str | None]:
 def percentile(values: list[float], q: float) -> float:
     """The nearest-rank percentile (q in 0-100) of non-empty `values`."""
     ranked = sorted(values)
-    return ranked[max(0, min(len(ranked) - 1, -(-len(ranked) * q // 100) - 1))]
+    return ranked[max(0, min(len(ranked) - 1, int(-(-len(ranked) * q // 100)) - 1))]
 
 
 def check_stream(t: Target) -> tuple[str, str]:

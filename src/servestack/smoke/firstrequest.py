@@ -17,9 +17,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from servestack.smoke.endpoints import decode_failure_reason, nixl_failures, post_completion, summarize
+
+if TYPE_CHECKING:
+    import requests
 
 # A short prompt and two tokens: enough for the prefill worker to compute the prompt's KV, the
 # decode worker to pull it and decode from it.
@@ -61,7 +64,7 @@ class FirstRequest:
     registered_s: float | None = None
     served_s: float | None = None
 
-    def __call__(self, http, base: str) -> bool:
+    def __call__(self, http: requests.Session, base: str) -> bool:
         if self.registered_s is None:
             if not self.registered(http, base):
                 return False

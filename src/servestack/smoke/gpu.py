@@ -21,11 +21,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TYPE_CHECKING
 
 import yaml
 
 from servestack.errors import ServestackError
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 CDI_KIND = "nvidia.com/gpu"
 # Where the NVIDIA driver lists each GPU it bound (one directory per PCI address), on the host.
@@ -138,7 +141,7 @@ def gpu_container_kwargs(host: GpuHost, role: GpuRole) -> dict[str, Any]:
     return {"device_requests": [request], "ipc_mode": "host"}
 
 
-def host_gpus(client) -> GpuHost:
+def host_gpus(client: DockerClient) -> GpuHost:
     """This host's GPU facts, read through the docker client smoke already holds."""
     import docker.errors
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from servestack.inputs.tinymodel import QWEN35_ENV, QWEN35_FLAGS
+from servestack.smoke.engine_settings import QWEN35_ENV, QWEN35_FLAGS
 from servestack.smoke.gpu import GpuHost
 
 # Production's recipes (recipes/families/qwen35-gb200.yaml) run with CUDA graphs (no
 # --enforce-eager) and async scheduling; the tiny model takes the rest of production's Qwen3.5
-# settings from tinymodel.QWEN35_FLAGS (language model only, bfloat16 SSM cache, the hybrid KV
+# settings from engine_settings.QWEN35_FLAGS (language model only, bfloat16 SSM cache, the hybrid KV
 # cache manager, no prefix caching). bfloat16 weights: the made model has no NVFP4 checkpoint.
 GPU_ENGINE_FLAGS: dict[str, Any] = {
     "max-model-len": 4096,

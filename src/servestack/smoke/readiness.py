@@ -28,7 +28,10 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import requests
 
 # role -> the component dynamo.vllm registers it as (dynamo/vllm/args.py, 1.6.1)
 COMPONENTS = {"prefill": "prefill", "decode": "backend"}
@@ -40,7 +43,7 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 def model_listed(model: str) -> Callable[[Any, str], bool]:
     """`GET /v1/models` lists `model`."""
-    def listed(http, base: str) -> bool:
+    def listed(http: requests.Session, base: str) -> bool:
         r = http.get(base + "/v1/models", timeout=5)
         return r.status_code == 200 and model in [m.get("id") for m in r.json().get("data", [])]
 
@@ -87,7 +90,7 @@ class DynamoWorkers:
     settle_s: float = 0.5  # between reads of /metrics after a served completion
     reads: int = 3
 
-    def look(self, http, base: str) -> dict[str, set[str]]:
+    def look(self, http: requests.Session, base: str) -> dict[str, set[str]]:
         r = http.get(base + "/health", timeout=5)
         try:
             body = r.json()
@@ -95,7 +98,7 @@ class DynamoWorkers:
             body = None
         return generate_instances(body)
 
-    def __call__(self, http, base: str) -> bool:
+    def __call__(self, http: requests.Session, base: str) -> bool:
         found = self.look(http, base)
         at = round(time.monotonic() - self.started, 2)
         for role, ids in found.items():
@@ -104,7 +107,7 @@ class DynamoWorkers:
         self.instances = found
         return all(found.values()) and model_listed(self.model)(http, base)
 
-    def routed(self, http, base: str) -> str | None:
+    def routed(self, http: requests.Session, base: str) -> str | None:
         """None when the frontend's metrics name a listed prefill and a listed decode instance as
         workers it routed to; else what they name instead (a served request that was not disaggregated)."""
         missing: list[str] = []
@@ -119,7 +122,7 @@ class DynamoWorkers:
         return (f"served, but the frontend's metrics name no {' and no '.join(missing)} worker among those it routed to "
                 f"(per-worker series: {_shown(routed)}; listed instances: {_shown(self.instances)})")
 
-    def gone(self, http, base: str) -> dict[str, set[str]]:
+    def gone(self, http: requests.Session, base: str) -> dict[str, set[str]]:
         """role -> the instances listed at ready that the frontend no longer lists (empty: none gone)."""
         now = self.look(http, base)
         return {role: lost for role, ids in self.instances.items() if (lost := ids - now.get(role, set()))}

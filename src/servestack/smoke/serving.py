@@ -22,7 +22,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from servestack.smoke.checklist import DISCOVERY_DIR, SERVER_PORT, DisaggPlan, ServePlan
 from servestack.smoke.containers import _container_name, _log_excerpt, _remove_named
@@ -32,6 +32,11 @@ from servestack.smoke.engines import record_engines
 from servestack.smoke.firstrequest import FirstRequest
 from servestack.smoke.readiness import DynamoWorkers
 from servestack.smoke.summary import FAIL, NOT_RUN, PASS, Check
+
+if TYPE_CHECKING:
+    import requests
+    from docker import DockerClient
+    from docker.models.containers import Container
 
 log = logging.getLogger("servestack.smoke")
 
@@ -58,7 +63,7 @@ def _failed_to_start(probe: str, names: tuple[str, ...], problem: str, skipped: 
     return [Check(probe=probe, name="ready", status=FAIL, detail=problem, time_s=elapsed)] + [Check(probe=probe, name=n, status=NOT_RUN, detail=skipped) for n in names[1:]]
 
 
-def _http():
+def _http() -> requests.Session:
     import requests
 
     session = requests.Session()
@@ -78,17 +83,17 @@ def _run_checks(probe: str, table: tuple[ServingCheck, ...], target: Target) -> 
     return checks
 
 
-def _log_reader(container) -> Callable[[], str]:
+def _log_reader(container: Container) -> Callable[[], str]:
     return lambda: container.logs(stdout=True, stderr=True).decode(errors="replace")
 
 
-def _published(container, port: int) -> str:
+def _published(container: Container, port: int) -> str:
     container.reload()
     bindings = (container.ports or {}).get(f"{port}/tcp") or []
     return f"http://127.0.0.1:{bindings[0]['HostPort']}" if bindings else ""
 
 
-def _await_ready(http, containers: dict[str, Any], base: Callable[[], str], ready: Callable[[Any, str], bool],
+def _await_ready(http: requests.Session, containers: dict[str, Any], base: Callable[[], str], ready: Callable[[Any, str], bool],
                  start: float, timeout: float, what: str) -> str | None:
     """None when `ready(http, base)` holds before the deadline; else why not (with the log of the
     container that exited, or of every one when time ran out)."""
@@ -111,12 +116,12 @@ def _await_ready(http, containers: dict[str, Any], base: Callable[[], str], read
         time.sleep(1.0)
 
 
-def _health_ok(http, base: str) -> bool:
+def _health_ok(http: requests.Session, base: str) -> bool:
     return http.get(base + "/health", timeout=5).status_code == 200
 
 
 def run_serving_probe(
-    client,
+    client: DockerClient,
     reference: str,
     platform: str,
     plan: ServePlan,
@@ -138,7 +143,8 @@ def run_serving_probe(
     start = time.monotonic()
     try:
         try:
-            container = client.containers.run(
+            # docker's stubs allow no None for the host port; the API takes it as "any free port".
+            container = client.containers.run(  # type: ignore[call-overload]
                 reference, plan.command, name=name, detach=True, platform=platform,
                 ports={f"{port}/tcp": ("127.0.0.1", None)},
                 # vLLM's engine core allocates its IPC buffers in /dev/shm; docker's default is 64 MiB.
@@ -170,7 +176,7 @@ def run_serving_probe(
             metrics["serving_s"] = round(time.monotonic() - start, 2)
 
 
-def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
+def _run_detached(client: DockerClient, reference: str, command: list[str], **kwargs: Any) -> Container:
     """containers.run(detach=True), with the attributes of the started container: the SDK returns
     the ones it read at create time, whose State.Pid is 0, and the lease holder would then ask the
     daemon every second (the fresh-clone CI of e60c1c8 lost the prefill worker's entries so)."""
@@ -180,7 +186,7 @@ def _run_detached(client, reference: str, command: list[str], **kwargs: Any):
 
 
 def run_disagg_probe(
-    client,
+    client: DockerClient,
     reference: str,
     platform: str,
     plan: DisaggPlan,

@@ -8,11 +8,14 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from servestack.smoke.checklist import VENV_PYTHON
 from servestack.smoke.containers import _container_name, _log_tail, _remove, host_docker_platform
 from servestack.smoke.summary import FAIL, PASS, Check
+
+if TYPE_CHECKING:
+    from docker import DockerClient
 
 # A directory run as `python DIR CONFIG.json` (its __main__): copied whole, without bytecode of the host's Python.
 PROBE_PACKAGE = Path(__file__).resolve().parents[1] / "probe" / "static"
@@ -48,7 +51,7 @@ def _emulated_arm64_cpus(tmp: Path) -> str:
 
 
 def run_static_probe(
-    client, reference: str, platform: str, config: dict[str, Any], *, stack: str = "stack", timeout: float = DEFAULT_STATIC_TIMEOUT
+    client: DockerClient, reference: str, platform: str, config: dict[str, Any], *, stack: str = "stack", timeout: float = DEFAULT_STATIC_TIMEOUT
 ) -> list[Check]:
     """Run the probe/static package inside the image (read-only mount, no network) and return its checks."""
     import docker.errors
@@ -66,7 +69,8 @@ def run_static_probe(
         # A GPU stack's probe runs as srt-slurm starts the image under enroot: the root read-only, the
         # home directory absent (--no-container-mount-home), a tmpfs on /tmp.
         node_like = {"HOME": NODE_HOME} if config.get("gpu_node") else {}
-        runtime = {"read_only": True, "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}} if config.get("gpu_node") else {}
+        runtime: dict[str, Any] = ({"read_only": True, "tmpfs": {"/tmp": "rw,exec,nosuid,nodev,mode=1777"}}
+                                   if config.get("gpu_node") else {})
         try:
             container = client.containers.run(
                 reference,
