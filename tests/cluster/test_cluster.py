@@ -1,5 +1,5 @@
-"""The cluster tooling: where the vendored sources are found, srtctl's cluster config, and
-(e2e) the real srtctl installed from the vendored srt-slurm tree."""
+"""The cluster tooling: where the vendored sources are found, srtctl's cluster config, the setup
+script that pins a worker's CPUs (the real srtctl: test_cluster_e2e.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures.paths import ROOT
 
 from servestack.cluster import srtctl_tool, vendored
 from servestack.errors import ClusterToolsMissing, CommandError
-from servestack.util.proc import run
 
 
 
@@ -92,14 +90,3 @@ def _cpus(cpu_list: str) -> list[int]:
         first, _, last = part.partition("-")
         cpus.extend(range(int(first), int(last or first) + 1))
     return cpus
-
-
-@pytest.mark.e2e
-def test_real_srtctl_validates_the_dev_cpu_recipe(srtctl):
-    out = run(srtctl.argv("dry-run", "-f", str(ROOT / "recipes" / "dev-cpu" / "agg.yaml")), env=srtctl.env)
-    assert "sa-bench" in out.stdout and "tiny-qwen35" in out.stdout
-    # What `make setup` would download, and the job's Python environment, are in place.
-    for needed in ("configs/nats-server", "configs/etcd", f"configs/{srtctl_tool.PIN_WORKER_CPUS_SCRIPT}", "bin/uv",
-                   "bin/tachometer-scraper", ".venv-compute"):
-        assert (srtctl.source / needed).exists(), needed
-    assert srtctl_tool.ensure_srtctl(ROOT) == srtctl  # cached: the same install

@@ -1,8 +1,8 @@
 """`servestack lock` resolves a stack into a lock of hashes; `--check` verifies it offline.
 
 Everything here is real and local: a git repository with real PRs served through GitHub's REST
-endpoints, a PEP 503 package index over HTTP, the machine's Debian archive for the base, and
-(in the e2e tests) the Debian docker-registry on loopback for a base given as an image.
+endpoints, a PEP 503 package index over HTTP, the machine's Debian archive for the base (a base given
+as an image, locked through the Debian docker-registry on loopback: test_lock_e2e.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.paths import ROOT
-from fixtures.tinystack import DEBIAN_BASE, github, pr_items, tinyserve_stack
+from fixtures.tinystack import DEBIAN_BASE, github, make_project, pr_items, tinyserve_stack
 
 from servestack import lock
 from servestack.errors import InputError, InputErrors, NetworkError
@@ -21,14 +21,6 @@ from servestack.lock import check as lockcheck
 from servestack.sources.github import GitHub
 from servestack.sources.registry import transfer
 from servestack.util.project import Project
-
-
-def make_project(tmp_path: Path, world, prs=(1, 2, 3), base_image: str | None = None) -> Project:
-    """A stack of the tinyserve wheel; its base is built from Debian unless BASE_IMAGE is given."""
-    (tmp_path / "pins").mkdir()
-    base = f"  image: {base_image}" if base_image else DEBIAN_BASE
-    (tmp_path / "pins" / "tiny.yaml").write_text(tinyserve_stack(world, "tiny", pr_items(world, prs), base=base))
-    return Project(root=tmp_path)
 
 
 def pr_entries(project: Project) -> dict[int, dict]:
@@ -83,13 +75,6 @@ def test_a_found_wheel_goes_into_the_lock_in_the_lock_s_own_spelling():
                        url="https://index.example/tinyserve-1.0-py3-none-any.whl", upload_time=1_700_000_000)
     assert isinstance(found, LockedWheel)
     assert found.to_json() == entry.to_json()
-
-
-@pytest.mark.e2e
-def test_a_base_image_is_locked_by_the_digest_the_registry_gives(tmp_path, world, registry_base):
-    project = make_project(tmp_path, world, base_image=registry_base["reference"])
-    lock.lock(project, "tiny", github(world))
-    assert lock.load_lock(project, "tiny").base.digest == registry_base["digest"]
 
 
 def test_locking_twice_gives_byte_identical_files(tmp_path, world):
@@ -172,28 +157,6 @@ def test_check_names_a_missing_entry(tmp_path, world):
 def test_the_committed_locks_match_their_stacks(stack):
     report = lockcheck.check(Project(root=ROOT), stack)
     assert report.ok, report.problems
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("extra", ["vllm==0.33.0", "nixl-cu13==1.5.1"])
-def test_an_unsatisfiable_pin_is_one_readable_sentence(tmp_path, extra):
-    """Against the real package index: Dynamo 1.6.1 pins its vLLM and NIXL."""
-    (tmp_path / "pins").mkdir()
-    name, version = extra.split("==")
-    (tmp_path / "pins" / "clash.yaml").write_text(
-        "name: clash\nplatforms: [linux/arm64]\npython: \"3.11\"\nbase: {image: 127.0.0.1:5000/base:1}\n"
-        "packages:\n  - {name: ai-dynamo, version: 1.6.1, extras: [vllm]}\n"
-        f"  - {{name: {name}, version: {version}}}\n"
-        "exclude:\n  - {name: aisimulate, reason: only a stub sdist on PyPI}\n"
-        "smoke_model: {name: m, path: /m}\n")
-    project = Project(root=tmp_path)
-    with pytest.raises(InputError) as info:
-        lock.lock(project, "clash")
-    message = str(info.value)
-    assert message.startswith(f"{project.stack_file('clash')}: packages: these packages cannot be installed together:")
-    assert f"but the stack asks for {extra}" in message and "ai-dynamo[vllm]==1.6.1 depends on" in message
-    assert "\n" not in message
-    assert not project.lock_file("clash").exists()
 
 
 def test_the_github_token_is_sent_but_never_written_or_logged(tmp_path, world, monkeypatch, caplog):

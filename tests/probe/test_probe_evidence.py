@@ -1,26 +1,16 @@
 """The static probe re-checks each PR's evidence and the stack's fast path against installed files.
 
-The site is made of real wheels installed with pip (see test_smoke's fake site). The GDN backend
-resolver itself is vLLM's and needs vLLM installed: the fast tests cover the file-level checks
-(torch's CUDA, the cu13 CUTLASS DSL); the e2e test asks the real resolver in the dev-cpu image.
+The site is made of real wheels installed with pip (fixtures/fake_site.py). The GDN backend
+resolver itself is vLLM's and needs vLLM installed: these tests cover the file-level checks
+(torch's CUDA, the cu13 CUTLASS DSL); test_probe_evidence_e2e.py asks the real resolver in the dev-cpu image.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
 from pathlib import Path
 
-import pytest
 from fixtures.fake_site import probe, site_with_torch, wheel
-from fixtures.paths import ROOT
-
-from servestack import lock, services
-from servestack.smoke.checklist import probe_config
-from servestack.smoke.static import run_static_probe
-from servestack.util.fsutil import sha256_file
-from servestack.util.project import Project
 
 
 SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},
@@ -108,22 +98,3 @@ def test_a_package_that_needs_the_excluded_twin_fails_to_import(fake_site, tmp_p
     check = _twin_probe(tmp_path, fake_site, "12.9", ["cu13"])
     assert check["status"] == "fail", check
     assert "needs the excluded dependency 'twinpick_cu12'" in check["detail"]
-
-
-@pytest.mark.e2e
-def test_the_gdn_check_catches_a_torch_without_cuda_13_in_a_real_image() -> None:
-    """dev-cpu's image has vLLM with the real GDN resolver and a CPU torch: asked about an SM100
-    device with qwen35-gb200's fast path, vLLM itself must answer Triton, and the probe must fail."""
-    project = Project(root=ROOT)
-    if not (ROOT / "build/dev-cpu/image.json").exists():
-        subprocess.run(["nox", "-s", "build", "image"], cwd=ROOT, check=True, timeout=3600)
-    reference = json.loads((ROOT / "build/dev-cpu/image.json").read_text())["reference"]
-    config = probe_config(project, "dev-cpu", lock.load_lock(project, "dev-cpu"), "linux/amd64",
-                          sha256_file(project.lock_file("dev-cpu")))
-    config = {**config, "modules": [], "engine": None, "entry_points": [],
-              "fast_path": lock.load_lock(project, "qwen35-gb200").fast_path}
-    checks = {c.name: c for c in run_static_probe(services.docker_client(), reference, "linux/amd64", config, stack="dev-cpu")}
-    gdn = checks["fast-path:gdn-prefill"]
-    assert gdn.status == "fail" and "chooses triton; the stack requires flashinfer" in gdn.detail
-    assert "simulated SM100 device (head_k_dim 128, CUDA runtime major 0" in gdn.detail
-    assert checks["fast-path:torch-cuda"].status == "fail"

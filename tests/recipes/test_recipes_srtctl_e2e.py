@@ -20,10 +20,6 @@ from servestack.util.project import Project
 COMMITTED = sorted(p for d in committed_sets(Project(root=ROOT)) for p in d.glob("*.yaml"))
 
 
-def test_every_committed_set_is_collected():
-    assert len(COMMITTED) == 26  # 20 qwen35-gb200 + 6 dev-cpu (agg, disagg, disagg-multinode: sweep and -acc)
-
-
 def _dry_run(srtctl: srtctl_tool.Srtctl, recipe: Path) -> str:
     """srtctl's output, or why it failed ("" when it passed)."""
     out = run(srtctl.argv("dry-run", "-f", str(recipe)), env=srtctl.env, check=False, timeout=300)

@@ -1,29 +1,17 @@
-"""The srtctl runner: recipe binding, srtctl's --json output and result layout, and (e2e) real
-srtctl from the vendored srt-slurm tree submitting to this machine's Slurm."""
+"""The srtctl runner: recipe binding, srtctl's --json output and result layout (real srtctl from the
+vendored srt-slurm tree submitting to this machine's Slurm: test_srtctl_e2e.py)."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-import yaml
-from fixtures.paths import ROOT
+from fixtures.runner_jobs import DIGEST, IMAGE, RECIPE, bad_recipe
 
-from servestack.errors import ClusterToolsMissing, InputErrors, ServestackError
+from servestack.errors import InputErrors, ServestackError
 from servestack.runners.interface import JobHandle, JobSpec
 from servestack.runners.slurm import pull_reference
 from servestack.runners.srtctl import GSM8K_IN_CONTAINER, SrtctlRunner, bind_recipe, parse_apply_output, results_in
-
-DIGEST = "sha256:" + "cd" * 32
-IMAGE = f"127.0.0.1:5000/servestack/qwen35-gb200@{DIGEST}"
-
-RECIPE = {
-    "name": "agg", "model": {"path": "qwen3.5", "container": "old", "precision": "fp8"},
-    "resources": {"gpu_type": "gb200", "gpus_per_node": 4, "agg_nodes": 2, "agg_workers": 1},
-    "backend": {"type": "vllm", "vllm_config": {"aggregated": {"tensor-parallel-size": 8}}},
-    "benchmark": {"type": "sa-bench", "isl": 1024, "osl": 1024, "concurrencies": "4x16x64"},
-    "slurm": {"time_limit": "00:10:00"},
-}
 
 
 def test_bind_recipe_sets_digest_model_dir_data_and_remaining_points(tmp_path):
@@ -90,43 +78,11 @@ def test_the_oracles_answers_are_read_and_its_client_is_mounted(tmp_path):
     assert bound["container_mounts"] == {str(tmp_path / "clients"): CLIENTS_IN_CONTAINER}
 
 
-# ----------------------------------------------------------------------------- the real srtctl
-
-
-@pytest.fixture(scope="module")
-def node():
-    from servestack import cluster
-
-    try:
-        return cluster.ensure_cluster(ROOT)
-    except ClusterToolsMissing as e:
-        pytest.skip(str(e))
-
-
-def _bad_recipe(tmp_path):
-    bad = json.loads(json.dumps(RECIPE))
-    bad["benchmark"]["concurrencies"] = "4x-1"
-    recipe = tmp_path / "agg.yaml"
-    recipe.write_text(yaml.safe_dump(bad))
-    return JobSpec(name="throughput-agg", points=("4",), out_dir=tmp_path / "out", command=(), image=IMAGE,
-                   recipe_file=recipe, recipe_name="agg")
-
-
 def test_a_recipe_that_cannot_run_is_refused_before_srtctl_sees_it(tmp_path):
     runner = SrtctlRunner(executable=["/nonexistent/srtctl"], output_base=tmp_path / "o", env={})
     with pytest.raises(InputErrors, match=r"agg\.yaml:\d+:\d+: benchmark\.concurrencies: malformed concurrency list '4x-1'"):
-        runner.submit(_bad_recipe(tmp_path))
+        runner.submit(bad_recipe(tmp_path))
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())  # nothing submitted
-
-
-@pytest.mark.e2e
-def test_real_srtctl_refuses_a_bad_recipe_with_its_json_error_contract(tmp_path, node, monkeypatch):
-    # servestack's own check refuses this recipe first (above); here srtctl's error contract is under test.
-    monkeypatch.setattr("servestack.runners.srtctl.check_recipe_before_submit", lambda job, log: None)
-    runner = SrtctlRunner(executable=node.srtctl.argv(), output_base=tmp_path / "o", env=node.env)
-    with pytest.raises(ServestackError, match=r"srtctl apply -f .*agg\.\d+\.yaml failed \(exit 1\)"):
-        runner.submit(_bad_recipe(tmp_path))
-    assert not list((tmp_path / "o").iterdir())  # nothing submitted
 
 
 def test_the_preflight_is_srt_slurms_setup_script_with_its_limits_in_every_workers_environment(tmp_path):
