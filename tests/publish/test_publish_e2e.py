@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import subprocess
-import uuid
 import warnings
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import pytest
 import yaml
 from fixtures import trixie_tools as tools
 from fixtures.paths import ROOT
-from fixtures.records import write_build_record, write_image_record, write_smoke_record
+from fixtures.publication import STACK, make_project, new_image
 from fixtures.tls_registry import TlsRegistry, push_stack_image
 
 from servestack import publish
@@ -32,57 +31,6 @@ from servestack.util.proc import run
 from servestack.util.project import Project
 
 pytestmark = pytest.mark.e2e
-STACK = "dev-cpu"
-
-
-@pytest.fixture(scope="module")
-def tls_registry(tmp_path_factory) -> TlsRegistry:
-    reg = TlsRegistry.create(tmp_path_factory.mktemp("tls-registry"))
-    yield reg
-    reg.stop()
-
-
-@pytest.fixture
-def env(tls_registry, monkeypatch):
-    for name, value in tls_registry.environment().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("REGISTRY_AUTH_FILE", raising=False)
-    return tls_registry
-
-
-def make_project(root: Path, image: str) -> Project:
-    """A checkout (a git repository, as users have) with the real pins and recipes, and the records
-    build/image/smoke leave behind for IMAGE."""
-    for name in ("pins", "recipes"):
-        shutil.copytree(ROOT / name, root / name)
-    for cmd in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "pins"]):
-        subprocess.run(["git", "-C", str(root), *cmd], check=True)
-    project = Project(root=root)
-    out = project.artifacts(STACK)
-    write_build_record(out / "build.json", STACK)
-    reference = ImageRef.parse(image)
-    manifest = json.loads(Client(reference.registry, reference.repository).get_manifest(reference.digest)[0])
-    write_image_record(out / "image.json", image, STACK, base_layer=manifest["layers"][0]["digest"])
-    write_smoke_record(out / "smoke.json", image, STACK)
-    return project
-
-
-def new_image(reg: TlsRegistry, salt: str = "") -> tuple[str, Client]:
-    repository = f"servestack-test/publish-{uuid.uuid4().hex[:8]}"
-    client = Client(reg.address, repository)
-    digest = push_stack_image(client, (ROOT / "pins" / f"{STACK}.lock").read_bytes(), salt=salt.encode())
-    return f"{reg.address}/{repository}@{digest}", client
-
-
-@pytest.fixture
-def published(env, tmp_path):
-    """An image in the TLS registry, published once with a new key."""
-    image, client = new_image(env)
-    project = make_project(tmp_path / "checkout", image)
-    private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
-    record = publish.publish(project, STACK, key=private, echo=None)
-    return {"image": image, "client": client, "project": project, "key": private, "pub": public, "record": record,
-            "registry": env}
 
 
 def test_publish_then_pull_writes_verified_recipes_bound_to_the_digest(published, tmp_path):

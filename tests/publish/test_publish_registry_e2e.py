@@ -16,7 +16,7 @@ import pytest
 from fixtures import trixie_tools as tools
 from fixtures.paths import ROOT
 from fixtures.tls_registry import push_stack_image
-from test_publish_e2e import ROOT, STACK, env, make_project, new_image, published, tls_registry  # noqa: F401 - fixtures
+from fixtures.publication import STACK, make_project, new_image
 
 from servestack import publish
 from servestack.errors import NetworkError, ServestackError

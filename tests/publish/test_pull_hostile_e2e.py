@@ -9,22 +9,16 @@ measured alone (os.wait4) and compared with the bounds the issue sets: 30 s and 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import subprocess
-import sys
-import time
 import uuid
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import pytest
-from fixtures.hostile_registry import HostileRegistry, endless, exactly
+from fixtures.hostile_registry import endless, exactly
 from fixtures.paths import ROOT
 from fixtures.tls_registry import push_stack_image
-from test_publish_e2e import STACK, env, make_project, new_image, published, tls_registry  # noqa: F401 - fixtures
+from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
+from fixtures.publication import STACK, make_project, new_image, publish_run, signed_at
 
 from servestack import publish
 from servestack.errors import PublishError, RegistryError, ServestackError
@@ -36,28 +30,9 @@ from servestack.sources.registry import OCI_INDEX, OCI_MANIFEST, Client, sha256_
 
 pytestmark = pytest.mark.e2e
 GiB = 1 << 30
-SECONDS, MEGABYTES = 30, 200  # what one pull may cost on any hostile input
 
 
 # ------------------------------------------------------------------ signed with the right key, lying
-
-def _signed_at(finished_on: str):
-    """publish's statement, with finishedOn set to FINISHED_ON (what a careless or hostile signer writes)."""
-    real = push.provenance
-
-    def forged(*args):
-        statement = real(*args)
-        statement["predicate"]["runDetails"]["metadata"]["finishedOn"] = finished_on
-        return statement
-    return forged
-
-
-def _publish_run(project, key, run_id: str) -> dict:
-    """A publication of its own (a run's results make the bundle differ)."""
-    stage = project.artifacts(STACK) / "runs" / run_id / "throughput"
-    stage.mkdir(parents=True, exist_ok=True)
-    (stage / "results.json").write_text(json.dumps({"run": run_id}))
-    return publish.publish(project, STACK, key=key, run_id=run_id, echo=None)
 
 
 def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another_image_pull_takes_the_real_one(
@@ -76,8 +51,8 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     for run_id, finished_on in (("future", "2030-01-01T00:00:00Z"), ("malformed", "9999"),
                                 ("offset", an_hour_ago.isoformat(timespec="microseconds"))):
         with monkeypatch.context() as patched:
-            patched.setattr(push, "provenance", _signed_at(finished_on))
-            forged[run_id] = _publish_run(project, private, run_id)
+            patched.setattr(push, "provenance", signed_at(finished_on))
+            forged[run_id] = publish_run(project, private, run_id)
     other_hex = "0" * 64
     rendered = push.bundle_files
 
@@ -87,7 +62,7 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
 
     with monkeypatch.context() as patched:
         patched.setattr(push, "bundle_files", binding_another_digest)
-        forged["rebound"] = _publish_run(project, private, "rebound")
+        forged["rebound"] = publish_run(project, private, "rebound")
 
     said: list[str] = []
     out = publish.pull(image, key=public, out=tmp_path / "pulled", echo=said.append)
@@ -183,62 +158,8 @@ def origin(registry, tmp_path_factory) -> dict:
     return {"image": ImageRef.parse(image), "client": client, "record": record, "pub": public, "project": project}
 
 
-@pytest.fixture
-def hostile(registry):
-    server = HostileRegistry.start(upstream=registry)
-    yield server
-    server.stop()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Measured:
-    returncode: int
-    seconds: float
-    peak_mb: float
-    output: str
-
-
-# The pull runs under a small parent of its own: a child forked from pytest starts with pytest's
-# resident pages counted in its peak (Linux keeps the largest RSS across fork and exec), so wait4
-# from here reported pytest's 756 MB in CI, whatever pull used. Forked from this small parent, the
-# pull's peak is its own.
-MEASURE = """
-import os, subprocess, sys
-child = subprocess.Popen(sys.argv[2:])
-_, status, usage = os.wait4(child.pid, 0)
-with open(sys.argv[1], "w") as f:
-    f.write(str(usage.ru_maxrss))
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
-def pull_measured(reference: str, key: Path, out: Path, project: Path, give_up_s: float = 90,
-                  extra: tuple[str, ...] = ()) -> Measured:
-    """`servestack pull` in a child process: its exit code, wall time and peak RSS (its own, by wait4)."""
-    log, peak = out.with_suffix(".log"), out.with_suffix(".peak")
-    started = time.monotonic()
-    with log.open("w") as sink:
-        child = subprocess.Popen([sys.executable, "-c", MEASURE, str(peak), sys.executable, "-m", "servestack",
-                                  "--project", str(project), "pull", reference, "--key", str(key), "--out", str(out), *extra],
-                                 stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        child.wait(timeout=give_up_s)
-    except subprocess.TimeoutExpired:  # what the code before the bounds did: report, not hang CI
-        os.killpg(child.pid, signal.SIGKILL)
-        child.wait()
-    peak_kb = int(peak.read_text()) if peak.exists() else 0
-    measured = Measured(returncode=child.returncode, seconds=round(time.monotonic() - started, 2),
-                        peak_mb=round(peak_kb / 1024, 1), output=log.read_text()[-4000:])
-    print(f"pull {out.name}: rc {measured.returncode}, {measured.seconds} s, peak RSS {measured.peak_mb} MB")
-    return measured
-
-
-def _through(hostile: HostileRegistry, image: ImageRef) -> str:
-    return f"{hostile.address}/{image.repository}@{image.digest}"
-
-
 def test_a_normal_publication_pulls_through_the_relay_within_the_same_bounds(origin, hostile, tmp_path):
-    measured = pull_measured(_through(hostile, origin["image"]), origin["pub"], tmp_path / "normal",
+    measured = pull_measured(through(hostile, origin["image"]), origin["pub"], tmp_path / "normal",
                              origin["project"].root)
     assert measured.returncode == 0, measured.output
     assert measured.seconds < SECONDS and measured.peak_mb < MEGABYTES
@@ -253,7 +174,7 @@ def test_a_2_gib_body_is_cut_off_at_its_limit_in_seconds_and_megabytes(origin, h
             "attestation envelope": f"blobs/{attestation['layers'][0]['digest']}",
             "bundle file": f"blobs/{recipe['digest']}"}[where]
     hostile.answer(f"/v2/{image.repository}/{path}", endless(2 * GiB))
-    measured = pull_measured(_through(hostile, image), origin["pub"], tmp_path / where.replace(" ", "-"),
+    measured = pull_measured(through(hostile, image), origin["pub"], tmp_path / where.replace(" ", "-"),
                              origin["project"].root)
     # The referrers index is read before any candidate, so the registry's error ends the pull; a
     # candidate's unreadable part only disqualifies it, and no publication verifying is the error.
@@ -272,7 +193,7 @@ def test_an_index_listing_the_real_attestation_6000_times_is_deduplicated_and_pu
     [attestation] = [m for m in index["manifests"] if m.get("artifactType") == ATTESTATION_TYPE]
     flooded = json.dumps({**index, "manifests": index["manifests"] + [attestation] * 6_000}).encode()
     hostile.answer(f"/v2/{image.repository}/manifests/{tag}", exactly(flooded))
-    measured = pull_measured(_through(hostile, image), origin["pub"], tmp_path / "flooded", origin["project"].root)
+    measured = pull_measured(through(hostile, image), origin["pub"], tmp_path / "flooded", origin["project"].root)
     assert measured.returncode == 0, measured.output
     assert "of 1 candidate)" in measured.output
     assert measured.seconds < SECONDS and measured.peak_mb < MEGABYTES

@@ -3,7 +3,7 @@ registry (and, for what no registry would store, the hostile relay in front of i
 attestations signed by another key sorted before the real one, 64 stored and 10,000 listed; a
 publication signed with the right key from a stale lock, newer than the good one; signed times at
 the ends of the calendar; a registry that stalls. Pull runs as the command line, measured alone
-(test_pull_hostile_e2e.pull_measured), and must take the real publication each time in bounds."""
+(fixtures/measured_pull.py), and must take the real publication each time in bounds."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import pytest
 from fixtures.hostile_registry import exactly
 from fixtures.paths import ROOT
 from fixtures.tls_registry import push_stack_image
-from test_publish_e2e import ROOT, STACK, make_project, tls_registry  # noqa: F401 - fixture
-from test_pull_hostile_e2e import MEGABYTES, SECONDS, _publish_run, _signed_at, _through, hostile, pull_measured  # noqa: F401
+from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
+from fixtures.publication import STACK, make_project, publish_run, signed_at
 
 from servestack import publish
 from servestack.errors import InputError, PublishError, RegistryError
@@ -100,7 +100,7 @@ def test_10000_listed_junk_attestations_sorted_first_are_counted_not_fetched(fre
     flooded = json.dumps({**index, "manifests": junk + index["manifests"]}).encode()
     assert len(flooded) < 4 << 20  # what a registry stores as a manifest
     hostile.answer(f"/v2/{image.repository}/manifests/{tag}", exactly(flooded))
-    measured = pull_measured(_through(hostile, image), fresh["pub"], tmp_path / "pulled", fresh["project"].root)
+    measured = pull_measured(through(hostile, image), fresh["pub"], tmp_path / "pulled", fresh["project"].root)
     assert measured.returncode == 0, measured.output
     assert "5000 attestation(s) whose listing this key did not sign" in measured.output
     assert "5000 attestation(s) without a signed listing" in measured.output
@@ -138,8 +138,8 @@ def test_signed_times_at_the_ends_of_the_calendar_are_refused_by_value_and_the_r
     times = ("9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+23:59")
     for n, finished_on in enumerate(times):
         with monkeypatch.context() as patched:
-            patched.setattr(push, "provenance", _signed_at(finished_on))
-            _publish_run(fresh["project"], fresh["key"], f"extreme-{n}")
+            patched.setattr(push, "provenance", signed_at(finished_on))
+            publish_run(fresh["project"], fresh["key"], f"extreme-{n}")
     measured = pull_measured(str(fresh["image"]), fresh["pub"], tmp_path / "pulled", fresh["project"].root)
     assert measured.returncode == 0, measured.output
     for finished_on in times:
@@ -169,7 +169,7 @@ def test_a_stalling_registry_costs_seconds_and_names_the_blob(fresh, hostile, tm
     and a stray SPDX referrer one byte every 10 s; the newest is pulled in seconds. Then the taken
     publication's own file stalls: pull fails within the deadline, naming the registry and the blob."""
     image, client = fresh["image"], fresh["client"]
-    newer = _publish_run(fresh["project"], fresh["key"], "run-1")
+    newer = publish_run(fresh["project"], fresh["key"], "run-1")
     older = json.loads(client.get_manifest(fresh["record"]["attestation"].split("@")[1])[0])
     hostile.answer(f"/v2/{image.repository}/blobs/{older['layers'][0]['digest']}", _silence(), "application/octet-stream")
     sbom = fresh["record"]["sbom"]["referrer"].split("@")[1]
@@ -182,7 +182,7 @@ def test_a_stalling_registry_costs_seconds_and_names_the_blob(fresh, hostile, tm
                                "artifactType": "application/spdx+json"})
     client.put_manifest(tag, json.dumps(index).encode(), OCI_INDEX)
     hostile.answer(f"/v2/{image.repository}/manifests/{sha256_digest(data)}", _trickle(data), OCI_MANIFEST)
-    measured = pull_measured(_through(hostile, image), fresh["pub"], tmp_path / "pulled", fresh["project"].root)
+    measured = pull_measured(through(hostile, image), fresh["pub"], tmp_path / "pulled", fresh["project"].root)
     assert measured.returncode == 0, measured.output
     assert measured.seconds < 20, measured
     assert f"registry {hostile.address} stalled" in measured.output
@@ -191,7 +191,7 @@ def test_a_stalling_registry_costs_seconds_and_names_the_blob(fresh, hostile, tm
 
     recipe = next(f for f in newer["files"] if f["title"].startswith("recipes/"))
     hostile.answer(f"/v2/{image.repository}/blobs/{recipe['digest']}", _trickle(b"x" * 3700), "application/octet-stream")
-    measured = pull_measured(_through(hostile, image), fresh["pub"], tmp_path / "failed", fresh["project"].root,
+    measured = pull_measured(through(hostile, image), fresh["pub"], tmp_path / "failed", fresh["project"].root,
                              extra=("--timeout", "30"))
     assert measured.returncode == PublishError.exit_code, measured.output
     assert f"registry {hostile.address} stalled" in measured.output and recipe["digest"] in measured.output
