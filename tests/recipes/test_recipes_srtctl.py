@@ -4,7 +4,6 @@ finds them, so an empty or short list cannot pass it unnoticed."""
 from __future__ import annotations
 
 from fixtures.paths import ROOT
-
 from servestack.recipes import committed_sets
 from servestack.util.project import Project
 
