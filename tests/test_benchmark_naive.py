@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from conftest import ROOT
+from fixtures.paths import ROOT
 
 # The script imports its sibling modules as `python benchmarks/build.py` would find them.
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 import pytest
-from conftest import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
+from fixtures.daemon_guard import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
 
 import servestack
 from servestack import services

@@ -30,7 +30,6 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import srtctl_nodes
 from fixtures import workflow_jobs
 
 from servestack import services
@@ -170,7 +169,7 @@ def gb200_job(build_job, cancelled_run, runner_root, workflow_sha, keys, srtctl_
         timer.cancel()
         watcher.join(timeout=60)
     node_loss["leftovers"] = _leftovers()
-    services.ensure_slurm(nodes=srtctl_nodes())  # the lost node, power-cycled
+    services.ensure_slurm(nodes=workflow_jobs.srtctl_nodes())  # the lost node, power-cycled
     if "at" in node_loss:
         print(f"gb200 job with a lost node: {time.monotonic() - t0:.0f} s "
               f"({time.monotonic() - node_loss['at']:.0f} s after {node_loss['node']} was lost)")

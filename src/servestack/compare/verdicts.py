@@ -12,7 +12,7 @@ cancels it; alternating which side runs first cancels a trend within the round t
 Not measured alongside (a stored baseline): A and B come from different periods, so nothing pairs
 them. Welch's t on the difference of the mean log values is used, and every such verdict says "not
 measured alongside": drift between the periods is charged to the image, and no statistic can take
-it out (`tests/test_verdicts.py` shows the false A/A that follows).
+it out (`tests/compare/test_verdicts.py` shows the false A/A that follows).
 
 Deciding: with `alpha`, the two one-sided bounds of the (1 - 2 alpha) interval are each a one-sided
 test at alpha, as in an equivalence test (TOST). With limit L = 1 - threshold for a metric where

@@ -15,7 +15,7 @@ see trees.compiler) with the same modules imported. What else is alive in the co
 can matter (marshal flags an object for back-references by its refcount; site's imports changed a
 pyc, see trees.compiler), so the worker imports nothing compile_dir's script did not, and names its
 variables only as py_compile.compile and compileall.compile_file do: an identifier of its own that a
-module uses once would be an interned string with a second reference. tests/test_bytecode.py
+module uses once would be an interned string with a second reference. tests/image/test_bytecode.py
 compares the pycs with compile_dir's, file by file.
 """
 

@@ -224,7 +224,7 @@ class _Sink:
 
 # The tar is written here rather than by tarfile (TarFile.addfile copies each TarInfo, builds its header
 # field by field through dicts and checksums it twice, ~80 us an entry; a layer has up to 30,000), in
-# exactly tarfile's PAX_FORMAT bytes: tests/test_layer_writer.py holds it to tarfile's output.
+# exactly tarfile's PAX_FORMAT bytes: tests/image/test_layer_writer.py holds it to tarfile's output.
 BLOCK = 512
 RECORD = 20 * BLOCK  # the archive is padded to whole records, as tarfile (and tar -b20) does
 _NAME = _LINK = 100  # ustar's name and linkname fields
@@ -380,7 +380,7 @@ def tar_size(entries: Iterable[Entry]) -> int:
 def tar_member_size(e: Entry) -> int:
     """The bytes write_tar writes for one entry: a 512-byte header, after an extended header (512 bytes
     and its records padded to 512) when _pax_fields has any; then a file's contents padded to 512.
-    tests/test_layer_writer.py holds it to the members of write_tar's real output."""
+    tests/image/test_layer_writer.py holds it to the members of write_tar's real output."""
     contents = e.size if e.kind == "file" else 0
     size = BLOCK + _padded(contents, BLOCK)
     fields = _pax_fields(e.path + "/" if e.kind == "dir" else e.path, e.link, contents)

@@ -73,7 +73,7 @@ DTYPES = {"bfloat16": ("BF16", 2), "float32": ("F32", 4)}
 # horizons 1/(1 - decay) of 2, 10, 50 and 5,000 tokens. The longest is longer than the oracle's
 # 2,000-token prompt because the delta rule also erases along every new key (about 0.75/128 of the
 # state's square per token at beta 0.5): at 0.999 a 2,000-token state kept 6% of its first half,
-# at 0.9998 it keeps 15% (tests/test_tinymodel.py measures it against bfloat16 rounding).
+# at 0.9998 it keeps 15% (tests/inputs/test_tinymodel.py measures it against bfloat16 rounding).
 GDN_DECAYS = (0.5, 0.9, 0.98, 0.9998)
 # The time step of the same heads, log-spread over Mamba-2's init range [0.001, 0.1], the longest
 # memory on the smallest step (A = -ln(decay) / dt: 6.9, 4.9, 4.4 and 0.2).

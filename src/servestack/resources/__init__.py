@@ -1,4 +1,4 @@
-"""Programs the project ships as files rather than string literals, so shellcheck reads them (tests/test_resources.py).
+"""Programs the project ships as files rather than string literals, so shellcheck reads them (tests/resources/test_resources.py).
 
 They run where Python does not: on cluster nodes before a job's servers start (the preflight), inside
 srt-slurm's workers (CPU pinning), behind pyxis (the importer), and as test doubles of NVIDIA's tools.

@@ -1,5 +1,5 @@
 """Runners: local (docker on this host), slurm (sbatch), srtctl (srt-slurm) behind one interface;
-`registry.RUNNERS` is the list of them."""
+`selection.RUNNERS` is the list of them."""
 
 from servestack.runners.driver import JobOutcome, RetryPolicy, run_job
 from servestack.runners.interface import RETRYABLE, JobHandle, JobSpec, JobState, Mount, Runner

@@ -1,7 +1,7 @@
 """Drive one job to the end: skip finished points, retry what a fault interrupted, cancel on Ctrl-C.
 
 - A point with `<out_dir>/<point>.json` on disk is never redone (resume across reruns).
-- A job ending in a state of `RetryPolicy.retry_on` (default `base.RETRYABLE`), unless we cancelled
+- A job ending in a state of `RetryPolicy.retry_on` (default `interface.RETRYABLE`), unless we cancelled
   it, is resubmitted for its remaining points, up to `RetryPolicy.max_attempts` submissions in all.
 - SIGINT/SIGTERM while a job is live (`interrupts.signals_unwind`, the project's one handling of
   them): the unwinding cancels the job (scancel for Slurm) before the process exits

@@ -261,7 +261,7 @@ DISCOVERY_DIR = "/run/servestack/discovery"
 # a 60 s stall, twice the longest seen. It costs only when decode never pulls (a failed handshake,
 # an aborted request, a decode worker gone): prefill then holds those blocks (a few MB of a tiny
 # model's cache) and keeps stepping on its one core (PREFILL_CPUS; the recipes' pin) for 90 s
-# instead of 30. The dev-cpu disaggregated recipes set the same (tests/test_recipes.py); the GB200
+# instead of 30. The dev-cpu disaggregated recipes set the same (tests/recipes/test_recipes.py); the GB200
 # recipes keep vLLM's default.
 # kv_load_failure_policy "fail" as production's recipes: a KV (or SSM state) load that fails ends the
 # request with an error instead of recomputing it silently, so a broken transfer cannot pass as a slow one.

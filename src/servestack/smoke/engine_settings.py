@@ -25,7 +25,7 @@ VLLM_CPU_ENV: dict[str, str] = {
 
 
 # Production's Qwen3.5 engine settings (recipes/families/qwen35-gb200.yaml) that vLLM's CPU build takes,
-# for every server of this model: smoke's and the dev-cpu recipes' (tests/test_recipes.py holds the
+# for every server of this model: smoke's and the dev-cpu recipes' (tests/recipes/test_recipes_dev_cpu.py holds the
 # recipes to them and names each production setting dev-cpu departs from).
 QWEN35_FLAGS: dict[str, Any] = {
     "language-model-only": True,  # production's; a no-op for a text-only class, kept so the flag is exercised

@@ -1,6 +1,6 @@
 """What a vLLM engine on a GPU says in its log about the path it took, read back for smoke.json.
 
-The formats are vLLM's own (the lines in tests/test_smoke_gpu.py are written after them):
+The formats are vLLM's own (the lines in tests/smoke/test_gpu.py are written after them):
 
 - GDN prefill: `vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py`,
   `_log_gdn_backend_decision`: "Using %s GDN prefill kernel (requested=%s, head_k_dim=%s)." with

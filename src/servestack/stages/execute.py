@@ -5,7 +5,7 @@ files (`<concurrency>.json`: vLLM's result JSON; `repeat-<i>.json`: the gsm8k cl
 `results.json` (normalized results and the verdict), `report.md` and plots. The run id is derived
 from the image digest and the pipeline file, so rerunning the same thing resumes it: points with
 a file on disk are not redone (the command line's --fresh measures again under a new id).
-Planning the jobs is stages/plan.py's; holding the throughput stage to a baseline, stages/baseline.py's.
+Planning the jobs is stages/jobs.py's; holding the throughput stage to a baseline, stages/baseline.py's.
 """
 
 from __future__ import annotations

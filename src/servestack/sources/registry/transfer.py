@@ -30,6 +30,8 @@ STALL_SECONDS = 5.0  # no byte of a response for this long: the registry stalled
 MIN_RATE = 32 * 1024  # bytes a second a body must average once it has taken longer than STALL_SECONDS
 CONNECT_SECONDS = 5.0
 READ_SIZE = 1 << 20
+# What a retry's backoff waits with: one name, so a test can wait no time and see the waits asked for.
+sleep = time.sleep
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +84,7 @@ def pause(seconds: float, what: str) -> None:
     limit = current()
     if limit is not None and limit.remaining() <= seconds:
         raise Stalled(f"the {limit.seconds:g} s deadline (--timeout) leaves no time to retry {what}")
-    time.sleep(seconds)
+    sleep(seconds)
 
 
 def is_stall(exc: BaseException) -> bool:
