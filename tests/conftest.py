@@ -4,6 +4,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from fixtures import daemon_guard, workflow_jobs
 from fixtures.debian_mirror import ReadThroughMirror
 from fixtures.fake_site import make_fake_site
@@ -11,7 +12,6 @@ from fixtures.github_server import FakeGitHub, serve
 from fixtures.paths import ROOT
 from fixtures.servers import package_index, push_image, serve_directory
 from fixtures.tinypkg import build_tinypkg
-
 from servestack import cluster, services
 from servestack.cluster import srtctl_tool
 from servestack.errors import ClusterToolsMissing

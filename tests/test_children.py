@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+
 from fixtures.children import stop, stopped_on_exit
 
 SLEEP = [sys.executable, "-c", "import time; print('started', flush=True); time.sleep(60)"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from fixtures.records import write_image_record
-
 from servestack import ci
 from servestack.util.project import Project
 

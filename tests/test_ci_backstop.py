@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures.records import write_image_record, write_smoke_record
 
+from fixtures.records import write_image_record, write_smoke_record
 from servestack import ci as workflow
 from servestack.errors import ServestackError
 from servestack.records.smokefile import Check
@@ -116,7 +116,8 @@ def _project(tmp_path: Path, stack: str = "dev-cpu") -> Project:
     write_image_record(d / "image.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}")
     write_smoke_record(d / "smoke.json", f"127.0.0.1:5000/servestack/dev-cpu@sha256:{'c' * 64}", stack,
                        tuple(Check(probe="static", name=f"c{i}", status="pass") for i in range(30))
-                       + (Check(probe="serving", name="ready", status="not_run", detail="--no-serve"), Check(probe="disagg", name="ready", status="not_run")))
+                       + (Check(probe="serving", name="ready", status="not_run", detail="--no-serve"),
+                          Check(probe="disagg", name="ready", status="not_run")))
     report = d / "runs" / "gha-1-1" / "accuracy" / "report.md"
     report.parent.mkdir(parents=True)
     report.write_text("### accuracy: PASS\n")

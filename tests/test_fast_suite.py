@@ -6,9 +6,9 @@ import importlib
 import pkgutil
 
 import pytest
-from fixtures.daemon_guard import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
 
 import servestack
+from fixtures.daemon_guard import DAEMON_SERVICES, DaemonInFastTest, unguarded_references
 from servestack import services
 
 

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fixtures.gha_expr import Context, Status, condition, evaluate, render
 from fixtures.gha_runner import Event, Runner, parse_command_file
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import workflow_jobs
 
+from fixtures import workflow_jobs
 from servestack.util.project import DEFAULT_STACK
 
 ROOT = Path(__file__).resolve().parents[1]

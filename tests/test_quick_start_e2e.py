@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from fixtures import workflow_jobs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ def test_the_readme_table_lists_every_setting_with_its_default_and_meaning():
     differences = [f"{name}: not in README.md's table" for name in ours.keys() - readme.keys()]
     differences += [f"{name}: in README.md's table, not in settings.py" for name in readme.keys() - ours.keys()]
     for name in sorted(ours.keys() & readme.keys()):
-        for column, theirs, mine in zip(("default", "meaning"), readme[name], ours[name]):
+        for column, theirs, mine in zip(("default", "meaning"), readme[name], ours[name], strict=True):
             if theirs != mine:
                 differences.append(f"{name}: README.md's {column} is {theirs!r}, settings.py's {mine!r}")
     assert not differences, "\n".join(sorted(differences))
@@ -109,7 +109,7 @@ def _mentions_servestack(expr: ast.AST, names: set[str]) -> bool:
     for node in ast.walk(expr):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("SERVESTACK_"):
             return True
-        if isinstance(node, ast.Name) and node.id in names or isinstance(node, ast.Attribute) and node.attr in names:
+        if (isinstance(node, ast.Name) and node.id in names) or (isinstance(node, ast.Attribute) and node.attr in names):
             return True
     return False
 
@@ -126,8 +126,8 @@ def _environ_keys(tree: ast.Module) -> list[tuple[int, ast.AST]]:
         if isinstance(node, ast.Subscript) and _is_environ(node.value):
             keys.append((node.lineno, node.slice))
         elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute) and (
-                _is_environ(node.func.value) and node.func.attr in ("get", "pop", "setdefault")
-                or node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os"):
+                (_is_environ(node.func.value) and node.func.attr in ("get", "pop", "setdefault"))
+                or (node.func.attr == "getenv" and isinstance(node.func.value, ast.Name) and node.func.value.id == "os")):
             keys.append((node.lineno, node.args[0]))
         elif isinstance(node, ast.Compare) and any(_is_environ(c) for c in node.comparators):
             keys.append((node.lineno, node.left))

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fixtures.gha_expr import Context, condition, render
 from fixtures.gha_runner import load_workflow
 from fixtures.records import write_image_record
-
 from servestack import ci as workflow
 from servestack.util.project import Project
 

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fixtures import workflow_jobs
 
+from fixtures import workflow_jobs
 from servestack import services
 from servestack.records.imageref import ImageRef
 from servestack.runners.driver import recorded_jobs

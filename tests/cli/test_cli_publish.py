@@ -4,7 +4,6 @@ ran: a PASS of the static probe alone is not a PASS of a server."""
 from __future__ import annotations
 
 from fixtures.records import write_smoke_record
-
 from servestack.cli_publish import smoke_verdict
 from servestack.records.smokefile import Check
 

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack import cli
 from servestack.errors import InputError
 

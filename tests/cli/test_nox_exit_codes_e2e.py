@@ -10,10 +10,9 @@ import shutil
 import subprocess
 
 import pytest
+
 from fixtures.paths import ROOT
-
 from servestack.errors import InputError, ServestackError
-
 
 
 def _nox(*args: str) -> subprocess.CompletedProcess:

@@ -12,9 +12,9 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.servers import JsonHandler
-
 from servestack.clients import agreement
 from servestack.errors import InputError
 from servestack.stages.gates import evaluate_agreement
@@ -141,10 +141,10 @@ class _PairStillHandshaking(JsonHandler):
     failure_status = 500
     completions = 0
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         self.send_json(200, {"data": [{"id": "tiny"}]})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = self.read_json()
         cls = type(self)
         cls.completions += 1
@@ -234,7 +234,7 @@ class _Model(JsonHandler):
         return {"tokens": [f"token_id:{first + i}" for i in range(n)], "token_logprobs": [-0.5] * n,
                 "top_logprobs": [{f"token_id:{first + i}": -0.5, "token_id:1": -3.0} for i in range(n)]}
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = self.read_json()
         cls = type(self)
         with cls.lock:
@@ -333,7 +333,7 @@ def test_the_gate_holds_every_recipe_to_the_reference(tmp_path: Path):
     lost = answer([3, 3, 3], [-0.2, -0.2, -0.2], [[(3, -0.2), (7, -3.0)]] * 3)
     answers = {"agg-acc": run(REF, REF), "disagg-acc": run(REF, lost)}
     comparisons, runs = compare_answers(answers, "agg-acc")
-    [(c, r)] = zip(comparisons, runs)
+    [(c, r)] = zip(comparisons, runs, strict=True)
     assert c["recipe"] == "disagg-acc" and c["reference"] == "agg-acc" and r.accuracy == 0.5 and r.n == 2
     verdict = evaluate_agreement(comparisons, "agg-acc", ["agg-acc", "disagg-acc"], set(answers))
     [failure] = verdict.failures
@@ -356,7 +356,8 @@ def test_the_report_names_what_was_asked_again(tmp_path: Path):
 
     candidate = {**run(REF), "warmup": {"served": True, "failed_attempts": 1}, "refused_attempts": 2}
     comparisons, runs = compare_answers({"agg-acc": run(REF), "disagg-acc": candidate}, "agg-acc")
-    result = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="accuracy", image="img@sha256:" + "0" * 64, runner="local", out_dir=tmp_path,
+    result = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="accuracy", image="img@sha256:" + "0" * 64, runner="local",
+                         out_dir=tmp_path,
                          accuracy=runs, agreement=comparisons)
     md = markdown_stage(result)
     assert ("Asked again: `disagg-acc`: 1 failed warm-up attempts, 2 attempts refused as unavailable (HTTP 503) "

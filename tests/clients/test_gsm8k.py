@@ -7,9 +7,9 @@ import threading
 from http.server import ThreadingHTTPServer
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.servers import JsonHandler
-
 from servestack.clients import gsm8k
 
 DATA = ROOT / "data" / "gsm8k"  # shipped with the project
@@ -66,7 +66,7 @@ class _Fake(JsonHandler):
     answers: dict[str, str] = {}
     requests: list[dict] = []
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         body = self.read_json()
         type(self).requests.append(body)
         question = body["prompt"].rsplit("Question: ", 1)[1].split("\nAnswer:")[0]

@@ -14,7 +14,6 @@ from servestack.cluster import srtctl_tool, vendored
 from servestack.errors import ClusterToolsMissing, CommandError
 
 
-
 def test_vendor_dir_is_configuration_only(tmp_path, monkeypatch):
     monkeypatch.delenv(vendored.VENDOR_ENV, raising=False)
     with pytest.raises(ClusterToolsMissing, match="SERVESTACK_VENDOR is not set"):

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fixtures import paths
 
+from fixtures import paths
 from servestack import compare
 from servestack.compare import comparisons
 from servestack.errors import InputError
@@ -33,7 +33,8 @@ def measured(c: int, factors: list[float], recipe: str = "agg"):
 
 
 def run_results(points, conditions=CONDITIONS, image="127.0.0.1:5000/servestack/dev-cpu@sha256:" + "a" * 64) -> dict:
-    stage = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image=image, runner="local", out_dir=Path("."), throughput=points,
+    stage = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image=image, runner="local", out_dir=Path("."),
+                        throughput=points,
                         conditions={"agg": conditions})
     return {"passed": True, "stages": [stage.to_json()]}
 

@@ -12,8 +12,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.debian import closure as resolve
 from servestack.debian import ldcache, scripts
 from servestack.debian.debfile import read_deb

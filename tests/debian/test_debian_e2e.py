@@ -22,9 +22,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.servers import serve_directory
-
 from servestack import services
 from servestack.debian import tarball as base_tarball
 from servestack.errors import IntegrityError
@@ -175,7 +175,7 @@ def mirror(tmp_path: Path, monkeypatch, dev_cpu, live_release, *, in_release: by
     (suite / "InRelease").write_bytes(in_release or live_release["signed"])
     (suite / "main" / "binary-amd64" / "Packages.xz").write_bytes(
         packages_xz if packages_xz is not None else live_release["packages_xz"].read_bytes())
-    for deb, path in zip(dev_cpu["base"].debs(PLATFORM), base_tarball.fetch_debs(dev_cpu["base"], PLATFORM)):
+    for deb, path in zip(dev_cpu["base"].debs(PLATFORM), base_tarball.fetch_debs(dev_cpu["base"], PLATFORM), strict=True):
         target = root / deb.filename
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, target)

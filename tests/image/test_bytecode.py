@@ -42,8 +42,8 @@ def _site(root: Path) -> Path:
     (pkg / "__init__.py").write_text("from .core import run\n")
     # Constants whose order or sharing the compiling interpreter's state could change: a frozenset of
     # strings (ordered by the hash seed), a tuple and a large int used twice, a float used once.
-    (pkg / "names.py").write_text("WORDS = frozenset({%s})\nPAIR = (1000, 2.5)\nAGAIN = (1000, 'a b')\n"
-                                  % ", ".join(repr(f"word{i}") for i in range(24)))
+    words = ", ".join(repr(f"word{i}") for i in range(24))
+    (pkg / "names.py").write_text(f"WORDS = frozenset({{{words}}})\nPAIR = (1000, 2.5)\nAGAIN = (1000, 'a b')\n")
     (pkg / "core.py").write_text("import os\n\ndef run(line, stdin):\n    return [os.sep, line, stdin, 'warn \\d']\n" * 50)
     (pkg / "sub" / "deep.py").write_text("VALUES = {'a': 1, 'b': (2, 3), 'c': frozenset({'x', 'y'})}\n")
     (pkg / "broken.py").write_text("def broken(:\n")  # no pyc, no failure: compile_dir skips it too

@@ -18,16 +18,17 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.records import write_image_record
 from fixtures.tinystack import image_project
-
 from servestack import image, inputs, lock
 from servestack.errors import InputErrors, ServestackError
 from servestack.image import oci
 from servestack.image.spec import load_plan
 from servestack.image.trees import install_all
 from servestack.util.project import Project
+
 
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
@@ -81,7 +82,7 @@ def _planned(project: Project, tmp_path: Path) -> list:
     record, locked = inputs.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None), strict=True))
     return image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "work")
 
 
@@ -110,7 +111,7 @@ def test_a_small_package_shares_a_layer_chosen_by_its_name_and_a_large_one_gets_
     record, locked = inputs.load_build(project, "tinyimg"), lock.load_lock(project, "tinyimg")
     wheels = {i.sha256: Path(i.path) for i in record.inputs}
     wheels.update({o.wheel.sha256: Path(o.path) for o in record.overlays})
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None)))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None), strict=True))
     own = [layer.name for layer in image.plan(record, locked, trees, load_plan(plan_file), tmp_path / "w1")]
     shared = [layer.name for layer in image.plan(record, locked, trees, load_plan(ROOT / "containers" / "image.yaml"), tmp_path / "w2")]
     assert "pkg-tinyserve" in own and not any(n.startswith("shared-") for n in own)
@@ -147,7 +148,7 @@ def test_layers_written_early_as_trees_are_ready_are_the_planned_ones(tmp_path, 
     record = replace(record, overlays=())
     sent = Sent()
     early = image.EarlyLayers(record, spec, epoch, None, sent)
-    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None, on_tree=early.offer)))
+    trees = dict(zip(wheels, install_all([(p, s) for s, p in wheels.items()], "3.11", None, on_tree=early.offer), strict=True))
     written = early.finish()
     own = [layer for layer in image.plan(record, locked, trees, spec, tmp_path / "w") if layer.name.startswith("pkg-")]
     assert [layer.name for layer in own] == ["pkg-tinyserve"]
@@ -248,7 +249,8 @@ def test_update_expected_refuses_a_digest_whose_bytecode_another_interpreter_ver
 def test_the_image_input_hash_and_cache_tag_change_with_the_compiling_interpreters_exact_version():
     # An image whose pycs another patch release (or no interpreter) wrote must not be reused from the registry.
     from servestack.records.steps import BuildRecord
-    record = BuildRecord(stack="s", platform="linux/amd64", lock_sha256="0" * 64, source_date_epoch=0, inputs=(), overlays=(), unverified_prs=(), model=None, input_hash="1" * 64)
+    record = BuildRecord(stack="s", platform="linux/amd64", lock_sha256="0" * 64, source_date_epoch=0, inputs=(), overlays=(),
+                         unverified_prs=(), model=None, input_hash="1" * 64)
     hashes = {version: image.image_input_hash(record, version) for version in ("3.11.2", "3.11.7", "none")}
     assert len(set(hashes.values())) == 3 and all(h != record.input_hash for h in hashes.values())
     assert image.image_input_hash(record, "3.11.2") == hashes["3.11.2"]

@@ -13,8 +13,7 @@ import pytest
 import requests
 
 from fixtures.tinystack import image_project
-from servestack import image, services
-from servestack import inputs
+from servestack import image, inputs, services
 from servestack.util.project import Project
 
 

@@ -130,7 +130,7 @@ def test_the_tar_size_known_in_advance_is_the_bytes_the_layer_writer_tars(tmp_pa
     # Each member from where its (extended) header starts to where the next one's does: the end
     # padding alone would hide a header miscounted by less than 10 KB.
     ends = [m.offset for m in members[1:]] + [members[-1].offset_data + -(-members[-1].size // 512) * 512]
-    spans = {m.name: end - m.offset for m, end in zip(members, ends)}
+    spans = {m.name: end - m.offset for m, end in zip(members, ends, strict=True)}
     assert spans == {e.path: layers.tar_member_size(e) for e in layers.with_parents(entries)}
     assert layers.tar_size(entries) == len(written.getvalue()) == layers.write_layer(entries, EPOCH).uncompressed
     assert layers.tar_size(entries) > sum(e.size for e in entries)

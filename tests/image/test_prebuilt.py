@@ -3,14 +3,13 @@ forgets a platform is refused before anything is built, and the compile is cache
 
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.errors import InputErrors, ServestackError
 from servestack.image import prebuilt
 from servestack.lock import load_lock
 from servestack.records.stack import load_stack
 from servestack.util.project import Project
-
 
 STACK = """\
 name: tiny

@@ -291,7 +291,7 @@ def _version(executable: str) -> str:
 def _patch_releases() -> dict[str, str]:
     """Real python3.11 binaries of different patch releases on this host, by version: the one running the
     tests (pyenv's on CI) and Debian's. Needs two to tell a choice from an accident of PATH order."""
-    found = {"%d.%d.%d" % sys.version_info[:3]: os.path.realpath(sys.executable)}
+    found = {".".join(map(str, sys.version_info[:3])): os.path.realpath(sys.executable)}
     for candidate in ("/usr/bin/python3.11", *(os.path.join(d, "python3.11") for d in os.get_exec_path())):
         if os.access(candidate, os.X_OK):
             found.setdefault(_version(candidate), os.path.realpath(candidate))
@@ -343,7 +343,8 @@ def test_without_the_image_version_the_first_on_path_compiles_and_says_so(tmp_pa
     chosen = trees.compiler("3.11", "3.11.99")
     assert chosen == trees.Compiler(executable=first_binary, version="3.11.7")
     [message] = capsys.readouterr().err.splitlines()
-    assert message.startswith("servestack.image.trees: bytecode: ") and "Python 3.11.99" in message and f"compiling with {first_binary} (3.11.7)" in message
+    assert message.startswith("servestack.image.trees: bytecode: ") and "Python 3.11.99" in message
+    assert f"compiling with {first_binary} (3.11.7)" in message
     assert f"{second_binary} (3.11.2)" in message and "image digest" in message
 
 
@@ -358,7 +359,7 @@ def test_without_a_known_image_version_the_warning_says_only_that(tmp_path, monk
 
 def test_the_real_patch_releases_answer_the_probe_with_their_own_version(tmp_path, monkeypatch, releases):
     # The fakes above stand for these: where a host has two, the probe tells them apart through links.
-    (first, first_binary), (second, second_binary) = sorted(releases.items())[:2]
+    (_, first_binary), (second, second_binary) = sorted(releases.items())[:2]
     monkeypatch.setenv("PATH", _path(_bin(tmp_path, "a", first_binary), _bin(tmp_path, "b", second_binary)))
     assert trees.compiler("3.11", second) == trees.Compiler(executable=second_binary, version=second)
     assert _version(trees.compiler("3.11", second).executable) == second
@@ -374,7 +375,7 @@ def test_each_staging_name_is_its_own_though_the_pid_repeats(tmp_path, monkeypat
 
 def test_a_shim_and_links_count_once_as_the_binary_they_run(tmp_path):
     real = os.path.realpath(sys.executable)
-    version = "%d.%d.%d" % sys.version_info[:3]
+    version = ".".join(map(str, sys.version_info[:3]))
     shim = _bin(tmp_path, "shims", script=f'#!/bin/sh\nexec "{real}" "$@"\n')  # as pyenv's shims do
     # pyenv's shim when the selected version has no python3.11: a real executable that does not run it.
     missing = _bin(tmp_path, "other-shims", script='#!/bin/sh\necho "pyenv: python3.11: command not found" >&2\nexit 127\n')
@@ -390,8 +391,10 @@ def test_no_python_of_that_version_on_path_means_no_bytecode(tmp_path, monkeypat
 
 
 def _debian(*debs: tuple[str, str]) -> DebianBase:
-    locked = tuple(LockedDeb(name=name, version=version, architecture="amd64", size=1, sha256="0" * 64, filename=f"pool/main/p/{name}.deb") for name, version in debs)
-    return DebianBase(suite="bookworm", packages=("python3",), release_date=0, release_sha256="0" * 64, index="debian", resolved={"linux/amd64": locked})
+    locked = tuple(LockedDeb(name=name, version=version, architecture="amd64", size=1, sha256="0" * 64,
+                             filename=f"pool/main/p/{name}.deb") for name, version in debs)
+    return DebianBase(suite="bookworm", packages=("python3",), release_date=0, release_sha256="0" * 64, index="debian",
+                      resolved={"linux/amd64": locked})
 
 
 def test_the_image_interpreter_version_is_the_locked_interpreter_package():

@@ -7,8 +7,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures.tinypkg import TinyPkg, build_tinypkg
 
+from fixtures.tinypkg import TinyPkg, build_tinypkg
 from servestack.errors import InputError, OverlayError, PatchDoesNotApply
 from servestack.inputs.overlay import Overlay, apply_overlays, overlay_set_digest
 from servestack.sources.diffs import diff_native_files, is_python_only, map_path, parse_diff, touched_files

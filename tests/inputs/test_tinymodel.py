@@ -64,7 +64,6 @@ def test_the_recurrent_state_of_a_long_prompt_remembers_its_first_half() -> None
     transformers' init decays (A_log 0, dt_bias 1) keep nothing of it: the test can fail."""
     np = pytest.importorskip("numpy")
     from fixtures.gdn import recurrent_state, relative_change, to_bfloat16
-
     from servestack.clients.agreement import token_prompts
 
     spec = TinyModelSpec()

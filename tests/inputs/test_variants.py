@@ -10,8 +10,8 @@ from __future__ import annotations
 import zipfile
 
 import pytest
-from fixtures.tinystack import PR1_EVIDENCE, entries, github, tinyserve_stack, unreachable
 
+from fixtures.tinystack import PR1_EVIDENCE, entries, github, tinyserve_stack, unreachable
 from servestack import inputs, lock
 from servestack.errors import ServestackError
 from servestack.lock import check as lockcheck

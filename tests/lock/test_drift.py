@@ -4,7 +4,6 @@ the words `lock`, `lock --upgrade`, `lock --check --online` and `bump` all print
 from __future__ import annotations
 
 from fixtures.records import committed_lock
-
 from servestack.lock.drift import moves
 from servestack.lock.preferences import Upgrade
 from servestack.records.lockfile import LockedWheel

@@ -8,12 +8,13 @@ history is served by a GitHub stand-in speaking the REST protocol, or refused by
 from __future__ import annotations
 
 import pytest
-from fixtures.tinystack import PR1_EVIDENCE, PR2_EVIDENCE, entries, github, stack_with, unreachable
 
+from fixtures.tinystack import PR1_EVIDENCE, PR2_EVIDENCE, entries, github, stack_with, unreachable
 from servestack import inputs, lock
 from servestack.errors import InputErrors, ServestackError
 from servestack.lock import check as lockcheck
 from servestack.probe.static.evidence import evidence_problem
+
 
 def test_evidence_alone_makes_a_pr_included_without_any_history(tmp_path, world):
     project = stack_with(tmp_path, world, {1: PR1_EVIDENCE})

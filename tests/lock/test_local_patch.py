@@ -9,8 +9,8 @@ import hashlib
 import json
 
 import pytest
-from fixtures.tinystack import github, pr_items, tinyserve_stack
 
+from fixtures.tinystack import github, pr_items, tinyserve_stack
 from servestack import inputs, lock
 from servestack.errors import InputError
 from servestack.lock import check as lockcheck

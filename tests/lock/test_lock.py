@@ -12,15 +12,15 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.tinystack import DEBIAN_BASE, github, make_project, pr_items, tinyserve_stack
-
 from servestack import lock
 from servestack.errors import InputError, InputErrors, NetworkError
 from servestack.lock import check as lockcheck
 from servestack.sources.github import GitHub
-from servestack.util.console import console
 from servestack.sources.registry import transfer
+from servestack.util.console import console
 from servestack.util.project import Project
 
 
@@ -71,7 +71,8 @@ def test_a_found_wheel_goes_into_the_lock_in_the_lock_s_own_spelling():
     from servestack.records.lockfile import LockedWheel
     from servestack.sources.pypi import FoundWheel
 
-    entry = LockedWheel(name="tinyserve", version="1.0", filename="tinyserve-1.0-py3-none-any.whl", sha256="ab" * 32, size=1234, index="local")
+    entry = LockedWheel(name="tinyserve", version="1.0", filename="tinyserve-1.0-py3-none-any.whl", sha256="ab" * 32, size=1234,
+                        index="local")
     found = FoundWheel(**{f.name: getattr(entry, f.name) for f in fields(entry)},
                        url="https://index.example/tinyserve-1.0-py3-none-any.whl", upload_time=1_700_000_000)
     assert isinstance(found, LockedWheel)
@@ -254,8 +255,7 @@ def test_if_unavailable_is_only_for_a_package_on_a_named_index(tmp_path, world):
         lock.lock(project, "tiny", github(world))
 
 
-def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_refresh_reads_it(tmp_path, world,
-                                                                                               monkeypatch):
+def test_a_relock_keeps_the_locked_base_without_reading_the_archive_and_only_refresh_reads_it(tmp_path, world, monkeypatch):
     project = make_project(tmp_path, world)
     before = lock.lock(project, "tiny", github(world)).read_bytes()
     with socket.socket() as s:

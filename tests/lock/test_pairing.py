@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures.servers import package_index, serve_directory
 
+from fixtures.servers import package_index, serve_directory
 from servestack import lock
 from servestack.errors import InputError, InputErrors
 from servestack.lock import pairing

@@ -7,13 +7,13 @@ the lock stands. The stack needs neither torch nor vLLM: its base is Debian's py
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
 from fixtures.simple_index import SimpleIndex, serve, tiny_wheel
 from fixtures.tinystack import DEBIAN_BASE
-
 from servestack import lock
 from servestack.lock import relock
 from servestack.lock.preferences import Upgrade
@@ -22,9 +22,9 @@ from servestack.util.project import Project
 pytestmark = pytest.mark.e2e
 
 RESOLVED_AT = "2026-06-01T00:00:00Z"
-BEFORE_IT = datetime(2026, 1, 1, tzinfo=timezone.utc)
-STILL_BEFORE_IT = datetime(2026, 3, 1, tzinfo=timezone.utc)  # seen by the index only after the lock was made
-AFTER_IT = datetime(2026, 7, 1, tzinfo=timezone.utc)
+BEFORE_IT = datetime(2026, 1, 1, tzinfo=UTC)
+STILL_BEFORE_IT = datetime(2026, 3, 1, tzinfo=UTC)  # seen by the index only after the lock was made
+AFTER_IT = datetime(2026, 7, 1, tzinfo=UTC)
 
 STACK = f"""\
 name: mini

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.lock import load_lock
 from servestack.probe.static.gpu_caches import check_caches
 from servestack.probe.static.gpu_kernels import check_kernels

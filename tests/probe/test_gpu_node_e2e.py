@@ -19,14 +19,14 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack import services
 from servestack.lock import load_lock
 from servestack.platforms import PLATFORMS, host_platform
 from servestack.probe.static.run import section_environment
-from servestack.smoke.checklist import VENV_PYTHON
 from servestack.services.dockerd import ensure_image
+from servestack.smoke.checklist import VENV_PYTHON
 from servestack.smoke.nvidia_hook import check_nvidia_hook
 from servestack.smoke.static import NODE_HOME, PROBE_MOUNT, PROBE_PACKAGE, _emulated_arm64_cpus
 from servestack.util.project import Project

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from fixtures.fake_site import probe, site_with_torch, wheel
 
-
 SERVER_EVIDENCE = [{"file": "beta_pkg/server.py", "contains": "return 'patched'"},
                    {"attribute": "beta_pkg.server:serve"}]
 

@@ -15,12 +15,11 @@ import types
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.probe.static import prebuilt
 from servestack.probe.static.fatbin import cubin_problem, elf_section, fatbin_entries, parse_fatbin, sm_of
-from servestack.probe.static.flashinfer_jit import (_ninja_variable, arch_word, check_cuda_stub, linker_lines,
-                                                    run_child)
+from servestack.probe.static.flashinfer_jit import _ninja_variable, arch_word, check_cuda_stub, linker_lines, run_child
 
 FIXTURES = ROOT / "tests" / "fixtures" / "fatbin"
 HAS_CC = pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler on this host")

@@ -16,8 +16,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.fake_site import DRIVER_C, probe, site_with_torch, triton
 
+from fixtures.fake_site import DRIVER_C, probe, site_with_torch, triton
 
 HAS_CC = pytest.mark.skipif(shutil.which("gcc") is None and shutil.which("clang") is None, reason="no C compiler on this host")
 
@@ -73,7 +73,8 @@ def test_an_undefined_symbol_libcuda_does_not_provide_fails_naming_it(fake_site,
     driver_c = DRIVER_C.replace("static PyObject *current_context", "extern int servestack_absent(void);\n"
                                 "static PyObject *absent(PyObject *s, PyObject *a) { return PyLong_FromLong(servestack_absent()); }\n"
                                 "static PyObject *current_context")
-    driver_c = driver_c.replace('{"current_context", current_context', '{"absent", absent, METH_NOARGS, NULL},\n{"current_context", current_context')
+    driver_c = driver_c.replace('{"current_context", current_context',
+                                '{"absent", absent, METH_NOARGS, NULL},\n{"current_context", current_context')
     check = _checks(fake_site, tmp_path, "13.0", [triton(tmp_path, driver_c=driver_c)])["runtime-build:triton"]
     assert check["status"] == "fail"
     assert "1 undefined symbols are neither libcuda's nor in this interpreter: servestack_absent" in check["detail"]

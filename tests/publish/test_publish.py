@@ -10,9 +10,9 @@ import stat
 
 import pytest
 import zstandard
+
 from fixtures.records import committed_lock, write_smoke_record
 from fixtures.tls_registry import tar_layer
-
 from servestack import publish
 from servestack.errors import ImageRefError, InputError, ServestackError, SignatureError
 from servestack.publish import signing
@@ -134,7 +134,8 @@ def test_only_an_image_that_passed_smoke_is_published_and_the_failures_are_named
     smoke = project.artifacts("dev-cpu") / "smoke.json"
     with pytest.raises(ServestackError, match="build/dev-cpu/smoke.json: missing; run the session"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
-    write_smoke_record(smoke, IMAGE, checks=(Check(probe="static", name="versions", status="fail"), Check(probe="serving", name="health", status="pass")))
+    write_smoke_record(smoke, IMAGE,
+                       checks=(Check(probe="static", name="versions", status="fail"), Check(probe="serving", name="health", status="pass")))
     with pytest.raises(ServestackError, match=r"smoke failed .*\(static/versions\)"):
         publish.check_smoke(publish.Records.of_project(project, "dev-cpu"), ImageRef.parse(IMAGE))
     write_smoke_record(smoke, IMAGE.replace("ab", "ef"))

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fixtures import trixie_tools as tools
 from fixtures.paths import ROOT
 from fixtures.publication import STACK, make_project, new_image
 from fixtures.tls_registry import TlsRegistry, push_stack_image
-
 from servestack import publish
 from servestack.cluster import srtctl_tool
 from servestack.errors import ClusterToolsMissing, ServestackError, SignatureError
@@ -183,14 +183,12 @@ def test_stock_cosign_verifies_the_image_signature_its_slsa_provenance_and_its_s
     assert len(layers) == 1 and len(json.loads(client.get_manifest(f"sha256-{image.hex}.att")[0])["layers"]) == 2
 
 
-def test_sigstore_bundles_sit_among_the_referrers_where_cosign_3_looks_and_verify_with_the_key_alone(published,
-                                                                                                     tmp_path):
+def test_sigstore_bundles_sit_among_the_referrers_where_cosign_3_looks_and_verify_with_the_key_alone(published, tmp_path):
     """cosign 3's layout (its BUNDLE_SPEC.md): one referrer per bundle, the signature (`cosign sign`'s
     statement), the provenance and the SBOM, found by artifact type with the stock oras; each
     verifies with the public key alone in sigstore-js and names the image digest; another key
     verifies none; re-publishing adds none."""
     from fixtures import sigstore_js
-
     from servestack.publish import cosign
 
     image, client = ImageRef.parse(published["image"]), published["client"]
@@ -311,7 +309,8 @@ def test_a_bundle_for_another_digest_fails_the_pull(published, env, tmp_path):
         data = json.dumps(moved).encode()
         digest = sha256_digest(data)
         headers = client.put_manifest(digest, data, OCI_MANIFEST)
-        client.add_referrer(other_digest, Descriptor(media_type=OCI_MANIFEST, digest=digest, size=len(data), artifact_type=moved["artifactType"]),
+        client.add_referrer(other_digest, Descriptor(media_type=OCI_MANIFEST, digest=digest, size=len(data),
+                                                     artifact_type=moved["artifactType"]),
                             headers)
     signed = ImageRef.parse(published["image"])
     with pytest.raises(ServestackError, match=rf"signed for {signed.repository}@{signed.digest}, "

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fixtures import trixie_tools as tools
 from fixtures.paths import ROOT
-from fixtures.tls_registry import push_stack_image
 from fixtures.publication import STACK, make_project, new_image
-
+from fixtures.tls_registry import push_stack_image
 from servestack import publish
 from servestack.publish import rebuild, sbom, signing
 from servestack.records.imageref import ImageRef
@@ -129,8 +129,7 @@ def test_verify_rebuild_by_the_index_compares_the_platform_it_rebuilds_with_the_
         assert result["same"] is same and result["expected"] == ImageRef.parse(indexed["platforms"]["linux/amd64"]).digest
 
 
-def test_servestack_verify_by_the_index_and_by_each_platform_digest_rebuilds_that_platform(indexed, env, monkeypatch,
-                                                                                          capsys):
+def test_servestack_verify_by_the_index_and_by_each_platform_digest_rebuilds_that_platform(indexed, env, monkeypatch, capsys):
     """`servestack verify --rebuild` as a user types it, on the index and on each platform's digest of the same
     publication: the index is checked by this machine's platform, a platform digest by its own platform (the
     arm64 digest rebuilds arm64 here too, not this machine's). The rebuild is stood in for by the image it would

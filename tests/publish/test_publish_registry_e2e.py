@@ -1,4 +1,5 @@
-"""Publish and pull when things go wrong or run together: tags, concurrent and interrupted publishes, secrets kept out, several publications, the real image copied."""
+"""Publish and pull when things go wrong or run together: tags, concurrent and interrupted publishes, secrets
+kept out, several publications, the real image copied."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from fixtures import trixie_tools as tools
 from fixtures.paths import ROOT
-from fixtures.tls_registry import push_stack_image
 from fixtures.publication import STACK, make_project, new_image
-
+from fixtures.tls_registry import push_stack_image
 from servestack import inputs, publish
 from servestack.errors import NetworkError, ServestackError
 from servestack.publish import sbom, signing
@@ -67,7 +68,7 @@ def test_two_concurrent_publishes_keep_both_referrers(env, tmp_path, monkeypatch
     def run(project, run_id):
         try:
             results[run_id] = publish.publish(project, STACK, key=key, run_id=run_id)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=p) for p in projects]
@@ -196,7 +197,8 @@ def test_two_published_digests_are_compared_from_their_verified_bundles(env, tmp
         stage_dir.mkdir(parents=True)
         base = parse_vllm_result(data / "4.json", recipe="agg", gpus=1, concurrency=4)
         points = [replace(base, repeat=k, tokens_per_s_per_gpu=base.tokens_per_s_per_gpu * f) for k, f in enumerate(factors)]
-        write_run(stage_dir.parent, [StageResult(stack=STACK, pipeline=STACK, stage="throughput", image=image, runner="local", out_dir=stage_dir, throughput=points,
+        write_run(stage_dir.parent, [StageResult(stack=STACK, pipeline=STACK, stage="throughput", image=image, runner="local",
+                                                 out_dir=stage_dir, throughput=points,
                                                  conditions={"agg": {"isl": 128, "osl": 32, "gpu_type": "cpu"}})])
         publish.publish(project, STACK, key=private, run_id=label)
         images.append(image)
@@ -267,7 +269,7 @@ def test_publish_to_copies_the_real_dev_cpu_image_with_its_zstd_layers_and_it_pu
     and the manifest's own bytes go to the TLS registry, and pull verifies it there, stack.json and all.
     Its SBOM, written from the lock and build.json, names exactly the Python distributions whose
     dist-info directories the layers hold (vendored ones too), and stock cosign verifies it."""
-    from servestack import image, inputs, services
+    from servestack import image, services
 
     services.ensure_dockerd()
     services.ensure_registry()

@@ -4,7 +4,7 @@ binding, titles, and the bounded read, without a registry."""
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -16,7 +16,7 @@ from servestack.publish.signedtime import MAX_CLOCK_SKEW, not_before, parse_rfc3
 from servestack.sources.registry import Descriptor
 from servestack.sources.registry.limits import declared_problem, read_bounded
 
-NOW = datetime(2026, 12, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 IMAGE = "servestack/dev-cpu@sha256:" + "a" * 64
 LOCK = "b" * 64
 
@@ -90,7 +90,8 @@ def test_a_64_kb_title_is_a_clean_error_not_a_traceback():
 
 def test_referrers_listed_many_times_are_one_candidate_each():
     attestation = Descriptor(media_type="m", digest="sha256:" + "d" * 64, size=10, artifact_type="attestation")
-    relisted = Descriptor(media_type="m", digest=attestation.digest, size=10, artifact_type="sbom")  # another type never hides the attestation
+    relisted = Descriptor(media_type="m", digest=attestation.digest, size=10,
+                          artifact_type="sbom")  # another type never hides the attestation
     assert deduplicated([relisted] + [attestation] * 10_000) == [attestation, relisted]
 
 

@@ -11,15 +11,15 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
-from fixtures.hostile_registry import endless, exactly
-from fixtures.paths import ROOT
-from fixtures.tls_registry import push_stack_image
-from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
-from fixtures.publication import STACK, make_project, new_image, publish_run, signed_at
 
+from fixtures.hostile_registry import endless, exactly
+from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
+from fixtures.paths import ROOT
+from fixtures.publication import STACK, make_project, new_image, publish_run, signed_at
+from fixtures.tls_registry import push_stack_image
 from servestack import publish
 from servestack.errors import PublishError, RegistryError, ServestackError
 from servestack.publish import cosign, push, sbom, signing
@@ -46,7 +46,7 @@ def test_of_publications_dated_in_the_future_malformed_offset_or_binding_another
     project = make_project(tmp_path / "checkout", image)
     private, public = signing.keygen(tmp_path / "keys" / "publisher.key")
     real = publish.publish(project, STACK, key=private)
-    an_hour_ago = (datetime.now(timezone.utc) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5)))
+    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).astimezone(timezone(timedelta(hours=5)))
     forged = {}
     for run_id, finished_on in (("future", "2030-01-01T00:00:00Z"), ("malformed", "9999"),
                                 ("offset", an_hour_ago.isoformat(timespec="microseconds"))):

@@ -14,12 +14,12 @@ import time
 import uuid
 
 import pytest
-from fixtures.hostile_registry import exactly
-from fixtures.paths import ROOT
-from fixtures.tls_registry import push_stack_image
-from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
-from fixtures.publication import STACK, make_project, publish_run, signed_at
 
+from fixtures.hostile_registry import exactly
+from fixtures.measured_pull import MEGABYTES, SECONDS, pull_measured, through
+from fixtures.paths import ROOT
+from fixtures.publication import STACK, make_project, publish_run, signed_at
+from fixtures.tls_registry import push_stack_image
 from servestack import publish
 from servestack.errors import InputError, PublishError, RegistryError
 from servestack.publish import listing, push, signing
@@ -63,8 +63,7 @@ def test_64_stored_junk_attestations_of_another_key_sorted_first_never_crowd_out
     while len(junk) < 64:
         salt += 1
         body = {**manifest, "layers": [{**manifest["layers"][0], "digest": sha256_digest(envelope), "size": len(envelope)}],
-                "annotations": {**manifest["annotations"], **listing.listing_annotations(other, image.digest,
-                                                                                        sha256_digest(envelope)),
+                "annotations": {**manifest["annotations"], **listing.listing_annotations(other, image.digest, sha256_digest(envelope)),
                                 "salt": str(salt)}}
         data = json.dumps(body, sort_keys=True).encode()
         if sha256_digest(data) < real:
@@ -133,8 +132,7 @@ def test_a_stale_lock_publication_newer_than_the_good_one_is_skipped_and_publish
         assert json.loads((tmp_path / f"pulled{n}" / "publication.json").read_text())["attestation"] == good
 
 
-def test_signed_times_at_the_ends_of_the_calendar_are_refused_by_value_and_the_real_one_pulled(fresh, tmp_path,
-                                                                                              monkeypatch):
+def test_signed_times_at_the_ends_of_the_calendar_are_refused_by_value_and_the_real_one_pulled(fresh, tmp_path, monkeypatch):
     times = ("9999-12-31T23:59:59-01:00", "0001-01-01T00:00:00+23:59")
     for n, finished_on in enumerate(times):
         with monkeypatch.context() as patched:

@@ -8,9 +8,9 @@ import zipfile
 from dataclasses import replace
 
 import pytest
+
 from fixtures.paths import DATA
 from fixtures.records import build_record, committed_lock
-
 from servestack.errors import PublishError
 from servestack.publish import sbom
 from servestack.records.imageref import ImageRef
@@ -41,7 +41,8 @@ Version: 12.4+deb12u14
 
 def _lock(**changes):
     changes = {"pull_requests": (), **changes}
-    return committed_lock(local_patches=(LocalPatch(package="patched", file="pins/patches/fix.diff", sha256="f" * 64, reason="why", python_only=True, native_files=()),),
+    return committed_lock(local_patches=(LocalPatch(package="patched", file="pins/patches/fix.diff", sha256="f" * 64, reason="why",
+                                                    python_only=True, native_files=()),),
                           **changes)
 
 
@@ -205,5 +206,6 @@ def test_a_vendored_distribution_without_a_name_field_is_named_by_its_directory(
 
 
 def test_a_licence_field_continued_over_a_blank_looking_line_keeps_the_fields_after_it(tmp_path):
-    metadata = "License: Copyright (c) the authors\n        \n        All rights reserved.\nClassifier: License :: OSI Approved :: MIT License"
+    metadata = ("License: Copyright (c) the authors\n        \n        All rights reserved.\n"
+                "Classifier: License :: OSI Approved :: MIT License")
     assert wheel_facts(_wheel(tmp_path, metadata)).license_text == "Copyright (c) the authors; OSI Approved :: MIT License"

@@ -12,11 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
-from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 
-from servestack.recipes import validate_files
+from fixtures.paths import ROOT
 from servestack.recipes import judge as J
+from servestack.recipes import validate_files
 from servestack.recipes.engine_cli import load_engine
 from servestack.recipes.judged import check_file
 from servestack.recipes.validate import recipe_files, validate_text
@@ -115,9 +114,10 @@ def test_a_served_model_name_per_role_reaches_the_workers_after_the_first_roles_
 
 @needs_vendor
 def test_an_engine_refusal_lands_on_the_line_that_set_the_value_and_differing_hash_factors_name_both_lines(tmp_path):
-    file = _variant(tmp_path, "      gpu-memory-utilization: 0.1\n      enforce-eager: true\n      no-disable-hybrid-kv-cache-manager: true\n"
-                              '      generation-config: "vllm"\n      no-enable-prefix-caching: true\n      mamba-ssm-cache-dtype: "bfloat16"\n'
-                              "      language-model-only: true\n  decode_environment",
+    file = _variant(tmp_path,
+                    "      gpu-memory-utilization: 0.1\n      enforce-eager: true\n      no-disable-hybrid-kv-cache-manager: true\n"
+                    '      generation-config: "vllm"\n      no-enable-prefix-caching: true\n      mamba-ssm-cache-dtype: "bfloat16"\n'
+                    "      language-model-only: true\n  decode_environment",
                     "      gpu-memory-utilization: 90\n      enforce-eager: true\n      no-disable-hybrid-kv-cache-manager: true\n"
                     '      generation-config: "vllm"\n      no-enable-prefix-caching: true\n      mamba-ssm-cache-dtype: "bfloat16"\n'
                     "      language-model-only: true\n      kv-cache-dtype: fp8\n  decode_environment")
@@ -133,8 +133,8 @@ def test_an_engine_refusal_lands_on_the_line_that_set_the_value_and_differing_ha
     [error] = [str(e) for e in check_file(file, file.read_text(), launch, differ, DEV_CPU)]
     assert error.startswith(f"{file}:66:23: backend.vllm_config.decode.kv-cache-dtype: the roles cannot exchange KV: "
                             "vLLM resolves cache_dtype to 'auto' on prefill and 'fp8' on decode")
-    assert "make decode resolve it to 'auto' (kv-cache-dtype is unset (vLLM's default) on prefill (line 38) and 'fp8' on decode (line 66))" \
-        in error and "nixl/metadata.py:compute_nixl_compatibility_hash" in error
+    assert ("make decode resolve it to 'auto' (kv-cache-dtype is unset (vLLM's default) on prefill (line 38) "
+            "and 'fp8' on decode (line 66))") in error and "nixl/metadata.py:compute_nixl_compatibility_hash" in error
 
 
 def test_a_dp_rank_group_cannot_hide_behind_data_parallel_size_local(tmp_path):

@@ -14,9 +14,9 @@ import os
 import time
 
 import pytest
+
 from fixtures import workflow_jobs
 from fixtures.paths import ROOT
-
 from servestack.recipes import judge as J
 from servestack.recipes import validate_files
 from servestack.recipes.engine_check import stack_image
@@ -123,7 +123,7 @@ def test_the_verdict_on_a_role_pair_is_the_engines_both_configs_construct_and_th
     engine = J.Engine(image=image[0], digest=image[1],
                       model_config=__import__("json").loads((judged["project"].artifacts("dev-cpu") / "model" / "config.json").read_text()))
     dev = J.device("cpu")
-    for name, file in zip(pairs, files):
+    for name, file in zip(pairs, files, strict=True):
         answers = J.judge(engine, [(dev, launches[file].roles["prefill"]), (dev, launches[file].roles["decode"])])
         assert not isinstance(answers, str), answers
         prefill, decode = answers

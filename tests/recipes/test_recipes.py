@@ -7,11 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
-from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 import yaml
-from fixtures.records import committed_lock
 
+from fixtures.paths import ROOT
+from fixtures.records import committed_lock
 from servestack.errors import InputError
 from servestack.recipes import (
     UNBOUND_IMAGE,
@@ -304,7 +303,8 @@ def test_binding_gives_digest_only_references(project: Project):
     assert yaml.safe_load(cpu[0].read_text())["identity"]["frameworks"] == {"dynamo": "1.6.1", "vllm": "0.31.0"}
 
 
-@pytest.mark.parametrize("ref", ["servestack/qwen35-gb200:latest", "servestack/qwen35-gb200", "repo@sha256:abc", "repo@sha512:" + "a" * 128])
+@pytest.mark.parametrize("ref", ["servestack/qwen35-gb200:latest", "servestack/qwen35-gb200", "repo@sha256:abc",
+                                 "repo@sha512:" + "a" * 128])
 def test_binding_refuses_tags_and_malformed_digests(project: Project, ref: str):
     with pytest.raises(InputError) as info:
         render_recipes(project, "qwen35-gb200", ref, LOCK, lock_sha256=LOCK_SHA)
@@ -361,7 +361,7 @@ def test_the_stages_read_concurrencies_as_the_validator_does(tmp_path: Path):
         path.write_text(SWEEP.read_text().replace('"64x128x256x512x1024x2048x3072"', bad))
         assert [e.field for e in _errors(path.read_text())] == ["benchmark.concurrencies"]
         with pytest.raises(InputError, match="malformed concurrency list"):
-            RecipeView.load(path).concurrencies
+            _ = RecipeView.load(path).concurrencies
     assert RecipeView.load(SWEEP).concurrencies == [64, 128, 256, 512, 1024, 2048, 3072]
 
 

@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.cli import main
 from servestack.errors import InputError
 from servestack.recipes import closest_set, committed_sets, compare_dirs, format_comparisons
@@ -93,7 +93,8 @@ def test_the_previous_family_would_have_been_caught(tmp_path: Path):
     (ours / "6xdep2-1xdep8-cc4096.yaml").unlink()
     comparisons = {c.name: c for c in compare_dirs(ours, NVIDIA)}
     keys = {d.key for d in comparisons["6xdep2-1xdep8.yaml"].differences if not d.ignored}
-    assert keys == {"benchmark.concurrencies", "backend.vllm_config.prefill.api-server-count", "backend.vllm_config.decode.api-server-count"}
+    assert keys == {"benchmark.concurrencies", "backend.vllm_config.prefill.api-server-count",
+                    "backend.vllm_config.decode.api-server-count"}
     assert comparisons["6xdep2-1xdep8-cc4096.yaml"].ours is None and not comparisons["6xdep2-1xdep8-cc4096.yaml"].same
     assert "6xdep2-1xdep8-cc4096.yaml: only in theirs" in format_comparisons(list(comparisons.values()))
 

@@ -1,10 +1,12 @@
-"""The dev-cpu recipes: the disaggregated shape smoke proves on CPU, and every production Qwen3.5 setting carried or its departure explained."""
+"""The dev-cpu recipes: the disaggregated shape smoke proves on CPU, and every production Qwen3.5 setting
+carried or its departure explained."""
 
 from __future__ import annotations
 
 import json
 
 import yaml
+
 from fixtures.paths import ROOT
 
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.cluster import srtctl_tool
 from servestack.recipes import committed_sets
 from servestack.util.proc import run

@@ -9,9 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
-from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 
+from fixtures.paths import ROOT
 from servestack.cli import main
 from servestack.errors import InputError
 from servestack.platforms import host_platform
@@ -105,11 +104,13 @@ def test_an_old_description_is_refused_with_the_way_out(tmp_path: Path):
 # -- the validator checks values, naming file:line:col, the key and the allowed values ---------------
 BAD = [
     # (what to replace, with what, the key in the error, words the allowed values must name)
-    ('VLLM_SSM_CONV_STATE_LAYOUT: "DS"', 'VLLM_SSM_CONV_STATE_LAYOUT: "XY"', "backend.prefill_environment.VLLM_SSM_CONV_STATE_LAYOUT", ["SD", "DS"]),
+    ('VLLM_SSM_CONV_STATE_LAYOUT: "DS"', 'VLLM_SSM_CONV_STATE_LAYOUT: "XY"', "backend.prefill_environment.VLLM_SSM_CONV_STATE_LAYOUT",
+     ["SD", "DS"]),
     ('mamba-ssm-cache-dtype: "bfloat16"', 'mamba-ssm-cache-dtype: "float9"', "backend.vllm_config.prefill.mamba-ssm-cache-dtype",
      ["auto", "bfloat16", "float16", "float32"]),
     ('"kv_role": "kv_both", ', '"kv_role": "kv_both" ', "backend.vllm_config.prefill.kv-transfer-config", ["JSON object", "delimiter"]),
-    ("max-num-batched-tokens: 16384", "max-num-batched-tokens: 16k4", "backend.vllm_config.prefill.max-num-batched-tokens", ["integer", "16k"]),
+    ("max-num-batched-tokens: 16384", "max-num-batched-tokens: 16k4", "backend.vllm_config.prefill.max-num-batched-tokens",
+     ["integer", "16k"]),
     ("max-num-batched-tokens: 16384", "max-num-batched-tokens: 1.5", "backend.vllm_config.prefill.max-num-batched-tokens", ["integer"]),
     ("async-scheduling: true", 'async-scheduling: "yes"', "backend.vllm_config.prefill.async-scheduling", ["true or false"]),
     ("async-scheduling: true", "async-scheduling: 1", "backend.vllm_config.prefill.async-scheduling", ["true or false"]),

@@ -12,9 +12,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
-from fixtures.recipes_static import static_recipes  # noqa: F401 - the fixture, by name
 
+from fixtures.paths import ROOT
 from servestack.errors import InputErrors
 from servestack.recipes import check_before_run, validate_files
 from servestack.recipes.engine_cli import load_engine
@@ -63,7 +62,9 @@ def test_a_kv_cache_dtype_on_one_role_only_is_an_error_from_the_compatibility_ha
 
 
 def test_async_scheduling_on_one_role_only_costs_and_is_a_warning():
-    errors, warnings = edited(SWEEP, "      async-scheduling: true\n      stream-interval: 100\n      mamba-ssm-cache-dtype: \"bfloat16\"\n      language-model-only: true\n\n",
+    errors, warnings = edited(SWEEP,
+                              "      async-scheduling: true\n      stream-interval: 100\n"
+                              "      mamba-ssm-cache-dtype: \"bfloat16\"\n      language-model-only: true\n\n",
                               "      stream-interval: 100\n      mamba-ssm-cache-dtype: \"bfloat16\"\n      language-model-only: true\n\n")
     assert errors == []
     assert len(warnings) == 1 and "async-scheduling differs: prefill sets True (line 59)" in warnings[0]

@@ -3,13 +3,11 @@ and the vendored snapshot the cluster tests run must be that commit."""
 
 from __future__ import annotations
 
-
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.errors import InputError
 from servestack.recipes.srtslurm import SRT_SLURM
-
 
 
 def test_every_committed_recipe_names_the_srt_slurm_it_was_checked_with():

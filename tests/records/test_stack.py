@@ -3,12 +3,11 @@
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.errors import InputErrors
 from servestack.records.stack import load_stack
 from servestack.util.project import Project
-
 
 VALID = """\
 name: tiny

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from fixtures.paths import DATA as TEST_DATA
-
 from servestack import compare
 from servestack.errors import InputError
 from servestack.records.fields import Fields

@@ -8,8 +8,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack import resources
 
 SCRIPTS = sorted(Path(resources.__file__).parent.glob("*.sh"))

@@ -4,8 +4,8 @@ test_local_e2e.py)."""
 from __future__ import annotations
 
 import pytest
-from fixtures.runner_jobs import dash_job
 
+from fixtures.runner_jobs import dash_job
 from servestack.runners.local import LocalRunner
 
 

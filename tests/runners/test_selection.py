@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.cli import build_parser
 from servestack.clients import CONTAINER_DIR
 from servestack.errors import InputErrors

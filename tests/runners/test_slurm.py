@@ -7,8 +7,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fixtures.runner_jobs import GB200_PREFLIGHT
 
+from fixtures.runner_jobs import GB200_PREFLIGHT
 from servestack.errors import ServestackError
 from servestack.runners.interface import JobSpec, Mount
 from servestack.runners.slurm import SlurmConfig, choose_container, format_time_limit, render_batch_script

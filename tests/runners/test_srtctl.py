@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures.runner_jobs import DIGEST, IMAGE, RECIPE, bad_recipe
 
+from fixtures.runner_jobs import DIGEST, IMAGE, RECIPE, bad_recipe
 from servestack.errors import InputErrors, ServestackError
 from servestack.runners.interface import JobHandle, JobSpec
 from servestack.runners.slurm import pull_reference

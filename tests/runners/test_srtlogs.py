@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 from fixtures.paths import DATA
-
 from servestack.runners.srtlogs import address_problems, placement
 from servestack.stages.gates import placement_failures
 from servestack.stages.stage_report import _placed

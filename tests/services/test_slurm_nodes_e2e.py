@@ -54,7 +54,7 @@ def _wait(predicate, timeout: float, what: str):
 def test_each_node_has_its_own_name_and_cluster_address(cluster_env):
     seen = [line.split(": ", 1)[1].split() for line in _srun(cluster_env, "sh", "-c", "echo $(hostname) $(hostname -I)")]
     assert [name for name, *_ in seen] == ["node1", "node2", "node3"]
-    for name, *addresses in seen:
+    for _name, *addresses in seen:
         [address] = addresses  # one address, never loopback, on the cluster network
         assert ipaddress.ip_address(address) in netns.NETWORK and address != netns.HOST_ADDRESS
 

@@ -6,15 +6,13 @@ alone, which these tests write by hand. The end-to-end run on dev-cpu is in test
 
 from __future__ import annotations
 
-
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.records.smokefile import Check
 from servestack.records.stack import PR_CHECKS
 from servestack.smoke.ablation import CHECK_KINDS, judge, pr_accounts, verdict
 from servestack.util.project import Project
-
 
 
 def disagg(*statuses: str, gpu: str = "not_run") -> list[Check]:
@@ -68,7 +66,6 @@ def test_ablate_builds_no_variant_without_a_diff_or_a_passing_check_and_says_why
     import shutil
 
     from fixtures.records import write_image_record, write_smoke_record
-
     from servestack import inputs
     from servestack.smoke.ablation import ablate
 

@@ -17,8 +17,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures import workflow_jobs
 
+from fixtures import workflow_jobs
 from servestack.util.fsutil import sha256_bytes
 from servestack.util.project import Project
 

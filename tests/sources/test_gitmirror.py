@@ -7,8 +7,8 @@ The mirror is what `git clone --mirror` of a GitHub repository gives: branches p
 from __future__ import annotations
 
 import pytest
-from fixtures.tinystack import PR1_EVIDENCE, entries, stack_with, unreachable
 
+from fixtures.tinystack import PR1_EVIDENCE, entries, stack_with, unreachable
 from servestack import lock
 from servestack.errors import InputError
 from servestack.sources.gitmirror import GitMirror

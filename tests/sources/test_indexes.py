@@ -7,14 +7,14 @@ plain directory holding the same file (a flat index), standing in for it through
 from __future__ import annotations
 
 import shutil
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+
 from fixtures.records import committed_lock
 from fixtures.tinystack import PR1_EVIDENCE, stack_with, unreachable
-
 from servestack import inputs, lock
-from servestack.errors import InputError, IntegrityError
+from servestack.errors import InputError, IntegrityError, ServestackError
 from servestack.lock import check as lockcheck
 from servestack.lock import drift, relock
 from servestack.lock.preferences import Upgrade
@@ -89,7 +89,7 @@ def test_upgrade_moves_the_resolution_date_and_says_what_changed(tmp_path, world
     lock.lock(project, "tiny", unreachable())
     assert lock.load_lock(project, "tiny").resolved_at is None
     changed = relock.relock(project, "tiny", unreachable(), upgrade=Upgrade(everything=True),
-                            now=datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)).lines
+                            now=datetime(2026, 11, 30, 12, 0, tzinfo=UTC)).lines
     assert 'resolved_at: "2026-11-30T12:00:00Z"\n' in (project.pins / "tiny.yaml").read_text()
     assert lock.load_lock(project, "tiny").resolved_at == "2026-11-30T12:00:00Z"
     assert changed == ("resolved at 2026-11-30T12:00:00Z (was None)",)
@@ -103,7 +103,7 @@ def test_a_failed_upgrade_leaves_the_stack_file_and_the_lock_as_they_were(tmp_pa
     lock_before = project.lock_file("tiny").read_bytes()
     (project.pins / "tiny.yaml").write_text(stack_before.decode().replace("version: 1.0.0", "version: 9.9.9"))
     stack_before = (project.pins / "tiny.yaml").read_bytes()
-    with pytest.raises(Exception):
+    with pytest.raises(ServestackError):
         relock.relock(project, "tiny", unreachable(), upgrade=Upgrade(everything=True))
     assert (project.pins / "tiny.yaml").read_bytes() == stack_before
     assert project.lock_file("tiny").read_bytes() == lock_before
@@ -117,7 +117,8 @@ def test_changes_name_versions_and_overlays_that_can_go():
         return LockedPR(repo="o/r", number=5, package="x", title="t", merge_commit="c" * 40, status=status, patch=patch)
 
     old = committed_lock(resolved_at="a", platforms={"p": (wheel("x", "1"), wheel("gone", "1"))},
-                         pull_requests=(pr("overlay", OverlayPatch(path="pins/patches/o__r-5.diff", sha256="0" * 64, python_only=True, native_files=())),))
+                         pull_requests=(pr("overlay", OverlayPatch(path="pins/patches/o__r-5.diff", sha256="0" * 64, python_only=True,
+                                                                   native_files=())),))
     new = committed_lock(resolved_at="b", platforms={"p": (wheel("x", "2"), wheel("new", "3"))},
                          pull_requests=(pr("included"),))
     assert drift.changes(old, new) == [

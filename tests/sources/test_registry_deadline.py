@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from fixtures.hostile_registry import HostileRegistry, exactly
 
+from fixtures.hostile_registry import HostileRegistry, exactly
 from servestack.errors import NetworkError
 from servestack.sources.registry import Client, sha256_digest, transfer
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from fixtures import paths
 from fixtures.paths import ROOT
-
 from servestack.errors import InputError, StageFailed
 from servestack.runners.interface import JobHandle, JobSpec, JobState, PollingWait
 from servestack.stages import run_pipeline, run_stage

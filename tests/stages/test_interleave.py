@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures import paths
 
+from fixtures import paths
 from servestack.clients import CLIENTS_DIR
 from servestack.stages import interleave
 

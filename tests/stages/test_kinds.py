@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from fixtures.paths import ROOT
-
 from servestack.records.stageresults import Verdict
 from servestack.stages import kinds
 from servestack.stages.execute import collect_stage, plan_stage

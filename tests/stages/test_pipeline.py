@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.errors import InputErrors
 from servestack.stages.pipeline import load_pipeline, parse_duration
-
 
 
 def test_committed_pipelines_load():

@@ -16,7 +16,8 @@ the `servestack` command line.
     points by rerunning it with its run id: nothing is measured again, and the verdict names the
     recipe, the point and the numbers;
   - A and B measured alongside (interleave.py): one session of three servers, an A/A and a capped
-    batch; and the slurm run held to itself as a stored baseline, labelled "not measured alongside". (An operator's scancel mid-sweep is test_runners_slurm's;
+    batch; and the slurm run held to itself as a stored baseline, labelled "not measured alongside".
+    (An operator's scancel mid-sweep is test_runners_slurm's;
     a job lost mid-sweep and retried for its remaining points, test_workflows_e2e's gb200 job.)
 
 The image comes from build/dev-cpu/image.json; when that is missing it is built (cached: fast
@@ -37,9 +38,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+
 from fixtures.children import stop, stopped_on_exit
 from fixtures.paths import ROOT
-
 from servestack import services
 from servestack.util.proc import run
 from servestack.util.project import Project

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from fixtures.paths import DATA
 
+from fixtures.paths import DATA
 from servestack.errors import InputError
 from servestack.runners.srtlogs import find_srt_results
 from servestack.stages.gates import GateConfig, evaluate_throughput
 from servestack.stages.results import parse_gsm8k_result, parse_srt_result, parse_vllm_result
-
 
 
 def test_real_vllm_result_of_a_run_whose_server_went_away():

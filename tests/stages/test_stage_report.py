@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-
 from fixtures import paths
-
 from servestack.stages.gates import GateConfig, evaluate_throughput
 from servestack.stages.results import StageResult, parse_vllm_result
 from servestack.stages.stage_report import _pareto, markdown_stage, plot_throughput, write_stage
@@ -27,7 +25,8 @@ def test_plots_render(tmp_path):
 
 def test_markdown_has_tables_and_verdict(tmp_path):
     pts = points()
-    r = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image="img@sha256:" + "0" * 64, runner="local", out_dir=tmp_path, throughput=pts,
+    r = StageResult(stack="dev-cpu", pipeline="dev-cpu", stage="throughput", image="img@sha256:" + "0" * 64, runner="local",
+                    out_dir=tmp_path, throughput=pts,
                     verdict=evaluate_throughput(pts, {"agg": [1, 4, 16, 64]}, GateConfig()))
     md = markdown_stage(r)
     assert md.startswith("## throughput: FAIL") and "| recipe | concurrency |" in md

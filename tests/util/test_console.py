@@ -4,10 +4,8 @@ errors and what `-v` adds on stderr, progress silent where a step runs inside an
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from fixtures.paths import ROOT
-
 from servestack.util.console import console
 
 SRC = ROOT / "src" / "servestack"
@@ -15,8 +13,8 @@ OWNER = SRC / "util" / "console.py"
 
 
 def _imports_servestack(tree: ast.Module) -> bool:
-    return any(isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "servestack"
-               or isinstance(node, ast.Import) and any(a.name.split(".")[0] == "servestack" for a in node.names)
+    return any((isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "servestack")
+               or (isinstance(node, ast.Import) and any(a.name.split(".")[0] == "servestack" for a in node.names))
                for node in ast.walk(tree))
 
 

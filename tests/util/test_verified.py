@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 
 import pytest
-from fixtures.tinystack import image_project
 
+from fixtures.tinystack import image_project
 from servestack import inputs
 from servestack.errors import IntegrityError
 from servestack.inputs import overlay, tinymodel
@@ -63,7 +63,7 @@ def test_a_same_size_rewrite_is_read_again_and_stops_the_fetch(tmp_path, reads):
 
 
 def test_a_rewrite_with_its_old_mtime_put_back_is_still_read_again(tmp_path, reads):
-    path, digest = _file(tmp_path / "w.whl", b"A" * 4096)
+    path, _ = _file(tmp_path / "w.whl", b"A" * 4096)
     verified.sha256(path, root=tmp_path)
     before = os.stat(path)
     path.write_bytes(b"B" * 4096)
@@ -136,8 +136,7 @@ def isolated_cache(tmp_path, monkeypatch):
     return tmp_path / "cache"
 
 
-def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tampered_one(tmp_path, world, isolated_cache,
-                                                                                         monkeypatch):
+def test_a_second_build_reuses_the_overlaid_wheel_and_model_and_remakes_a_tampered_one(tmp_path, world, isolated_cache, monkeypatch):
     project = image_project(tmp_path / "p", world)
     first = json.loads(inputs.build(project, "tinyimg").read_text())
     made = {"overlay": 0, "model": 0}

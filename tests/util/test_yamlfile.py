@@ -6,8 +6,8 @@ import ast
 from pathlib import Path
 
 import pytest
-from fixtures.paths import ROOT
 
+from fixtures.paths import ROOT
 from servestack.errors import InputError
 from servestack.util import yamlfile
 

@@ -6,8 +6,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from fixtures.tinypkg import build_tinypkg
 
+from fixtures.tinypkg import build_tinypkg
 from servestack.errors import InputError
 from servestack.wheels import (
     add_local_label,
@@ -55,7 +55,8 @@ def test_local_label_composition():
 def test_filenames():
     assert parse_wheel_filename("vllm-0.31.0-cp38-abi3-manylinux1_x86_64.whl") == ("vllm", "0.31.0", None, "cp38-abi3-manylinux1_x86_64")
     assert parse_wheel_filename("torch-2.13.0+cpu-1-cp311-cp311-linux_x86_64.whl")[1:3] == ("2.13.0+cpu", "1")
-    assert wheel_filename("flashinfer-python", "0.2.0+ss.1a2b3c4d", "py3-none-any") == "flashinfer_python-0.2.0+ss.1a2b3c4d-py3-none-any.whl"
+    assert wheel_filename("flashinfer-python", "0.2.0+ss.1a2b3c4d",
+                          "py3-none-any") == "flashinfer_python-0.2.0+ss.1a2b3c4d-py3-none-any.whl"
     with pytest.raises(InputError):
         parse_wheel_filename("not-a-wheel.zip")
 
@@ -109,7 +110,7 @@ def test_record_format_and_verification(tmp_path):
     assert (info.name, info.version, info.tag, info.tags) == ("demo", "0.31.0", "py3-none-any", ("py3-none-any",))
     rec = {e.path: e for e in info.record}
     assert rec["demo-0.31.0.dist-info/RECORD"].hash == "" and rec["demo-0.31.0.dist-info/RECORD"].size is None
-    import base64  # noqa: E401
+    import base64
     import hashlib
 
     expected = base64.urlsafe_b64encode(hashlib.sha256(b"X = 1\n").digest()).rstrip(b"=").decode()

@@ -73,8 +73,8 @@ def parse_index(text: str, what: str) -> dict[str, Stanza]:
         except KeyError as missing:
             raise ServestackError(f"{where}: no {missing.args[0]} field") from None
         provides = tuple((r[0][0], r[0][2]) for r in _relations(fields.get("Provides", ""), where))
-        stanza = Stanza(deb=deb, essential=fields.get("Essential") == "yes", priority=_PRIORITIES.get(fields.get("Priority", ""),
-                                                                                                      len(_PRIORITIES)),
+        stanza = Stanza(deb=deb, essential=fields.get("Essential") == "yes",
+                        priority=_PRIORITIES.get(fields.get("Priority", ""), len(_PRIORITIES)),
                         depends=_relations(fields.get("Pre-Depends", ""), where) + _relations(fields.get("Depends", ""), where),
                         provides=provides)
         if name not in found or version_compare(deb.version, found[name].deb.version) > 0:

@@ -54,8 +54,8 @@ def image_input_hash(record: BuildRecord, compiled_by: str) -> str:
 
 def image_record(reference: str, platform: str, manifest: dict[str, Any], names: list[str], record: BuildRecord,
                  compiled_by: str, **extra: Any) -> ImageRecord:
-    layer_list = tuple(ImageLayer(digest=layer["digest"], size=layer["size"], title=name) for layer, name in zip(manifest["layers"], names,
-                                                                                                                 strict=True))
+    layer_list = tuple(ImageLayer(digest=layer["digest"], size=layer["size"], title=name)
+                       for layer, name in zip(manifest["layers"], names, strict=True))
     return ImageRecord(
         reference=reference,
         stack=record.stack,

@@ -88,8 +88,8 @@ def parse_dpkg_status(text: str) -> tuple[DebianPackage, ...]:
         if fields.get("Status", "").split()[2:] != ["installed"] or "Package" not in fields:
             continue
         source, _, source_version = fields.get("Source", fields["Package"]).partition(" ")
-        packages.append(DebianPackage(name=fields["Package"], version=fields.get("Version", ""), architecture=fields.get("Architecture",
-                                                                                                                         ""),
+        packages.append(DebianPackage(name=fields["Package"], version=fields.get("Version", ""),
+                                      architecture=fields.get("Architecture", ""),
                                       source=source, source_version=source_version.strip("()") or fields.get("Version", "")))
     return tuple(sorted(packages, key=lambda p: (p.name, p.architecture)))
 

@@ -214,8 +214,8 @@ def run_job(runner: Runner, spec: JobSpec, policy: RetryPolicy = RetryPolicy(),
                         console.warning("servestack.runners", f"{spec.name}: could not collect job {handle.job_id} "
                                                              f"after the interruption: {exc}")
             where = getattr(runner, "placement", None)
-            outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value, seconds=round(time.monotonic() - t0,
-                                                                                                                     2),
+            outcome.attempts.append(Attempt(job_id=handle.job_id, points=remaining, state=state.value,
+                                            seconds=round(time.monotonic() - t0, 2),
                                             placement=where(handle) if where else {}))
             remaining = spec.remaining()
             outcome.final_state = state.value

@@ -167,8 +167,8 @@ def run_serving_probe(
                         logs=logs, oracle_vocab=plan.oracle_vocab, gdn_layers=plan.gdn_layers, gpus=plan.gpus,
                         ready_s={"server": round(ready_s, 2)}, logged_at_ready={"server": len(logs["server"]())})
         record_engines(target)
-        return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s", time_s=round(ready_s,
-                                                                                                                                3)),
+        return [Check(probe="serving", name="ready", status=PASS, detail=f"GET /health 200 after {ready_s:.1f} s",
+                      time_s=round(ready_s, 3)),
                 *_run_checks("serving", AGGREGATED_CHECKS, target)], metrics
     finally:
         http.close()

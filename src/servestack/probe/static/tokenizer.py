@@ -30,8 +30,8 @@ def section_tokenizer(config: dict) -> list[dict]:
         frontend_ids = as_written.encode(text, add_special_tokens=False).ids
         engine_ids = engine.encode(text, add_special_tokens=False)
         if frontend_ids != engine_ids:
-            at = next((i for i, (a, b) in enumerate(zip(frontend_ids, engine_ids, strict=False)) if a != b), min(len(frontend_ids),
-                                                                                                                 len(engine_ids)))
+            at = next((i for i, (a, b) in enumerate(zip(frontend_ids, engine_ids, strict=False)) if a != b),
+                      min(len(frontend_ids), len(engine_ids)))
             differ.append(f"{text[:40]!r}: {len(frontend_ids)} ids as written vs {len(engine_ids)} through "
                           f"{type(engine).__name__}, first difference at id {at}")
     if differ:
