@@ -21,6 +21,7 @@ from typing import Any
 from servestack import compare
 from servestack.errors import InputError, ServestackError
 from servestack.util.console import console
+from servestack.records.codec import Record, encode
 from servestack.util.fsutil import atomic_write_json, atomic_write_text
 from servestack.util.project import Project
 
@@ -28,7 +29,7 @@ SCHEMA = "servestack.drift/1"
 
 
 @dataclass(kw_only=True)
-class Step:
+class Step(Record):
     name: str
     ok: bool
     detail: str
@@ -36,7 +37,7 @@ class Step:
 
 
 @dataclass(kw_only=True)
-class Drift:
+class Drift(Record):
     stack: str
     baseline: str | None = None
     digest_before: str | None = None
@@ -61,23 +62,8 @@ class Drift:
             raise ServestackError(f"bump {self.stack}: a step after `image` ran before the bumped image was made")
         return self.digest_after
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "stack": self.stack,
-            "passed": self.passed,
-            "baseline": self.baseline,
-            "digest_before": self.digest_before,
-            "digest_after": self.digest_after,
-            "lock_changes": self.lock_changes,
-            "asked": self.asked,
-            "moved_anyway": self.moved_anyway,
-            "steps": [s.__dict__ for s in self.steps],
-            "stages": self.stages,
-            "comparison": self.comparison,
-            "comparison_report": self.comparison_report,
-            "verdict": self.verdict,
-        }
+    def to_json(self) -> dict[str, Any]:
+        return {**encode(self), "schema": SCHEMA, "passed": self.passed}
 
 
 def last_published(project: Project, stack: str) -> str:
@@ -152,7 +138,7 @@ def markdown(d: Drift) -> str:
 def write(project: Project, d: Drift) -> Path:
     out = project.artifacts(d.stack) / "bump"
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out / "drift.json", d.to_dict())
+    atomic_write_json(out / "drift.json", d.to_json())
     report = out / "drift.md"
     atomic_write_text(report, markdown(d))
     return report

@@ -22,6 +22,7 @@ from typing import Any
 
 from servestack.compare import verdicts
 from servestack.errors import InputError
+from servestack.records.codec import Record
 from servestack.records.fields import Fields
 from servestack.records.imageref import names_a_digest
 from servestack.records.stageresults import SCHEMA as STAGE_SCHEMA
@@ -70,7 +71,7 @@ class Side:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Change:
+class Change(Record):
     recipe: str
     concurrency: int
     metric: str
@@ -83,9 +84,6 @@ class Change:
     reason: str
     rounds_to_decide: int | None  # undecided: rounds in all that would decide it at the spread seen
     alongside: bool  # A and B measured in the same session (paired), else "not measured alongside"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
 @dataclass(kw_only=True)
@@ -119,7 +117,7 @@ class Comparison:
                 "policy": {**self.policy.__dict__,
                            "test": ("Student t on paired log ratios of ABBA rounds" if self.alongside else
                                     "Welch t on log values of two periods")},
-                "changes": [c.to_dict() for c in self.changes], "accuracy": self.accuracy,
+                "changes": [c.to_json() for c in self.changes], "accuracy": self.accuracy,
                 "not_compared": self.not_compared, "regressions": len(self.regressions),
                 "gated": list(GATED), "gated_regressions": len(self.gated_regressions())}
 

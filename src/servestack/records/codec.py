@@ -145,10 +145,11 @@ def _written(value: Any) -> Any:
     return value
 
 
-def decode(cls: type[R], f: Fields, *, also: tuple[str, ...] = ()) -> R:
-    """The record CLS from the object F; ALSO: keys the class writes beside its fields (and checks itself)."""
+def decode(cls: type[R], f: Fields, *, also: tuple[str, ...] = (), given: Mapping[str, Any] | None = None) -> R:
+    """The record CLS from the object F; ALSO: keys the class writes beside its fields (and checks itself);
+    GIVEN: the fields the file does not hold (where it was read from)."""
     f.only(*(key for field in _plan(cls) for key in field.keys), *also)
-    return cls(**_values(cls, f))
+    return cls(**_values(cls, f), **(given or {}))
 
 
 def _values(cls: type, f: Fields) -> dict[str, Any]:
@@ -208,8 +209,13 @@ def _reader(hint: Any) -> _FieldReader:
         read_inner = _reader(inner)
         return lambda f, key: None if f.data.get(key) is None else read_inner(f, key)
     origin, args = get_origin(hint), get_args(hint)
+    if origin is list:  # a list the record's owner appends to while it is made: read as its tuple, then a list
+        read_tuple = _reader(tuple[args[0], ...])  # type: ignore[valid-type]
+        return lambda f, key: list(read_tuple(f, key))
     if origin is tuple and args[0] is str:
         return Fields.strs
+    if origin is tuple and args[0] in (int, float):
+        return _numbers
     if origin is tuple:
         read_item = _object_reader(args[0])
         return lambda f, key: f.items(key, read_item)
@@ -219,6 +225,13 @@ def _reader(hint: Any) -> _FieldReader:
         return lambda f, key: f.str_map(key, values_may_be_null=True)
     read_object = _object_reader(hint)
     return lambda f, key: read_object(f.obj(key))
+
+
+def _numbers(f: Fields, key: str) -> tuple[float, ...]:
+    value = f.json(key)
+    if not isinstance(value, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in value):
+        raise f.error(key, "expected a list of numbers")
+    return tuple(value)
 
 
 def _object_reader(hint: Any) -> Callable[[Fields], Any]:

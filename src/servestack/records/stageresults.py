@@ -2,64 +2,26 @@
 `results.json` ("stages"). The stages write them; compare reads them back, as a stored side or a
 published baseline.
 
-Each record's JSON is its declaration: `to_json` writes every field (a `StageResult` adds its schema
-and `passed`), `from_json` reads every field back, with its declared default where an older file has
-none. Throughput and accuracy lists are written sorted, so a rerun that finished its points in
-another order writes the same bytes.
+Each record's JSON is its declaration (records/codec.py): a `StageResult` and a `Verdict` add `passed`
+(and the result its schema) for the file's readers. Throughput and accuracy lists are written sorted, so a
+rerun that finished its points in another order writes the same bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, Self
 
+from servestack.records.codec import Record, decode, encode, json_quirks
 from servestack.records.fields import Fields
 
 SCHEMA = "servestack.stage-result/1"
 
-R = TypeVar("R")
-
-
-def _record_class(hint: Any) -> Any:
-    """The record type a field holds, itself or as `X | None`; None for plain JSON data."""
-    if get_origin(hint) in (Union, types.UnionType):
-        hint = next((a for a in get_args(hint) if a is not type(None)), None)
-    return hint if isinstance(hint, type) and hasattr(hint, "from_json") else None
-
-
-def _declared(cls: type[R], f: Fields, given: dict[str, Any] | None = None) -> R:
-    """`cls` with each field read from `f` as declared: records by their own reader, lists of records
-    item by item, the rest as plain JSON; a field the file lacks takes its declared default."""
-    hints = get_type_hints(cls)
-    values: dict[str, Any] = dict(given or {})
-    for fl in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if fl.name in values:
-            continue
-        if not f.has(fl.name):
-            if fl.default is not dataclasses.MISSING:
-                values[fl.name] = fl.default
-            elif fl.default_factory is not dataclasses.MISSING:
-                values[fl.name] = fl.default_factory()
-            else:
-                f.json(fl.name)  # raises: missing, and what was expected
-            continue
-        hint = hints[fl.name]
-        item = _record_class(get_args(hint)[0]) if get_origin(hint) is list and get_args(hint) else None
-        record = _record_class(hint)
-        if item is not None:
-            values[fl.name] = list(f.items(fl.name, item.from_json))
-        elif record is not None and f.json(fl.name) is not None:
-            values[fl.name] = record.from_json(f.obj(fl.name))
-        else:
-            values[fl.name] = f.json(fl.name)
-    return cls(**values)
-
 
 @dataclass(frozen=True, kw_only=True)
-class ThroughputPoint:
+class ThroughputPoint(Record):
     recipe: str
     concurrency: int
     requested: int  # num_prompts
@@ -84,16 +46,10 @@ class ThroughputPoint:
     source: str = ""
     repeat: int = 0  # the point measured again (stages.throughput.repeats): 0, 1, ...
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, f: Fields) -> ThroughputPoint:
-        return _declared(cls, f)
 
 
 @dataclass(frozen=True, kw_only=True)
-class AccuracyRun:
+class AccuracyRun(Record):
     recipe: str
     repeat: int
     accuracy: float  # the gated number (strict match)
@@ -104,16 +60,10 @@ class AccuracyRun:
     seconds: float | None = None
     source: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, f: Fields) -> AccuracyRun:
-        return _declared(cls, f)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Failure:
+class Failure(Record):
     """A gate that did not hold, by how much."""
     gate: str  # missing | completed | failed | output_tokens | accuracy | throughput | errors
     recipe: str
@@ -122,16 +72,10 @@ class Failure:
     measured: float | None = None
     required: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, f: Fields) -> Failure:
-        return _declared(cls, f)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Check:
+class Check(Record):
     """One gate applied to one measurement."""
     gate: str
     recipe: str
@@ -140,16 +84,10 @@ class Check:
     required: float
     passed: bool
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, f: Fields) -> Check:
-        return _declared(cls, f)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Verdict:
+class Verdict(Record):
     """A stage's gates: what held (`checks`) and what did not (`failures`); the gates add to both."""
     stage: str
     failures: list[Failure] = field(default_factory=list)
@@ -160,17 +98,15 @@ class Verdict:
         return not self.failures
 
     def to_json(self) -> dict[str, Any]:
-        return {"stage": self.stage, "passed": self.passed,
-                "failures": [f.to_json() for f in self.failures],
-                "checks": [c.to_json() for c in self.checks]}
+        return {**encode(self), "passed": self.passed}  # for readers of the file; read back from its parts
 
     @classmethod
-    def from_json(cls, f: Fields) -> Verdict:
-        return _declared(cls, f)
+    def from_json(cls, f: Fields) -> Self:
+        return decode(cls, f, also=("passed",))
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageResult:
+class StageResult(Record):
     """What one stage measured and how it was judged; `results.json` is its `to_json()`."""
 
     stack: str
@@ -178,7 +114,7 @@ class StageResult:
     stage: str
     image: str
     runner: str
-    out_dir: Path  # where its files are (not written: a reader says where it found them)
+    out_dir: Path = field(metadata=json_quirks(written=False))  # where its files are: a reader says where it found them
     throughput: list[ThroughputPoint] = field(default_factory=list)
     accuracy: list[AccuracyRun] = field(default_factory=list)
     # The oracle's comparisons (clients/agreement.py compare, plus "recipe" and "reference"), one per
@@ -211,25 +147,11 @@ class StageResult:
         return sorted(self.accuracy, key=lambda a: (a.recipe, a.repeat))
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA,
-            "stack": self.stack,
-            "pipeline": self.pipeline,
-            "stage": self.stage,
-            "image": self.image,
-            "runner": self.runner,
-            "passed": self.passed,
-            "throughput": [p.to_json() for p in self.points_in_order],
-            "accuracy": [a.to_json() for a in self.runs_in_order],
-            "agreement": self.agreement,
-            "missing": sorted(self.missing),
-            "verdict": self.verdict.to_json() if self.verdict is not None else None,
-            "jobs": self.jobs,
-            "timing": self.timing,
-            "conditions": self.conditions,
-            "comparison": self.comparison,
-        }
+        # Lists in a fixed order: a rerun that finished its points in another order writes the same bytes.
+        ordered = dataclasses.replace(self, throughput=self.points_in_order, accuracy=self.runs_in_order,
+                                      missing=sorted(self.missing))
+        return {**encode(ordered), "schema": SCHEMA, "passed": self.passed}
 
     @classmethod
-    def from_json(cls, f: Fields, *, out_dir: Path) -> StageResult:
-        return _declared(cls, f, {"out_dir": out_dir})
+    def from_json(cls, f: Fields, *, out_dir: Path) -> Self:  # type: ignore[override]
+        return decode(cls, f, also=("schema", "passed"), given={"out_dir": out_dir})
