@@ -20,8 +20,8 @@ from typing import Any
 
 from servestack import compare
 from servestack.errors import InputError, ServestackError
-from servestack.util.console import console
 from servestack.records.codec import Record, encode
+from servestack.util.console import console
 from servestack.util.fsutil import atomic_write_json, atomic_write_text
 from servestack.util.project import Project
 
