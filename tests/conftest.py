@@ -15,6 +15,7 @@ from fixtures.tinypkg import build_tinypkg
 from servestack import cluster, services
 from servestack.cluster import srtctl_tool
 from servestack.errors import ClusterToolsMissing
+from servestack.sources import http
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -60,6 +61,14 @@ def _fast_tests_read_debian_through_the_session_mirror(request, monkeypatch):
     mirror = request.getfixturevalue("debian_mirror")
     if mirror is not None:
         monkeypatch.setenv("SERVESTACK_INDEX_DEBIAN", mirror.url)
+
+
+@pytest.fixture(autouse=True)
+def _fast_tests_retry_without_waiting(request, monkeypatch):
+    # An unreachable service is retried as in use, without sitting out urllib3's backoff (0, 1, 2, 4 s);
+    # the e2e suite keeps it, as its services are real.
+    if not request.node.get_closest_marker("e2e"):
+        monkeypatch.setattr(http, "BACKOFF_S", 0.0)
 
 
 @pytest.fixture(scope="module")

@@ -120,14 +120,16 @@ def process_started(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot, /proc/<pid>/stat field 22); None if it is gone.
 
     A pid and its start time name one process for good: a pid reused by another process after the
-    recorded owner died has another start time.
+    recorded owner died has another start time. A process that exited and waits for its parent to
+    reap it (a zombie) runs no more: it is gone too, or the backstop would wait out its grace on it.
     """
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) is in parentheses and may hold spaces: count from after it.
-    return int(stat.rpartition(")")[2].split()[19])
+    fields = stat.rpartition(")")[2].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
 def _owner_alive(job: RecordedJob) -> bool:

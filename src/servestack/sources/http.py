@@ -11,16 +11,19 @@ from urllib3.util.retry import Retry
 from servestack.errors import NetworkError
 
 USER_AGENT = "servestack"
+# urllib3 waits BACKOFF_S * 2**(n - 1) before the n-th retry after the first: 0, 1, 2, 4 s for four.
+# Read at each session, so a test of the retries sets it to 0 and does not wait them out.
+BACKOFF_S = 0.5
 
 
-def session(retries: int = 4, backoff: float = 0.5) -> requests.Session:
+def session(retries: int = 4, backoff: float | None = None) -> requests.Session:
     """A session that retries connection failures, 429 and 5xx with exponential backoff."""
     retry = Retry(
         total=retries,
         connect=retries,
         read=retries,
         status=retries,
-        backoff_factor=backoff,
+        backoff_factor=BACKOFF_S if backoff is None else backoff,
         status_forcelist=(429, 500, 502, 503, 504),
         allowed_methods=frozenset({"GET", "HEAD"}),
         respect_retry_after_header=True,
