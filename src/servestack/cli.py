@@ -213,8 +213,7 @@ def _run_stages(args: argparse.Namespace, project: Project, stages: tuple[str, .
         console.result(format_verdict(result.verdict))
         if result.comparison:
             console.result(f"  -> {result.comparison}")
-        shown = result.out_dir.relative_to(project.root) if result.out_dir.is_relative_to(project.root) else result.out_dir
-        console.result(f"  -> {shown}")
+        console.result(f"  -> {project.shown(result.out_dir)}")
     if results:
         client = sum(r.timing.get("client_seconds") or 0.0 for r in results)
         wall = time.monotonic() - started
@@ -330,7 +329,7 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
         else:
             paths = recipes.render_committed(project)
         for path in paths:
-            console.result(str(path.relative_to(project.root) if path.is_relative_to(project.root) else path))
+            console.result(str(project.shown(path)))
         return 0
     if args.action == "compare":
         committed = recipes.committed_sets(project)
@@ -354,8 +353,7 @@ def _recipes(args: argparse.Namespace, project: Project) -> int:
                                         standin=_recipe_standin(project))
         errors = result.errors
         for engine, count in sorted(Counter(result.engines.values()).items()):
-            shown = engine.relative_to(project.root) if engine.is_relative_to(project.root) else engine
-            console.result(f"{count} file(s) checked against {shown}")
+            console.result(f"{count} file(s) checked against {project.shown(engine)}")
         for note in result.notes:
             console.result(f"note: {note}")
         for warning in result.warnings:

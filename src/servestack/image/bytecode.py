@@ -267,8 +267,9 @@ class BytecodePool:
                                 if worker is None:
                                     worker = self._start(errors)
                                     answers = _Answers(_pipes(worker)[1].fileno())
-                                _pipes(worker)[0].write(line)
-                                _pipes(worker)[0].flush()
+                                to_worker = _pipes(worker)[0]
+                                to_worker.write(line)
+                                to_worker.flush()
                             except BaseException as error:
                                 # The compiler died on the oldest module it was handed, not this one.
                                 self._fail_all(in_flight, self._failed(worker, in_flight[0][1].path, error, errors))

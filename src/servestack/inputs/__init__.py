@@ -9,6 +9,7 @@ hash that names the image these inputs produce. A failed build records nothing a
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
@@ -42,6 +43,7 @@ from servestack.wheels import normalize
 IMAGE_STEPS = ("servestack.inputs", "servestack.image")
 
 
+@functools.cache  # the code does not change while it runs; reading and parsing it takes a tenth of a second
 def _makers_hash() -> str:
     return source_closure.closure_hash(IMAGE_STEPS)
 

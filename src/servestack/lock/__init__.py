@@ -407,8 +407,7 @@ def lock(project: Project, stack_name: str, github: GitHub | None = None, *, ref
 
 def load_lock(project: Project, stack_name: str) -> Lock:
     path = project.lock_file(stack_name)
-    shown = path.relative_to(project.root) if path.is_relative_to(project.root) else path
-    return read_lock(path, f"run `nox -s lock -- --stack {stack_name}`", shown)
+    return read_lock(path, f"run `nox -s lock -- --stack {stack_name}`", project.shown(path))
 
 
 def lock_digest(project: Project, stack_name: str) -> str:

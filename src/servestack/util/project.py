@@ -82,11 +82,15 @@ class Project:
     def artifacts(self, stack: str) -> Path:
         return self.root / "build" / stack
 
+    def shown(self, path: Path) -> Path:
+        """PATH as the user is shown it: relative to the checkout when inside it."""
+        return path.relative_to(self.root) if path.is_relative_to(self.root) else path
+
     def read_json(self, path: Path, remedy: str) -> dict[str, Any]:
         """A JSON file of this project; a missing or broken one is named with what to run."""
         from servestack.errors import ServestackError
 
-        shown = path.relative_to(self.root) if path.is_relative_to(self.root) else path
+        shown = self.shown(path)
         try:
             return json.loads(path.read_text())
         except FileNotFoundError:
